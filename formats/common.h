@@ -1,0 +1,130 @@
+/* common.h — what every pollen module shares: error reporting, dtypes, mapped files,
+ * checked allocation and arithmetic, checksums, atomic output directories, progress bars.
+ *
+ * Error convention (NCCL/redis style): library functions return 0 (or a valid pointer) on
+ * success and -1 (or NULL) on failure after recording a message with pln_errorf(); the caller
+ * reads it with pln_error(). The message names the file, tensor or field and says what to do.
+ * Tools may then pln_die(); the server runtime never dies on a request's error. */
+#ifndef PLN_COMMON_H
+#define PLN_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define PLN_VERSION_STRING "0.1.0"
+
+/* ---- errors ------------------------------------------------------------------------------ */
+/* Records a message in thread-local storage and returns -1. Never fails. */
+int pln_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prefixes the current error message ("CONTEXT: previous message"); returns -1. */
+int pln_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The last message recorded on this thread ("" if none). Valid until the next pln_errorf. */
+const char *pln_error(void);
+/* For tools: prints "pollen: message" to stderr and exits 1. */
+void pln_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Assertions that stay on in release builds, for invariants that must never break. */
+#define PLN_ASSERT(x) do { if (!(x)) pln_die("%s:%d: assertion failed: %s", __FILE__, __LINE__, #x); } while (0)
+
+/* ---- allocation (die on out-of-memory: only for sizes the program itself chose) ---------- */
+void *pln_xmalloc(size_t n);
+void *pln_xcalloc(size_t n, size_t size);
+void *pln_xrealloc(void *p, size_t n);
+char *pln_xstrdup(const char *s);
+char *pln_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- checked arithmetic: return true on overflow ------------------------------------------ */
+static inline bool pln_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
+static inline bool pln_add_overflow(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_add_overflow(a, b, out); }
+static inline uint64_t pln_align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* ---- dtypes (names are the safetensors spellings) ----------------------------------------- */
+typedef enum {
+    PLN_DTYPE_F32 = 0, PLN_DTYPE_F16 = 1, PLN_DTYPE_BF16 = 2, PLN_DTYPE_F64 = 3,
+    PLN_DTYPE_I8 = 4, PLN_DTYPE_U8 = 5, PLN_DTYPE_I16 = 6, PLN_DTYPE_I32 = 7,
+    PLN_DTYPE_I64 = 8, PLN_DTYPE_BOOL = 9, PLN_DTYPE_COUNT
+} pln_dtype;
+/* Bytes per element; 0 for an invalid dtype. */
+size_t pln_dtype_size(pln_dtype dt);
+/* "F32", "F16", "BF16", ...; "?" for an invalid dtype. */
+const char *pln_dtype_name(pln_dtype dt);
+/* Parses a safetensors dtype name; -1 (with error) if unknown. */
+int pln_dtype_from_name(const char *name, pln_dtype *out);
+/* Converts n elements of src (F32/F16/BF16/F64/I8/...) to float. -1 if the dtype is not numeric. */
+int pln_to_f32(pln_dtype dt, const void *src, float *dst, uint64_t n);
+
+/* ---- tensors as found in a checkpoint or shard ------------------------------------------- */
+#define PLN_MAX_DIMS 8
+typedef struct {
+    char *name;              /* owned; checkpoint readers give the name without "transformer." */
+    pln_dtype dtype;
+    int ndim;
+    int64_t shape[PLN_MAX_DIMS];
+    const uint8_t *data;     /* points into a mapping; NULL when only headers were read */
+    uint64_t nbytes;
+    const char *file;        /* file holding the data (borrowed) */
+    uint64_t file_offset;    /* byte offset of the data in that file */
+    bool contiguous;         /* false for strided PyTorch views (readers record, reshard refuses) */
+} pln_tensor;
+uint64_t pln_tensor_numel(const pln_tensor *t);
+/* "[3, 64]" into buf. */
+const char *pln_shape_str(const int64_t *shape, int ndim, char *buf, size_t len);
+
+/* ---- read-only file mappings -------------------------------------------------------------- */
+typedef struct {
+    char *path;
+    int fd;
+    const uint8_t *data;     /* NULL for an empty file */
+    uint64_t size;
+} pln_map;
+/* Maps path read-only. -1 with an error naming the path on failure. */
+int pln_map_open(pln_map *m, const char *path);
+/* Asks the kernel to read ahead (sequential) / fault everything in now (populate). */
+void pln_map_advise_sequential(pln_map *m);
+void pln_map_close(pln_map *m);
+/* Reads a whole small file (config.json, index files) into a NUL-terminated buffer, refusing
+ * files over max_bytes. NULL with an error on failure. */
+char *pln_read_small_file(const char *path, size_t max_bytes, size_t *len_out);
+
+/* ---- checksums ---------------------------------------------------------------------------- */
+uint64_t pln_xxh3(const void *data, size_t n);
+/* Parallel XXH3 over large buffers is not the same function; pln_xxh3 is the one and only
+ * checksum of the shard format (see docs/FORMAT.md). */
+
+/* ---- atomic output directories ------------------------------------------------------------ */
+/* Creates a temporary sibling "FINAL.tmp-PID-XXXX" to write into. Refuses an existing non-empty
+ * FINAL unless force. Returns the temporary path (owned) or NULL with an error. */
+char *pln_outdir_begin(const char *final_path, bool force);
+/* fsyncs every file in tmp and the directory, replaces FINAL (removing an old one when force)
+ * and fsyncs the parent. -1 with an error on failure (tmp is then left for pln_outdir_abort). */
+int pln_outdir_commit(const char *tmp_path, const char *final_path);
+/* Removes the temporary directory and everything in it. Never fails. */
+void pln_outdir_abort(const char *tmp_path);
+/* Registers tmp_path for removal if the process gets SIGINT/SIGTERM before commit/abort. */
+void pln_outdir_cleanup_on_signal(const char *tmp_path);
+/* fsync a path (file or directory). */
+int pln_fsync_path(const char *path);
+/* Writes a whole file atomically (tmp + fsync + rename). */
+int pln_write_file_atomic(const char *path, const void *data, size_t n);
+/* Copies src to dst (used to carry config.json / tokenizer.json). */
+int pln_copy_file(const char *src, const char *dst);
+
+/* ---- time and progress -------------------------------------------------------------------- */
+double pln_now(void);   /* monotonic seconds */
+typedef struct {
+    const char *label;
+    uint64_t total, done;
+    double t0, last_draw;
+    bool enabled;          /* false when quiet or stderr is not a terminal */
+} pln_progress;
+/* Enabled only when !quiet and stderr is a terminal. */
+void pln_progress_init(pln_progress *p, const char *label, uint64_t total_bytes, bool quiet);
+/* Adds n bytes; redraws at most 10 times a second: bar, bytes, rate, ETA. Thread-safe enough
+ * for one updater; call from one thread. */
+void pln_progress_add(pln_progress *p, uint64_t n);
+void pln_progress_done(pln_progress *p);
+/* "1.23 GB" */
+const char *pln_human_bytes(double bytes, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,141 @@
+/* backend.h — the ops the BLOOM model is written against, once, for every backend.
+ *
+ * A backend is a table of functions over opaque device pointers (host memory on the CPU
+ * backend, GPU memory on the CUDA backend). The model never looks inside a buffer: it sizes
+ * activations with be->act_size and KV entries with be->kv_size, and moves data across only with
+ * upload/download. All ops are enqueued in order on the backend's one stream; download and sync
+ * wait for it. Ops return 0, or -1 with pln_errorf() (a CUDA launch failure, say): the server turns
+ * that into a request error, never a crash.
+ *
+ * Conventions
+ *   T   tokens in this step (all sequences' new tokens, concatenated)
+ *   H   hidden size (full; replicated on every rank)
+ *   activations are row-major [T, width] in the backend's act dtype (CPU: F32, CUDA: F16)
+ *   LayerNorm weights and biases are F16 in backend memory.
+ *   weights are row-major [out, in] as in Hugging Face (y = x · Wᵀ + b), F16 or I8 + F16 scales.
+ *
+ * The CPU backend (kernels/cpu) is the reference: every CUDA op is checked against it.
+ */
+#ifndef PLN_BACKEND_H
+#define PLN_BACKEND_H
+
+#include "formats/common.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+/* A linear layer's weight as the kernels consume it (the shard stores exactly this). */
+typedef struct {
+    pln_dtype dtype;        /* PLN_DTYPE_F16 or PLN_DTYPE_I8 */
+    int64_t rows;           /* out features */
+    int64_t cols;           /* in features */
+    const void *w;          /* [rows, cols] row-major, F16 or I8 */
+    const uint16_t *scale;  /* I8 only: F16 [rows, cols / group] (group = cols for per-channel) */
+    int64_t group;          /* I8 only: input columns per scale; == cols for per-output-channel */
+} pln_weight;
+
+/* Where each token of the step sits, for attention over the paged KV cache. All pointers are
+ * device pointers (uploaded by the model); the scalar fields are host values.
+ * KV cache: per layer one K pool and one V pool, each [n_blocks][n_head_local][block_size][head_dim]
+ * in kv dtype. A sequence's key j lives in block block_table[s * max_blocks + j / block_size],
+ * row j % block_size. Token t of the step belongs to sequence tok_seq[t] at position tok_pos[t]
+ * (0-based, counting only that sequence's real tokens) and attends to keys 0..tok_pos[t]
+ * (causal). ALiBi bias for key j is slope * j (softmax is shift-invariant, so this equals HF's
+ * slope * (j - i) and its cumsum(mask)-1 positions: no padding exists here). */
+typedef struct {
+    int32_t n_tokens;            /* T */
+    int32_t n_seqs;              /* S */
+    int32_t block_size;
+    int32_t max_blocks;          /* row stride of block_table */
+    int32_t max_pos;             /* host: largest tok_pos + 1 in this step (sizes work) */
+    const int32_t *tok_seq;      /* [T] */
+    const int32_t *tok_pos;      /* [T] */
+    const int32_t *block_table;  /* [S * max_blocks] */
+} pln_attn_meta;
+
+/* Per-sequence logits processing, HF order: repetition penalty (divide positive, multiply
+ * negative, once per distinct token seen), then temperature. Device pointers. */
+typedef struct {
+    int32_t n_rows;              /* S: rows of the logits buffer */
+    const float *penalty;        /* [S] 1.0 = off */
+    const float *inv_temperature;/* [S] 1.0 = off (greedy rows use 1.0) */
+    const int32_t *seen_offsets; /* [S + 1] CSR offsets into seen_ids */
+    const int32_t *seen_ids;     /* distinct token ids seen by each sequence (global ids) */
+} pln_logit_proc;
+
+typedef struct pln_backend pln_backend;
+struct pln_backend {
+    const char *name;            /* "cpu" or "cuda" */
+    size_t act_size;             /* bytes per activation element (4 on CPU, 2 on CUDA) */
+    pln_dtype act_dtype;
+    size_t kv_size;              /* bytes per KV-cache element */
+    pln_dtype kv_dtype;
+    void *impl;
+
+    /* ---- memory ---- */
+    void *(*alloc)(pln_backend *be, size_t nbytes);             /* NULL + error when out of memory */
+    void (*free)(pln_backend *be, void *p);
+    int (*upload)(pln_backend *be, void *dst, const void *src_host, size_t nbytes);
+    int (*download)(pln_backend *be, void *dst_host, const void *src, size_t nbytes);  /* waits */
+    int (*memset0)(pln_backend *be, void *dst, size_t nbytes);
+    int (*sync)(pln_backend *be);
+    /* Makes host bytes (a mapped shard) usable as backend memory: the CPU backend returns src
+     * itself (zero copy); CUDA copies into dst (device). */
+    const void *(*weights_from_host)(pln_backend *be, void *dst, const void *src, size_t nbytes);
+
+    /* ---- ops ---- */
+    /* out[t] = table[ids[t] - v0] for v0 <= ids[t] < v0 + vn, else zeros (vocab-parallel).
+     * table: F16 [vn, H]. ids: device int32 [T]. */
+    int (*embed)(pln_backend *be, void *out, const int32_t *ids, int32_t T, const uint16_t *table,
+                 int64_t v0, int64_t vn, int64_t H);
+    /* out = LayerNorm(in) * gamma + beta over the last dim (fp32 statistics). out may equal in. */
+    int (*layernorm)(pln_backend *be, void *out, const void *in, const uint16_t *gamma,
+                     const uint16_t *beta, int32_t T, int64_t H, float eps);
+    /* Fused: x += y + bias (bias F16 [H], may be NULL); then ln_out = LayerNorm(x). */
+    int (*residual_layernorm)(pln_backend *be, void *x, const void *y, const uint16_t *bias,
+                              const uint16_t *gamma, const uint16_t *beta, void *ln_out,
+                              int32_t T, int64_t H, float eps);
+    /* out[T, W.rows] = in[T, W.cols] · Wᵀ (+ bias F16 [W.rows] if not NULL) (then GeLU if gelu). */
+    int (*linear)(pln_backend *be, void *out, const void *in, const pln_weight *W,
+                  const uint16_t *bias, int32_t T, bool gelu);
+    /* Splits qkv [T, n_head_local * 3 * head_dim] (per-head interleaved q,k,v) and appends each
+     * token's k and v to the layer's cache at (tok_seq, tok_pos). */
+    int (*kv_append)(pln_backend *be, const void *qkv, void *k_cache, void *v_cache,
+                     const pln_attn_meta *m, int32_t n_head_local, int32_t head_dim);
+    /* out[T, n_head_local * head_dim] = softmax(q·kᵀ/sqrt(d) + slope*j, causal) · v, fp32 softmax.
+     * q is read from qkv (as above); keys/values from the cache (kv_append ran first).
+     * slopes: device fp32 [n_head_local], this rank's heads. */
+    int (*attention)(pln_backend *be, void *out, const void *qkv, const void *k_cache,
+                     const void *v_cache, const pln_attn_meta *m, const float *slopes,
+                     int32_t n_head_local, int32_t head_dim);
+    /* out[n, H] = in[rows[i], H] for i < n (rows: device int32). */
+    int (*gather_rows)(pln_backend *be, void *out, const void *in, const int32_t *rows, int32_t n,
+                       int64_t H);
+    /* logits F32 [S, vn] = x[S, H] · tableᵀ (the tied embedding slice, F16 [vn, H] or I8 with
+     * scales via W). Rows >= n_valid (vocab padding) are set to -inf. */
+    int (*logits)(pln_backend *be, float *out, const void *x, const pln_weight *W, int32_t S,
+                  int64_t n_valid);
+    /* In-place repetition penalty and temperature on F32 logits [S, vn] of vocab slice
+     * [v0, v0+vn). */
+    int (*logit_process)(pln_backend *be, float *logits, int64_t v0, int64_t vn,
+                         const pln_logit_proc *p);
+    /* Per row: the k largest logits (ties: lower id first) with their ids (global = v0 + local),
+     * and the row's max and sum(exp(l - max)). Outputs are HOST arrays: vals/ids [S, k],
+     * row_max/row_sumexp [S]. k <= vn. */
+    int (*topk)(pln_backend *be, const float *logits, int32_t S, int64_t vn, int64_t v0, int32_t k,
+                float *vals, int32_t *ids, float *row_max, float *row_sumexp);
+
+    void (*destroy)(pln_backend *be);
+};
+
+/* Creates a backend by name ("cpu", "cuda"). device: CUDA device index (ignored on CPU).
+ * NULL + error if the name is unknown or the backend is not built / no device is present. */
+pln_backend *pln_backend_create(const char *name, int device);
+void pln_backend_destroy(pln_backend *be);
+
+/* Backend constructors (kernels/cpu/cpu_backend.c, kernels/cuda/cuda_backend.cu). */
+pln_backend *pln_backend_cpu_create(void);
+#ifdef PLN_HAVE_CUDA
+pln_backend *pln_backend_cuda_create(int device);
+#endif
+
+#endif

@@ -1,0 +1,34 @@
+/* comm.h — collectives between ranks: a single rank (no launcher), MPI (one process per rank
+ * under mpirun/srun; CPU buffers), and NCCL for device buffers (its unique id broadcast over MPI).
+ *
+ * All calls are collective: every rank calls them in the same order. They return 0 or -1 with an
+ * error. */
+#ifndef PLN_COMM_H
+#define PLN_COMM_H
+
+#include "formats/common.h"
+#include <stddef.h>
+
+typedef struct pln_comm pln_comm;
+typedef struct pln_backend pln_backend;
+
+/* Initializes MPI when launched by mpirun/srun (detected from the environment), else a single
+ * rank. Never NULL (dies with a clear message if MPI fails to start). */
+pln_comm *pln_comm_init(int *argc, char ***argv);
+int pln_comm_rank(const pln_comm *c);
+int pln_comm_size(const pln_comm *c);
+/* The rank's index on its node (for picking a GPU). */
+int pln_comm_local_rank(const pln_comm *c);
+/* Binds device collectives to a backend (NCCL on CUDA). Call once after creating the backend. */
+int pln_comm_attach_backend(pln_comm *c, pln_backend *be);
+/* In-place sum of n elements of dtype (F32 or F16) in backend memory, on the backend's stream. */
+int pln_comm_allreduce(pln_comm *c, void *buf, size_t n, pln_dtype dtype);
+/* Host buffers. */
+int pln_comm_bcast(pln_comm *c, void *buf, size_t nbytes, int root);
+/* Gathers nbytes from every rank into recv [size * nbytes] on every rank. */
+int pln_comm_allgather(pln_comm *c, const void *send, void *recv, size_t nbytes);
+int pln_comm_barrier(pln_comm *c);
+/* Finalizes MPI if it was started. */
+void pln_comm_free(pln_comm *c);
+
+#endif

@@ -1,0 +1,94 @@
+/* engine.h — the inference engine: BLOOM over one rank's shards, with sequence slots, a paged KV
+ * cache and a step API that both `pollen generate` and the server's scheduler drive.
+ *
+ * Process model: every rank opens the engine with the same options. Rank 0 calls
+ * pln_engine_step() with a plan; the engine broadcasts the plan to the other ranks, every rank
+ * runs the forward pass (all-reducing the row-parallel outputs), the ranks' top-k candidates are
+ * gathered to rank 0, and rank 0 samples. Ranks != 0 sit in pln_engine_worker_loop() until rank 0
+ * calls pln_engine_shutdown(). With one rank no launcher is needed.
+ *
+ * Sequences live in slots 0..max_seqs-1. A slot is claimed by the first step that feeds it and
+ * keeps its KV blocks and token history until released in a plan. Tokens of a prompt may be fed
+ * in several steps (chunked prefill); any step may mix prefills and decodes of different lengths. */
+#ifndef PLN_ENGINE_H
+#define PLN_ENGINE_H
+
+#include "runtime/sampler.h"
+#include "formats/common.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct pln_comm pln_comm;
+typedef struct pln_engine pln_engine;
+
+typedef struct {
+    const char *shard_dir;
+    const char *backend;        /* "cpu" (default) or "cuda" */
+    int device;                 /* CUDA device; -1 = local rank */
+    int32_t max_seqs;           /* sequence slots (default 64) */
+    int32_t max_seq_len;        /* longest sequence, prompt + generated (default 2048) */
+    int64_t kv_tokens;          /* KV capacity in tokens over all slots (0 = max_seqs * max_seq_len) */
+    int32_t block_size;         /* KV block size in tokens (default 16) */
+    bool populate;              /* fault the mapped shard in at load */
+    bool verify;                /* check tensor checksums at load */
+    bool quiet;                 /* no progress output */
+    int32_t fail_at_step;       /* test-only fault injection: step N's forward fails (0 = off) */
+} pln_engine_opts;
+
+void pln_engine_opts_default(pln_engine_opts *o);
+
+/* Opens this rank's shard of the set (the comm's rank and size must match the set's TP; else a
+ * clear error). NULL + error on failure. */
+pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm);
+void pln_engine_close(pln_engine *e);
+
+typedef struct {
+    int32_t slot;
+    int32_t n_new;              /* tokens fed this step (>= 1) */
+    const int32_t *tokens;      /* [n_new] */
+    bool sample;                /* sample a next token after this step's last token */
+    pln_sample_params params;   /* used when sample (seeded on the slot's first step) */
+} pln_step_seq;
+
+typedef struct {
+    int32_t n_seqs;
+    const pln_step_seq *seqs;
+    int32_t n_release;          /* slots to free before this step runs */
+    const int32_t *release;
+    bool want_logits;           /* tests: return full-vocab raw logits of every fed token */
+} pln_step_plan;
+
+typedef struct {
+    int32_t token;              /* sampled id (-1 when !sample) */
+    float logprob;              /* log-softmax of the raw logits at that id */
+    float *logits;              /* want_logits: [n_new, n_vocab] raw logits (engine-owned,
+                                   valid until the next step) */
+} pln_step_out;
+
+/* Rank 0 only. Runs one step; out has plan->n_seqs entries. -1 + error when the plan is invalid
+ * (unknown slot, over max_seq_len, out of KV blocks) or the forward pass fails; after a forward
+ * failure every slot in the plan is released and the engine stays usable. */
+int pln_engine_step(pln_engine *e, const pln_step_plan *plan, pln_step_out *out);
+/* Ranks != 0: serve steps until shutdown. Returns 0 on a clean shutdown. */
+int pln_engine_worker_loop(pln_engine *e);
+/* Rank 0: tells the workers to leave their loop. */
+void pln_engine_shutdown(pln_engine *e);
+
+/* Facts for /info, generate --json and the scheduler. */
+typedef struct {
+    int32_t tp, rank;
+    int64_t n_vocab;            /* real vocabulary (logits beyond are never sampled) */
+    int64_t hidden, n_head, n_layer;
+    const char *dtype;          /* "fp16" or "int8" */
+    const char *backend;
+    int64_t kv_blocks_total, kv_blocks_free;
+    int32_t block_size, max_seqs, max_seq_len;
+    double load_seconds;
+    uint64_t weight_bytes;      /* this rank's */
+} pln_engine_info;
+void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
+
+/* The tokenizer.json path of the set (borrowed). */
+const char *pln_engine_tokenizer_path(const pln_engine *e);
+
+#endif

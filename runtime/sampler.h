@@ -1,0 +1,48 @@
+/* sampler.h — Hugging Face sampling semantics on the host, over candidates merged from ranks.
+ *
+ * Order (transformers' LogitsProcessor order, as TGI applies it): repetition penalty → temperature
+ * → top-k (ties at the k-th value kept) → top-p (smallest set, in descending order, whose mass is
+ * ≥ p; at least one token) → draw. Greedy (do_sample false or temperature 0) takes the largest
+ * processed logit, lowest id on ties. Penalty and temperature run on the device per vocab slice
+ * (backend logit_process); this file does the rest on the merged candidate list, so the same seed
+ * gives the same tokens whatever the TP size. */
+#ifndef PLN_SAMPLER_H
+#define PLN_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    bool do_sample;             /* false: greedy */
+    float temperature;          /* > 0; 1.0 = off */
+    int32_t top_k;              /* 0 = off */
+    float top_p;                /* (0, 1]; 1.0 = off */
+    float repetition_penalty;   /* > 0; 1.0 = off */
+    uint64_t seed;
+} pln_sample_params;
+
+/* Defaults: greedy, temperature 1, top_k 0, top_p 1, penalty 1, seed 0. */
+void pln_sample_params_default(pln_sample_params *p);
+/* Validates ranges; -1 with an error naming the parameter (used by the server's 422s). */
+int pln_sample_params_check(const pln_sample_params *p);
+
+/* xoshiro256** seeded with splitmix64: deterministic, identical on every platform. */
+typedef struct { uint64_t s[4]; } pln_rng;
+void pln_rng_seed(pln_rng *r, uint64_t seed);
+uint64_t pln_rng_next(pln_rng *r);
+double pln_rng_uniform(pln_rng *r);   /* [0, 1) with 53 bits */
+
+/* Picks a token from n candidates (processed logits vals, global ids), sorted or not.
+ * The candidate set must contain the global top-n of the processed distribution; lse is the
+ * log-sum-exp of the processed logits over the WHOLE vocabulary (for exact top-p mass).
+ * Returns the chosen id; *logprob_out (if not NULL) gets log p of it under the processed
+ * distribution. Never fails for n >= 1. */
+int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *vals,
+                        const int32_t *ids, int32_t n, float lse, float *logprob_out);
+
+/* True if top-p can be decided from these candidates alone: their probability mass (from lse)
+ * reaches top_p, or top_k bounds the set within them. Otherwise the caller gathers the full row. */
+bool pln_sample_candidates_suffice(const pln_sample_params *p, const float *vals, int32_t n,
+                                   float lse, int64_t vocab);
+
+#endif

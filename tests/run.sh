@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test binary (build/tests/test_*) and every end-to-end script (tests/e2e_*.sh) from
+# the repository root, and ends with one summary line "total: N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export PLN_BUILD=$BUILD
+export PLN_TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/pln-test.XXXXXX")
+trap 'rm -rf "$PLN_TEST_TMP"' EXIT
+# MPI under root in containers: allow it, keep it on loopback and quiet.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_plm=isolated OMPI_MCA_btl_tcp_if_include=lo
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+pass=0; fail=0; failed_names=()
+run_one() {
+  local name=$1; shift
+  local log="$PLN_TEST_TMP/$name.log"
+  local t0=$(date +%s.%N)
+  "$@" >"$log" 2>&1; local rc=$?
+  local dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  local line=$(grep -E '^[A-Za-z0-9_.-]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+  local p=0 f=0
+  if [ -n "$line" ]; then
+    p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\2/')
+  fi
+  if [ $rc -ne 0 ] && [ "$f" = 0 ]; then f=1; fi   # a crash counts as a failure
+  pass=$((pass + p)); fail=$((fail + f))
+  if [ "$f" != 0 ]; then
+    failed_names+=("$name"); echo "FAIL  $name ($p passed, $f failed, exit $rc, ${dt}s)"; tail -n 30 "$log" | sed 's/^/    | /'
+  else
+    echo "ok    $name ($p passed, ${dt}s)"
+  fi
+}
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  run_one "$(basename "$t")" "$t"
+done
+for s in tests/e2e_*.sh; do
+  [ -f "$s" ] || continue
+  run_one "$(basename "$s" .sh)" bash "$s"
+done
+[ ${#failed_names[@]} -eq 0 ] || echo "failed: ${failed_names[*]}"
+echo "total: $pass passed, $fail failed"
+[ "$fail" = 0 ] && [ "$pass" -gt 0 ]

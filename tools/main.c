@@ -1,0 +1,46 @@
+/* main.c — the `pollen` command line: dispatches to one file per subcommand (tools/cmd_*.c). */
+#include "formats/common.h"
+#include "tools/cmd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Weak so the binary links while a subcommand's file is absent from a partial build; a missing
+ * one says so instead of crashing. */
+#define CMD(name) int cmd_##name(int argc, char **argv) __attribute__((weak));
+PLN_COMMANDS(CMD)
+#undef CMD
+
+static const struct { const char *name; int (*fn)(int, char **); const char *help; } g_cmds[] = {
+    {"inspect", cmd_inspect, "show the config and tensors of a checkpoint or shard set"},
+    {"reshard", cmd_reshard, "convert a Hugging Face BLOOM checkpoint into TP shards (fp16/int8)"},
+    {"verify", cmd_verify, "check a shard set's checksums, and against its source with --source"},
+    {"synth", cmd_synth, "write a random BLOOM checkpoint of a given size (for tests and benchmarks)"},
+    {"generate", cmd_generate, "generate text from a shard set (mpirun -np N for TP=N)"},
+    {"serve", cmd_serve, "serve a shard set over HTTP (TGI and OpenAI routes)"},
+    {"bench", cmd_bench, "measure prefill and decode speed on a shard set"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "pollen %s — BLOOM tensor-parallel shards and serving\n\nusage: pollen COMMAND [options]\n\ncommands:\n",
+            PLN_VERSION_STRING);
+    for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
+        fprintf(f, "  %-9s %s\n", g_cmds[i].name, g_cmds[i].help);
+    fprintf(f, "\n`pollen COMMAND --help` shows a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) { printf("pollen %s\n", PLN_VERSION_STRING); return 0; }
+    for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++) {
+        if (strcmp(argv[1], g_cmds[i].name)) continue;
+        if (!g_cmds[i].fn) pln_die("'%s' is not part of this build", argv[1]);
+        return g_cmds[i].fn(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "pollen: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
