@@ -81,6 +81,11 @@ struct pln_backend {
     /* Makes host bytes (a mapped shard) usable as backend memory: the CPU backend returns src
      * itself (zero copy); CUDA copies into dst (device). */
     const void *(*weights_from_host)(pln_backend *be, void *dst, const void *src, size_t nbytes);
+    /* Streams nbytes at offset off of the file at path into dst (backend memory) with large reads
+     * (CUDA: O_DIRECT where possible, pinned double buffers overlapped with async copies).
+     * NULL on backends that use the mapping in place (CPU). Returns bytes/s achieved in *rate. */
+    int (*load_file)(pln_backend *be, void *dst, const char *path, uint64_t off, uint64_t nbytes,
+                     double *rate);
 
     /* ---- ops ---- */
     /* out[t] = table[ids[t] - v0] for v0 <= ids[t] < v0 + vn, else zeros (vocab-parallel).
