@@ -1,0 +1,137 @@
+/* common.cuh — what every CUDA op file shares: checked CUDA/cuBLAS calls that print file, line
+ * and a HINT, the supported-GPU tiers, fp16 vector helpers and warp/block reductions. */
+#ifndef PLN_CUDA_COMMON_CUH
+#define PLN_CUDA_COMMON_CUH
+
+/* formats/common.h and kernels/backend.h are C headers without extern "C" guards. */
+extern "C" {
+#include "formats/common.h"
+#include "kernels/backend.h"
+}
+#include "kernels/pln_math.h"
+
+#include <cublasLt.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Hardware tiers: Ampere (sm_80: A100) is the oldest GPU the kernels are built for (cp.async,
+ * bf16/fp16 tensor cores, 164 KB shared memory); Hopper (sm_90: H100/H200) runs the same
+ * kernels from its own sm_90a build. */
+#define PLN_CUDA_MIN_MAJOR 8
+#define PLN_CUDA_HOPPER_MAJOR 9
+
+/* A hint for the common CUDA failures, so the message says what to do next. */
+static inline const char *pln_cuda_hint(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return "the GPU is out of memory: use more ranks (--tp), int8 weights, or fewer concurrent sequences";
+    case cudaErrorNoDevice:
+        return "no CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES";
+    case cudaErrorInsufficientDriver:
+        return "the NVIDIA driver is older than this CUDA runtime: update the driver";
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+        return "this GPU's architecture is not built: pollen builds sm_80 and sm_90a (CUDA_ARCHS in the Makefile)";
+    case cudaErrorInvalidDevice:
+        return "the device index is out of range: check --gpus-per-node and CUDA_VISIBLE_DEVICES";
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+        return "a kernel faulted: rerun under compute-sanitizer; the context is unusable, restart the process";
+    default:
+        return "rerun with CUDA_LAUNCH_BLOCKING=1 to find the failing call";
+    }
+}
+
+static inline int pln_cuda_check(cudaError_t e, const char *what, const char *file, int line)
+{
+    if (e == cudaSuccess) return 0;
+    return pln_errorf("%s:%d: %s: %s (%s). HINT: %s", file, line, what, cudaGetErrorString(e),
+                      cudaGetErrorName(e), pln_cuda_hint(e));
+}
+
+static inline int pln_cublas_check(cublasStatus_t s, const char *what, const char *file, int line)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    const char *hint = s == CUBLAS_STATUS_ALLOC_FAILED ? "the GPU is out of memory for cuBLASLt workspace"
+                     : s == CUBLAS_STATUS_NOT_SUPPORTED ? "this shape/dtype/epilogue is not supported on this GPU: report the shape"
+                     : s == CUBLAS_STATUS_ARCH_MISMATCH ? "this GPU is too old for cuBLASLt fp16 with fp32 accumulation (need sm_80+)"
+                     : "rerun with CUBLASLT_LOG_LEVEL=2 to see why cuBLASLt refused";
+    return pln_errorf("%s:%d: %s: %s (status %d). HINT: %s", file, line, what, cublasLtGetStatusString(s),
+                      (int)s, hint);
+}
+
+/* Return -1 from the enclosing function (error recorded) when a call fails. */
+#define cudaCheck(call) do { if (pln_cuda_check((call), #call, __FILE__, __LINE__)) return -1; } while (0)
+#define cublasCheck(call) do { if (pln_cublas_check((call), #call, __FILE__, __LINE__)) return -1; } while (0)
+/* After a kernel launch: catches bad launch configurations at once (asynchronous faults surface
+ * at the next synchronizing call). */
+#define cudaCheckLaunch() cudaCheck(cudaGetLastError())
+
+static inline int pln_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+/* ---- device helpers ---------------------------------------------------------------------- */
+#ifdef __CUDACC__
+__device__ __forceinline__ float pln_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float pln_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+ * scratch: __shared__ float[32]. */
+__device__ __forceinline__ float pln_block_sum(float v, float *scratch)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = pln_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return pln_warp_sum(v);
+}
+__device__ __forceinline__ float pln_block_max(float v, float *scratch)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = pln_warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : -INFINITY;
+    return pln_warp_max(v);
+}
+
+/* fp16 <-> fp32 through the hardware instructions. pln_math.h's bit-exact conversions give the
+ * same results (round to nearest even) and stay the reference; these are just faster. */
+__device__ __forceinline__ float pln_h2f(__half h) { return __half2float(h); }
+__device__ __forceinline__ __half pln_f2h(float f) { return __float2half_rn(f); }
+
+/* 16 bytes = 8 halves, loaded and stored in one instruction. */
+struct __align__(16) pln_h8 { __half2 h[4]; };
+__device__ __forceinline__ void pln_h8_to_f(const pln_h8 &v, float *f)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) { float2 t = __half22float2(v.h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+__device__ __forceinline__ pln_h8 pln_f_to_h8(const float *f)
+{
+    pln_h8 v;
+#pragma unroll
+    for (int i = 0; i < 4; i++) v.h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+}
+/* Streams weights once: bypass L1 allocation so activations stay cached. */
+__device__ __forceinline__ int4 pln_ld_stream(const int4 *p)
+{
+    return __ldcs(p);
+}
+#endif
+
+#endif
