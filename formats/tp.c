@@ -1,0 +1,287 @@
+/* tp.c — the "bloom-tp-v1" split plan and the fp16 / int8 conversions (see tp.h). */
+#include "formats/tp.h"
+#include "kernels/pln_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t pln_tp_vocab_padded(int64_t vocab_size, int tp) {
+    if (tp < 1) return vocab_size;
+    return (vocab_size + tp - 1) / tp * tp;
+}
+
+static int check_model(const pln_tp_model *m) {
+    if (m->vocab_size < 1 || m->hidden < 1 || m->n_head < 1 || m->n_layer < 0)
+        return pln_errorf("config.json: vocab_size %lld, hidden_size %lld, n_head %lld, n_layer %lld: all must be positive",
+                          (long long)m->vocab_size, (long long)m->hidden, (long long)m->n_head, (long long)m->n_layer);
+    if (m->hidden % m->n_head)
+        return pln_errorf("config.json: hidden_size %lld is not a multiple of n_head %lld", (long long)m->hidden, (long long)m->n_head);
+    /* Keep every byte count far from overflow: 2^40 elements per tensor is 4000x BLOOM-176B's. */
+    if (m->hidden > (1 << 20) || m->vocab_size > (1 << 24) || m->n_layer > 10000 || m->n_head > m->hidden)
+        return pln_errorf("config.json: sizes out of range (hidden_size %lld, vocab_size %lld, n_layer %lld)",
+                          (long long)m->hidden, (long long)m->vocab_size, (long long)m->n_layer);
+    return 0;
+}
+
+int pln_tp_check(const pln_tp_model *m, const pln_tp_opts *o) {
+    if (check_model(m)) return -1;
+    if (o->tp < 1) return pln_errorf("--tp %d: the TP size must be at least 1", o->tp);
+    if (m->n_head % o->tp) {
+        char list[512];
+        size_t n = 0;
+        list[0] = 0;
+        for (int64_t t = 1; t <= m->n_head && n < sizeof list - 24; t++)
+            if (m->n_head % t == 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%lld", n ? ", " : "", (long long)t);
+        return pln_errorf("--tp %d: n_head %lld is not divisible by %d (each rank needs whole attention heads); TP sizes that work: %s",
+                          o->tp, (long long)m->n_head, o->tp, list);
+    }
+    if (o->quantize_embedding && !o->int8)
+        return pln_errorf("--quantize-embedding needs --dtype int8");
+    if (o->group_size < 0) return pln_errorf("--group-size %lld: must be positive", (long long)o->group_size);
+    if (o->int8 && o->group_size > 0) {
+        int64_t H = m->hidden, tp = o->tp;
+        int64_t dims[3] = {H, H / tp, 4 * H / tp};
+        for (int i = 0; i < 3; i++)
+            if (dims[i] % o->group_size)
+                return pln_errorf("--group-size %lld does not divide the input dimensions of the rank slices "
+                                  "(%lld for query_key_value/dense_h_to_4h%s, %lld for self_attention.dense, %lld for dense_4h_to_h at TP %d); "
+                                  "pick a divisor of %lld",
+                                  (long long)o->group_size, (long long)H, o->quantize_embedding ? "/word_embeddings" : "",
+                                  (long long)(H / tp), (long long)(4 * H / tp), o->tp, (long long)(H / tp));
+    }
+    return 0;
+}
+
+/* ---- plan construction ---- */
+typedef struct {
+    pln_tp_entry *e;
+    size_t n, cap;
+    const pln_tp_opts *o;
+    int rank;
+} plan_buf;
+
+static pln_tp_entry *push(plan_buf *b) {
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        b->e = pln_xrealloc(b->e, b->cap * sizeof *b->e);
+    }
+    pln_tp_entry *e = &b->e[b->n++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+static void set_names(pln_tp_entry *e, const char *name) {
+    snprintf(e->name, sizeof e->name, "%s", name);
+    snprintf(e->source, sizeof e->source, "%s", name);
+}
+
+/* A replicated 1-D tensor of n values. */
+static void add_vector(plan_buf *b, const char *name, int64_t n) {
+    pln_tp_entry *e = push(b);
+    set_names(e, name);
+    e->transform = PLN_TP_TO_F16;
+    e->split = PLN_TP_SPLIT_NONE;
+    e->dtype = PLN_DTYPE_F16;
+    e->ndim = e->src_ndim = 1;
+    e->shape[0] = e->src_shape[0] = n;
+    e->shape[1] = e->src_shape[1] = 1;
+    e->row0 = 0; e->rows = n; e->col0 = 0; e->cols = 1;
+}
+
+/* A 1-D tensor of n values split in tp contiguous blocks. */
+static void add_vector_split(plan_buf *b, const char *name, int64_t n) {
+    add_vector(b, name, n);
+    pln_tp_entry *e = &b->e[b->n - 1];
+    int64_t per = n / b->o->tp;
+    e->split = PLN_TP_SPLIT_ROWS;
+    e->shape[0] = per;
+    e->row0 = per * b->rank;
+    e->rows = per;
+}
+
+/* A matrix [R, C]: rows split (padded to padded_rows first), columns split, or whole; int8 when
+ * quant, followed by its scale entry. */
+static void add_matrix(plan_buf *b, const char *name, int64_t R, int64_t C, pln_tp_split split,
+                       int64_t padded_rows, bool quant) {
+    int tp = b->o->tp, r = b->rank;
+    pln_tp_entry *e = push(b);
+    set_names(e, name);
+    e->split = split;
+    e->ndim = e->src_ndim = 2;
+    e->src_shape[0] = R; e->src_shape[1] = C;
+    if (split == PLN_TP_SPLIT_ROWS) {
+        int64_t per = padded_rows / tp, first = per * r, end = first + per;
+        int64_t real_end = end < R ? end : R;
+        e->row0 = first;
+        e->rows = real_end > first ? real_end - first : 0;
+        e->pad_rows = per - e->rows;
+        e->col0 = 0; e->cols = C;
+        e->shape[0] = per; e->shape[1] = C;
+    } else if (split == PLN_TP_SPLIT_COLS) {
+        int64_t per = C / tp;
+        e->row0 = 0; e->rows = R;
+        e->col0 = per * r; e->cols = per;
+        e->shape[0] = R; e->shape[1] = per;
+    } else {
+        e->row0 = 0; e->rows = R; e->col0 = 0; e->cols = C;
+        e->shape[0] = R; e->shape[1] = C;
+    }
+    if (!quant) {
+        e->transform = PLN_TP_TO_F16;
+        e->dtype = PLN_DTYPE_F16;
+        return;
+    }
+    e->transform = PLN_TP_QUANT_I8;
+    e->dtype = PLN_DTYPE_I8;
+    e->group = b->o->group_size ? b->o->group_size : e->cols;
+    pln_tp_entry w = *e;
+    pln_tp_entry *s = push(b);
+    *s = w;
+    size_t len = strlen(w.name);
+    PLN_ASSERT(len + sizeof "_scale" <= sizeof s->name);
+    memcpy(s->name + len, "_scale", sizeof "_scale");
+    s->transform = PLN_TP_QUANT_SCALE;
+    s->dtype = PLN_DTYPE_F16;
+    s->shape[1] = w.shape[1] / w.group;
+}
+
+int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_entry **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    if (pln_tp_check(m, o)) return -1;
+    if (rank < 0 || rank >= o->tp) return pln_errorf("rank %d out of range for TP %d", rank, o->tp);
+    plan_buf b = {.o = o, .rank = rank};
+    int64_t H = m->hidden;
+    char name[PLN_TP_NAME_MAX];
+    add_matrix(&b, "word_embeddings.weight", m->vocab_size, H, PLN_TP_SPLIT_ROWS,
+               pln_tp_vocab_padded(m->vocab_size, o->tp), o->int8 && o->quantize_embedding);
+    add_vector(&b, "word_embeddings_layernorm.weight", H);
+    add_vector(&b, "word_embeddings_layernorm.bias", H);
+    for (int64_t i = 0; i < m->n_layer; i++) {
+#define NM(suffix) (snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix), name)
+        add_vector(&b, NM("input_layernorm.weight"), H);
+        add_vector(&b, NM("input_layernorm.bias"), H);
+        add_matrix(&b, NM("self_attention.query_key_value.weight"), 3 * H, H, PLN_TP_SPLIT_ROWS, 3 * H, o->int8);
+        add_vector_split(&b, NM("self_attention.query_key_value.bias"), 3 * H);
+        add_matrix(&b, NM("self_attention.dense.weight"), H, H, PLN_TP_SPLIT_COLS, H, o->int8);
+        add_vector(&b, NM("self_attention.dense.bias"), H);
+        add_vector(&b, NM("post_attention_layernorm.weight"), H);
+        add_vector(&b, NM("post_attention_layernorm.bias"), H);
+        add_matrix(&b, NM("mlp.dense_h_to_4h.weight"), 4 * H, H, PLN_TP_SPLIT_ROWS, 4 * H, o->int8);
+        add_vector_split(&b, NM("mlp.dense_h_to_4h.bias"), 4 * H);
+        add_matrix(&b, NM("mlp.dense_4h_to_h.weight"), H, 4 * H, PLN_TP_SPLIT_COLS, H, o->int8);
+        add_vector(&b, NM("mlp.dense_4h_to_h.bias"), H);
+#undef NM
+    }
+    add_vector(&b, "ln_f.weight", H);
+    add_vector(&b, "ln_f.bias", H);
+    *out = b.e;
+    *n_out = b.n;
+    return 0;
+}
+
+uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e) {
+    return (uint64_t)e->shape[0] * (uint64_t)e->shape[1] * pln_dtype_size(e->dtype);
+}
+
+/* ---- conversions ---- */
+bool pln_tp_dtype_convertible(pln_dtype dt) {
+    return dt == PLN_DTYPE_F32 || dt == PLN_DTYPE_F16 || dt == PLN_DTYPE_BF16;
+}
+
+static inline uint16_t f32_to_f16_counted(float f, uint64_t *clamps, uint64_t *nonfinite) {
+    uint32_t ax = pln_f32_bits(f) & 0x7fffffffu;
+    if (ax >= 0x7f800000u) { (*nonfinite)++; return pln_f32_to_f16(f); }
+    if (ax >= 0x477ff000u) { /* rounds to >= 65520, past fp16's largest finite value */
+        (*clamps)++;
+        return (uint16_t)(((pln_f32_bits(f) >> 16) & 0x8000) | 0x7bff);
+    }
+    return pln_f32_to_f16(f);
+}
+
+void pln_tp_to_f16(pln_dtype src_dt, const void *src, uint16_t *dst, size_t n,
+                   uint64_t *clamps, uint64_t *nonfinite) {
+    uint64_t c = 0, nf = 0;
+    switch (src_dt) {
+    case PLN_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) nf += (s[i] & 0x7c00) == 0x7c00;
+        memcpy(dst, src, n * 2);
+        break;
+    }
+    case PLN_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = f32_to_f16_counted(pln_bf16_to_f32(s[i]), &c, &nf);
+        break;
+    }
+    case PLN_DTYPE_F32: {
+        const float *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = f32_to_f16_counted(s[i], &c, &nf);
+        break;
+    }
+    default:
+        memset(dst, 0, n * 2);
+        nf += n;
+        break;
+    }
+    *clamps += c;
+    *nonfinite += nf;
+}
+
+void pln_tp_to_f32(pln_dtype src_dt, const void *src, float *dst, size_t n, uint64_t *nonfinite) {
+    uint64_t nf = 0;
+    switch (src_dt) {
+    case PLN_DTYPE_F16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = pln_f16_to_f32(s[i]); break; }
+    case PLN_DTYPE_BF16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = pln_bf16_to_f32(s[i]); break; }
+    case PLN_DTYPE_F32: memcpy(dst, src, n * 4); break;
+    default: memset(dst, 0, n * 4); *nonfinite += n; return;
+    }
+    for (size_t i = 0; i < n; i++) nf += !isfinite(dst[i]);
+    *nonfinite += nf;
+}
+
+void pln_tp_qerr_merge(pln_tp_qerr *into, const pln_tp_qerr *add) {
+    into->err2 += add->err2;
+    into->ref2 += add->ref2;
+    if (add->max_abs > into->max_abs) into->max_abs = add->max_abs;
+    into->n += add->n;
+}
+
+double pln_tp_qerr_rel_rms(const pln_tp_qerr *e) {
+    if (e->ref2 > 0) return sqrt(e->err2 / e->ref2);
+    return e->err2 > 0 ? INFINITY : 0.0;
+}
+
+uint16_t pln_tp_scale_f16(float absmax) {
+    if (!(absmax > 0)) return 0x3c00; /* 1.0: the group is all zero, q will be all zero */
+    float s = absmax / 127.0f;
+    if (s > PLN_F16_MAX) return 0x7bff;
+    uint16_t h = pln_f32_to_f16(s);
+    if ((h & 0x7fff) == 0) h = 0x0001; /* smallest subnormal: tiny groups quantize to ~0 */
+    return h;
+}
+
+void pln_tp_quant_row(const float *w, int64_t cols, int64_t group, int8_t *q, uint16_t *scales,
+                      pln_tp_qerr *err) {
+    double e2 = 0, r2 = 0, mx = 0;
+    for (int64_t g0 = 0, gi = 0; g0 < cols; g0 += group, gi++) {
+        float amax = 0;
+        for (int64_t j = g0; j < g0 + group; j++) { float a = fabsf(w[j]); if (a > amax) amax = a; }
+        uint16_t sh = pln_tp_scale_f16(amax);
+        scales[gi] = sh;
+        float s = pln_f16_to_f32(sh), inv = 1.0f / s;
+        for (int64_t j = g0; j < g0 + group; j++) {
+            int8_t v = pln_quant_i8(w[j], inv);
+            q[j] = v;
+            double d = (double)w[j] - (double)pln_dequant_i8(v, s);
+            e2 += d * d;
+            r2 += (double)w[j] * w[j];
+            if (fabs(d) > mx) mx = fabs(d);
+        }
+    }
+    err->err2 += e2;
+    err->ref2 += r2;
+    if (mx > err->max_abs) err->max_abs = mx;
+    err->n += (uint64_t)cols;
+}

@@ -1,0 +1,112 @@
+/* tp.h — the tensor-parallel split plan of layout "bloom-tp-v1", as pure functions.
+ *
+ * For a BLOOM config, a TP size, a rank and a dtype choice, pln_tp_plan() lists the rank file's
+ * tensors in the exact order the forward pass reads them (see docs/FORMAT.md), and for each:
+ * the source tensor it comes from, the rows and columns of the source it takes, the zero rows
+ * appended (vocabulary padding) and the transform (fp16 rounding or int8 quantization). reshard
+ * writes what the plan says; verify reads it back with the same plan, so the two cannot disagree.
+ *
+ * Also here: the per-element conversions both need (fp16 round-to-nearest-even with clamp
+ * counting, symmetric int8 quantization with its error statistics), written once. */
+#ifndef PLN_TP_H
+#define PLN_TP_H
+
+#include "formats/common.h"
+
+#define PLN_TP_LAYOUT "bloom-tp-v1"
+#define PLN_TP_NAME_MAX 96
+
+/* The part of a BLOOM config the split depends on. */
+typedef struct {
+    int64_t vocab_size, hidden, n_head, n_layer;
+} pln_tp_model;
+
+typedef struct {
+    int tp;                   /* number of ranks, >= 1 */
+    bool int8;                /* int8 weight-only for the four linear weights of every layer */
+    int64_t group_size;       /* input columns per scale; 0 = one scale per output channel */
+    bool quantize_embedding;  /* int8 also for word_embeddings.weight (needs int8) */
+} pln_tp_opts;
+
+typedef enum {
+    PLN_TP_SPLIT_NONE = 0,    /* replicated on every rank (LayerNorms, row-parallel biases) */
+    PLN_TP_SPLIT_ROWS,        /* contiguous block of rows (dim 0) */
+    PLN_TP_SPLIT_COLS,        /* contiguous block of columns (dim 1) */
+} pln_tp_split;
+
+typedef enum {
+    PLN_TP_TO_F16 = 0,        /* round to fp16 (RNE), out-of-range values clamped and counted */
+    PLN_TP_QUANT_I8,          /* symmetric int8; the entry after it holds its scales */
+    PLN_TP_QUANT_SCALE,       /* F16 scales [rows, cols/group] of the entry before it */
+} pln_tp_transform;
+
+/* One rank tensor. 1-D tensors are seen as [n, 1] matrices so every slice is rows x columns. */
+typedef struct {
+    char name[PLN_TP_NAME_MAX];    /* rank tensor name ("h.3.mlp.dense_4h_to_h.weight_scale") */
+    char source[PLN_TP_NAME_MAX];  /* source tensor, without "transformer." */
+    pln_tp_transform transform;
+    pln_tp_split split;
+    pln_dtype dtype;               /* F16 or I8 */
+    int ndim;                      /* 1 or 2 */
+    int64_t shape[2];              /* rank tensor shape (shape[1] = 1 when ndim == 1) */
+    int src_ndim;
+    int64_t src_shape[2];          /* source shape the config implies (src_shape[1] = 1 for 1-D) */
+    int64_t row0, rows;            /* source rows taken: [row0, row0 + rows) */
+    int64_t pad_rows;              /* zero rows written after them */
+    int64_t col0, cols;            /* source columns taken: [col0, col0 + cols) */
+    int64_t group;                 /* columns per scale for I8 and scale entries, else 0 */
+} pln_tp_entry;
+
+/* Vocabulary rounded up to a multiple of tp (pad rows are zero and never sampled). */
+int64_t pln_tp_vocab_padded(int64_t vocab_size, int tp);
+
+/* Checks that the model can be split tp ways with these options. -1 with an error saying what
+ * to change: n_head % tp != 0 lists every TP size that works; a group size that does not divide
+ * a rank's input dimension lists the dimensions. */
+int pln_tp_check(const pln_tp_model *m, const pln_tp_opts *o);
+
+/* The rank's tensors in file order. *out is allocated (free() it); -1 with an error when
+ * pln_tp_check fails or rank is out of range. */
+int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_entry **out, size_t *n_out);
+
+/* Bytes of the rank tensor (rows + pad_rows for the data, per-group scales for scale entries). */
+uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e);
+
+/* ---- conversions ------------------------------------------------------------------------ */
+
+/* Source dtypes reshard accepts for weights: F32, F16, BF16 (what BLOOM checkpoints hold). */
+bool pln_tp_dtype_convertible(pln_dtype dt);
+
+/* Converts n source values (F32, F16, BF16) to fp16 by round-to-nearest-even. Values whose
+ * magnitude rounds past fp16's range are stored as +-65504 and counted in *clamps; NaN and
+ * infinities are counted in *nonfinite (stored as they are) so the caller can refuse the tensor.
+ * An F16 source is copied bit for bit. */
+void pln_tp_to_f16(pln_dtype src_dt, const void *src, uint16_t *dst, size_t n,
+                   uint64_t *clamps, uint64_t *nonfinite);
+
+/* Reads n values of a convertible dtype as float. NaN/inf are counted in *nonfinite. */
+void pln_tp_to_f32(pln_dtype src_dt, const void *src, float *dst, size_t n, uint64_t *nonfinite);
+
+/* Quantization error statistics: summed over elements, merged across rows and ranks. */
+typedef struct {
+    double err2;      /* sum (w - q*scale)^2 */
+    double ref2;      /* sum w^2 */
+    double max_abs;   /* max |w - q*scale| */
+    uint64_t n;
+} pln_tp_qerr;
+void pln_tp_qerr_merge(pln_tp_qerr *into, const pln_tp_qerr *add);
+/* sqrt(err2 / ref2); 0 when the reference is all zero and so is the error. */
+double pln_tp_qerr_rel_rms(const pln_tp_qerr *e);
+
+/* The fp16 scale of a group with absolute maximum absmax: absmax/127 rounded to fp16, 1.0 for an
+ * all-zero group (q is all zero), never zero or infinite. */
+uint16_t pln_tp_scale_f16(float absmax);
+
+/* Quantizes one row of cols values in groups of `group` columns (group divides cols): q gets
+ * round(w/scale) clamped to +-127, scales gets cols/group fp16 scales. The scale actually stored
+ * (fp16) is the one used to quantize, so dequantization q*scale is what the error measures.
+ * Adds this row's error to *err (accumulated in a fixed order: deterministic). */
+void pln_tp_quant_row(const float *w, int64_t cols, int64_t group, int8_t *q, uint16_t *scales,
+                      pln_tp_qerr *err);
+
+#endif

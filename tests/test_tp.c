@@ -1,0 +1,262 @@
+/* test_tp.c — the "bloom-tp-v1" split plan and the fp16/int8 conversions, against values
+ * computed by hand. */
+#include "formats/tp.h"
+#include "kernels/pln_math.h"
+#include "tests/test.h"
+
+#include <stdlib.h>
+
+static const pln_tp_entry *find(const pln_tp_entry *e, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(e[i].name, name)) return &e[i];
+    return NULL;
+}
+
+static void test_order_and_shapes(void) {
+    pln_tp_model m = {.vocab_size = 1003, .hidden = 96, .n_head = 6, .n_layer = 2};
+    pln_tp_opts o = {.tp = 3};
+    pln_tp_entry *e;
+    size_t n;
+    CHECK(pln_tp_plan(&m, &o, 1, &e, &n) == 0, "plan: %s", pln_error());
+    CHECK(n == 3 + 2 * 12 + 2, "fp16 plan has %zu tensors, want 29", n);
+    static const char *want[] = {
+        "word_embeddings.weight", "word_embeddings_layernorm.weight", "word_embeddings_layernorm.bias",
+        "h.0.input_layernorm.weight", "h.0.input_layernorm.bias",
+        "h.0.self_attention.query_key_value.weight", "h.0.self_attention.query_key_value.bias",
+        "h.0.self_attention.dense.weight", "h.0.self_attention.dense.bias",
+        "h.0.post_attention_layernorm.weight", "h.0.post_attention_layernorm.bias",
+        "h.0.mlp.dense_h_to_4h.weight", "h.0.mlp.dense_h_to_4h.bias",
+        "h.0.mlp.dense_4h_to_h.weight", "h.0.mlp.dense_4h_to_h.bias", "h.1.input_layernorm.weight"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0] && i < n; i++)
+        CHECK(!strcmp(e[i].name, want[i]), "entry %zu is %s, want %s", i, e[i].name, want[i]);
+    CHECK(!strcmp(e[n - 2].name, "ln_f.weight") && !strcmp(e[n - 1].name, "ln_f.bias"), "ln_f last");
+    /* vocab 1003 padded to 1005 for TP 3: 335 rows per rank, rank 1 takes rows 335..669. */
+    CHECK(pln_tp_vocab_padded(1003, 3) == 1005, "padded vocab");
+    CHECK(e[0].shape[0] == 335 && e[0].shape[1] == 96 && e[0].row0 == 335 && e[0].rows == 335 && e[0].pad_rows == 0,
+          "embedding rank 1: shape [%lld, %lld] row0 %lld rows %lld pad %lld", (long long)e[0].shape[0],
+          (long long)e[0].shape[1], (long long)e[0].row0, (long long)e[0].rows, (long long)e[0].pad_rows);
+    const pln_tp_entry *q = find(e, n, "h.1.self_attention.query_key_value.weight");
+    CHECK(q && q->shape[0] == 96 && q->shape[1] == 96 && q->row0 == 96 && q->rows == 96 && q->split == PLN_TP_SPLIT_ROWS,
+          "qkv rank 1 of 3 takes rows [96, 192)");
+    const pln_tp_entry *qb = find(e, n, "h.1.self_attention.query_key_value.bias");
+    CHECK(qb && qb->ndim == 1 && qb->shape[0] == 96 && qb->row0 == 96 && qb->cols == 1, "qkv bias rank 1");
+    const pln_tp_entry *d = find(e, n, "h.0.self_attention.dense.weight");
+    CHECK(d && d->shape[0] == 96 && d->shape[1] == 32 && d->col0 == 32 && d->cols == 32 && d->rows == 96, "dense columns [32, 64)");
+    const pln_tp_entry *db = find(e, n, "h.0.self_attention.dense.bias");
+    CHECK(db && db->shape[0] == 96 && db->split == PLN_TP_SPLIT_NONE, "dense bias replicated");
+    const pln_tp_entry *up = find(e, n, "h.0.mlp.dense_h_to_4h.weight");
+    CHECK(up && up->shape[0] == 128 && up->row0 == 128 && up->src_shape[0] == 384, "h_to_4h rows [128, 256)");
+    const pln_tp_entry *dn = find(e, n, "h.0.mlp.dense_4h_to_h.weight");
+    CHECK(dn && dn->shape[0] == 96 && dn->shape[1] == 128 && dn->col0 == 128 && dn->src_shape[1] == 384, "4h_to_h columns [128, 256)");
+    for (size_t i = 0; i < n; i++) CHECK(e[i].dtype == PLN_DTYPE_F16, "%s is F16", e[i].name);
+    free(e);
+}
+
+/* Every source element is taken by exactly one rank (split tensors) or by every rank
+ * (replicated); pad rows exist only in the embedding and only at the end of the vocabulary. */
+static void test_coverage(int64_t heads, int64_t hidden, int tp) {
+    pln_tp_model m = {.vocab_size = 1003, .hidden = hidden, .n_head = heads, .n_layer = 1};
+    pln_tp_opts o = {.tp = tp, .int8 = true};
+    pln_tp_entry *plans[8];
+    size_t n[8];
+    for (int r = 0; r < tp; r++) CHECK(pln_tp_plan(&m, &o, r, &plans[r], &n[r]) == 0, "plan %s", pln_error());
+    for (size_t i = 0; i < n[0]; i++) {
+        const pln_tp_entry *e0 = &plans[0][i];
+        if (e0->transform == PLN_TP_QUANT_SCALE) continue;
+        int64_t R = e0->src_shape[0], C = e0->src_shape[1];
+        unsigned char *seen = calloc((size_t)(R * C), 1);
+        int64_t pads = 0;
+        for (int r = 0; r < tp; r++) {
+            const pln_tp_entry *e = &plans[r][i];
+            CHECK(!strcmp(e->name, e0->name), "same order on every rank");
+            pads += e->pad_rows;
+            CHECK(e->rows + e->pad_rows == e->shape[0] && e->cols == e->shape[1], "%s: shape = slice + pad", e->name);
+            for (int64_t a = e->row0; a < e->row0 + e->rows; a++)
+                for (int64_t b = e->col0; b < e->col0 + e->cols; b++) seen[a * C + b]++;
+        }
+        int want = e0->split == PLN_TP_SPLIT_NONE ? tp : 1;
+        int64_t bad = 0;
+        for (int64_t k = 0; k < R * C; k++) bad += seen[k] != want;
+        CHECK(bad == 0, "%s TP %d: %lld source elements not covered %d time(s)", e0->name, tp, (long long)bad, want);
+        int64_t want_pad = !strcmp(e0->name, "word_embeddings.weight") ? pln_tp_vocab_padded(1003, tp) - 1003 : 0;
+        CHECK(pads == want_pad, "%s TP %d: %lld pad rows, want %lld", e0->name, tp, (long long)pads, (long long)want_pad);
+        free(seen);
+    }
+    for (int r = 0; r < tp; r++) free(plans[r]);
+}
+
+/* Rank r's qkv rows are heads [r*h/N, (r+1)*h/N), each with its q, k, v rows: in HF's layout row
+ * (head*3 + part)*head_dim + d, so rank r's local row j maps to head r*h/N + j/(3*head_dim). */
+static void test_qkv_heads(void) {
+    int64_t heads = 6, hidden = 96, hd = 16;
+    pln_tp_model m = {.vocab_size = 1003, .hidden = hidden, .n_head = heads, .n_layer = 1};
+    for (int tp = 1; tp <= 6; tp++) {
+        if (heads % tp) continue;
+        pln_tp_opts o = {.tp = tp};
+        for (int r = 0; r < tp; r++) {
+            pln_tp_entry *e;
+            size_t n;
+            pln_tp_plan(&m, &o, r, &e, &n);
+            const pln_tp_entry *q = find(e, n, "h.0.self_attention.query_key_value.weight");
+            int ok = q != NULL;
+            for (int64_t j = 0; q && j < q->shape[0]; j++) {
+                int64_t src_row = q->row0 + j;
+                int64_t head = src_row / (3 * hd), part = (src_row / hd) % 3, d = src_row % hd;
+                int64_t want_head = r * heads / tp + j / (3 * hd), want_part = (j / hd) % 3, want_d = j % hd;
+                ok &= head == want_head && part == want_part && d == want_d;
+            }
+            CHECK(ok, "TP %d rank %d: qkv rows are heads [%lld, %lld) with q,k,v", tp, r,
+                  (long long)(r * heads / tp), (long long)((r + 1) * heads / tp));
+            free(e);
+        }
+    }
+}
+
+static void test_errors(void) {
+    pln_tp_model m = {.vocab_size = 1003, .hidden = 96, .n_head = 6, .n_layer = 2};
+    pln_tp_opts o = {.tp = 4};
+    pln_tp_entry *e;
+    size_t n;
+    CHECK(pln_tp_plan(&m, &o, 0, &e, &n) == -1, "TP 4 of 6 heads refused");
+    CHECK(strstr(pln_error(), "TP sizes that work: 1, 2, 3, 6") != NULL, "error lists sizes: %s", pln_error());
+    o.tp = 2;
+    o.int8 = true;
+    o.group_size = 64; /* 96 is not a multiple of 64 */
+    CHECK(pln_tp_check(&m, &o) == -1 && strstr(pln_error(), "--group-size 64"), "bad group: %s", pln_error());
+    o.group_size = 16;
+    CHECK(pln_tp_check(&m, &o) == 0, "group 16 ok: %s", pln_error());
+    pln_tp_opts o2 = {.tp = 2, .quantize_embedding = true};
+    CHECK(pln_tp_check(&m, &o2) == -1, "--quantize-embedding needs int8");
+    CHECK(pln_tp_plan(&m, &(pln_tp_opts){.tp = 2}, 2, &e, &n) == -1, "rank out of range");
+    pln_tp_model bad = m;
+    bad.hidden = 100;
+    CHECK(pln_tp_check(&bad, &(pln_tp_opts){.tp = 1}) == -1 && strstr(pln_error(), "hidden_size"), "hidden %% n_head");
+}
+
+static void test_int8_plan(void) {
+    pln_tp_model m = {.vocab_size = 1003, .hidden = 64, .n_head = 4, .n_layer = 1};
+    pln_tp_opts o = {.tp = 4, .int8 = true, .group_size = 16, .quantize_embedding = true};
+    pln_tp_entry *e;
+    size_t n;
+    CHECK(pln_tp_plan(&m, &o, 3, &e, &n) == 0, "int8 plan: %s", pln_error());
+    CHECK(n == 4 + 16 + 2, "int8 plan has %zu tensors", n);
+    CHECK(e[0].dtype == PLN_DTYPE_I8 && !strcmp(e[1].name, "word_embeddings.weight_scale") && e[1].shape[1] == 4,
+          "embedding int8 + scale [rows, 64/16]");
+    /* vocab 1003 -> 1004, 251 rows per rank: rank 3 takes 753..1002 (250 rows) + 1 pad row. */
+    CHECK(e[0].row0 == 753 && e[0].rows == 250 && e[0].pad_rows == 1 && e[1].pad_rows == 1, "rank 3 pads one vocab row");
+    const pln_tp_entry *d = find(e, n, "h.0.self_attention.dense.weight");
+    CHECK(d && d[1].transform == PLN_TP_QUANT_SCALE && !strcmp(d[1].name, "h.0.self_attention.dense.weight_scale") &&
+          d[1].shape[0] == 64 && d[1].shape[1] == 1 && d->group == 16, "dense scale [64, 16/16]");
+    CHECK(pln_tp_entry_nbytes(d) == 64 * 16 && pln_tp_entry_nbytes(&d[1]) == 64 * 2, "nbytes");
+    CHECK(!strcmp(d[2].name, "h.0.self_attention.dense.bias"), "bias after scale");
+    free(e);
+    o.group_size = 0;
+    o.quantize_embedding = false;
+    pln_tp_plan(&m, &o, 0, &e, &n);
+    CHECK(e[0].dtype == PLN_DTYPE_F16, "embedding stays F16");
+    const pln_tp_entry *up = find(e, n, "h.0.mlp.dense_h_to_4h.weight_scale");
+    CHECK(up && up->shape[0] == 64 && up->shape[1] == 1 && up->group == 64, "per-channel scale");
+    free(e);
+}
+
+static void test_f16(void) {
+    uint64_t c = 0, nf = 0;
+    float in[] = {1.0f, 65504.0f, 65519.0f, 65520.0f, -1e6f, 1.0009765625f + 0.00048828125f, 5.96e-8f, INFINITY};
+    uint16_t out[8];
+    pln_tp_to_f16(PLN_DTYPE_F32, in, out, 8, &c, &nf);
+    CHECK(out[0] == 0x3c00 && out[1] == 0x7bff && out[2] == 0x7bff, "1.0, max, 65519 rounds to max");
+    CHECK(out[3] == 0x7bff && out[4] == 0xfbff, "65520 and -1e6 clamp to +-65504");
+    CHECK(c == 2, "clamps counted: %llu", (unsigned long long)c);
+    CHECK(out[5] == 0x3c02, "tie 1+1.5*2^-10 rounds to even (0x3c02), got 0x%04x", out[5]);
+    CHECK(out[6] == 0x0001, "smallest subnormal");
+    CHECK(nf == 1, "inf counted as non-finite");
+    /* bf16 source: 1.5 (0x3fc0), 70000 (0x4789) clamps */
+    uint16_t bf[] = {0x3fc0, 0x4789, 0xc789};
+    c = nf = 0;
+    pln_tp_to_f16(PLN_DTYPE_BF16, bf, out, 3, &c, &nf);
+    CHECK(out[0] == 0x3e00 && out[1] == 0x7bff && out[2] == 0xfbff && c == 2 && nf == 0, "bf16 -> f16");
+    uint16_t h[] = {0x1234, 0x7c00, 0xfe00};
+    c = nf = 0;
+    pln_tp_to_f16(PLN_DTYPE_F16, h, out, 3, &c, &nf);
+    CHECK(out[0] == 0x1234 && nf == 2 && c == 0, "f16 copied bit for bit, inf/nan counted");
+    /* exhaustive: every bf16 value converts as RNE of its exact float value */
+    int bad = 0;
+    for (uint32_t b = 0; b < 65536; b++) {
+        uint16_t bb = (uint16_t)b, o1;
+        uint64_t c1 = 0, n1 = 0;
+        pln_tp_to_f16(PLN_DTYPE_BF16, &bb, &o1, 1, &c1, &n1);
+        float f = pln_bf16_to_f32(bb);
+        if (!isfinite(f)) continue;
+        if (fabsf(f) >= 65520.0f) { bad += c1 != 1; continue; }
+        /* nearest: no other fp16 is closer */
+        double v = pln_f16_to_f32(o1), d = fabs(v - f);
+        double up = pln_f16_to_f32((uint16_t)(o1 + 1)), dn = (o1 & 0x7fff) ? pln_f16_to_f32((uint16_t)(o1 - 1)) : v;
+        if (fabs(up - f) < d || fabs(dn - f) < d) bad++;
+    }
+    CHECK(bad == 0, "%d bf16 values not rounded to nearest", bad);
+    float ff[] = {1.0f, NAN};
+    float fo[2];
+    nf = 0;
+    pln_tp_to_f32(PLN_DTYPE_F32, ff, fo, 2, &nf);
+    CHECK(nf == 1 && fo[0] == 1.0f, "to_f32 counts NaN");
+    nf = 0;
+    pln_tp_to_f32(PLN_DTYPE_I32, ff, fo, 2, &nf);
+    CHECK(nf == 2, "unconvertible dtype is all non-finite");
+    CHECK(!pln_tp_dtype_convertible(PLN_DTYPE_I64) && pln_tp_dtype_convertible(PLN_DTYPE_BF16), "convertible");
+}
+
+static void test_quant(void) {
+    /* One row, two groups of 4: hand-computed. Group 0 absmax 1.27 -> scale 0.01 (fp16 0.01000213...). */
+    float w[8] = {1.27f, -0.5f, 0.0f, 0.004f, 0, 0, 0, 0};
+    int8_t q[8];
+    uint16_t s[2];
+    pln_tp_qerr err = {0};
+    pln_tp_quant_row(w, 8, 4, q, s, &err);
+    float s0 = pln_f16_to_f32(s[0]);
+    CHECK(s[0] == pln_f32_to_f16(1.27f / 127.0f), "scale = absmax/127 in fp16");
+    CHECK(q[0] == 127 && q[1] == (int8_t)roundf(-0.5f / s0) && q[2] == 0 && q[3] == 0, "q = round(w/scale): %d %d %d %d", q[0], q[1], q[2], q[3]);
+    CHECK(s[1] == 0x3c00 && q[4] == 0 && q[7] == 0, "zero group: scale 1, q 0");
+    double want_max = 0, e2 = 0, r2 = 0;
+    for (int j = 0; j < 4; j++) {
+        double d = fabs((double)w[j] - q[j] * (double)s0);
+        if (d > want_max) want_max = d;
+        e2 += d * d;
+        r2 += (double)w[j] * w[j];
+    }
+    CHECK_CLOSE(err.max_abs, want_max, 1e-12, "max abs error");
+    CHECK_CLOSE(pln_tp_qerr_rel_rms(&err), sqrt(e2 / r2), 1e-12, "relative rms");
+    CHECK(err.max_abs <= s0 / 2 + 1e-9, "error at most half a step");
+    CHECK(err.n == 8, "count");
+    /* scale range: huge and tiny groups */
+    CHECK(pln_tp_scale_f16(1e9f) == 0x7bff && pln_tp_scale_f16(1e-12f) == 0x0001 && pln_tp_scale_f16(0) == 0x3c00, "scale clamps");
+    /* per-channel on a random row: error within half a step everywhere */
+    float row[256];
+    int8_t qq[256];
+    uint16_t ss[1];
+    uint32_t x = 12345;
+    for (int j = 0; j < 256; j++) { x = x * 1664525u + 1013904223u; row[j] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 0.2f; }
+    pln_tp_qerr e3 = {0};
+    pln_tp_quant_row(row, 256, 256, qq, ss, &e3);
+    float sc = pln_f16_to_f32(ss[0]);
+    int worst = 0;
+    for (int j = 0; j < 256; j++) worst |= fabsf(row[j] - qq[j] * sc) > sc * 0.5f * 1.0001f;
+    CHECK(!worst && pln_tp_qerr_rel_rms(&e3) < 0.01, "per-channel error bound (rel rms %.4g)", pln_tp_qerr_rel_rms(&e3));
+    pln_tp_qerr a = {1, 4, 0.5, 2}, b = {3, 12, 0.25, 3};
+    pln_tp_qerr_merge(&a, &b);
+    CHECK(a.err2 == 4 && a.ref2 == 16 && a.max_abs == 0.5 && a.n == 5 && pln_tp_qerr_rel_rms(&a) == 0.5, "merge");
+}
+
+int main(void) {
+    test_begin("test_tp");
+    test_order_and_shapes();
+    test_coverage(4, 64, 1);
+    test_coverage(4, 64, 2);
+    test_coverage(4, 64, 4);
+    test_coverage(6, 96, 3);
+    test_qkv_heads();
+    test_errors();
+    test_int8_plan();
+    test_f16();
+    test_quant();
+    return test_done();
+}
