@@ -1,0 +1,618 @@
+/* engine.c — the step engine over one rank's shards: plan broadcast from rank 0, KV blocks per
+ * slot, the forward pass, and the exchange that lets rank 0 sample from a vocabulary split across
+ * ranks without gathering whole logit rows.
+ *
+ * Candidate exchange: every rank takes the top k of its (processed) vocab slice per sampled row
+ * plus the slice's max and sum of exp; an all-gather gives every rank the same candidate lists,
+ * so the decision "do these candidates decide top-p?" (pln_sample_candidates_suffice) is made
+ * identically everywhere and, only when they do not, full rows are gathered. The global
+ * log-sum-exp is the online-softmax merge of the per-rank (max, sumexp) pairs, so log-probs are
+ * exact whatever the TP size. */
+#include "runtime/engine.h"
+#include "kernels/backend.h"
+#include "kernels/pln_math.h"
+#include "runtime/comm.h"
+#include "runtime/kvcache.h"
+#include "runtime/loader.h"
+#include "runtime/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { CMD_STEP = 1, CMD_SHUTDOWN = 2 };
+#define MIN_CANDIDATES 64
+
+typedef struct {
+    bool active;
+    int32_t n_pos;               /* tokens already in the KV cache */
+    uint8_t *seen_bits;          /* [ceil(n_vocab / 8)] distinct ids fed so far */
+    int32_t *seen;               /* those ids, in first-seen order */
+    int32_t n_seen, cap_seen;
+    pln_rng rng;                 /* rank 0: seeded on the slot's first step */
+} eng_slot;
+
+/* The plan as it travels to the workers: a fixed header, then releases, sequences, tokens. */
+typedef struct {
+    int32_t cmd, n_seqs, n_release, want_logits, n_tokens, pad_;
+} wire_head;
+typedef struct {
+    int32_t slot, n_new, sample, pad_;
+    pln_sample_params params;
+} wire_seq;
+
+/* A growable host or device buffer. */
+typedef struct { void *p; size_t cap; } gbuf;
+
+struct pln_engine {
+    pln_engine_opts opts;
+    char *shard_dir;
+    char *backend_name;
+    pln_comm *comm;
+    int rank, tp;
+    pln_backend *be;
+    pln_loader *ld;
+    pln_model *model;
+    pln_kvcache kv;
+    pln_model_config cfg;
+    eng_slot *slots;
+    int64_t step_no;
+    bool shut_down;
+    double load_seconds;
+    /* host scratch */
+    gbuf wire, ids, seq, pos, bt, rows, cand, gath, full, out_logits, lp_host[4];
+    /* device scratch for logit processing */
+    gbuf d_pen, d_invt, d_off, d_seen;
+};
+
+static void *grow(gbuf *b, size_t n) {
+    if (n > b->cap) { b->p = pln_xrealloc(b->p, n); b->cap = n; }
+    return b->p;
+}
+static void *dgrow(pln_backend *be, gbuf *b, size_t n) {
+    if (n == 0) n = 4;
+    if (n > b->cap) {
+        if (b->p) be->free(be, b->p);
+        b->p = be->alloc(be, n);
+        b->cap = b->p ? n : 0;
+    }
+    return b->p;
+}
+
+void pln_engine_opts_default(pln_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->device = -1;
+    o->max_seqs = 64;
+    o->max_seq_len = 2048;
+    o->kv_tokens = 0;
+    o->block_size = 16;
+}
+
+/* Every rank reports its status; returns the first failing rank, or -1 when all are fine (or the
+ * exchange itself failed: then -2). */
+static int agree(pln_comm *c, int rc) {
+    int n = pln_comm_size(c);
+    int32_t mine = rc ? 1 : 0, all[1024];
+    if (n > 1024) return rc ? pln_comm_rank(c) : -1;
+    if (pln_comm_allgather(c, &mine, all, sizeof mine)) return -2;
+    for (int i = 0; i < n; i++) if (all[i]) return i;
+    return -1;
+}
+
+static void slot_reset(pln_engine *e, int32_t s) {
+    eng_slot *sl = &e->slots[s];
+    for (int32_t i = 0; i < sl->n_seen; i++) sl->seen_bits[sl->seen[i] >> 3] &= (uint8_t)~(1u << (sl->seen[i] & 7));
+    sl->n_seen = 0;
+    sl->n_pos = 0;
+    sl->active = false;
+}
+
+static void slot_release(pln_engine *e, int32_t s) {
+    if (s < 0 || s >= e->opts.max_seqs) return;
+    pln_kv_release(&e->kv, s);
+    slot_reset(e, s);
+}
+
+static void slot_see(pln_engine *e, eng_slot *sl, int32_t id) {
+    if (id < 0 || id >= e->cfg.vocab_size) return;
+    uint8_t bit = (uint8_t)(1u << (id & 7));
+    if (sl->seen_bits[id >> 3] & bit) return;
+    sl->seen_bits[id >> 3] |= bit;
+    if (sl->n_seen == sl->cap_seen) {
+        sl->cap_seen = sl->cap_seen ? 2 * sl->cap_seen : 64;
+        sl->seen = pln_xrealloc(sl->seen, (size_t)sl->cap_seen * sizeof(int32_t));
+    }
+    sl->seen[sl->n_seen++] = id;
+}
+
+static bool slot_has_seen(const pln_engine *e, int32_t s, int32_t id) {
+    if (id < 0 || id >= e->cfg.vocab_size) return false;
+    return e->slots[s].seen_bits[id >> 3] & (1u << (id & 7));
+}
+
+pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
+    double t0 = pln_now();
+    pln_engine *e = pln_xcalloc(1, sizeof *e);
+    e->opts = *opts;
+    e->shard_dir = pln_xstrdup(opts->shard_dir);
+    e->backend_name = pln_xstrdup(opts->backend && *opts->backend ? opts->backend : "cpu");
+    e->opts.shard_dir = e->shard_dir;
+    e->opts.backend = e->backend_name;
+    if (e->opts.max_seqs < 1) e->opts.max_seqs = 64;
+    if (e->opts.max_seq_len < 1) e->opts.max_seq_len = 2048;
+    if (e->opts.block_size < 1) e->opts.block_size = 16;
+    e->comm = comm;
+    e->rank = pln_comm_rank(comm);
+    e->tp = pln_comm_size(comm);
+    int bad;
+
+    int device = opts->device >= 0 ? opts->device : pln_comm_local_rank(comm);
+    e->be = pln_backend_create(e->backend_name, device);
+    int rc = e->be ? 0 : -1;
+    if ((bad = agree(comm, rc)) != -1) goto fail_rank;
+    if (pln_comm_attach_backend(comm, e->be)) rc = -1;
+    if ((bad = agree(comm, rc)) != -1) goto fail_rank;
+
+    pln_loader_opts lo = {.populate = opts->populate, .verify = opts->verify, .quiet = opts->quiet || e->rank != 0};
+    e->ld = pln_loader_open(e->shard_dir, e->rank, e->tp, e->be, &lo);
+    if (!e->ld) rc = -1;
+    if (!rc) {
+        e->cfg = *pln_loader_config(e->ld);
+        e->model = pln_model_create(e->be, comm, e->ld);
+        if (!e->model) rc = -1;
+    }
+    if (!rc) {
+        pln_model *m = e->model;
+        uint64_t per_tok = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_head_local, m->head_dim);
+        int64_t tokens = e->opts.kv_tokens;
+        if (tokens <= 0) {
+            /* Default: room for every slot at full length, capped at max(1 GiB, half the weights). */
+            uint64_t budget = pln_loader_weight_bytes(e->ld) / 2;
+            if (budget < (1ull << 30)) budget = 1ull << 30;
+            tokens = (int64_t)e->opts.max_seqs * e->opts.max_seq_len;
+            if (per_tok && (uint64_t)tokens > budget / per_tok) tokens = (int64_t)(budget / per_tok);
+            if (tokens < e->opts.max_seq_len) tokens = e->opts.max_seq_len;
+        }
+        int64_t nb = (tokens + e->opts.block_size - 1) / e->opts.block_size;
+        if (nb > INT32_MAX) nb = INT32_MAX;
+        if (pln_kv_init(&e->kv, e->be, (int32_t)e->cfg.n_layer, m->n_head_local, m->head_dim, (int32_t)nb,
+                        e->opts.block_size, e->opts.max_seqs, e->opts.max_seq_len))
+            rc = -1;
+    }
+    if ((bad = agree(comm, rc)) != -1) goto fail_rank;
+
+    e->slots = pln_xcalloc((size_t)e->opts.max_seqs, sizeof *e->slots);
+    for (int32_t s = 0; s < e->opts.max_seqs; s++)
+        e->slots[s].seen_bits = pln_xcalloc((size_t)(e->cfg.vocab_size + 7) / 8, 1);
+    e->load_seconds = pln_now() - t0;
+    return e;
+
+fail_rank:
+    if (!rc && bad >= 0) pln_errorf("rank %d of %d failed to start (its message is on its stderr)", bad, e->tp);
+    pln_engine_close(e);
+    return NULL;
+}
+
+static void gfree(gbuf *b) { free(b->p); b->p = NULL; b->cap = 0; }
+static void dfree(pln_backend *be, gbuf *b) { if (b->p && be) be->free(be, b->p); b->p = NULL; b->cap = 0; }
+
+void pln_engine_close(pln_engine *e) {
+    if (!e) return;
+    if (e->rank == 0 && e->slots && !e->shut_down) pln_engine_shutdown(e);
+    if (e->slots) {
+        for (int32_t s = 0; s < e->opts.max_seqs; s++) { free(e->slots[s].seen_bits); free(e->slots[s].seen); }
+        free(e->slots);
+    }
+    dfree(e->be, &e->d_pen); dfree(e->be, &e->d_invt); dfree(e->be, &e->d_off); dfree(e->be, &e->d_seen);
+    if (e->kv.k_pool) pln_kv_free(&e->kv);
+    pln_model_free(e->model);
+    pln_loader_close(e->ld);
+    if (e->be) pln_backend_destroy(e->be);
+    gbuf *hb[] = {&e->wire, &e->ids, &e->seq, &e->pos, &e->bt, &e->rows, &e->cand, &e->gath, &e->full,
+                  &e->out_logits, &e->lp_host[0], &e->lp_host[1], &e->lp_host[2], &e->lp_host[3]};
+    for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) gfree(hb[i]);
+    free(e->shard_dir);
+    free(e->backend_name);
+    free(e);
+}
+
+/* Rank 0: checks a plan before anything is broadcast, so an invalid plan changes nothing. */
+static int validate(pln_engine *e, const pln_step_plan *p) {
+    int32_t ms = e->opts.max_seqs;
+    if (p->n_seqs < 0 || p->n_release < 0 || p->n_seqs > ms || p->n_release > ms)
+        return pln_errorf("step plan: %d sequences and %d releases (0..%d each)", p->n_seqs, p->n_release, ms);
+    if ((p->n_seqs && !p->seqs) || (p->n_release && !p->release))
+        return pln_errorf("step plan: NULL sequence or release array");
+    bool *rel = pln_xcalloc((size_t)ms, 1), *used = pln_xcalloc((size_t)ms, 1);
+    int rc = 0;
+    int64_t free_blocks = e->kv.n_free, need = 0;
+    for (int32_t i = 0; i < p->n_release && !rc; i++) {
+        int32_t s = p->release[i];
+        if (s < 0 || s >= ms) { rc = pln_errorf("step plan: release of unknown slot %d (slots 0..%d)", s, ms - 1); break; }
+        if (!rel[s]) free_blocks += e->kv.n_used[s];
+        rel[s] = true;
+    }
+    for (int32_t i = 0; i < p->n_seqs && !rc; i++) {
+        const pln_step_seq *q = &p->seqs[i];
+        int32_t s = q->slot;
+        if (s < 0 || s >= ms) { rc = pln_errorf("step plan: unknown slot %d (slots 0..%d)", s, ms - 1); break; }
+        if (used[s]) { rc = pln_errorf("step plan: slot %d appears twice", s); break; }
+        used[s] = true;
+        if (q->n_new < 1 || !q->tokens) { rc = pln_errorf("step plan: slot %d feeds %d tokens (need >= 1)", s, q->n_new); break; }
+        for (int32_t j = 0; j < q->n_new; j++)
+            if (q->tokens[j] < 0 || q->tokens[j] >= e->cfg.vocab_size) {
+                rc = pln_errorf("step plan: slot %d: token id %d out of range [0, %lld)", s, q->tokens[j],
+                                (long long)e->cfg.vocab_size);
+                break;
+            }
+        if (rc) break;
+        if (q->sample && pln_sample_params_check(&q->params)) { rc = pln_error_context("slot %d", s); break; }
+        int64_t have = (e->slots[s].active && !rel[s]) ? e->slots[s].n_pos : 0;
+        if (have + q->n_new > e->opts.max_seq_len) {
+            rc = pln_errorf("step plan: slot %d would hold %lld tokens, over max_seq_len %d", s,
+                            (long long)(have + q->n_new), e->opts.max_seq_len);
+            break;
+        }
+        int64_t bs = e->kv.block_size;
+        int64_t held = (e->slots[s].active && !rel[s]) ? e->kv.n_used[s] : 0;
+        int64_t want = (have + q->n_new + bs - 1) / bs;
+        if (want > held) need += want - held;
+    }
+    if (!rc && need > free_blocks)
+        rc = pln_errorf("step plan: out of KV blocks (%lld needed, %lld free of %d); release sequences or "
+                        "raise the KV capacity", (long long)need, (long long)free_blocks, e->kv.n_blocks);
+    free(rel);
+    free(used);
+    return rc;
+}
+
+/* Packs a plan for the workers; returns its payload size (after the header). */
+static size_t pack(pln_engine *e, const pln_step_plan *p, wire_head *h) {
+    int64_t nt = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) nt += p->seqs[i].n_new;
+    *h = (wire_head){.cmd = CMD_STEP, .n_seqs = p->n_seqs, .n_release = p->n_release,
+                     .want_logits = p->want_logits, .n_tokens = (int32_t)nt};
+    size_t n = (size_t)p->n_release * 4 + (size_t)p->n_seqs * sizeof(wire_seq) + (size_t)nt * 4;
+    uint8_t *b = grow(&e->wire, n + 1), *o = b;
+    if (p->n_release) memcpy(o, p->release, (size_t)p->n_release * 4);
+    o += (size_t)p->n_release * 4;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        wire_seq w = {.slot = p->seqs[i].slot, .n_new = p->seqs[i].n_new, .sample = p->seqs[i].sample,
+                      .params = p->seqs[i].params};
+        memcpy(o, &w, sizeof w);
+        o += sizeof w;
+    }
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        memcpy(o, p->seqs[i].tokens, (size_t)p->seqs[i].n_new * 4);
+        o += (size_t)p->seqs[i].n_new * 4;
+    }
+    return n;
+}
+
+/* Workers: rebuilds the plan from the wire (the arrays point into e->wire and seqs). */
+static int unpack(pln_engine *e, const wire_head *h, pln_step_plan *p, pln_step_seq **seqs_out) {
+    const uint8_t *o = e->wire.p;
+    memset(p, 0, sizeof *p);
+    p->n_seqs = h->n_seqs;
+    p->n_release = h->n_release;
+    p->want_logits = h->want_logits;
+    p->release = (const int32_t *)o;
+    o += (size_t)h->n_release * 4;
+    pln_step_seq *seqs = pln_xcalloc((size_t)(h->n_seqs > 0 ? h->n_seqs : 1), sizeof *seqs);
+    for (int32_t i = 0; i < h->n_seqs; i++) {
+        wire_seq w;
+        memcpy(&w, o, sizeof w);
+        o += sizeof w;
+        seqs[i].slot = w.slot;
+        seqs[i].n_new = w.n_new;
+        seqs[i].sample = w.sample;
+        seqs[i].params = w.params;
+    }
+    for (int32_t i = 0; i < h->n_seqs; i++) {
+        seqs[i].tokens = (const int32_t *)o;
+        o += (size_t)seqs[i].n_new * 4;
+    }
+    p->seqs = seqs;
+    *seqs_out = seqs;
+    return 0;
+}
+
+static bool row_is_greedy(const pln_sample_params *p) { return !p->do_sample || p->temperature == 0.0f; }
+
+/* Per sampled row: processed candidates merged over ranks, sampling on rank 0. */
+static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *srow_seq, int32_t ns,
+                       float *logits, pln_step_out *out) {
+    pln_backend *be = e->be;
+    pln_model *m = e->model;
+    int64_t Vr = m->Vr, V = e->cfg.vocab_size;
+    int tp = e->tp;
+
+    /* Logit processing inputs; raw statistics first when processing changes the row. */
+    float *pen = grow(&e->lp_host[0], (size_t)ns * 4), *invt = grow(&e->lp_host[1], (size_t)ns * 4);
+    int32_t *off = grow(&e->lp_host[2], (size_t)(ns + 1) * 4);
+    bool nontrivial = false;
+    int32_t kmax = MIN_CANDIDATES;
+    off[0] = 0;
+    for (int32_t r = 0; r < ns; r++) {
+        const pln_step_seq *q = &p->seqs[srow_seq[r]];
+        pen[r] = q->params.repetition_penalty > 0 ? q->params.repetition_penalty : 1.0f;
+        invt[r] = row_is_greedy(&q->params) || q->params.temperature <= 0 ? 1.0f : 1.0f / q->params.temperature;
+        if (pen[r] != 1.0f || invt[r] != 1.0f) nontrivial = true;
+        if (q->params.top_k > kmax) kmax = q->params.top_k;
+        off[r + 1] = off[r] + (pen[r] != 1.0f ? e->slots[q->slot].n_seen : 0);
+    }
+    int32_t k = (int32_t)(kmax < Vr ? kmax : Vr);
+
+    /* Per-rank package: vals[ns*k] ids[ns*k] max[ns] sumexp[ns] rawmax[ns] rawsumexp[ns]. */
+    size_t pk = (size_t)ns * k * 8 + (size_t)ns * 16;
+    uint8_t *mine = grow(&e->cand, pk);
+    float *vals = (float *)mine;
+    int32_t *ids = (int32_t *)(mine + (size_t)ns * k * 4);
+    float *rmax = (float *)(mine + (size_t)ns * k * 8), *rsum = rmax + ns, *wmax = rsum + ns, *wsum = wmax + ns;
+    int rc = 0;
+    if (nontrivial) {
+        rc = be->topk(be, logits, ns, Vr, m->v0, 1, vals, ids, wmax, wsum);
+        int32_t *seen = grow(&e->lp_host[3], (size_t)(off[ns] > 0 ? off[ns] : 1) * 4);
+        for (int32_t r = 0; r < ns && !rc; r++)
+            if (off[r + 1] > off[r])
+                memcpy(seen + off[r], e->slots[p->seqs[srow_seq[r]].slot].seen, (size_t)(off[r + 1] - off[r]) * 4);
+        void *dp = dgrow(be, &e->d_pen, (size_t)ns * 4), *di = dgrow(be, &e->d_invt, (size_t)ns * 4);
+        void *dof = dgrow(be, &e->d_off, (size_t)(ns + 1) * 4), *ds = dgrow(be, &e->d_seen, (size_t)(off[ns] + 1) * 4);
+        if (!rc && (!dp || !di || !dof || !ds)) rc = -1;
+        if (!rc) rc = be->upload(be, dp, pen, (size_t)ns * 4);
+        if (!rc) rc = be->upload(be, di, invt, (size_t)ns * 4);
+        if (!rc) rc = be->upload(be, dof, off, (size_t)(ns + 1) * 4);
+        if (!rc && off[ns]) rc = be->upload(be, ds, seen, (size_t)off[ns] * 4);
+        pln_logit_proc lp = {.n_rows = ns, .penalty = dp, .inv_temperature = di, .seen_offsets = dof, .seen_ids = ds};
+        if (!rc) rc = be->logit_process(be, logits, m->v0, Vr, &lp);
+    }
+    if (!rc) rc = be->topk(be, logits, ns, Vr, m->v0, k, vals, ids, rmax, rsum);
+    if (!nontrivial) { memcpy(wmax, rmax, (size_t)ns * 4); memcpy(wsum, rsum, (size_t)ns * 4); }
+    /* Agree on success before the exchange so every rank makes the same collective calls. */
+    int bad = agree(e->comm, rc);
+    if (bad != -1) {
+        if (!rc) pln_errorf("sampling failed on rank %d (its message is on its stderr)", bad);
+        return -1;
+    }
+    uint8_t *all = grow(&e->gath, pk * (size_t)tp);
+    if (pln_comm_allgather(e->comm, mine, all, pk)) return -1;
+
+    /* Rows whose candidates cannot decide top-p get their full processed row gathered. */
+    float *cv = grow(&e->lp_host[0], (size_t)tp * k * 4 + 4);
+    pen = NULL; invt = NULL;   /* lp_host[0] reused: pen/invt no longer needed */
+    int32_t *ci = pln_xmalloc((size_t)tp * k * 4 + 4);
+    float *lse = pln_xmalloc((size_t)ns * 4), *rawlse = pln_xmalloc((size_t)ns * 4);
+    int32_t *full_rows = pln_xmalloc((size_t)ns * 4), nf = 0;
+    for (int32_t r = 0; r < ns; r++) {
+        pln_softmax_state st = {-INFINITY, 0}, ws = {-INFINITY, 0};
+        int32_t n = 0;
+        for (int q = 0; q < tp; q++) {
+            const uint8_t *b = all + pk * (size_t)q;
+            const float *qv = (const float *)b + (size_t)r * k;
+            const int32_t *qi = (const int32_t *)(b + (size_t)ns * k * 4) + (size_t)r * k;
+            const float *qm = (const float *)(b + (size_t)ns * k * 8);
+            st = pln_softmax_merge(st, (pln_softmax_state){qm[r], qm[ns + r]});
+            ws = pln_softmax_merge(ws, (pln_softmax_state){qm[2 * ns + r], qm[3 * ns + r]});
+            for (int32_t j = 0; j < k; j++)
+                if (qi[j] >= 0 && qi[j] < V && qv[j] != -INFINITY) { cv[n] = qv[j]; ci[n] = qi[j]; n++; }
+        }
+        lse[r] = st.m + logf(st.s);
+        rawlse[r] = ws.m + logf(ws.s);
+        const pln_sample_params *sp = &p->seqs[srow_seq[r]].params;
+        if (n < 1 || (!row_is_greedy(sp) && !pln_sample_candidates_suffice(sp, cv, n, lse[r], V)))
+            full_rows[nf++] = r;
+    }
+    float *full = NULL;
+    if (nf > 0) {
+        /* Every rank computed the same nf: gather those rows whole. */
+        size_t rb = (size_t)Vr * 4;
+        float *minef = grow(&e->full, rb * (size_t)nf * (size_t)(tp + 1));
+        float *allf = minef + (size_t)Vr * nf;
+        for (int32_t i = 0; i < nf && !rc; i++)
+            rc = be->download(be, minef + (size_t)i * Vr, logits + (size_t)full_rows[i] * Vr, rb);
+        if (agree(e->comm, rc) != -1 || pln_comm_allgather(e->comm, minef, allf, rb * (size_t)nf)) {
+            free(ci); free(lse); free(rawlse); free(full_rows);
+            return pln_errorf("full-row logits exchange failed");
+        }
+        full = allf;
+    }
+
+    if (e->rank == 0) {
+        int32_t fi = 0;
+        for (int32_t r = 0; r < ns; r++) {
+            int32_t si = srow_seq[r];
+            const pln_step_seq *q = &p->seqs[si];
+            const float *use_v = cv;
+            const int32_t *use_i = ci;
+            int32_t n = 0;
+            float *fv = NULL;
+            int32_t *fids = NULL;
+            if (fi < nf && full_rows[fi] == r) {
+                fv = pln_xmalloc((size_t)V * 4);
+                fids = pln_xmalloc((size_t)V * 4);
+                for (int qr = 0; qr < tp; qr++) {
+                    const float *src = full + ((size_t)qr * nf + fi) * Vr;
+                    for (int64_t j = 0; j < Vr; j++) {
+                        int64_t g = (int64_t)qr * Vr + j;
+                        if (g < V) { fv[g] = src[j]; fids[g] = (int32_t)g; }
+                    }
+                }
+                use_v = fv; use_i = fids; n = (int32_t)V;
+                fi++;
+            } else {
+                for (int qq = 0; qq < tp; qq++) {
+                    const uint8_t *b = all + pk * (size_t)qq;
+                    const float *qv = (const float *)b + (size_t)r * k;
+                    const int32_t *qi = (const int32_t *)(b + (size_t)ns * k * 4) + (size_t)r * k;
+                    for (int32_t j = 0; j < k; j++)
+                        if (qi[j] >= 0 && qi[j] < V && qv[j] != -INFINITY) { cv[n] = qv[j]; ci[n] = qi[j]; n++; }
+                }
+            }
+            pln_sample_params sp = q->params;
+            if (row_is_greedy(&sp)) sp.do_sample = false;
+            int32_t tok = pln_sample_pick(&sp, &e->slots[q->slot].rng, use_v, use_i, n, lse[r], NULL);
+            /* Log-prob under the raw logits: undo temperature and penalty on the chosen value. */
+            float v = 0;
+            for (int32_t j = 0; j < n; j++) if (use_i[j] == tok) { v = use_v[j]; break; }
+            float pr = q->params.repetition_penalty > 0 ? q->params.repetition_penalty : 1.0f;
+            float it = row_is_greedy(&q->params) || q->params.temperature <= 0 ? 1.0f : 1.0f / q->params.temperature;
+            float raw = v / it;
+            if (pr != 1.0f && slot_has_seen(e, q->slot, tok)) raw = raw > 0 ? raw * pr : raw / pr;
+            if (pr == 1.0f && it == 1.0f) raw = v;
+            out[si].token = tok;
+            out[si].logprob = raw - rawlse[r];
+            free(fv);
+            free(fids);
+        }
+    }
+    free(ci); free(lse); free(rawlse); free(full_rows);
+    return 0;
+}
+
+/* Runs one validated plan on this rank (every rank runs it). */
+static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
+    pln_model *m = e->model;
+    pln_backend *be = e->be;
+    for (int32_t i = 0; i < p->n_release; i++) slot_release(e, p->release[i]);
+    if (p->n_seqs == 0) return 0;
+    e->step_no++;
+
+    int64_t T = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) T += p->seqs[i].n_new;
+    int32_t mb = e->kv.max_blocks;
+    int32_t *ids = grow(&e->ids, (size_t)T * 4), *seq = grow(&e->seq, (size_t)T * 4), *pos = grow(&e->pos, (size_t)T * 4);
+    int32_t *bt = grow(&e->bt, (size_t)p->n_seqs * mb * 4);
+    int32_t *rows = grow(&e->rows, (size_t)(p->n_seqs + (p->want_logits ? T : 0)) * 4);
+    int32_t *srow_seq = pln_xmalloc((size_t)p->n_seqs * 4);
+    int32_t ns = 0, t = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        const pln_step_seq *q = &p->seqs[i];
+        eng_slot *sl = &e->slots[q->slot];
+        if (!sl->active) {
+            sl->active = true;
+            sl->n_pos = 0;
+            pln_rng_seed(&sl->rng, q->params.seed);
+        }
+        /* Validated on rank 0 against the same state: cannot fail here. */
+        PLN_ASSERT(pln_kv_reserve(&e->kv, q->slot, (int64_t)sl->n_pos + q->n_new) == 0);
+        memcpy(bt + (size_t)i * mb, pln_kv_table(&e->kv, q->slot), (size_t)mb * 4);
+        for (int32_t j = 0; j < q->n_new; j++, t++) {
+            ids[t] = q->tokens[j];
+            seq[t] = i;
+            pos[t] = sl->n_pos + j;
+            slot_see(e, sl, q->tokens[j]);
+        }
+        if (q->sample) { srow_seq[ns] = i; rows[ns++] = t - 1; }
+        if (out) { out[i].token = -1; out[i].logprob = 0; out[i].logits = NULL; }
+    }
+    int32_t nrows = ns;
+    if (p->want_logits) for (int32_t j = 0; j < T; j++) rows[nrows++] = j;
+
+    float *logits = NULL;
+    int rc;
+    if (e->opts.fail_at_step > 0 && e->step_no == e->opts.fail_at_step)
+        rc = pln_errorf("forward pass: injected failure at step %lld (fail_at_step)", (long long)e->step_no);
+    else
+        rc = pln_model_forward(m, &e->kv, ids, (int32_t)T, seq, pos, p->n_seqs, bt, rows, nrows, &logits);
+    int bad = agree(e->comm, rc);
+    if (bad != -1) {
+        if (!rc) pln_errorf("forward pass failed on rank %d (its message is on its stderr)", bad);
+        goto fail;
+    }
+    for (int32_t i = 0; i < p->n_seqs; i++) e->slots[p->seqs[i].slot].n_pos += p->seqs[i].n_new;
+
+    if (p->want_logits) {
+        /* Raw rows first (sampling processes its rows in place, which come before these). */
+        int64_t Vr = m->Vr, V = e->cfg.vocab_size;
+        size_t nb = (size_t)T * Vr * 4;
+        float *mine = grow(&e->full, nb * (size_t)(e->tp + 1));
+        float *allr = mine + (size_t)T * Vr;
+        rc = be->download(be, mine, logits + (size_t)ns * Vr, nb);
+        if (agree(e->comm, rc) != -1 || pln_comm_allgather(e->comm, mine, allr, nb)) { rc = -1; goto fail; }
+        if (e->rank == 0) {
+            float *o = grow(&e->out_logits, (size_t)T * V * 4);
+            for (int32_t q = 0; q < e->tp; q++)
+                for (int64_t tt = 0; tt < T; tt++) {
+                    int64_t g0 = (int64_t)q * Vr, n = V - g0 < Vr ? V - g0 : Vr;
+                    if (n > 0) memcpy(o + tt * V + g0, allr + ((size_t)q * T + tt) * Vr, (size_t)n * 4);
+                }
+            if (out) {
+                int64_t at = 0;
+                for (int32_t i = 0; i < p->n_seqs; i++) { out[i].logits = o + at * V; at += p->seqs[i].n_new; }
+            }
+        }
+    }
+    if (ns > 0 && sample_rows(e, p, srow_seq, ns, logits, out)) { rc = -1; goto fail; }
+    free(srow_seq);
+    return 0;
+
+fail:
+    /* The slots in a failed plan are released on every rank: their KV state is unknown. */
+    free(srow_seq);
+    for (int32_t i = 0; i < p->n_seqs; i++) slot_release(e, p->seqs[i].slot);
+    return -1;
+}
+
+int pln_engine_step(pln_engine *e, const pln_step_plan *plan, pln_step_out *out) {
+    if (e->rank != 0) return pln_errorf("pln_engine_step: only rank 0 drives steps (rank %d)", e->rank);
+    if (e->shut_down) return pln_errorf("pln_engine_step: engine was shut down");
+    if (validate(e, plan)) return -1;
+    if (e->tp > 1) {
+        wire_head h;
+        size_t n = pack(e, plan, &h);
+        if (pln_comm_bcast(e->comm, &h, sizeof h, 0) || pln_comm_bcast(e->comm, e->wire.p, n, 0))
+            return pln_error_context("broadcasting the step plan");
+    }
+    return run_step(e, plan, out);
+}
+
+int pln_engine_worker_loop(pln_engine *e) {
+    if (e->rank == 0) return pln_errorf("pln_engine_worker_loop: rank 0 drives steps");
+    for (;;) {
+        wire_head h;
+        if (pln_comm_bcast(e->comm, &h, sizeof h, 0)) return pln_error_context("waiting for a step plan");
+        if (h.cmd == CMD_SHUTDOWN) { e->shut_down = true; return 0; }
+        if (h.cmd != CMD_STEP || h.n_seqs < 0 || h.n_release < 0 || h.n_tokens < 0)
+            return pln_errorf("worker: malformed step plan header (cmd %d)", h.cmd);
+        size_t n = (size_t)h.n_release * 4 + (size_t)h.n_seqs * sizeof(wire_seq) + (size_t)h.n_tokens * 4;
+        grow(&e->wire, n + 1);
+        if (pln_comm_bcast(e->comm, e->wire.p, n, 0)) return pln_error_context("receiving a step plan");
+        pln_step_plan p;
+        pln_step_seq *seqs;
+        unpack(e, &h, &p, &seqs);
+        if (run_step(e, &p, NULL))
+            fprintf(stderr, "pollen: rank %d: step %lld failed: %s\n", e->rank, (long long)e->step_no, pln_error());
+        free(seqs);
+    }
+}
+
+void pln_engine_shutdown(pln_engine *e) {
+    if (e->rank != 0 || e->shut_down) return;
+    e->shut_down = true;
+    if (e->tp > 1) {
+        wire_head h = {.cmd = CMD_SHUTDOWN};
+        pln_comm_bcast(e->comm, &h, sizeof h, 0);
+    }
+}
+
+void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
+    memset(info, 0, sizeof *info);
+    info->tp = e->tp;
+    info->rank = e->rank;
+    info->n_vocab = e->cfg.vocab_size;
+    info->hidden = e->cfg.hidden;
+    info->n_head = e->cfg.n_head;
+    info->n_layer = e->cfg.n_layer;
+    info->dtype = e->cfg.dtype;
+    info->backend = e->backend_name;
+    info->kv_blocks_total = e->kv.n_blocks;
+    info->kv_blocks_free = e->kv.n_free;
+    info->block_size = e->kv.block_size;
+    info->max_seqs = e->opts.max_seqs;
+    info->max_seq_len = e->opts.max_seq_len;
+    info->load_seconds = e->load_seconds;
+    info->weight_bytes = e->ld ? pln_loader_weight_bytes(e->ld) : 0;
+}
+
+const char *pln_engine_tokenizer_path(const pln_engine *e) { return pln_loader_tokenizer_path(e->ld); }
