@@ -25,21 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* pln_bloom_config lives in formats/hf.h (the checkpoint readers parse it from config.json). */
-#if defined(__has_include)
-#if __has_include("formats/hf.h")
-#include "formats/hf.h"
-#define PLN_SHARD_HAVE_HF_H 1
-#endif
-#endif
-#ifndef PLN_SHARD_HAVE_HF_H
-typedef struct {
-    int64_t vocab_size, hidden_size, n_head, n_layer;
-    double layer_norm_epsilon;
-    int64_t bos_token_id, eos_token_id, pad_token_id;
-    char torch_dtype[16];
-} pln_bloom_config;
-#endif
+#include "formats/hf.h"   /* pln_bloom_config */
 
 /* ---- constants ------------------------------------------------------------------------------ */
 #define PLN_SHARD_MAGIC          "PLNSHARD"      /* 8 bytes, no NUL */
