@@ -701,6 +701,10 @@ static int shardset_parse(pln_shardset *set, const char *path) {
     if (get_int(root, "tp", &v, path, "")) return -1;
     if (v < 1 || v > 4096) return pln_errorf("%s: tp %lld out of range 1..4096", path, (long long)v);
     set->tp = (int32_t)v;
+    json_t *files = json_object_get(root, "files");
+    if (!json_is_array(files)) return pln_errorf("%s: \"files\" is missing or not an array", path);
+    if (json_array_size(files) != (size_t)set->tp)
+        return pln_errorf("%s: %zu rank files listed but tp is %d", path, json_array_size(files), (int)set->tp);
     if (get_str(root, "dtype", &s, path, "")) return -1;
     if (strcmp(s, "fp16") && strcmp(s, "int8")) return pln_errorf("%s: dtype \"%s\" is not \"fp16\" or \"int8\"", path, s);
     snprintf(set->dtype, sizeof set->dtype, "%s", s);
@@ -716,10 +720,6 @@ static int shardset_parse(pln_shardset *set, const char *path) {
                           (long long)set->vocab_padded, (long long)set->config.vocab_size, (int)set->tp);
     if (set->config.n_head % set->tp)
         return pln_errorf("%s: n_head %lld is not divisible by tp %d", path, (long long)set->config.n_head, (int)set->tp);
-    json_t *files = json_object_get(root, "files");
-    if (!json_is_array(files)) return pln_errorf("%s: \"files\" is missing or not an array", path);
-    if (json_array_size(files) != (size_t)set->tp)
-        return pln_errorf("%s: %zu rank files listed but tp is %d", path, json_array_size(files), (int)set->tp);
     set->files = pln_xcalloc((size_t)set->tp, sizeof *set->files);
     for (int32_t r = 0; r < set->tp; r++) {
         json_t *f = json_array_get(files, (size_t)r);
@@ -826,11 +826,7 @@ pln_shard *pln_shardset_open_rank(const pln_shardset *set, int32_t rank) {
     }
     specs = pln_layout_bloom_tp_v1(&lp, rank, &n);
     if (!specs) { pln_error_context("%s", f->path); goto fail; }
-    if (n != s->n_tensors) {
-        pln_errorf("%s: %llu tensors, but layout %s with this manifest has %zu", f->path, (unsigned long long)s->n_tensors, set->layout, n);
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && i < s->n_tensors; i++) {
         const pln_shard_tensor *t = &s->tensors[i];
         bool same = !strcmp(t->name, specs[i].name) && t->dtype == specs[i].dtype && t->ndim == specs[i].ndim;
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == specs[i].shape[d];
@@ -841,6 +837,10 @@ pln_shard *pln_shardset_open_rank(const pln_shardset *set, int32_t rank) {
                        spec_str(specs[i].dtype, specs[i].ndim, specs[i].shape, b, sizeof b));
             goto fail;
         }
+    }
+    if (n != s->n_tensors) {
+        pln_errorf("%s: %llu tensors, but layout %s with this manifest's settings has %zu", f->path, (unsigned long long)s->n_tensors, set->layout, n);
+        goto fail;
     }
     pln_layout_free(specs, n);
     return s;
