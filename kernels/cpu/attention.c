@@ -1,0 +1,132 @@
+/* attention.c — KV-cache append and causal ALiBi attention over the paged cache on the CPU.
+ *
+ * Cache layout (backend.h): per layer [n_blocks][n_head][block_size][head_dim] F32; a sequence's
+ * key j is row j % block_size of block block_table[s * max_blocks + j / block_size]. Within a
+ * block one head's keys are contiguous rows, which is what the fast path walks.
+ * Scores = q·k / sqrt(head_dim) + slope * j (HF's baddbmm(alibi, q, kᵀ, alpha = 1/sqrt(d))). */
+#include "kernels/cpu/cpu.h"
+#include "kernels/pln_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Row j of sequence s, head h, in a K or V pool. */
+static inline int64_t kv_offset(const pln_attn_meta *m, int32_t s, int32_t j, int32_t h,
+                                int32_t n_head, int32_t head_dim) {
+    int64_t b = m->block_table[(int64_t)s * m->max_blocks + j / m->block_size];
+    return ((b * n_head + h) * m->block_size + j % m->block_size) * head_dim;
+}
+
+static void append_token(const float *qkv, float *k_cache, float *v_cache, const pln_attn_meta *m,
+                         int32_t t, int32_t n_head, int32_t head_dim) {
+    int32_t s = m->tok_seq[t], j = m->tok_pos[t];
+    const float *row = qkv + (int64_t)t * n_head * 3 * head_dim;
+    for (int32_t h = 0; h < n_head; h++) {
+        int64_t off = kv_offset(m, s, j, h, n_head, head_dim);
+        /* per head the fused rows are q, k, v (HF's [n_head, 3, head_dim] view) */
+        memcpy(k_cache + off, row + ((int64_t)h * 3 + 1) * head_dim, (size_t)head_dim * sizeof(float));
+        memcpy(v_cache + off, row + ((int64_t)h * 3 + 2) * head_dim, (size_t)head_dim * sizeof(float));
+    }
+}
+
+void pln_cpu_kv_append(pln_cpu *c, const float *qkv, float *k_cache, float *v_cache,
+                       const pln_attn_meta *m, int32_t n_head, int32_t head_dim) {
+    int32_t T = m->n_tokens;
+    if (c->isa == PLN_CPU_ISA_REF) {
+        for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim);
+        return;
+    }
+    #pragma omp parallel for schedule(static) if (T > 8)
+    for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim);
+}
+
+/* The reference: all scores of a (token, head) into a buffer, max, exp, normalise, weigh V. */
+static void attend_ref(float *o, const float *q, const float *k_cache, const float *v_cache,
+                       const pln_attn_meta *m, int32_t s, int32_t pos, int32_t h, float slope,
+                       int32_t n_head, int32_t head_dim, float *scores) {
+    float scale = 1.0f / sqrtf((float)head_dim);
+    float mx = -INFINITY;
+    for (int32_t j = 0; j <= pos; j++) {
+        const float *kj = k_cache + kv_offset(m, s, j, h, n_head, head_dim);
+        float dot = 0.0f;
+        for (int32_t d = 0; d < head_dim; d++) dot += q[d] * kj[d];
+        scores[j] = dot * scale + slope * (float)j;
+        if (scores[j] > mx) mx = scores[j];
+    }
+    float sum = 0.0f;
+    for (int32_t j = 0; j <= pos; j++) { scores[j] = expf(scores[j] - mx); sum += scores[j]; }
+    for (int32_t d = 0; d < head_dim; d++) o[d] = 0.0f;
+    for (int32_t j = 0; j <= pos; j++) {
+        const float *vj = v_cache + kv_offset(m, s, j, h, n_head, head_dim);
+        float p = scores[j] / sum;
+        for (int32_t d = 0; d < head_dim; d++) o[d] += p * vj[d];
+    }
+}
+
+/* Keys scored at a time: a stretch of one block's contiguous rows. */
+#define KCHUNK 64
+
+/* The fast path: one pass over the keys with an online softmax (running max m and sum l; the
+ * output accumulator is rescaled when the max grows), walking each block's contiguous rows. */
+static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, const float *k_cache,
+                          const float *v_cache, const pln_attn_meta *m, int32_t s, int32_t pos,
+                          int32_t h, float slope, int32_t n_head, int32_t head_dim) {
+    float scale = 1.0f / sqrtf((float)head_dim);
+    float sc[KCHUNK];
+    pln_softmax_state st = {-INFINITY, 0.0f};
+    memset(o, 0, (size_t)head_dim * sizeof *o);
+    for (int32_t j0 = 0; j0 <= pos;) {
+        int32_t in_block = m->block_size - j0 % m->block_size;
+        int32_t n = pos + 1 - j0;
+        if (n > in_block) n = in_block;
+        if (n > KCHUNK) n = KCHUNK;
+        int64_t off = kv_offset(m, s, j0, h, n_head, head_dim);
+        const float *kb = k_cache + off, *vb = v_cache + off;
+        float bm = -INFINITY;
+        for (int32_t i = 0; i < n; i++) {
+            sc[i] = k->dot(q, kb + (int64_t)i * head_dim, head_dim) * scale + slope * (float)(j0 + i);
+            if (sc[i] > bm) bm = sc[i];
+        }
+        float m_new = st.m > bm ? st.m : bm;
+        float c = st.m == -INFINITY ? 0.0f : expf(st.m - m_new);
+        float l = st.s * c;
+        for (int32_t i = 0; i < n; i++) {
+            float p = expf(sc[i] - m_new);
+            l += p;
+            k->axpby(o, i == 0 ? c : 1.0f, p, vb + (int64_t)i * head_dim, head_dim);
+        }
+        st.m = m_new; st.s = l;
+        j0 += n;
+    }
+    float inv = 1.0f / st.s;
+    for (int32_t d = 0; d < head_dim; d++) o[d] *= inv;
+}
+
+int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_cache,
+                      const float *v_cache, const pln_attn_meta *m, const float *slopes,
+                      int32_t n_head, int32_t head_dim) {
+    int32_t T = m->n_tokens;
+    int64_t qkv_stride = (int64_t)n_head * 3 * head_dim, out_stride = (int64_t)n_head * head_dim;
+    if (c->isa == PLN_CPU_ISA_REF) {
+        float *scores = malloc((size_t)(m->max_pos > 0 ? m->max_pos : 1) * sizeof *scores);
+        if (!scores) return pln_errorf("attention: out of memory for %d scores", m->max_pos);
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t h = 0; h < n_head; h++)
+                attend_ref(out + t * out_stride + (int64_t)h * head_dim,
+                           qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
+                           m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, scores);
+        free(scores);
+        return 0;
+    }
+    const pln_cpu_kernels *k = c->k;
+    int64_t n_work = (int64_t)T * n_head;
+    #pragma omp parallel for schedule(dynamic, 1) if (n_work > 1 && (int64_t)m->max_pos * n_work * head_dim > 32768)
+    for (int64_t w = 0; w < n_work; w++) {
+        int32_t t = (int32_t)(w / n_head), h = (int32_t)(w % n_head);
+        attend_online(k, out + t * out_stride + (int64_t)h * head_dim,
+                      qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
+                      m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim);
+    }
+    return 0;
+}

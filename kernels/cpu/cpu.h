@@ -1,0 +1,97 @@
+/* cpu.h — private to the CPU backend (the files of kernels/cpu/) and its tests.
+ *
+ * Every op has two implementations:
+ *   - the reference (PLN_CPU_ISA_REF): plain, single-threaded C loops written to be read and
+ *     trusted; it is what tests/test_kernels_cpu.c checks against double precision, and what the
+ *     fast paths and the CUDA kernels are checked against;
+ *   - the fast path: OpenMP across output rows / heads / tokens, with the inner loops ("micro
+ *     kernels") taken from a table chosen at run time for the CPU (portable C, AVX2+FMA+F16C,
+ *     AVX-512). Threads: OpenMP's default team (OMP_NUM_THREADS or omp_set_num_threads by the
+ *     caller); the backend sets nothing process-wide, so several MPI ranks on one machine can
+ *     each be given their share of the cores.
+ * Activations and the KV cache are F32 (kv_size 4). */
+#ifndef PLN_CPU_H
+#define PLN_CPU_H
+
+#include "kernels/backend.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum {
+    PLN_CPU_ISA_REF = 0,     /* reference loops, one thread */
+    PLN_CPU_ISA_C,           /* portable C micro kernels, OpenMP */
+    PLN_CPU_ISA_AVX2,        /* AVX2 + FMA + F16C */
+    PLN_CPU_ISA_AVX512,      /* AVX-512F (+ F16C, FMA) */
+    PLN_CPU_ISA_COUNT
+} pln_cpu_isa;
+
+/* The linear driver hands the micro kernels at most this many tokens at a time: their
+ * activations stay in cache while a block of weight rows streams past, so each weight row is
+ * read from memory once per PLN_CPU_TCHUNK tokens. */
+#define PLN_CPU_TCHUNK 64
+
+/* Inner loops of one instruction set. All pointers are host memory; no alignment required. */
+typedef struct {
+    const char *name;
+    /* nt <= PLN_CPU_TCHUNK. out[t * ldo + r] = sum_k x[t * ldx + k] * w[r * K + k] for t < nt, r < nr (K = cols).
+     * F16: w is the first of nr rows. I8: w rows dequantized in registers, w = q * scale with
+     * scale[r * (K / group) + k / group] (scale rows start at the same first row). */
+    void (*gemm_f16)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                     const uint16_t *w, int64_t nr, int64_t K);
+    void (*gemm_i8)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                    const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y = y * c + a * x (c = 1 to accumulate; the online-softmax rescale uses c < 1). */
+    void (*axpby)(float *y, float c, float a, const float *x, int64_t n);
+} pln_cpu_kernels;
+
+extern const pln_cpu_kernels pln_cpu_kernels_c;
+#if defined(__x86_64__) || defined(__i386__)
+extern const pln_cpu_kernels pln_cpu_kernels_avx2;
+extern const pln_cpu_kernels pln_cpu_kernels_avx512;
+#define PLN_CPU_X86 1
+#endif
+
+typedef struct {
+    pln_cpu_isa isa;
+    const pln_cpu_kernels *k;    /* NULL for PLN_CPU_ISA_REF */
+} pln_cpu;
+
+static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
+
+/* The best instruction set this CPU supports (PLN_CPU_ISA env var may lower it: "ref", "c",
+ * "avx2", "avx512"). */
+pln_cpu_isa pln_cpu_isa_best(void);
+bool pln_cpu_isa_supported(pln_cpu_isa isa);
+const char *pln_cpu_isa_name(pln_cpu_isa isa);
+/* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
+int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
+
+/* ---- ops (one file each; the backend table in cpu_backend.c checks arguments first) ---- */
+/* embed.c */
+void pln_cpu_embed(pln_cpu *c, float *out, const int32_t *ids, int32_t T, const uint16_t *table,
+                   int64_t v0, int64_t vn, int64_t H);
+void pln_cpu_gather_rows(pln_cpu *c, float *out, const float *in, const int32_t *rows, int32_t n,
+                         int64_t H);
+/* layernorm.c */
+void pln_cpu_layernorm(pln_cpu *c, float *out, const float *in, const uint16_t *gamma,
+                       const uint16_t *beta, int32_t T, int64_t H, float eps);
+void pln_cpu_residual_layernorm(pln_cpu *c, float *x, const float *y, const uint16_t *bias,
+                                const uint16_t *gamma, const uint16_t *beta, float *ln_out,
+                                int32_t T, int64_t H, float eps);
+/* linear.c: rows [0, n_rows) of W only (logits uses n_rows = n_valid). */
+void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
+                    int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu);
+/* attention.c */
+void pln_cpu_kv_append(pln_cpu *c, const float *qkv, float *k_cache, float *v_cache,
+                       const pln_attn_meta *m, int32_t n_head, int32_t head_dim);
+int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_cache,
+                      const float *v_cache, const pln_attn_meta *m, const float *slopes,
+                      int32_t n_head, int32_t head_dim);
+/* sample.c */
+int pln_cpu_logit_process(pln_cpu *c, float *logits, int64_t v0, int64_t vn,
+                          const pln_logit_proc *p);
+void pln_cpu_topk(pln_cpu *c, const float *logits, int32_t S, int64_t vn, int64_t v0, int32_t k,
+                  float *vals, int32_t *ids, float *row_max, float *row_sumexp);
+
+#endif

@@ -1,0 +1,256 @@
+/* cpu_backend.c — the CPU backend's table: host memory, argument checks, instruction-set choice.
+ * The ops themselves live one per file (embed.c, layernorm.c, linear.c, attention.c, sample.c). */
+#include "kernels/cpu/cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- instruction sets ---------------------------------------------------------------------- */
+static const char *const g_isa_names[PLN_CPU_ISA_COUNT] = {"ref", "c", "avx2", "avx512"};
+
+const char *pln_cpu_isa_name(pln_cpu_isa isa) {
+    return (unsigned)isa < PLN_CPU_ISA_COUNT ? g_isa_names[isa] : "?";
+}
+
+bool pln_cpu_isa_supported(pln_cpu_isa isa) {
+    switch (isa) {
+    case PLN_CPU_ISA_REF: case PLN_CPU_ISA_C: return true;
+#ifdef PLN_CPU_X86
+    case PLN_CPU_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    case PLN_CPU_ISA_AVX512:
+        __builtin_cpu_init();
+        return pln_cpu_isa_supported(PLN_CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f");
+#endif
+    default: return false;
+    }
+}
+
+static const pln_cpu_kernels *kernels_of(pln_cpu_isa isa) {
+    switch (isa) {
+    case PLN_CPU_ISA_C: return &pln_cpu_kernels_c;
+#ifdef PLN_CPU_X86
+    case PLN_CPU_ISA_AVX2: return &pln_cpu_kernels_avx2;
+    case PLN_CPU_ISA_AVX512: return &pln_cpu_kernels_avx512;
+#endif
+    default: return NULL;
+    }
+}
+
+pln_cpu_isa pln_cpu_isa_best(void) {
+    pln_cpu_isa best = PLN_CPU_ISA_C;
+    for (int i = PLN_CPU_ISA_COUNT - 1; i > PLN_CPU_ISA_C; i--)
+        if (pln_cpu_isa_supported((pln_cpu_isa)i)) { best = (pln_cpu_isa)i; break; }
+    /* An operator (or a benchmark) may ask for a lower tier, never a higher one. */
+    const char *env = getenv("PLN_CPU_ISA");
+    if (env && *env)
+        for (int i = 0; i < PLN_CPU_ISA_COUNT; i++)
+            if (!strcmp(env, g_isa_names[i]) && i < (int)best) best = (pln_cpu_isa)i;
+    return best;
+}
+
+int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa) {
+    if (!pln_cpu_isa_supported(isa))
+        return pln_errorf("cpu backend: instruction set \"%s\" is not supported by this CPU",
+                          pln_cpu_isa_name(isa));
+    pln_cpu *c = pln_cpu_of(be);
+    c->isa = isa;
+    c->k = kernels_of(isa);
+    return 0;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+static void *cpu_alloc(pln_backend *be, size_t nbytes) {
+    /* 64-byte alignment (a cache line, one AVX-512 vector); aligned_alloc wants a multiple. */
+    size_t n = nbytes ? (nbytes + 63) / 64 * 64 : 64;
+    if (n < nbytes) { pln_errorf("cpu backend: allocation of %zu bytes overflows", nbytes); return NULL; }
+    void *p = aligned_alloc(64, n);
+    if (!p) {
+        char buf[32];
+        pln_errorf("cpu backend: out of memory allocating %s; lower --max-seqs/--kv-tokens or "
+                   "use more ranks", pln_human_bytes((double)nbytes, buf, sizeof buf));
+    }
+    return p;
+}
+static void cpu_free(pln_backend *be, void *p) { free(p); }
+static int cpu_upload(pln_backend *be, void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+    return 0;
+}
+static int cpu_download(pln_backend *be, void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+    return 0;
+}
+static int cpu_memset0(pln_backend *be, void *dst, size_t n) {
+    if (n) memset(dst, 0, n);
+    return 0;
+}
+static int cpu_sync(pln_backend *be) { return 0; }
+static const void *cpu_weights_from_host(pln_backend *be, void *dst, const void *src, size_t n) {
+    return src; /* the mapping is used in place: no copy, no conversion */
+}
+
+/* ---- ops: check arguments, then run ------------------------------------------------------ */
+#define NEED(cond, ...) do { if (!(cond)) return pln_errorf(__VA_ARGS__); } while (0)
+
+static int check_weight(const char *op, const pln_weight *W) {
+    NEED(W, "%s: weight is NULL", op);
+    NEED(W->rows > 0 && W->cols > 0, "%s: weight shape [%lld, %lld] is empty", op,
+         (long long)W->rows, (long long)W->cols);
+    NEED(W->w, "%s: weight data is NULL", op);
+    if (W->dtype == PLN_DTYPE_F16) return 0;
+    NEED(W->dtype == PLN_DTYPE_I8, "%s: weight dtype %s is not supported (F16 or I8 + F16 scales)",
+         op, pln_dtype_name(W->dtype));
+    NEED(W->scale, "%s: I8 weight has no scales", op);
+    NEED(W->group > 0 && W->cols % W->group == 0,
+         "%s: I8 group size %lld does not divide the %lld input columns", op,
+         (long long)W->group, (long long)W->cols);
+    return 0;
+}
+
+static int cpu_embed(pln_backend *be, void *out, const int32_t *ids, int32_t T,
+                     const uint16_t *table, int64_t v0, int64_t vn, int64_t H) {
+    NEED(T >= 0 && H > 0 && vn >= 0, "embed: bad sizes T=%d H=%lld vn=%lld", T, (long long)H, (long long)vn);
+    NEED(T == 0 || (out && ids && (table || vn == 0)), "embed: NULL buffer");
+    pln_cpu_embed(pln_cpu_of(be), out, ids, T, table, v0, vn, H);
+    return 0;
+}
+
+static int cpu_layernorm(pln_backend *be, void *out, const void *in, const uint16_t *gamma,
+                         const uint16_t *beta, int32_t T, int64_t H, float eps) {
+    NEED(T >= 0 && H > 0, "layernorm: bad sizes T=%d H=%lld", T, (long long)H);
+    NEED(T == 0 || (out && in && gamma && beta), "layernorm: NULL buffer");
+    pln_cpu_layernorm(pln_cpu_of(be), out, in, gamma, beta, T, H, eps);
+    return 0;
+}
+
+static int cpu_residual_layernorm(pln_backend *be, void *x, const void *y, const uint16_t *bias,
+                                  const uint16_t *gamma, const uint16_t *beta, void *ln_out,
+                                  int32_t T, int64_t H, float eps) {
+    NEED(T >= 0 && H > 0, "residual_layernorm: bad sizes T=%d H=%lld", T, (long long)H);
+    NEED(T == 0 || (x && ln_out && gamma && beta), "residual_layernorm: NULL buffer");
+    pln_cpu_residual_layernorm(pln_cpu_of(be), x, y, bias, gamma, beta, ln_out, T, H, eps);
+    return 0;
+}
+
+static int cpu_linear(pln_backend *be, void *out, const void *in, const pln_weight *W,
+                      const uint16_t *bias, int32_t T, bool gelu) {
+    if (check_weight("linear", W)) return -1;
+    NEED(T >= 0, "linear: bad token count %d", T);
+    NEED(T == 0 || (out && in), "linear: NULL buffer");
+    pln_cpu_linear(pln_cpu_of(be), out, W->rows, in, W, W->rows, bias, T, gelu);
+    return 0;
+}
+
+/* Every token's sequence, position and blocks up to its position must be valid: a bad table
+ * would make the kernels write outside the cache. attention also needs max_pos to size work. */
+static int check_meta(const char *op, const pln_attn_meta *m, int32_t n_head, int32_t head_dim,
+                      bool need_max_pos) {
+    NEED(m, "%s: no attention metadata", op);
+    NEED(n_head > 0 && head_dim > 0, "%s: bad head count %d / head_dim %d", op, n_head, head_dim);
+    NEED(m->n_tokens >= 0 && m->n_seqs >= 0 && m->block_size > 0 && m->max_blocks > 0,
+         "%s: bad metadata (tokens %d, seqs %d, block_size %d, max_blocks %d)", op, m->n_tokens,
+         m->n_seqs, m->block_size, m->max_blocks);
+    if (m->n_tokens == 0) return 0;
+    NEED(m->tok_seq && m->tok_pos && m->block_table, "%s: NULL metadata array", op);
+    int64_t cap = (int64_t)m->block_size * m->max_blocks;
+    for (int32_t t = 0; t < m->n_tokens; t++) {
+        int32_t s = m->tok_seq[t], p = m->tok_pos[t];
+        NEED(s >= 0 && s < m->n_seqs, "%s: token %d: sequence %d out of range [0, %d)", op, t, s, m->n_seqs);
+        NEED(p >= 0 && p < cap, "%s: token %d: position %d out of range [0, %lld)", op, t, p, (long long)cap);
+        NEED(!need_max_pos || p < m->max_pos, "%s: token %d: position %d >= max_pos %d", op, t, p, m->max_pos);
+        for (int32_t b = 0; b <= p / m->block_size; b++)
+            NEED(m->block_table[(int64_t)s * m->max_blocks + b] >= 0,
+                 "%s: sequence %d: block %d of the block table is unassigned", op, s, b);
+    }
+    return 0;
+}
+
+static int cpu_kv_append(pln_backend *be, const void *qkv, void *k_cache, void *v_cache,
+                         const pln_attn_meta *m, int32_t n_head, int32_t head_dim) {
+    if (check_meta("kv_append", m, n_head, head_dim, false)) return -1;
+    NEED(m->n_tokens == 0 || (qkv && k_cache && v_cache), "kv_append: NULL buffer");
+    pln_cpu_kv_append(pln_cpu_of(be), qkv, k_cache, v_cache, m, n_head, head_dim);
+    return 0;
+}
+
+static int cpu_attention(pln_backend *be, void *out, const void *qkv, const void *k_cache,
+                         const void *v_cache, const pln_attn_meta *m, const float *slopes,
+                         int32_t n_head, int32_t head_dim) {
+    if (check_meta("attention", m, n_head, head_dim, true)) return -1;
+    NEED(m->n_tokens == 0 || (out && qkv && k_cache && v_cache && slopes), "attention: NULL buffer");
+    return pln_cpu_attention(pln_cpu_of(be), out, qkv, k_cache, v_cache, m, slopes, n_head, head_dim);
+}
+
+static int cpu_gather_rows(pln_backend *be, void *out, const void *in, const int32_t *rows,
+                           int32_t n, int64_t H) {
+    NEED(n >= 0 && H > 0, "gather_rows: bad sizes n=%d H=%lld", n, (long long)H);
+    NEED(n == 0 || (out && in && rows), "gather_rows: NULL buffer");
+    for (int32_t i = 0; i < n; i++) NEED(rows[i] >= 0, "gather_rows: row %d is negative", rows[i]);
+    pln_cpu_gather_rows(pln_cpu_of(be), out, in, rows, n, H);
+    return 0;
+}
+
+static int cpu_logits(pln_backend *be, float *out, const void *x, const pln_weight *W, int32_t S,
+                      int64_t n_valid) {
+    if (check_weight("logits", W)) return -1;
+    NEED(S >= 0, "logits: bad row count %d", S);
+    NEED(S == 0 || (out && x), "logits: NULL buffer");
+    int64_t nv = n_valid < 0 ? 0 : n_valid > W->rows ? W->rows : n_valid;
+    pln_cpu_linear(pln_cpu_of(be), out, W->rows, x, W, nv, NULL, S, false);
+    for (int32_t s = 0; s < S; s++)
+        for (int64_t r = nv; r < W->rows; r++) out[(int64_t)s * W->rows + r] = -INFINITY;
+    return 0;
+}
+
+static int cpu_logit_process(pln_backend *be, float *logits, int64_t v0, int64_t vn,
+                             const pln_logit_proc *p) {
+    NEED(p && vn > 0 && p->n_rows >= 0, "logit_process: bad arguments");
+    NEED(p->n_rows == 0 || (logits && p->penalty && p->inv_temperature && p->seen_offsets),
+         "logit_process: NULL buffer");
+    return pln_cpu_logit_process(pln_cpu_of(be), logits, v0, vn, p);
+}
+
+static int cpu_topk(pln_backend *be, const float *logits, int32_t S, int64_t vn, int64_t v0,
+                    int32_t k, float *vals, int32_t *ids, float *row_max, float *row_sumexp) {
+    NEED(S >= 0 && vn > 0 && k >= 0 && k <= vn, "topk: bad sizes S=%d vn=%lld k=%d (need 0 <= k <= vn)",
+         S, (long long)vn, k);
+    NEED(S == 0 || (logits && row_max && row_sumexp && (k == 0 || (vals && ids))), "topk: NULL buffer");
+    pln_cpu_topk(pln_cpu_of(be), logits, S, vn, v0, k, vals, ids, row_max, row_sumexp);
+    return 0;
+}
+
+static void cpu_destroy(pln_backend *be) {
+    if (!be) return;
+    free(be->impl);
+    free(be);
+}
+
+pln_backend *pln_backend_cpu_create(void) {
+    pln_backend *be = calloc(1, sizeof *be);
+    pln_cpu *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be); free(c);
+        pln_errorf("cpu backend: out of memory");
+        return NULL;
+    }
+    be->name = "cpu";
+    be->act_size = 4; be->act_dtype = PLN_DTYPE_F32;
+    be->kv_size = 4; be->kv_dtype = PLN_DTYPE_F32;
+    be->impl = c;
+    be->alloc = cpu_alloc; be->free = cpu_free; be->upload = cpu_upload;
+    be->download = cpu_download; be->memset0 = cpu_memset0; be->sync = cpu_sync;
+    be->weights_from_host = cpu_weights_from_host;
+    be->load_file = NULL;
+    be->embed = cpu_embed; be->layernorm = cpu_layernorm;
+    be->residual_layernorm = cpu_residual_layernorm; be->linear = cpu_linear;
+    be->kv_append = cpu_kv_append; be->attention = cpu_attention;
+    be->gather_rows = cpu_gather_rows; be->logits = cpu_logits;
+    be->logit_process = cpu_logit_process; be->topk = cpu_topk;
+    be->destroy = cpu_destroy;
+    pln_cpu_set_isa(be, pln_cpu_isa_best());
+    return be;
+}

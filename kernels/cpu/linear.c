@@ -1,0 +1,65 @@
+/* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16 or I8 weights, fp32 accumulation; also
+ * the logits (the tied embedding slice, rows beyond n_valid left to the caller).
+ *
+ * Fast path: the weight is read from memory once per PLN_CPU_TCHUNK tokens. Threads split the
+ * output rows (each streams its own contiguous part of W), the micro kernel reuses each weight
+ * vector for a block of tokens held in registers, and the epilogue (bias, GeLU) runs on the
+ * tile while it is still in cache. */
+#include "kernels/cpu/cpu.h"
+#include "kernels/pln_math.h"
+
+/* Rows per unit of parallel work: small enough to balance 2..64 threads on 2048 rows, large
+ * enough that each unit streams several KiB of weights. */
+#define RCHUNK 16
+
+static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
+    if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
+    float scale = pln_f16_to_f32(W->scale[r * (W->cols / W->group) + k / W->group]);
+    return pln_dequant_i8(((const int8_t *)W->w)[r * W->cols + k], scale);
+}
+
+/* The reference: one dot product per output, written the obvious way. */
+static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weight *W,
+                       int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
+    int64_t K = W->cols;
+    for (int32_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < n_rows; r++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc += in[t * K + k] * weight_at(W, r, k);
+            if (bias) acc += pln_f16_to_f32(bias[r]);
+            out[t * ldo + r] = gelu ? pln_gelu(acc) : acc;
+        }
+}
+
+static void epilogue(float *out, int64_t ldo, int64_t nt, int64_t nr, const uint16_t *bias,
+                     bool gelu) {
+    if (!bias && !gelu) return;
+    for (int64_t t = 0; t < nt; t++) {
+        float *o = out + t * ldo;
+        if (bias) for (int64_t r = 0; r < nr; r++) o[r] += pln_f16_to_f32(bias[r]);
+        if (gelu) for (int64_t r = 0; r < nr; r++) o[r] = pln_gelu(o[r]);
+    }
+}
+
+void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
+                    int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
+    if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, gelu); return; }
+    const pln_cpu_kernels *k = c->k;
+    int64_t K = W->cols;
+    int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
+    for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
+        int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
+        const float *x = in + t0 * K;
+        float *o = out + t0 * ldo;
+        #pragma omp parallel for schedule(static) if (n_rows * K * nt > 65536)
+        for (int64_t ch = 0; ch < n_chunks; ch++) {
+            int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
+            if (W->dtype == PLN_DTYPE_F16)
+                k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
+            else
+                k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
+                           W->scale + r0 * (K / W->group), W->group, nr, K);
+            epilogue(o + r0, ldo, nt, nr, bias ? bias + r0 : NULL, gelu);
+        }
+    }
+}

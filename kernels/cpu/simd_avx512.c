@@ -1,0 +1,154 @@
+/* simd_avx512.c — AVX-512 micro kernels (chosen at run time when the CPU has AVX-512F; the rest
+ * of the build stays baseline x86-64). 16 floats per vector; F16 weights widened with vcvtph2ps,
+ * I8 weights with vpmovsxbd + vcvtdq2ps and scaled in registers: no matrix is ever converted.
+ * A tile is up to 4 weight rows x 4 tokens of accumulators (16 of the 32 zmm registers), so each
+ * weight vector loaded from memory serves 4 tokens and each activation vector 4 rows. */
+#include "kernels/cpu/cpu.h"
+#include "kernels/pln_math.h"
+
+#ifdef PLN_CPU_X86
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+#define UNROLL _Pragma("GCC unroll 4")
+
+INL __m512 load_f16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+INL __m512 load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* NR rows x NT tokens of F16 dot products over K columns (NR, NT compile-time after inlining). */
+INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
+                  const uint16_t *w, int64_t K) {
+    __m512 acc[4][4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[4];
+        UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
+        UNROLL for (int j = 0; j < NT; j++) {
+            __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+        }
+    }
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) {
+            float s = _mm512_reduce_add_ps(acc[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += pln_f16_to_f32(w[i * K + kk]) * x[j * ldx + kk];
+            out[j * ldo + i] = s;
+        }
+    }
+}
+
+/* I8 with one scale per group of columns. Per-channel weights (one group) multiply the scale once
+ * at the end; grouped ones scale each widened weight vector (shared by the NT tokens). */
+INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
+                 const int8_t *w, const uint16_t *scale, int64_t group, int64_t K) {
+    int64_t ng = K / group;
+    __m512 acc[4][4];
+    float tail[4][4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) { acc[i][j] = _mm512_setzero_ps(); tail[i][j] = 0.0f; }
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        float sf[4];
+        __m512 sv[4];
+        UNROLL for (int i = 0; i < NR; i++) {
+            sf[i] = ng == 1 ? 1.0f : pln_f16_to_f32(scale[i * ng + g]);
+            sv[i] = _mm512_set1_ps(sf[i]);
+        }
+        int64_t k = g * group, kend = k + group;
+        if (ng == 1) {
+            for (; k + 16 <= kend; k += 16) {
+                __m512 wv[4];
+                UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
+                UNROLL for (int j = 0; j < NT; j++) {
+                    __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
+                    UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+        } else {
+            for (; k + 16 <= kend; k += 16) {
+                __m512 wv[4];
+                UNROLL for (int i = 0; i < NR; i++) wv[i] = _mm512_mul_ps(load_i8(w + i * K + k), sv[i]);
+                UNROLL for (int j = 0; j < NT; j++) {
+                    __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
+                    UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+        }
+        for (; k < kend; k++) {
+            UNROLL for (int i = 0; i < NR; i++) {
+                UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * sf[i] * x[j * ldx + k];
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < NR; i++) {
+        float s_end = ng == 1 ? pln_f16_to_f32(scale[i]) : 1.0f;
+        UNROLL for (int j = 0; j < NT; j++)
+            out[j * ldo + i] = (_mm512_reduce_add_ps(acc[i][j]) + tail[i][j]) * s_end;
+    }
+}
+
+static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                                const uint16_t *w, int64_t nr, int64_t K) {
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) tile_f16(4, 4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+        for (; t < nt; t++) tile_f16(4, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+    }
+    for (; r < nr; r++) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) tile_f16(1, 4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+        for (; t < nt; t++) tile_f16(1, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+    }
+}
+
+static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                               const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
+                               int64_t K) {
+    int64_t ng = K / group, r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4)
+            tile_i8(4, 4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
+        for (; t < nt; t++)
+            tile_i8(4, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
+    }
+    for (; r < nr; r++) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4)
+            tile_i8(1, 4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
+        for (; t < nt; t++)
+            tile_i8(1, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
+    }
+}
+
+static TGT float dot_avx512(const float *a, const float *b, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    float s = _mm512_reduce_add_ps(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static TGT void axpby_avx512(float *y, float c, float a, const float *x, int64_t n) {
+    __m512 cv = _mm512_set1_ps(c), av = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_mul_ps(cv, _mm512_loadu_ps(y + i))));
+    for (; i < n; i++) y[i] = y[i] * c + a * x[i];
+}
+
+const pln_cpu_kernels pln_cpu_kernels_avx512 = {
+    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512,
+    .dot = dot_avx512, .axpby = axpby_avx512,
+};
+#endif

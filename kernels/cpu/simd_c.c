@@ -1,0 +1,64 @@
+/* simd_c.c — the portable micro kernels (plain C, any CPU): the fallback where neither AVX2 nor
+ * AVX-512 is available. Weights are converted to fp32 a short stretch at a time (never a whole
+ * matrix) and each converted stretch is reused for every token of the block. */
+#include "kernels/cpu/cpu.h"
+#include "kernels/pln_math.h"
+
+/* Columns converted at a time: 1 KiB of fp32, stays in L1 beside the tokens' activations. */
+#define KSTEP 256
+
+static void gemm_f16_c(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                       const uint16_t *w, int64_t nr, int64_t K) {
+    float wf[KSTEP], acc[PLN_CPU_TCHUNK];
+    for (int64_t r = 0; r < nr; r++) {
+        for (int64_t t = 0; t < nt; t++) acc[t] = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += KSTEP) {
+            int64_t n = K - k0 < KSTEP ? K - k0 : KSTEP;
+            for (int64_t i = 0; i < n; i++) wf[i] = pln_f16_to_f32(w[r * K + k0 + i]);
+            for (int64_t t = 0; t < nt; t++) {
+                const float *xt = x + t * ldx + k0;
+                float s = 0.0f;
+                for (int64_t i = 0; i < n; i++) s += wf[i] * xt[i];
+                acc[t] += s;
+            }
+        }
+        for (int64_t t = 0; t < nt; t++) out[t * ldo + r] = acc[t];
+    }
+}
+
+static void gemm_i8_c(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                      const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    float wf[KSTEP], acc[PLN_CPU_TCHUNK];
+    int64_t ng = K / group;
+    for (int64_t r = 0; r < nr; r++) {
+        for (int64_t t = 0; t < nt; t++) acc[t] = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += KSTEP) {
+            int64_t n = K - k0 < KSTEP ? K - k0 : KSTEP;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t k = k0 + i;
+                wf[i] = pln_dequant_i8(w[r * K + k], pln_f16_to_f32(scale[r * ng + k / group]));
+            }
+            for (int64_t t = 0; t < nt; t++) {
+                const float *xt = x + t * ldx + k0;
+                float s = 0.0f;
+                for (int64_t i = 0; i < n; i++) s += wf[i] * xt[i];
+                acc[t] += s;
+            }
+        }
+        for (int64_t t = 0; t < nt; t++) out[t * ldo + r] = acc[t];
+    }
+}
+
+static float dot_c(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void axpby_c(float *y, float c, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] * c + a * x[i];
+}
+
+const pln_cpu_kernels pln_cpu_kernels_c = {
+    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dot = dot_c, .axpby = axpby_c,
+};

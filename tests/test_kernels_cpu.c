@@ -1,0 +1,526 @@
+/* test_kernels_cpu.c — every op of the CPU backend, on every instruction-set tier this CPU has
+ * (the reference loops, portable C, AVX2, AVX-512), against naive double-precision references
+ * written here: random inputs, odd sizes, T = 1 and T > 1, several sequences at different
+ * positions in one attention call over scattered KV blocks, int8 per channel and per group,
+ * top-k ties, vocab padding, the HF repetition-penalty rule.
+ *
+ *   build/tests/test_kernels_cpu            the checks (a few seconds)
+ *   build/tests/test_kernels_cpu --bench    GEMV/GEMM bandwidth and FLOP/s against a STREAM-style
+ *                                           copy measured in the same run (tools/bench/kernels_cpu.sh) */
+#include "tests/test.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/pln_math.h"
+
+#include <float.h>
+#include <omp.h>
+#include <stdint.h>
+
+/* ---- random inputs ------------------------------------------------------------------------- */
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd_u32(void) {
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / 16777216.0f; }
+static float *rnd_vec(size_t n, float lo, float hi) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = rnd_f(lo, hi);
+    return v;
+}
+static uint16_t *rnd_f16(size_t n, float lo, float hi) {
+    uint16_t *v = malloc((n ? n : 1) * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = pln_f32_to_f16(rnd_f(lo, hi));
+    return v;
+}
+static double h2d(uint16_t h) { return (double)pln_f16_to_f32(h); }
+
+static pln_backend *g_be;
+static const char *g_isa = "?";
+
+/* Runs body once per supported instruction-set tier. */
+#define FOR_EACH_ISA(isa_var) \
+    for (int isa_var = 0; isa_var < PLN_CPU_ISA_COUNT; isa_var++) \
+        if (pln_cpu_isa_supported((pln_cpu_isa)isa_var) && \
+            !pln_cpu_set_isa(g_be, (pln_cpu_isa)isa_var) && (g_isa = pln_cpu_isa_name((pln_cpu_isa)isa_var)))
+
+/* ---- embed, gather ------------------------------------------------------------------------- */
+static void test_embed(void) {
+    int64_t H = 13, v0 = 10, vn = 7;
+    uint16_t *table = rnd_f16((size_t)(vn * H), -2, 2);
+    int32_t ids[6] = {10, 16, 9, 17, 12, 0};
+    float out[6 * 13];
+    FOR_EACH_ISA(isa) {
+        memset(out, 0x7f, sizeof out);
+        CHECK(g_be->embed(g_be, out, ids, 6, table, v0, vn, H) == 0, "embed: %s", pln_error());
+        int bad = 0;
+        for (int t = 0; t < 6; t++)
+            for (int64_t i = 0; i < H; i++) {
+                double want = ids[t] >= v0 && ids[t] < v0 + vn ? h2d(table[(ids[t] - v0) * H + i]) : 0.0;
+                bad += out[t * H + i] != (float)want;
+            }
+        CHECK(bad == 0, "embed [%s]: %d wrong elements (out-of-slice ids must give zeros)", g_isa, bad);
+    }
+    /* gather_rows: the last token of each sequence */
+    float in[5 * 13], g[3 * 13];
+    for (int i = 0; i < 5 * 13; i++) in[i] = (float)i;
+    int32_t rows[3] = {4, 0, 2};
+    CHECK(g_be->gather_rows(g_be, g, in, rows, 3, 13) == 0, "gather_rows: %s", pln_error());
+    int bad = 0;
+    for (int i = 0; i < 3; i++) for (int j = 0; j < 13; j++) bad += g[i * 13 + j] != in[rows[i] * 13 + j];
+    CHECK(bad == 0, "gather_rows: %d wrong", bad);
+    free(table);
+}
+
+/* ---- layernorm ------------------------------------------------------------------------------ */
+static void ref_layernorm(double *out, const double *in, const uint16_t *gm, const uint16_t *bt,
+                          int T, int64_t H, double eps) {
+    for (int t = 0; t < T; t++) {
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < H; i++) mean += in[t * H + i];
+        mean /= H;
+        for (int64_t i = 0; i < H; i++) var += (in[t * H + i] - mean) * (in[t * H + i] - mean);
+        var /= H;
+        for (int64_t i = 0; i < H; i++)
+            out[t * H + i] = (in[t * H + i] - mean) / sqrt(var + eps) * h2d(gm[i]) + h2d(bt[i]);
+    }
+}
+
+static void test_layernorm(void) {
+    static const int Ts[] = {1, 3, 9};
+    static const int64_t Hs[] = {1, 7, 64, 257, 1024};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++) {
+            int T = Ts[a]; int64_t H = Hs[b]; size_t n = (size_t)(T * H);
+            float *x = rnd_vec(n, -3, 5), *y = rnd_vec(n, -1, 1), *o = malloc(n * 4), *x2 = malloc(n * 4);
+            uint16_t *gm = rnd_f16((size_t)H, 0.5f, 1.5f), *bt = rnd_f16((size_t)H, -0.5f, 0.5f),
+                     *bias = rnd_f16((size_t)H, -1, 1);
+            double *xd = malloc(n * 8), *want = malloc(n * 8);
+            float eps = 1e-5f;
+            for (size_t i = 0; i < n; i++) xd[i] = x[i];
+            ref_layernorm(want, xd, gm, bt, T, H, eps);
+            FOR_EACH_ISA(isa) {
+                CHECK(g_be->layernorm(g_be, o, x, gm, bt, T, H, eps) == 0, "layernorm: %s", pln_error());
+                double md = 0; for (size_t i = 0; i < n; i++) md = fmax(md, fabs(o[i] - want[i]));
+                CHECK(md < 2e-5, "layernorm [%s] T=%d H=%lld: max diff %g", g_isa, T, (long long)H, md);
+                /* in place */
+                memcpy(x2, x, n * 4);
+                CHECK(g_be->layernorm(g_be, x2, x2, gm, bt, T, H, eps) == 0, "layernorm in place");
+                CHECK(!memcmp(x2, o, n * 4), "layernorm [%s]: in place differs from out of place", g_isa);
+            }
+            /* residual + bias + layernorm, with and without the bias */
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                double *xr = malloc(n * 8), *wr = malloc(n * 8);
+                for (size_t i = 0; i < n; i++) xr[i] = (double)x[i] + y[i] + (with_bias ? h2d(bias[i % H]) : 0);
+                ref_layernorm(wr, xr, gm, bt, T, H, eps);
+                FOR_EACH_ISA(isa) {
+                    memcpy(x2, x, n * 4);
+                    CHECK(g_be->residual_layernorm(g_be, x2, y, with_bias ? bias : NULL, gm, bt, o, T, H, eps) == 0,
+                          "residual_layernorm: %s", pln_error());
+                    double mx = 0, mo = 0;
+                    for (size_t i = 0; i < n; i++) { mx = fmax(mx, fabs(x2[i] - xr[i])); mo = fmax(mo, fabs(o[i] - wr[i])); }
+                    CHECK(mx < 1e-5 && mo < 2e-5, "residual_layernorm [%s] T=%d H=%lld bias=%d: x diff %g, ln diff %g",
+                          g_isa, T, (long long)H, with_bias, mx, mo);
+                }
+                free(xr); free(wr);
+            }
+            free(x); free(y); free(o); free(x2); free(gm); free(bt); free(bias); free(xd); free(want);
+        }
+}
+
+/* ---- linear / logits ----------------------------------------------------------------------- */
+typedef struct {
+    pln_weight W;
+    void *w; uint16_t *scale;
+} test_weight;
+
+/* F16 weight, or I8 (group = 0: per channel) quantized the way reshard does. */
+static test_weight make_weight(int64_t rows, int64_t cols, bool i8, int64_t group) {
+    test_weight tw = {0};
+    tw.W.rows = rows; tw.W.cols = cols;
+    float *wf = rnd_vec((size_t)(rows * cols), -1, 1);
+    if (!i8) {
+        uint16_t *w = malloc((size_t)(rows * cols) * 2);
+        for (int64_t i = 0; i < rows * cols; i++) w[i] = pln_f32_to_f16(wf[i]);
+        tw.W.dtype = PLN_DTYPE_F16; tw.W.w = tw.w = w;
+    } else {
+        int64_t G = group ? group : cols, ng = cols / G;
+        int8_t *q = malloc((size_t)(rows * cols));
+        tw.scale = malloc((size_t)(rows * ng) * 2);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t g = 0; g < ng; g++) {
+                float amax = 0;
+                for (int64_t k = g * G; k < (g + 1) * G; k++) amax = fmaxf(amax, fabsf(wf[r * cols + k]));
+                uint16_t sh = pln_f32_to_f16(amax > 0 ? amax / 127.0f : 1.0f);
+                tw.scale[r * ng + g] = sh;
+                float inv = 1.0f / pln_f16_to_f32(sh);
+                for (int64_t k = g * G; k < (g + 1) * G; k++) q[r * cols + k] = pln_quant_i8(wf[r * cols + k], inv);
+            }
+        tw.W.dtype = PLN_DTYPE_I8; tw.W.w = tw.w = q; tw.W.scale = tw.scale; tw.W.group = G;
+    }
+    free(wf);
+    return tw;
+}
+
+static double w_at(const pln_weight *W, int64_t r, int64_t k) {
+    if (W->dtype == PLN_DTYPE_F16) return h2d(((const uint16_t *)W->w)[r * W->cols + k]);
+    return (double)((const int8_t *)W->w)[r * W->cols + k] * h2d(W->scale[r * (W->cols / W->group) + k / W->group]);
+}
+
+static double gelu_d(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * x * (1 + 0.044715 * x * x))); }
+
+static void test_linear_case(int64_t rows, int64_t cols, int T, bool i8, int64_t group, bool bias_on, bool gelu) {
+    test_weight tw = make_weight(rows, cols, i8, group);
+    float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
+    uint16_t *bias = bias_on ? rnd_f16((size_t)rows, -0.5f, 0.5f) : NULL;
+    double *want = malloc((size_t)(T * rows) * 8), *mag = malloc((size_t)(T * rows) * 8);
+    for (int t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0, m = 0;
+            for (int64_t k = 0; k < cols; k++) { double p = x[t * cols + k] * w_at(&tw.W, r, k); s += p; m += fabs(p); }
+            if (bias) { s += h2d(bias[r]); m += fabs(h2d(bias[r])); }
+            want[t * rows + r] = gelu ? gelu_d(s) : s;
+            mag[t * rows + r] = m;
+        }
+    FOR_EACH_ISA(isa) {
+        memset(o, 0xff, (size_t)(T * rows) * 4);
+        CHECK(g_be->linear(g_be, o, x, &tw.W, bias, T, gelu) == 0, "linear: %s", pln_error());
+        int bad = 0; double worst = 0;
+        for (int64_t i = 0; i < T * rows; i++) {
+            double d = fabs(o[i] - want[i]), tol = 2e-6 * mag[i] + 1e-6;
+            if (!(d <= tol)) bad++;
+            worst = fmax(worst, d / (mag[i] + 1e-30));
+        }
+        CHECK(bad == 0, "linear [%s] %s%s [%lld, %lld] T=%d bias=%d gelu=%d: %d wrong, worst rel %g", g_isa,
+              i8 ? "I8" : "F16", i8 ? (group ? "/group" : "/channel") : "", (long long)rows, (long long)cols,
+              T, bias_on, gelu, bad, worst);
+    }
+    free(tw.w); free(tw.scale); free(x); free(o); free(bias); free(want); free(mag);
+}
+
+static void test_linear(void) {
+    static const int64_t shapes[][2] = {{1, 1}, {5, 7}, {37, 33}, {64, 128}, {19, 300}, {8, 64}};
+    static const int Ts[] = {1, 2, 3, 5, 70};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t ti = 0; ti < 5; ti++) {
+            int64_t rows = shapes[s][0], cols = shapes[s][1];
+            int T = Ts[ti];
+            bool b = (s + ti) % 2, g = (s + ti) % 3 == 0;
+            test_linear_case(rows, cols, T, false, 0, b, g);
+            test_linear_case(rows, cols, T, true, 0, !b, g);
+            /* groups: a multiple of both vector widths, and one that is not (tail paths) */
+            if (cols % 32 == 0) test_linear_case(rows, cols, T, true, 32, b, !g);
+            if (cols % 12 == 0) test_linear_case(rows, cols, T, true, 12, b, g);
+            if (cols % 20 == 0) test_linear_case(rows, cols, T, true, 20, !b, false);
+        }
+    /* a wider one: several row chunks and threads */
+    test_linear_case(203, 512, 9, false, 0, true, true);
+    test_linear_case(203, 512, 9, true, 64, true, false);
+    test_linear_case(203, 512, 1, true, 0, false, false);
+}
+
+static void test_logits(void) {
+    for (int i8 = 0; i8 < 2; i8++) {
+        int64_t vn = 29, H = 40, n_valid = 23;
+        int S = 3;
+        test_weight tw = make_weight(vn, H, i8, i8 ? 8 : 0);
+        float *x = rnd_vec((size_t)(S * H), -1, 1), *o = malloc((size_t)(S * vn) * 4);
+        FOR_EACH_ISA(isa) {
+            CHECK(g_be->logits(g_be, o, x, &tw.W, S, n_valid) == 0, "logits: %s", pln_error());
+            int bad = 0;
+            for (int s = 0; s < S; s++)
+                for (int64_t r = 0; r < vn; r++) {
+                    float got = o[s * vn + r];
+                    if (r >= n_valid) { bad += !(isinf(got) && got < 0); continue; }
+                    double want = 0, m = 0;
+                    for (int64_t k = 0; k < H; k++) { want += x[s * H + k] * w_at(&tw.W, r, k); m += fabs(x[s * H + k] * w_at(&tw.W, r, k)); }
+                    bad += !(fabs(got - want) <= 2e-6 * m + 1e-6);
+                }
+            CHECK(bad == 0, "logits [%s] %s: %d wrong (rows >= n_valid must be -inf)", g_isa, i8 ? "I8" : "F16", bad);
+        }
+        free(tw.w); free(tw.scale); free(x); free(o);
+    }
+}
+
+/* ---- KV cache + attention ------------------------------------------------------------------ */
+static void test_attention_case(int n_head, int head_dim, int block_size) {
+    enum { S = 4 };
+    /* per sequence: tokens already in the cache, and tokens fed in this step */
+    int32_t prior[S] = {0, 9, 5, 16}, fed[S] = {7, 1, 3, 1};
+    int max_len = 0;
+    for (int s = 0; s < S; s++) if (prior[s] + fed[s] > max_len) max_len = prior[s] + fed[s];
+    int32_t max_blocks = (max_len + block_size - 1) / block_size + 1;
+    int32_t n_blocks = S * max_blocks + 3;
+    /* scatter blocks: a random permutation of the pool */
+    int32_t *perm = malloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { int j = (int)(rnd_u32() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    int32_t *table = malloc((size_t)(S * max_blocks) * 4);
+    for (int i = 0; i < S * max_blocks; i++) table[i] = perm[i];
+    int64_t width = (int64_t)n_head * 3 * head_dim, ow = (int64_t)n_head * head_dim;
+    /* each sequence's full qkv history */
+    float *hist[S];
+    for (int s = 0; s < S; s++) hist[s] = rnd_vec((size_t)((prior[s] + fed[s]) * width), -1, 1);
+    float slopes[16];
+    for (int h = 0; h < n_head; h++) slopes[h] = pln_alibi_slope(h, n_head);
+    size_t pool = (size_t)n_blocks * n_head * block_size * head_dim;
+    float *kc = malloc(pool * 4), *vc = malloc(pool * 4);
+
+    /* step tokens, sequences interleaved the way a scheduler would concatenate them */
+    int T1 = 0, T2 = 0;
+    for (int s = 0; s < S; s++) { T1 += prior[s]; T2 += fed[s]; }
+    float *qkv1 = malloc((size_t)((T1 ? T1 : 1) * width) * 4), *qkv2 = malloc((size_t)(T2 * width) * 4);
+    int32_t *seq1 = malloc((size_t)(T1 ? T1 : 1) * 4), *pos1 = malloc((size_t)(T1 ? T1 : 1) * 4);
+    int32_t seq2[64], pos2[64];
+    int t = 0;
+    for (int s = 0; s < S; s++)
+        for (int j = 0; j < prior[s]; j++, t++) {
+            seq1[t] = s; pos1[t] = j;
+            memcpy(qkv1 + t * width, hist[s] + j * width, (size_t)width * 4);
+        }
+    t = 0;
+    for (int s = S - 1; s >= 0; s--)
+        for (int j = prior[s]; j < prior[s] + fed[s]; j++, t++) {
+            seq2[t] = s; pos2[t] = j;
+            memcpy(qkv2 + t * width, hist[s] + j * width, (size_t)width * 4);
+        }
+    /* double reference */
+    double *want = malloc((size_t)(T2 * ow) * 8);
+    for (t = 0; t < T2; t++) {
+        int s = seq2[t], p = pos2[t];
+        for (int h = 0; h < n_head; h++) {
+            const float *q = hist[s] + p * width + h * 3 * head_dim;
+            double sc[64], mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= p; j++) {
+                const float *k = hist[s] + j * width + (h * 3 + 1) * head_dim;
+                double d = 0;
+                for (int e = 0; e < head_dim; e++) d += (double)q[e] * k[e];
+                sc[j] = d / sqrt((double)head_dim) + (double)slopes[h] * j;
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+            for (int e = 0; e < head_dim; e++) {
+                double acc = 0;
+                for (int j = 0; j <= p; j++) acc += sc[j] / sum * hist[s][j * width + (h * 3 + 2) * head_dim + e];
+                want[t * ow + h * head_dim + e] = acc;
+            }
+        }
+    }
+    float *out = malloc((size_t)(T2 * ow) * 4);
+    FOR_EACH_ISA(isa) {
+        for (size_t i = 0; i < pool; i++) { kc[i] = NAN; vc[i] = NAN; }   /* unwritten rows must never be read */
+        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
+        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+        CHECK(g_be->kv_append(g_be, qkv1, kc, vc, &m1, n_head, head_dim) == 0, "kv_append 1: %s", pln_error());
+        CHECK(g_be->kv_append(g_be, qkv2, kc, vc, &m2, n_head, head_dim) == 0, "kv_append 2: %s", pln_error());
+        /* the cache layout exactly as backend.h defines it */
+        int bad = 0;
+        for (int s = 0; s < S; s++)
+            for (int j = 0; j < prior[s] + fed[s]; j++)
+                for (int h = 0; h < n_head; h++) {
+                    int64_t off = (((int64_t)table[s * max_blocks + j / block_size] * n_head + h) * block_size + j % block_size) * head_dim;
+                    bad += memcmp(kc + off, hist[s] + j * width + (h * 3 + 1) * head_dim, (size_t)head_dim * 4) != 0;
+                    bad += memcmp(vc + off, hist[s] + j * width + (h * 3 + 2) * head_dim, (size_t)head_dim * 4) != 0;
+                }
+        CHECK(bad == 0, "kv_append [%s] heads=%d d=%d bs=%d: %d rows misplaced", g_isa, n_head, head_dim, block_size, bad);
+        CHECK(g_be->attention(g_be, out, qkv2, kc, vc, &m2, slopes, n_head, head_dim) == 0, "attention: %s", pln_error());
+        double md = 0;
+        for (int64_t i = 0; i < T2 * ow; i++) md = fmax(md, fabs(out[i] - want[i]));
+        CHECK(md < 2e-6, "attention [%s] heads=%d d=%d bs=%d: max diff %g", g_isa, n_head, head_dim, block_size, md);
+    }
+    /* a bad block table is an error, not a wild write */
+    int32_t saved = table[1 * max_blocks + 0];
+    table[1 * max_blocks + 0] = -1;
+    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    CHECK(g_be->attention(g_be, out, qkv2, kc, vc, &mb, slopes, n_head, head_dim) == -1 && strstr(pln_error(), "block"),
+          "attention with an unassigned block: want an error, got \"%s\"", pln_error());
+    table[1 * max_blocks + 0] = saved;
+    for (int s = 0; s < S; s++) free(hist[s]);
+    free(perm); free(table); free(kc); free(vc); free(qkv1); free(qkv2); free(seq1); free(pos1); free(want); free(out);
+}
+
+static void test_attention(void) {
+    test_attention_case(3, 8, 4);
+    test_attention_case(2, 13, 5);
+    test_attention_case(4, 64, 16);
+    test_attention_case(1, 128, 3);
+    /* ALiBi slopes against DESIGN.md's formula, powers of two and not */
+    static const int heads[] = {1, 6, 8, 12, 16, 112};
+    for (size_t i = 0; i < 6; i++) {
+        int n = heads[i], p = 1 << (int)floor(log2(n)), bad = 0;
+        double base = pow(2, -pow(2, -(log2(p) - 3))), extra = pow(2, -pow(2, -(log2(2 * p) - 3)));
+        for (int h = 0; h < n; h++) {
+            double want = h < p ? pow(base, h + 1) : pow(extra, 2 * (h - p) + 1);
+            bad += fabs(pln_alibi_slope(h, n) - want) > 1e-7 * want;
+        }
+        CHECK(bad == 0, "alibi slopes n_head=%d: %d wrong", n, bad);
+    }
+}
+
+/* ---- logit processing, top-k ------------------------------------------------------------- */
+static void test_logit_process(void) {
+    int64_t v0 = 100, vn = 50;
+    enum { S = 3 };
+    float pen[S] = {1.3f, 1.0f, 0.8f}, it[S] = {1.0f / 0.7f, 1.0f, 2.0f};
+    /* duplicates and ids of other ranks' slices must not change anything twice */
+    int32_t seen[] = {100, 105, 105, 149, 7, 300, 120, /* row 1 */ 101, 102, /* row 2 */ 110, 111, 110};
+    int32_t offs[S + 1] = {0, 7, 9, 12};
+    float *l = rnd_vec((size_t)(S * vn), -4, 4), *got = malloc((size_t)(S * vn) * 4);
+    l[5] = 0.0f;   /* exactly zero: the "else" branch (multiply) */
+    pln_logit_proc p = {S, pen, it, offs, seen};
+    FOR_EACH_ISA(isa) {
+        memcpy(got, l, (size_t)(S * vn) * 4);
+        CHECK(g_be->logit_process(g_be, got, v0, vn, &p) == 0, "logit_process: %s", pln_error());
+        int bad = 0;
+        for (int s = 0; s < S; s++)
+            for (int64_t i = 0; i < vn; i++) {
+                double v = l[s * vn + i];
+                bool in_seen = false;
+                for (int j = offs[s]; j < offs[s + 1]; j++) in_seen |= seen[j] == v0 + i;
+                if (in_seen) v = v > 0 ? v / pen[s] : v * pen[s];
+                v *= it[s];
+                bad += fabs(got[s * vn + i] - v) > 1e-6 * fabs(v) + 1e-7;
+            }
+        CHECK(bad == 0, "logit_process [%s]: %d wrong (HF rule: divide positive, multiply others, once per id; then temperature)", g_isa, bad);
+    }
+    free(l); free(got);
+}
+
+static int64_t g_sort_vn;
+static const float *g_sort_row;
+static int cmp_desc(const void *a, const void *b) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = g_sort_row[i], y = g_sort_row[j];
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+static void test_topk(void) {
+    enum { S = 4 };
+    int64_t vn = 301, v0 = 1000, n_valid = 290;
+    float *l = malloc((size_t)(S * vn) * 4);
+    for (int s = 0; s < S; s++)
+        for (int64_t i = 0; i < vn; i++)
+            /* few distinct values: many ties; vocab padding is -inf */
+            l[s * vn + i] = i >= n_valid ? -INFINITY : (float)(int)(rnd_u32() % 7) - 3.0f + (s == 2 ? 0.5f * (float)(i % 3) : 0.0f);
+    for (int64_t i = 0; i < vn; i++) l[3 * vn + i] = -INFINITY;   /* an all -inf row */
+    static const int ks[] = {0, 1, 5, 64, 301};
+    float vals[S * 301], rmax[S], rsum[S];
+    int32_t ids[S * 301], order[301];
+    for (size_t ki = 0; ki < 5; ki++) {
+        int k = ks[ki];
+        FOR_EACH_ISA(isa) {
+            CHECK(g_be->topk(g_be, l, S, vn, v0, k, vals, ids, rmax, rsum) == 0, "topk: %s", pln_error());
+            for (int s = 0; s < S; s++) {
+                const float *row = l + s * vn;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t i = 0; i < vn; i++) mx = fmax(mx, row[i]);
+                if (mx != -INFINITY) for (int64_t i = 0; i < vn; i++) sum += exp(row[i] - mx);
+                CHECK(rmax[s] == (float)mx, "topk [%s] row %d: max %g want %g", g_isa, s, rmax[s], mx);
+                CHECK(fabs(rsum[s] - sum) <= 1e-5 * sum, "topk [%s] row %d: sumexp %g want %g", g_isa, s, rsum[s], sum);
+                for (int64_t i = 0; i < vn; i++) order[i] = (int32_t)i;
+                g_sort_row = row; g_sort_vn = vn;
+                qsort(order, (size_t)vn, sizeof *order, cmp_desc);
+                int bad = 0;
+                for (int j = 0; j < k; j++)
+                    bad += ids[s * k + j] != v0 + order[j] || !(vals[s * k + j] == row[order[j]] || (isinf(vals[s * k + j]) && isinf(row[order[j]])));
+                CHECK(bad == 0, "topk [%s] row %d k=%d: %d wrong (ties: lower id first)", g_isa, s, k, bad);
+            }
+        }
+    }
+    CHECK(g_be->topk(g_be, l, S, vn, v0, (int32_t)vn + 1, vals, ids, rmax, rsum) == -1, "topk with k > vn must fail");
+    free(l);
+}
+
+/* ---- errors -------------------------------------------------------------------------------- */
+static void test_errors(void) {
+    pln_backend *b = pln_backend_create("tpu", 0);
+    CHECK(!b && strstr(pln_error(), "tpu"), "unknown backend: want NULL naming it, got \"%s\"", pln_error());
+#ifndef PLN_HAVE_CUDA
+    b = pln_backend_create("cuda", 0);
+    CHECK(!b && strstr(pln_error(), "no CUDA backend"), "cuda in a CPU-only build: \"%s\"", pln_error());
+#endif
+    int8_t q[12] = {0};
+    uint16_t sc[3] = {0x3c00, 0x3c00, 0x3c00};
+    pln_weight W = {PLN_DTYPE_I8, 1, 12, q, sc, 5};
+    float x[12] = {0}, o[1];
+    CHECK(g_be->linear(g_be, o, x, &W, NULL, 1, false) == -1 && strstr(pln_error(), "group"),
+          "I8 group 5 of 12 columns: want an error naming the group, got \"%s\"", pln_error());
+    W.dtype = PLN_DTYPE_BF16;
+    CHECK(g_be->linear(g_be, o, x, &W, NULL, 1, false) == -1, "BF16 weight must be refused");
+    CHECK(g_be->load_file == NULL, "the CPU backend maps shards in place: load_file must be NULL");
+    uint8_t host[16];
+    CHECK(g_be->weights_from_host(g_be, NULL, host, sizeof host) == host, "weights_from_host must not copy");
+    CHECK(g_be->act_size == 4 && g_be->act_dtype == PLN_DTYPE_F32 && g_be->kv_size == 4 && g_be->kv_dtype == PLN_DTYPE_F32,
+          "cpu backend: F32 activations and KV");
+}
+
+/* ---- benchmark ----------------------------------------------------------------------------- */
+static double bench_copy_gbs(size_t bytes) {
+    float *a = malloc(bytes), *b = malloc(bytes);
+    size_t n = bytes / 4;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { a[i] = (float)i; b[i] = 0; }
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = pln_now();
+        #pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) b[i] = a[i];
+        double dt = pln_now() - t0;
+        best = fmax(best, 2.0 * (double)bytes / dt / 1e9);   /* read + write */
+    }
+    volatile float sink = b[n / 2]; (void)sink;
+    free(a); free(b);
+    return best;
+}
+
+static int run_bench(void) {
+    int64_t rows = 8192, cols = 2048;    /* bloom-1b7's dense_h_to_4h */
+    double copy = bench_copy_gbs((size_t)256 << 20);
+    printf("threads %d, isa %s\n", omp_get_max_threads(), pln_cpu_isa_name(pln_cpu_isa_best()));
+    printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
+    for (int i8 = 0; i8 < 2; i8++) {
+        test_weight tw = make_weight(rows, cols, i8, 0);
+        double wbytes = (double)(rows * cols) * (i8 ? 1 : 2) + (i8 ? rows * 2 : 0);
+        static const int Ts[] = {1, 8, 32, 128};
+        for (int ti = 0; ti < 4; ti++) {
+            int T = Ts[ti];
+            float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
+            g_be->linear(g_be, o, x, &tw.W, NULL, T, false);   /* warm up */
+            int reps = T == 1 ? 30 : T <= 32 ? 8 : 3;
+            double best = 1e30;
+            for (int r = 0; r < reps; r++) {
+                double t0 = pln_now();
+                g_be->linear(g_be, o, x, &tw.W, NULL, T, false);
+                best = fmin(best, pln_now() - t0);
+            }
+            double gbs = wbytes / best / 1e9, gflops = 2.0 * rows * cols * T / best / 1e9;
+            printf("linear %s [%lld, %lld] T=%-3d %8.3f ms  %6.1f GB/s of weights (%3.0f%% of copy)  %6.1f GFLOP/s  %8.0f tokens/s\n",
+                   i8 ? "I8 " : "F16", (long long)rows, (long long)cols, T, best * 1e3, gbs, 100 * gbs / copy, gflops, T / best);
+            free(x); free(o);
+        }
+        free(tw.w); free(tw.scale);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    test_begin("test_kernels_cpu");
+    g_be = pln_backend_create("cpu", 0);
+    if (!g_be) { fprintf(stderr, "cpu backend: %s\n", pln_error()); return 1; }
+    if (argc > 1 && !strcmp(argv[1], "--bench")) return run_bench();
+    printf("instruction sets:");
+    for (int i = 0; i < PLN_CPU_ISA_COUNT; i++)
+        if (pln_cpu_isa_supported((pln_cpu_isa)i)) printf(" %s", pln_cpu_isa_name((pln_cpu_isa)i));
+    printf(" (default %s)\n", pln_cpu_isa_name(pln_cpu_isa_best()));
+    test_embed();
+    test_layernorm();
+    test_linear();
+    test_logits();
+    test_attention();
+    test_logit_process();
+    test_topk();
+    test_errors();
+    pln_backend_destroy(g_be);
+    return test_done();
+}
