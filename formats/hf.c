@@ -1,0 +1,364 @@
+/* hf.c — a Hugging Face BLOOM checkpoint directory: config.json, index files, and one tensor list
+ * over every weight file (safetensors or PyTorch zip), names without "transformer.". */
+#include "formats/hf.h"
+#include "formats/safetensors.h"
+#include "formats/torchzip.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define CONFIG_MAX_BYTES (16u << 20)
+#define INDEX_MAX_BYTES (256u << 20)
+static const char PREFIX[] = "transformer.";
+
+/* ---- config.json ---- */
+
+/* Reads an integer under either spelling; both present must agree. *found false when absent. */
+static int get_int2(json_t *o, const char *where, const char *k1, const char *k2, int64_t *out, bool *found) {
+    json_t *v1 = json_object_get(o, k1), *v2 = k2 ? json_object_get(o, k2) : NULL;
+    *found = false;
+    if (v1 && json_is_null(v1)) v1 = NULL;
+    if (v2 && json_is_null(v2)) v2 = NULL;
+    if (v1 && !json_is_integer(v1)) return pln_errorf("%s: key \"%s\" must be an integer", where, k1);
+    if (v2 && !json_is_integer(v2)) return pln_errorf("%s: key \"%s\" must be an integer", where, k2);
+    if (v1 && v2 && json_integer_value(v1) != json_integer_value(v2))
+        return pln_errorf("%s: keys \"%s\" (%lld) and \"%s\" (%lld) disagree", where, k1,
+                          (long long)json_integer_value(v1), k2, (long long)json_integer_value(v2));
+    json_t *v = v1 ? v1 : v2;
+    if (!v) return 0;
+    *out = json_integer_value(v);
+    *found = true;
+    return 0;
+}
+
+static int need_pos(json_t *o, const char *where, const char *k1, const char *k2, int64_t *out) {
+    bool found;
+    if (get_int2(o, where, k1, k2, out, &found)) return -1;
+    if (!found) return pln_errorf("%s: missing key \"%s\"%s%s%s", where, k1, k2 ? " (or \"" : "", k2 ? k2 : "", k2 ? "\")" : "");
+    if (*out <= 0) return pln_errorf("%s: key \"%s\" must be positive, got %lld", where, k1, (long long)*out);
+    return 0;
+}
+
+int pln_bloom_config_from_json(const void *json_obj, const char *where, pln_bloom_config *cfg) {
+    json_t *o = (json_t *)json_obj;
+    memset(cfg, 0, sizeof *cfg);
+    if (!json_is_object(o)) return pln_errorf("%s: config is not a JSON object", where);
+    json_t *mt = json_object_get(o, "model_type");
+    if (mt && !(json_is_string(mt) && !strcmp(json_string_value(mt), "bloom")))
+        return pln_errorf("%s: key \"model_type\" is %s%s%s, not \"bloom\" (only BLOOM models are supported)", where,
+                          json_is_string(mt) ? "\"" : "", json_is_string(mt) ? json_string_value(mt) : "not a string",
+                          json_is_string(mt) ? "\"" : "");
+    json_t *post = json_object_get(o, "apply_residual_connection_post_layernorm");
+    if (post && json_is_true(post))
+        return pln_errorf("%s: key \"apply_residual_connection_post_layernorm\" is true; no BLOOM model uses that and "
+                          "pollen does not support it", where);
+    if (need_pos(o, where, "vocab_size", NULL, &cfg->vocab_size) ||
+        need_pos(o, where, "hidden_size", "n_embed", &cfg->hidden_size) ||
+        need_pos(o, where, "n_head", "num_attention_heads", &cfg->n_head) ||
+        need_pos(o, where, "n_layer", "num_hidden_layers", &cfg->n_layer)) return -1;
+    if (cfg->hidden_size % cfg->n_head)
+        return pln_errorf("%s: key \"hidden_size\" (%lld) is not divisible by \"n_head\" (%lld)", where,
+                          (long long)cfg->hidden_size, (long long)cfg->n_head);
+    /* Bound sizes so later products (vocab × hidden, 4 × hidden²) cannot overflow 64 bits. */
+    if (cfg->vocab_size > (1ll << 31) || cfg->hidden_size > (1ll << 20) || cfg->n_layer > 100000)
+        return pln_errorf("%s: vocab_size/hidden_size/n_layer out of range (%lld/%lld/%lld)", where,
+                          (long long)cfg->vocab_size, (long long)cfg->hidden_size, (long long)cfg->n_layer);
+    cfg->layer_norm_epsilon = 1e-5;
+    json_t *eps = json_object_get(o, "layer_norm_epsilon");
+    if (eps && !json_is_null(eps)) {
+        if (!json_is_number(eps) || json_number_value(eps) <= 0 || json_number_value(eps) >= 1)
+            return pln_errorf("%s: key \"layer_norm_epsilon\" must be a number in (0, 1)", where);
+        cfg->layer_norm_epsilon = json_number_value(eps);
+    }
+    const char *ids[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    int64_t *dst[3] = {&cfg->bos_token_id, &cfg->eos_token_id, &cfg->pad_token_id};
+    int64_t defaults[3] = {1, 2, 3};
+    for (int k = 0; k < 3; k++) {
+        bool found;
+        if (get_int2(o, where, ids[k], NULL, dst[k], &found)) return -1;
+        if (!found) *dst[k] = defaults[k];
+        if (*dst[k] < 0 || *dst[k] >= cfg->vocab_size)
+            return pln_errorf("%s: key \"%s\" (%lld) is outside the vocabulary [0, %lld)", where, ids[k],
+                              (long long)*dst[k], (long long)cfg->vocab_size);
+    }
+    json_t *td = json_object_get(o, "torch_dtype");
+    if (td && json_is_string(td)) snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", json_string_value(td));
+    return 0;
+}
+
+int pln_bloom_config_load(const char *path, pln_bloom_config *cfg) {
+    size_t n;
+    memset(cfg, 0, sizeof *cfg);
+    char *buf = pln_read_small_file(path, CONFIG_MAX_BYTES, &n);
+    if (!buf) return -1;
+    json_error_t jerr;
+    json_t *o = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &jerr);
+    free(buf);
+    if (!o) return pln_errorf("%s: not valid JSON: %s (line %d, column %d)", path, jerr.text, jerr.line, jerr.column);
+    int rc = pln_bloom_config_from_json(o, path, cfg);
+    json_decref(o);
+    return rc;
+}
+
+/* ---- checkpoints ---- */
+
+typedef struct {
+    int n;
+    bool *is_st;
+    pln_safetensors *st;
+    pln_torchzip *tz;
+    int64_t *sorted;          /* tensor indices sorted by name, for find */
+} ckpt_impl;
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static bool is_file(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISREG(st.st_mode); }
+static bool is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
+
+static char *dirname_of(const char *p) {
+    const char *s = strrchr(p, '/');
+    if (!s) return pln_xstrdup(".");
+    if (s == p) return pln_xstrdup("/");
+    return pln_xasprintf("%.*s", (int)(s - p), p);
+}
+
+static void add_file(pln_ckpt *ck, const char *path) {
+    for (int i = 0; i < ck->n_files; i++)
+        if (!strcmp(ck->files[i], path)) return;
+    ck->files = pln_xrealloc(ck->files, (size_t)(ck->n_files + 1) * sizeof *ck->files);
+    ck->files[ck->n_files++] = pln_xstrdup(path);
+}
+
+/* A directory without an index or the standard single-file names: take its only weight file. */
+static int find_single(pln_ckpt *ck, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return pln_errorf("%s: cannot open directory", dir);
+    struct dirent *e;
+    char *found = NULL;
+    int count = 0;
+    while ((e = readdir(d))) {
+        if (!ends_with(e->d_name, ".safetensors") && !ends_with(e->d_name, ".bin")) continue;
+        if (!strncmp(e->d_name, "reference", 9)) continue;
+        count++;
+        if (!found) found = pln_xasprintf("%s/%s", dir, e->d_name);
+    }
+    closedir(d);
+    if (count != 1) {
+        free(found);
+        return pln_errorf("%s: %s weight file (expected model.safetensors(.index.json), pytorch_model.bin(.index.json), "
+                          "or exactly one .safetensors/.bin file)", dir, count ? "more than one" : "no");
+    }
+    add_file(ck, found);
+    free(found);
+    return 0;
+}
+
+typedef struct { char *name; char *file; } wmap_entry;
+
+/* Reads an index file's weight_map; adds its shards (in order of first appearance) to ck. */
+static int read_index(pln_ckpt *ck, const char *index_path, wmap_entry **map_out, size_t *n_out) {
+    size_t len;
+    char *buf = pln_read_small_file(index_path, INDEX_MAX_BYTES, &len);
+    if (!buf) return -1;
+    json_error_t jerr;
+    json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(buf);
+    if (!o) return pln_errorf("%s: not valid JSON: %s (line %d, column %d)", index_path, jerr.text, jerr.line, jerr.column);
+    json_t *wm = json_object_get(o, "weight_map");
+    if (!json_is_object(wm)) { json_decref(o); return pln_errorf("%s: no \"weight_map\" object (not a checkpoint index)", index_path); }
+    wmap_entry *m = pln_xcalloc(json_object_size(wm) + 1, sizeof *m);
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(wm, k, v) {
+        const char *f = json_is_string(v) ? json_string_value(v) : NULL;
+        /* Shard names are plain file names beside the index: refuse paths that leave the dir. */
+        if (!f || !*f || f[0] == '/' || strstr(f, "..")) {
+            rc = pln_errorf("%s: weight_map entry \"%s\" names a bad file (must be a file name beside the index)", index_path, k);
+            break;
+        }
+        char *full = pln_xasprintf("%s/%s", ck->dir, f);
+        if (!is_file(full)) {
+            rc = pln_errorf("%s: shard %s named by the index (for tensor \"%s\") does not exist", index_path, f, k);
+            free(full);
+            break;
+        }
+        add_file(ck, full);
+        m[n].name = pln_xstrdup(k);
+        m[n].file = full;
+        n++;
+    }
+    json_decref(o);
+    if (!rc && n == 0) rc = pln_errorf("%s: weight_map is empty", index_path);
+    if (rc) {
+        for (size_t i = 0; i < n; i++) { free(m[i].name); free(m[i].file); }
+        free(m);
+        return -1;
+    }
+    *map_out = m;
+    *n_out = n;
+    return 0;
+}
+
+static const char *strip(const char *name) {
+    return strncmp(name, PREFIX, sizeof PREFIX - 1) ? name : name + sizeof PREFIX - 1;
+}
+
+static int idx_cmp(const void *a, const void *b, void *arg) {
+    const pln_tensor *t = arg;
+    return strcmp(t[*(const int64_t *)a].name, t[*(const int64_t *)b].name);
+}
+
+static bool looks_like_zip(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    unsigned char b[4] = {0};
+    size_t n = fread(b, 1, 4, f);
+    fclose(f);
+    return n == 4 && !memcmp(b, "PK\x03\x04", 4);
+}
+
+int pln_ckpt_open(pln_ckpt *ck, const char *path) {
+    memset(ck, 0, sizeof *ck);
+    ck->path = pln_xstrdup(path);
+    char *index = NULL;
+    wmap_entry *wmap = NULL;
+    size_t n_wmap = 0;
+    int rc = 0;
+    if (is_dir(path)) {
+        ck->dir = pln_xstrdup(path);
+        const char *cands[] = {"model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+                               "pytorch_model.bin"};
+        for (int i = 0; i < 4 && !index && !ck->n_files; i++) {
+            char *p = pln_xasprintf("%s/%s", path, cands[i]);
+            if (is_file(p)) {
+                if (ends_with(p, ".json")) index = pln_xstrdup(p);
+                else add_file(ck, p);
+            }
+            free(p);
+        }
+        if (!index && !ck->n_files && find_single(ck, path)) goto fail;
+    } else if (is_file(path)) {
+        ck->dir = dirname_of(path);
+        if (ends_with(path, ".json")) index = pln_xstrdup(path);
+        else add_file(ck, path);
+    } else {
+        rc = pln_errorf("%s: no such file or directory", path);
+        goto fail;
+    }
+    if (index && read_index(ck, index, &wmap, &n_wmap)) goto fail;
+
+    char *cfg = pln_xasprintf("%s/config.json", ck->dir);
+    if (is_file(cfg)) {
+        if (pln_bloom_config_load(cfg, &ck->config)) { free(cfg); goto fail; }
+        ck->has_config = true;
+    }
+    free(cfg);
+    char *tok = pln_xasprintf("%s/tokenizer.json", ck->dir);
+    if (is_file(tok)) ck->tokenizer_path = tok;
+    else free(tok);
+
+    ckpt_impl *im = pln_xcalloc(1, sizeof *im);
+    ck->impl = im;
+    im->n = ck->n_files;
+    im->is_st = pln_xcalloc((size_t)ck->n_files, sizeof *im->is_st);
+    im->st = pln_xcalloc((size_t)ck->n_files, sizeof *im->st);
+    im->tz = pln_xcalloc((size_t)ck->n_files, sizeof *im->tz);
+    for (int i = 0; i < ck->n_files; i++) { im->st[i].map.fd = -1; im->tz[i].map.fd = -1; }
+    int64_t total = 0;
+    for (int i = 0; i < ck->n_files; i++) {
+        const char *f = ck->files[i];
+        im->is_st[i] = !looks_like_zip(f) && !ends_with(f, ".bin");
+        if (im->is_st[i] ? pln_safetensors_open(&im->st[i], f) : pln_torchzip_open(&im->tz[i], f)) goto fail;
+        if (i == 0) ck->format = im->is_st[i] ? "safetensors" : "pytorch";
+        total += im->is_st[i] ? im->st[i].n_tensors : im->tz[i].n_tensors;
+    }
+    ck->tensors = pln_xcalloc((size_t)total + 1, sizeof *ck->tensors);
+    for (int i = 0; i < ck->n_files; i++) {
+        int64_t n = im->is_st[i] ? im->st[i].n_tensors : im->tz[i].n_tensors;
+        const pln_tensor *src = im->is_st[i] ? im->st[i].tensors : im->tz[i].tensors;
+        for (int64_t j = 0; j < n; j++) {
+            pln_tensor *t = &ck->tensors[ck->n_tensors++];
+            *t = src[j];
+            t->name = pln_xstrdup(strip(src[j].name));
+            t->file = ck->files[i];
+        }
+    }
+    im->sorted = pln_xmalloc((size_t)ck->n_tensors * sizeof *im->sorted + 1);
+    for (int64_t j = 0; j < ck->n_tensors; j++) im->sorted[j] = j;
+    qsort_r(im->sorted, (size_t)ck->n_tensors, sizeof *im->sorted, idx_cmp, ck->tensors);
+    for (int64_t j = 1; j < ck->n_tensors; j++) {
+        const pln_tensor *a = &ck->tensors[im->sorted[j - 1]], *b = &ck->tensors[im->sorted[j]];
+        if (!strcmp(a->name, b->name)) {
+            rc = pln_errorf("%s: tensor \"%s\" appears twice (in %s and %s; with and without the \"transformer.\" prefix?)",
+                            path, a->name, a->file, b->file);
+            goto fail;
+        }
+    }
+    /* Every tensor the index maps to a file must be in that file. */
+    for (size_t k = 0; k < n_wmap; k++) {
+        const pln_tensor *t = pln_ckpt_find(ck, strip(wmap[k].name));
+        if (!t || strcmp(t->file, wmap[k].file)) {
+            rc = pln_errorf("%s: tensor \"%s\" is mapped by the index to %s but is not in that file%s%s", index,
+                            wmap[k].name, wmap[k].file, t ? "; it is in " : "", t ? t->file : "");
+            goto fail;
+        }
+    }
+    for (size_t k = 0; k < n_wmap; k++) { free(wmap[k].name); free(wmap[k].file); }
+    free(wmap);
+    free(index);
+    return 0;
+fail:
+    (void)rc;
+    for (size_t k = 0; k < n_wmap; k++) { free(wmap[k].name); free(wmap[k].file); }
+    free(wmap);
+    free(index);
+    pln_ckpt_close(ck);
+    return -1;
+}
+
+const pln_tensor *pln_ckpt_find(const pln_ckpt *ck, const char *name) {
+    const ckpt_impl *im = ck->impl;
+    if (!im || !im->sorted) return NULL;
+    name = strip(name);
+    int64_t lo = 0, hi = ck->n_tensors - 1;
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        const pln_tensor *t = &ck->tensors[im->sorted[mid]];
+        int c = strcmp(name, t->name);
+        if (!c) return t;
+        if (c < 0) hi = mid - 1; else lo = mid + 1;
+    }
+    return NULL;
+}
+
+void pln_ckpt_close(pln_ckpt *ck) {
+    if (!ck) return;
+    ckpt_impl *im = ck->impl;
+    if (im) {
+        for (int i = 0; i < im->n; i++) {
+            if (im->is_st[i]) pln_safetensors_close(&im->st[i]);
+            else pln_torchzip_close(&im->tz[i]);
+        }
+        free(im->is_st);
+        free(im->st);
+        free(im->tz);
+        free(im->sorted);
+        free(im);
+    }
+    for (int64_t j = 0; j < ck->n_tensors; j++) free(ck->tensors[j].name);
+    free(ck->tensors);
+    for (int i = 0; i < ck->n_files; i++) free(ck->files[i]);
+    free(ck->files);
+    free(ck->path);
+    free(ck->dir);
+    free(ck->tokenizer_path);
+    memset(ck, 0, sizeof *ck);
+}
