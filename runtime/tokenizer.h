@@ -46,6 +46,9 @@ char *pln_tok_decode(const pln_tokenizer *t, const int32_t *ids, size_t n, bool 
  * of range or unused. The pointer lives as long as the tokenizer. */
 const uint8_t *pln_tok_token_bytes(const pln_tokenizer *t, int32_t id, size_t *len);
 
+/* Length in bytes of the longest token (for sizing stream buffers). */
+size_t pln_tok_max_token_bytes(const pln_tokenizer *t);
+
 /* True for added tokens marked "special": true. */
 bool pln_tok_is_special(const pln_tokenizer *t, int32_t id);
 
@@ -57,8 +60,10 @@ int32_t pln_tok_token_id(const pln_tokenizer *t, const char *token_str);
 typedef struct { uint8_t pend[8]; int n_pend; } pln_tok_stream;
 
 /* Appends id's bytes and writes only complete UTF-8 to out (no NUL); returns the bytes written.
- * Invalid sequences are written as U+FFFD at once. cap >= 64 + the token's length suffices.
- * skip_special drops specials (and so does an out-of-range id). */
+ * Invalid sequences are written as U+FFFD at once. Output never exceeds 3 × the token's length
+ * + 3 bytes (each invalid byte becomes 3), so cap >= 3 * pln_tok_max_token_bytes(t) + 3 always
+ * suffices (64 + the length does for every token up to 30 bytes); output that does not fit is
+ * dropped. skip_special drops specials (and so does an out-of-range id). */
 size_t pln_tok_stream_push(const pln_tokenizer *t, pln_tok_stream *s, int32_t id, bool skip_special,
                            char *out, size_t cap);
 /* Writes what is left pending (an incomplete sequence) as U+FFFD and resets s. cap >= 4. */
