@@ -1,0 +1,610 @@
+/* test_tokenizer.c — the BLOOM tokenizer against the Hugging Face fixtures (every encoding,
+ * decoding and token's bytes), streaming decode, edge cases, error messages, and a synthetic
+ * BLOOM-size tokenizer.json (250680 tokens) for load time.
+ *
+ * Also a small benchmark (tools/bench/tokenizer.sh runs it):
+ *   test_tokenizer --gen-synthetic OUT.json        write the synthetic BLOOM-size tokenizer.json
+ *   test_tokenizer --bench TOKENIZER.json [TEXT]   load time, encode and decode throughput on TEXT
+ *                                                  (default: the fixture texts repeated to 4 MB) */
+#include "test.h"
+
+#include "formats/common.h"
+#include "runtime/tokenizer.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#define FIX_TOK "tests/fixtures/tokenizer/tokenizer.json"
+#define FIX_ENC "tests/fixtures/tokenizer/encodings.json"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static int32_t *ids_of(json_t *arr, size_t *n) {
+    *n = json_array_size(arr);
+    int32_t *ids = malloc((*n ? *n : 1) * sizeof *ids);
+    for (size_t i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+    return ids;
+}
+
+static bool same_ids(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
+}
+
+static void print_ids(const char *what, const int32_t *ids, size_t n) {
+    fprintf(stderr, "  %s [", what);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, "%s%d", i ? ", " : "", ids[i]);
+    fprintf(stderr, "]\n");
+}
+
+/* Streams ids one at a time through a buffer of the documented size; returns malloc'd text. */
+static char *stream_decode(const pln_tokenizer *t, const int32_t *ids, size_t n, bool skip, size_t *len) {
+    size_t cap = 3 * pln_tok_max_token_bytes(t) + 3;
+    size_t total = 4;
+    for (size_t i = 0; i < n; i++) total += cap;
+    char *out = malloc(total), *buf = malloc(cap);
+    size_t o = 0;
+    pln_tok_stream st = {0};
+    for (size_t i = 0; i < n; i++) {
+        size_t k = pln_tok_stream_push(t, &st, ids[i], skip, buf, cap);
+        memcpy(out + o, buf, k);
+        o += k;
+    }
+    o += pln_tok_stream_flush(t, &st, out + o, 4);
+    out[o] = 0;
+    free(buf);
+    *len = o;
+    return out;
+}
+
+static int hexval(char c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
+
+/* ---- fixture checks ----------------------------------------------------------------------- */
+
+static void test_fixture(const pln_tokenizer *t, json_t *enc, const char *label) {
+    CHECK(pln_tok_vocab_size(t) == json_integer_value(json_object_get(enc, "vocab_size")),
+          "%s: vocab size %lld", label, (long long)pln_tok_vocab_size(t));
+    /* every encoding case, exactly */
+    json_t *cases = json_object_get(enc, "cases");
+    size_t i, bad = 0;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        json_t *text = json_object_get(c, "text");
+        size_t nw;
+        int32_t *want = ids_of(json_object_get(c, "ids"), &nw);
+        int32_t *got = NULL;
+        size_t ng = 0;
+        int rc = pln_tok_encode(t, json_string_value(text), json_string_length(text), &got, &ng);
+        bool ok = rc == 0 && same_ids(got, ng, want, nw);
+        if (!ok && bad++ < 5) {
+            fprintf(stderr, "%s: encode case %zu \"%s\" (rc %d %s)\n", label, i, json_string_value(text), rc, pln_error());
+            print_ids("want", want, nw);
+            print_ids("got ", got, ng);
+        }
+        /* streaming the case's ids gives the full decode, and it round-trips to the text */
+        size_t dl, sl;
+        char *full = pln_tok_decode(t, want, nw, false, &dl);
+        char *str = stream_decode(t, want, nw, false, &sl);
+        if (dl != sl || memcmp(full, str, dl) != 0 || dl != json_string_length(text) ||
+            memcmp(full, json_string_value(text), dl) != 0) {
+            if (bad++ < 5) fprintf(stderr, "%s: case %zu: decode/stream round trip differs\n", label, i);
+        }
+        free(full); free(str); free(got); free(want);
+    }
+    CHECK(bad == 0, "%s: %zu of %zu encoding cases differ from transformers", label, bad, json_array_size(cases));
+    printf("%s: %zu encoding cases: %s\n", label, json_array_size(cases), bad ? "NOT OK" : "OK");
+
+    /* every decode case (including random ids with partial UTF-8), full and streamed */
+    json_t *decs = json_object_get(enc, "decodes");
+    bad = 0;
+    json_array_foreach(decs, i, c) {
+        json_t *text = json_object_get(c, "text");
+        size_t n, dl, sl;
+        int32_t *ids = ids_of(json_object_get(c, "ids"), &n);
+        char *full = pln_tok_decode(t, ids, n, false, &dl);
+        char *str = stream_decode(t, ids, n, false, &sl);
+        bool ok = dl == json_string_length(text) && memcmp(full, json_string_value(text), dl) == 0 &&
+                  sl == dl && memcmp(str, full, dl) == 0 && full[dl] == 0;
+        if (!ok && bad++ < 5) {
+            fprintf(stderr, "%s: decode case %zu: want \"%s\" got \"%s\" stream \"%s\"\n", label, i,
+                    json_string_value(text), full, str);
+            print_ids("ids", ids, n);
+        }
+        free(full); free(str); free(ids);
+    }
+    CHECK(bad == 0, "%s: %zu of %zu decode cases differ", label, bad, json_array_size(decs));
+    printf("%s: %zu decode cases (full and streamed): %s\n", label, json_array_size(decs), bad ? "NOT OK" : "OK");
+
+    /* every token's raw bytes and its spelling */
+    json_t *toks = json_object_get(enc, "tokens");
+    bad = 0;
+    json_array_foreach(toks, i, c) {
+        int32_t id = (int32_t)json_integer_value(json_object_get(c, "id"));
+        const char *hex = json_string_value(json_object_get(c, "bytes_hex"));
+        size_t hl = strlen(hex), len = 0;
+        const uint8_t *b = pln_tok_token_bytes(t, id, &len);
+        bool ok = b && len * 2 == hl;
+        for (size_t k = 0; ok && k < len; k++) ok = b[k] == (uint8_t)(hexval(hex[2 * k]) * 16 + hexval(hex[2 * k + 1]));
+        ok = ok && pln_tok_token_id(t, json_string_value(json_object_get(c, "token"))) == id;
+        if (!ok && bad++ < 5) fprintf(stderr, "%s: token %d: bytes or spelling differ (want %s)\n", label, id, hex);
+    }
+    CHECK(bad == 0 && json_array_size(toks) == 1000, "%s: %zu of %zu token byte strings differ", label, bad,
+          json_array_size(toks));
+    printf("%s: %zu token byte strings: %s\n", label, json_array_size(toks), bad ? "NOT OK" : "OK");
+}
+
+static void check_encode(const pln_tokenizer *t, const char *text, const int32_t *want, size_t nw) {
+    int32_t *got = NULL;
+    size_t ng = 0;
+    int rc = pln_tok_encode(t, text, strlen(text), &got, &ng);
+    CHECK(rc == 0 && same_ids(got, ng, want, nw), "encode \"%s\" (rc %d, %zu ids)", text, rc, ng);
+    free(got);
+}
+
+static void test_edges(const pln_tokenizer *t) {
+    int32_t *ids = NULL;
+    size_t n = 99;
+    CHECK(pln_tok_encode(t, "", 0, &ids, &n) == 0 && n == 0 && ids == NULL, "empty text gives no ids");
+    check_encode(t, " ", (int32_t[]){224}, 1);
+    check_encode(t, "  ", (int32_t[]){321}, 1);
+    check_encode(t, "Hello <s> world", (int32_t[]){679, 224, 1, 511}, 4);
+    check_encode(t, "<s><s>", (int32_t[]){1, 1}, 2);
+    check_encode(t, "a<pad>b", (int32_t[]){68, 3, 69}, 3);
+    /* only spaces: long runs stay whole pieces of the Split and round-trip */
+    char spaces[1001];
+    memset(spaces, ' ', 1000); spaces[1000] = 0;
+    CHECK(pln_tok_encode(t, spaces, 1000, &ids, &n) == 0 && n > 0, "1000 spaces encode");
+    size_t dl;
+    char *d = pln_tok_decode(t, ids, n, false, &dl);
+    CHECK(dl == 1000 && memcmp(d, spaces, 1000) == 0, "1000 spaces round-trip");
+    free(d); free(ids);
+
+    /* invalid UTF-8 is rejected with the offset */
+    static const char *bad[] = {"ab\xff", "\xc3", "a\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "x\xe2\x82"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        ids = (int32_t *)1;
+        int rc = pln_tok_encode(t, bad[k], strlen(bad[k]), &ids, &n);
+        CHECK(rc == -1 && ids == NULL && n == 0 && strstr(pln_error(), "not valid UTF-8") && strstr(pln_error(), "offset"),
+              "invalid UTF-8 case %zu rejected (rc %d: %s)", k, rc, pln_error());
+    }
+    /* embedded NUL is valid UTF-8 */
+    CHECK(pln_tok_encode(t, "a\0b", 3, &ids, &n) == 0 && n >= 2, "NUL inside text encodes");
+    d = pln_tok_decode(t, ids, n, false, &dl);
+    CHECK(dl == 3 && memcmp(d, "a\0b", 3) == 0, "NUL round-trips");
+    free(d); free(ids);
+
+    /* decode: skip_special, out-of-range ids skipped, specials */
+    int32_t sp[] = {1, 679, 2, -5, 1000, 3};
+    d = pln_tok_decode(t, sp, 6, true, &dl);
+    CHECK(strcmp(d, "Hello") == 0 && dl == 5, "skip_special decode: \"%s\"", d);
+    free(d);
+    d = pln_tok_decode(t, sp, 6, false, &dl);
+    CHECK(strcmp(d, "<s>Hello</s><pad>") == 0, "decode with specials: \"%s\"", d);
+    free(d);
+    CHECK(pln_tok_is_special(t, 0) && pln_tok_is_special(t, 3) && !pln_tok_is_special(t, 4) &&
+          !pln_tok_is_special(t, -1) && !pln_tok_is_special(t, 1000), "is_special");
+    CHECK(pln_tok_token_id(t, "</s>") == 2 && pln_tok_token_id(t, "Ġ") == 224 && pln_tok_token_id(t, "nope!?") == -1,
+          "token_id");
+    size_t bl = 7;
+    CHECK(pln_tok_token_bytes(t, 1000, &bl) == NULL && bl == 0 && pln_tok_token_bytes(t, -1, &bl) == NULL, "token_bytes range");
+
+    /* streaming: a 4-byte character fed as single-byte tokens appears only when complete */
+    int32_t byte_tok[256];
+    for (int b = 0; b < 256; b++) byte_tok[b] = -1;
+    for (int32_t id = 0; id < pln_tok_vocab_size(t); id++) {
+        const uint8_t *tb = pln_tok_token_bytes(t, id, &bl);
+        if (tb && bl == 1 && !pln_tok_is_special(t, id)) byte_tok[tb[0]] = id;
+    }
+    static const uint8_t woman[4] = {0xF0, 0x9F, 0x91, 0xA9};   /* U+1F469 */
+    if (byte_tok[0xF0] >= 0 && byte_tok[0x9F] >= 0 && byte_tok[0x91] >= 0 && byte_tok[0xA9] >= 0) {
+        pln_tok_stream st = {0};
+        char out[64];
+        size_t w[4];
+        for (int k = 0; k < 4; k++) w[k] = pln_tok_stream_push(t, &st, byte_tok[woman[k]], false, out, sizeof out);
+        CHECK(w[0] == 0 && w[1] == 0 && w[2] == 0 && w[3] == 4 && memcmp(out, woman, 4) == 0,
+              "stream holds partial UTF-8 (%zu %zu %zu %zu)", w[0], w[1], w[2], w[3]);
+        /* a skipped special while a sequence is pending: the sequence continues */
+        st = (pln_tok_stream){0};
+        pln_tok_stream_push(t, &st, byte_tok[0xF0], true, out, sizeof out);
+        CHECK(pln_tok_stream_push(t, &st, 2, true, out, sizeof out) == 0, "skipped special writes nothing");
+        CHECK(st.n_pend == 1, "pending byte kept across a skipped special");
+        /* a special that is not skipped breaks it: U+FFFD then "</s>" */
+        size_t k = pln_tok_stream_push(t, &st, 2, false, out, sizeof out);
+        CHECK(k == 7 && memcmp(out, "\xEF\xBF\xBD</s>", 7) == 0 && st.n_pend == 0, "special breaks a pending sequence");
+        pln_tok_stream_push(t, &st, byte_tok[0xF0], false, out, sizeof out);
+        pln_tok_stream_push(t, &st, byte_tok[0x9F], false, out, sizeof out);
+        CHECK(pln_tok_stream_flush(t, &st, out, sizeof out) == 3 && memcmp(out, "\xEF\xBF\xBD", 3) == 0 && st.n_pend == 0,
+              "flush writes one U+FFFD for a pending prefix");
+        /* invalid continuation: one U+FFFD for the prefix, then the byte starts afresh */
+        st = (pln_tok_stream){0};
+        pln_tok_stream_push(t, &st, byte_tok[0xF0], false, out, sizeof out);
+        k = pln_tok_stream_push(t, &st, byte_tok['A'], false, out, sizeof out);
+        CHECK(k == 4 && memcmp(out, "\xEF\xBF\xBD" "A", 4) == 0, "invalid continuation");
+    } else {
+        CHECK(0, "the fixture vocabulary lacks single-byte tokens F0 9F 91 A9");
+    }
+}
+
+/* Random valid UTF-8 texts round-trip through encode + decode, and a long single-character run
+ * (worst case for BPE: one 100 kB piece) stays fast. */
+static void test_roundtrip(const pln_tokenizer *t, const char *label, uint64_t seed) {
+    static const char *pool[] = {"a", "b", "e", "th", " ", "  ", "\t", "\n", "\r", ".", ",", "!", "?", "(", ")", "|",
+                                 "[", "é", "ß", "ж", "的", "中", "…", "。", "ह", "ि", "ع", "😀", "\xc2\x85", "\u00a0",
+                                 "\u3000", "0", "7", "<s>", "</s>", "<", ">", "\xef\xbf\xbd", "'"};
+    size_t np = sizeof pool / sizeof *pool, bad = 0;
+    uint64_t x = seed;
+    char text[2048];
+    for (int it = 0; it < 300; it++) {
+        size_t len = 0;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((x >> 33) % 80);
+        for (int j = 0; j < k; j++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            const char *p = pool[(x >> 33) % np];
+            memcpy(text + len, p, strlen(p));
+            len += strlen(p);
+        }
+        int32_t *ids;
+        size_t n, dl;
+        if (pln_tok_encode(t, text, len, &ids, &n) != 0) { bad++; continue; }
+        char *d = pln_tok_decode(t, ids, n, false, &dl);
+        if (dl != len || memcmp(d, text, len) != 0) bad++;
+        free(d); free(ids);
+    }
+    CHECK(bad == 0, "%s: %zu of 300 random texts do not round-trip", label, bad);
+
+    size_t big = 100000;
+    char *run = malloc(big);
+    memset(run, 'x', big);
+    int32_t *ids;
+    size_t n, dl;
+    double t0 = pln_now();
+    int rc = pln_tok_encode(t, run, big, &ids, &n);
+    double dt = pln_now() - t0;
+    CHECK(rc == 0 && dt < 2.0, "%s: 100 kB single-character run: rc %d in %.3f s", label, rc, dt);
+    if (rc == 0) {
+        char *d = pln_tok_decode(t, ids, n, false, &dl);
+        CHECK(dl == big && memcmp(d, run, big) == 0, "%s: long run round-trips", label);
+        free(d); free(ids);
+    }
+    free(run);
+}
+
+/* ---- threads ------------------------------------------------------------------------------ */
+
+typedef struct { const pln_tokenizer *t; json_t *cases; int bad; } thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    for (int rep = 0; rep < 3; rep++) {
+        size_t i;
+        json_t *c;
+        json_array_foreach(a->cases, i, c) {
+            json_t *text = json_object_get(c, "text");
+            size_t nw, ng;
+            int32_t *want = ids_of(json_object_get(c, "ids"), &nw), *got;
+            if (pln_tok_encode(a->t, json_string_value(text), json_string_length(text), &got, &ng) != 0 ||
+                !same_ids(got, ng, want, nw))
+                a->bad++;
+            else
+                free(got);
+            free(want);
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(const pln_tokenizer *t, json_t *enc) {
+    pthread_t th[4];
+    thr_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thr_arg){t, json_object_get(enc, "cases"), 0};
+        pthread_create(&th[i], NULL, thr_main, &args[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) { pthread_join(th[i], NULL); bad += args[i].bad; }
+    CHECK(bad == 0, "4 threads encoding at once: %d mismatches", bad);
+}
+
+/* ---- variants of the fixture file: merges as pairs, unsupported pipelines ------------------ */
+
+static char *write_json(json_t *root, const char *name) {
+    char *path = pln_xasprintf("%s/%s", test_tmpdir(), name);
+    if (json_dump_file(root, path, JSON_COMPACT) != 0) { CHECK(0, "cannot write %s", path); }
+    return path;
+}
+
+static void expect_load_error(json_t *root, const char *name, const char *needle) {
+    char *path = write_json(root, name);
+    pln_tokenizer *t = pln_tok_load(path);
+    CHECK(t == NULL && strstr(pln_error(), needle) && strstr(pln_error(), path),
+          "%s: load must fail naming \"%s\" and the file, got: %s", name, needle, t ? "(loaded)" : pln_error());
+    pln_tok_free(t);
+    free(path);
+}
+
+static void test_variants(json_t *enc) {
+    json_error_t err;
+    json_t *root = json_load_file(FIX_TOK, 0, &err);
+    CHECK(root != NULL, "fixture tokenizer.json parses");
+    if (!root) return;
+    /* merges in the [a, b] pair format give identical results */
+    json_t *orig = json_deep_copy(root);
+    json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
+    size_t i;
+    json_t *m;
+    bool strings = json_is_string(json_array_get(merges, 0));
+    json_array_foreach(merges, i, m) {
+        json_t *alt;
+        if (json_is_string(m)) {
+            const char *s = json_string_value(m), *sp = strchr(s, ' ');
+            alt = json_array();
+            json_array_append_new(alt, json_stringn(s, (size_t)(sp - s)));
+            json_array_append_new(alt, json_string(sp + 1));
+        } else {
+            char *joined = pln_xasprintf("%s %s", json_string_value(json_array_get(m, 0)),
+                                         json_string_value(json_array_get(m, 1)));
+            alt = json_string(joined);
+            free(joined);
+        }
+        json_array_set_new(merges, i, alt);
+    }
+    char *path = write_json(root, "tokenizer-other-merges.json");
+    pln_tokenizer *t = pln_tok_load(path);
+    CHECK(t != NULL, "merges in the other format load: %s", pln_error());
+    if (t) test_fixture(t, enc, strings ? "merges as pairs" : "merges as strings");
+    pln_tok_free(t);
+    free(path);
+
+    json_t *v;
+    v = json_deep_copy(orig);
+    json_object_set_new(v, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    expect_load_error(v, "bad-normalizer.json", "normalizer");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(v, "decoder", json_pack("{s:s}", "type", "WordPiece"));
+    expect_load_error(v, "bad-decoder.json", "decoder");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(json_object_get(v, "model"), "type", json_string("WordPiece"));
+    expect_load_error(v, "bad-model.json", "model.type");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(json_array_get(json_object_get(json_object_get(v, "pre_tokenizer"), "pretokenizers"), 0),
+                        "behavior", json_string("Removed"));
+    expect_load_error(v, "bad-behavior.json", "Split behavior");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_array_append_new(json_object_get(json_object_get(v, "model"), "merges"), json_string("zzzq qqqz"));
+    expect_load_error(v, "bad-merge.json", "model.merges[");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_del(json_object_get(v, "model"), "vocab");
+    expect_load_error(v, "no-vocab.json", "model.vocab");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(v, "post_processor", json_pack("{s:s}", "type", "TemplateProcessing"));
+    expect_load_error(v, "bad-post.json", "post_processor");
+    json_decref(v);
+
+    pln_tokenizer *x = pln_tok_load("/nonexistent/tokenizer.json");
+    CHECK(x == NULL && strstr(pln_error(), "/nonexistent/tokenizer.json"), "missing file: %s", pln_error());
+    char *junk = pln_xasprintf("%s/junk.json", test_tmpdir());
+    FILE *f = fopen(junk, "w");
+    fputs("{\"model\": [1, 2", f);
+    fclose(f);
+    x = pln_tok_load(junk);
+    CHECK(x == NULL && strstr(pln_error(), "not valid JSON"), "truncated JSON: %s", pln_error());
+    free(junk);
+    json_decref(root);
+    json_decref(orig);
+}
+
+/* ---- synthetic BLOOM-size tokenizer.json --------------------------------------------------- */
+
+#define SYN_VOCAB 250680
+
+typedef struct { char **keys; size_t mask; } str_set;
+
+static uint64_t syn_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) { h ^= (uint8_t)*s; h *= 1099511628211ull; }
+    return h ^ (h >> 31);
+}
+
+/* Inserts s (owned by the caller's table) if absent; returns false if already present. */
+static bool set_add(str_set *s, char *k) {
+    size_t i = syn_hash(k) & s->mask;
+    while (s->keys[i]) {
+        if (strcmp(s->keys[i], k) == 0) return false;
+        i = (i + 1) & s->mask;
+    }
+    s->keys[i] = k;
+    return true;
+}
+
+static void json_put_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* Writes a tokenizer.json with BLOOM's structure and size: 4 specials, the 256 ByteLevel
+ * characters, then merges of an existing token with (mostly) a short one, each a new string.
+ * Returns 0 on success. */
+static int gen_synthetic(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    char **tok = calloc(SYN_VOCAB, sizeof *tok);
+    int32_t *ma = calloc(SYN_VOCAB, sizeof *ma), *mb = calloc(SYN_VOCAB, sizeof *mb);
+    str_set set = {calloc(1u << 20, sizeof(char *)), (1u << 20) - 1};
+    static const char *specials[4] = {"<unk>", "<s>", "</s>", "<pad>"};
+    for (int i = 0; i < 4; i++) { tok[i] = strdup(specials[i]); set_add(&set, tok[i]); }
+    int n = 4;
+    for (int b = 0, k = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        uint32_t cp = printable ? (uint32_t)b : (uint32_t)(256 + k++);
+        char u[4] = {0};
+        if (cp < 0x80) u[0] = (char)cp;
+        else { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); }
+        tok[n] = strdup(u);
+        set_add(&set, tok[n]);
+        n++;
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    while (n < SYN_VOCAB) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        int a = 4 + (int)((x >> 20) % (uint64_t)(n - 4));
+        int b = (x & 7) < 6 ? 4 + (int)((x >> 40) % 256) : 4 + (int)((x >> 40) % (uint64_t)((n - 4) < 4000 ? (n - 4) : 4000));
+        size_t la = strlen(tok[a]), lb = strlen(tok[b]);
+        if (la + lb > 48) continue;
+        char *s = malloc(la + lb + 1);
+        memcpy(s, tok[a], la); memcpy(s + la, tok[b], lb + 1);
+        if (!set_add(&set, s)) { free(s); continue; }
+        tok[n] = s; ma[n] = a; mb[n] = b;
+        n++;
+    }
+    fputs("{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[", f);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "%s{\"id\":%d,\"content\":\"%s\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"
+                   "\"normalized\":false,\"special\":true}", i ? "," : "", i, specials[i]);
+    fputs("],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","
+          "\"pattern\":{\"Regex\":\" ?[^(\\\\s|[.,!?…。，、।۔،])]+\"},\"behavior\":\"Isolated\",\"invert\":false},"
+          "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]},"
+          "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,"
+          "\"use_regex\":true},\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,"
+          "\"continuing_subword_prefix\":null,\"end_of_word_suffix\":null,\"fuse_unk\":false,\"byte_fallback\":false,"
+          "\"vocab\":{", f);
+    for (int i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        json_put_str(f, tok[i]);
+        fprintf(f, ":%d", i);
+    }
+    fputs("},\"merges\":[", f);
+    for (int i = 260; i < n; i++) {
+        if (i > 260) fputc(',', f);
+        fputc('"', f);
+        for (int side = 0; side < 2; side++) {
+            for (const char *s = tok[side ? mb[i] : ma[i]]; *s; s++) {
+                if (*s == '"' || *s == '\\') fputc('\\', f);
+                fputc(*s, f);
+            }
+            if (!side) fputc(' ', f);
+        }
+        fputc('"', f);
+    }
+    fputs("]}}\n", f);
+    int rc = fclose(f);
+    for (int i = 0; i < n; i++) free(tok[i]);
+    free(tok); free(ma); free(mb); free(set.keys);
+    return rc ? -1 : 0;
+}
+
+static void test_synthetic(void) {
+    char *path = pln_xasprintf("%s/synthetic-bloom.json", test_tmpdir());
+    CHECK(gen_synthetic(path) == 0, "synthetic tokenizer.json written");
+    pln_map mp;
+    uint64_t size = 0;
+    if (pln_map_open(&mp, path) == 0) { size = mp.size; pln_map_close(&mp); }
+    double t0 = pln_now();
+    pln_tokenizer *t = pln_tok_load(path);
+    double dt = pln_now() - t0;
+    printf("synthetic BLOOM-size tokenizer.json: %.1f MB, %d tokens, loaded in %.3f s\n", size / 1e6, SYN_VOCAB, dt);
+    CHECK(t != NULL, "synthetic loads: %s", pln_error());
+    CHECK(dt < 5.0, "synthetic load took %.2f s (bound 5 s; target < 1 s, see tools/bench/tokenizer.sh)", dt);
+    if (t) {
+        CHECK(pln_tok_vocab_size(t) == SYN_VOCAB, "synthetic vocab %lld", (long long)pln_tok_vocab_size(t));
+        test_roundtrip(t, "synthetic", 7);
+    }
+    pln_tok_free(t);
+    unlink(path);
+    free(path);
+}
+
+/* ---- benchmark mode ----------------------------------------------------------------------- */
+
+static int bench(const char *tok_path, const char *text_path) {
+    double best = 1e9;
+    pln_tokenizer *t = NULL;
+    for (int r = 0; r < 3; r++) {
+        double t0 = pln_now();
+        pln_tokenizer *x = pln_tok_load(tok_path);
+        double dt = pln_now() - t0;
+        if (!x) { fprintf(stderr, "%s\n", pln_error()); return 1; }
+        if (dt < best) best = dt;
+        if (t) pln_tok_free(t);
+        t = x;
+    }
+    printf("load %s: %.3f s (best of 3), %lld tokens\n", tok_path, best, (long long)pln_tok_vocab_size(t));
+    char *text;
+    size_t len = 0;
+    if (text_path) {
+        text = pln_read_small_file(text_path, (size_t)1 << 30, &len);
+        if (!text) { fprintf(stderr, "%s\n", pln_error()); return 1; }
+    } else {
+        /* the fixture texts (several scripts, code, numbers, random mixes) repeated to 4 MB */
+        json_error_t err;
+        json_t *enc = json_load_file(FIX_ENC, 0, &err);
+        if (!enc) { fprintf(stderr, "%s: %s\n", FIX_ENC, err.text); return 1; }
+        size_t cap = 4u << 20;
+        text = malloc(cap + 4096);
+        while (len < cap) {
+            size_t i;
+            json_t *c;
+            json_array_foreach(json_object_get(enc, "cases"), i, c) {
+                json_t *s = json_object_get(c, "text");
+                if (len + json_string_length(s) + 1 > cap + 4096) break;
+                memcpy(text + len, json_string_value(s), json_string_length(s));
+                len += json_string_length(s);
+                text[len++] = ' ';
+            }
+        }
+        json_decref(enc);
+    }
+    int32_t *ids;
+    size_t n;
+    for (int pass = 0; pass < 2; pass++) {
+        double t0 = pln_now();
+        if (pln_tok_encode(t, text, len, &ids, &n) != 0) { fprintf(stderr, "%s\n", pln_error()); return 1; }
+        double dt = pln_now() - t0;
+        printf("encode (%s word cache): %.2f MB in %.3f s = %.2f MB/s, %zu tokens (%.2f bytes/token)\n",
+               pass ? "warm" : "cold", len / 1e6, dt, len / 1e6 / dt, n, (double)len / (double)n);
+        if (pass == 0) free(ids);
+    }
+    double t0 = pln_now();
+    size_t dl;
+    char *d = pln_tok_decode(t, ids, n, false, &dl);
+    double dt = pln_now() - t0;
+    printf("decode: %.2f MB/s, round trip %s\n", dl / 1e6 / dt, dl == len && memcmp(d, text, len) == 0 ? "OK" : "NOT OK");
+    free(d); free(ids); free(text);
+    pln_tok_free(t);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--gen-synthetic") == 0) {
+        if (gen_synthetic(argv[2]) != 0) { perror(argv[2]); return 1; }
+        return 0;
+    }
+    if ((argc == 3 || argc == 4) && strcmp(argv[1], "--bench") == 0) return bench(argv[2], argc == 4 ? argv[3] : NULL);
+    test_begin("test_tokenizer");
+    json_error_t err;
+    json_t *enc = json_load_file(FIX_ENC, JSON_ALLOW_NUL, &err);
+    CHECK(enc != NULL, "%s: %s", FIX_ENC, err.text);
+    pln_tokenizer *t = pln_tok_load(FIX_TOK);
+    CHECK(t != NULL, "load %s: %s", FIX_TOK, pln_error());
+    if (t && enc) {
+        test_fixture(t, enc, "fixture");
+        test_edges(t);
+        test_roundtrip(t, "fixture", 1);
+        test_threads(t, enc);
+        test_variants(enc);
+    }
+    pln_tok_free(t);
+    json_decref(enc);
+    test_synthetic();
+    return test_done();
+}
