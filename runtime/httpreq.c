@@ -1,0 +1,441 @@
+/* httpreq.c — request body parsing and validation for the HTTP server (see httpreq.h).
+ * Ranges follow text-generation-inference's validation (strictly positive max_new_tokens,
+ * temperature, top_k, repetition_penalty; top_p in (0, 1]) and the OpenAI completions API
+ * (temperature in [0, 2], 0 meaning greedy). Every message names the parameter and the allowed
+ * range, because it is what a client developer reads first. */
+#include "runtime/httpreq.h"
+#include "formats/common.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void pln_serve_limits_default(pln_serve_limits *l) {
+    memset(l, 0, sizeof *l);
+    l->max_concurrent_requests = 128;
+    l->max_input_tokens = 1024;
+    l->max_total_tokens = 2048;
+    l->max_body_bytes = 1 << 20;
+    l->max_connections = 256;
+    l->timeout_s = 60;
+    l->max_batch_tokens = 512;
+    l->max_stop_sequences = 4;
+    l->max_stop_bytes = 256;
+    l->max_prompts = 16;
+    l->default_max_new_tokens = 100;
+}
+
+static const char *error_type(pln_api api, int status) {
+    if (api == PLN_API_TGI) {
+        switch (status) {
+        case 429: return "overloaded";
+        case 424: case 500: return "generation";
+        case 503: return "unhealthy";
+        case 404: return "not_found";
+        case 405: return "method_not_allowed";
+        default: return "validation";
+        }
+    }
+    switch (status) {
+    case 429: return "rate_limit_error";
+    case 500: case 503: return "server_error";
+    default: return "invalid_request_error";
+    }
+}
+
+int pln_req_fail(pln_req_error *err, pln_api api, int status, const char *param, const char *fmt, ...) {
+    memset(err, 0, sizeof *err);
+    err->status = status;
+    err->type = error_type(api, status);
+    if (param) snprintf(err->param, sizeof err->param, "%s", param);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *pln_req_error_json(pln_api api, const pln_req_error *err) {
+    json_t *o;
+    /* Messages are built from our own text plus at most a parameter name, but a name taken from
+     * the body could carry invalid UTF-8, which jansson refuses: sanitize first. */
+    char *msg = pln_utf8_sanitize(err->message, strlen(err->message), NULL);
+    if (api == PLN_API_TGI) {
+        o = json_pack("{s:s, s:s}", "error", msg, "error_type", err->type ? err->type : "validation");
+    } else {
+        json_t *inner = json_pack("{s:s, s:s}", "message", msg, "type", err->type ? err->type : "invalid_request_error");
+        json_object_set_new(inner, "param", err->param[0] ? json_string(err->param) : json_null());
+        json_object_set_new(inner, "code", err->code[0] ? json_string(err->code) : json_null());
+        o = json_pack("{s:o}", "error", inner);
+    }
+    free(msg);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s ? s : pln_xstrdup("{\"error\":\"internal error\"}");
+}
+
+void pln_gen_request_free(pln_gen_request *r) {
+    if (!r) return;
+    for (int32_t i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
+    free(r->prompts);
+    for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->model);
+    memset(r, 0, sizeof *r);
+}
+
+/* Kept here rather than calling the sampler's so the parser stays a leaf (the fuzz target links
+ * nothing else); the values are sampler.h's documented defaults. */
+static void sample_defaults(pln_sample_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+/* ---- shared pieces ------------------------------------------------------------------------ */
+
+static json_t *load_object(pln_api api, const char *body, size_t len, const pln_serve_limits *lim,
+                           pln_req_error *err) {
+    if (lim->max_body_bytes > 0 && (uint64_t)len > (uint64_t)lim->max_body_bytes) {
+        pln_req_fail(err, api, 413, NULL, "request body is %zu bytes; the limit is %lld (--max-body-bytes)",
+                     len, (long long)lim->max_body_bytes);
+        return NULL;
+    }
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    if (!body || len == 0) { pln_req_fail(err, api, bad, NULL, "empty request body: send a JSON object"); return NULL; }
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    if (!root) {
+        pln_req_fail(err, api, bad, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        pln_req_fail(err, api, bad, NULL, "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* Value of key, or NULL when absent or null (JSON null means "use the default"). */
+static json_t *opt(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return (v && !json_is_null(v)) ? v : NULL;
+}
+
+static int get_int(pln_api api, json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                   bool *present, pln_req_error *err) {
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    json_t *v = opt(obj, key);
+    if (present) *present = v != NULL;
+    if (!v) return 0;
+    if (!json_is_integer(v))
+        return pln_req_fail(err, api, bad, key, "`%s` must be an integer", key);
+    int64_t x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        if (lo == 1 && x < 1) return pln_req_fail(err, api, bad, key, "`%s` must be strictly positive (got %lld)", key, (long long)x);
+        return pln_req_fail(err, api, bad, key, "`%s` must be between %lld and %lld (got %lld)", key,
+                            (long long)lo, (long long)hi, (long long)x);
+    }
+    *out = x;
+    return 0;
+}
+
+/* A number in (lo, hi] when lo_open, else [lo, hi]. */
+static int get_num(pln_api api, json_t *obj, const char *key, double lo, bool lo_open, double hi,
+                   double *out, bool *present, pln_req_error *err) {
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    json_t *v = opt(obj, key);
+    if (present) *present = v != NULL;
+    if (!v) return 0;
+    if (!json_is_number(v)) return pln_req_fail(err, api, bad, key, "`%s` must be a number", key);
+    double x = json_number_value(v);
+    if (!isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi) {
+        if (lo_open && lo == 0 && x <= 0)
+            return pln_req_fail(err, api, bad, key, "`%s` must be strictly positive (got %g)", key, x);
+        return pln_req_fail(err, api, bad, key, "`%s` must be in %s%g, %g] (got %g)", key, lo_open ? "(" : "[", lo, hi, x);
+    }
+    *out = x;
+    return 0;
+}
+
+static int get_bool(pln_api api, json_t *obj, const char *key, bool *out, bool *present, pln_req_error *err) {
+    json_t *v = opt(obj, key);
+    if (present) *present = v != NULL;
+    if (!v) return 0;
+    if (!json_is_boolean(v))
+        return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, key, "`%s` must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_stop(pln_api api, json_t *obj, const pln_serve_limits *lim, pln_gen_request *r, pln_req_error *err) {
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    json_t *v = opt(obj, "stop");
+    if (!v) return 0;
+    json_t *arr = NULL;
+    if (json_is_string(v) && api == PLN_API_OPENAI) {
+        arr = json_array();
+        json_array_append(arr, v);
+    } else if (json_is_array(v)) {
+        arr = json_incref(v);
+    } else {
+        return pln_req_fail(err, api, bad, "stop", api == PLN_API_TGI ? "`stop` must be an array of strings"
+                                                                      : "`stop` must be a string or an array of strings");
+    }
+    size_t n = json_array_size(arr);
+    if (n > (size_t)lim->max_stop_sequences) {
+        json_decref(arr);
+        return pln_req_fail(err, api, bad, "stop", "`stop` has %zu sequences; at most %d are allowed", n, lim->max_stop_sequences);
+    }
+    r->stop = pln_xcalloc(n ? n : 1, sizeof *r->stop);
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_array_get(arr, i);
+        if (!json_is_string(s)) { json_decref(arr); return pln_req_fail(err, api, bad, "stop", "`stop[%zu]` must be a string", i); }
+        size_t sl = json_string_length(s);
+        if (sl == 0) { json_decref(arr); return pln_req_fail(err, api, bad, "stop", "`stop[%zu]` cannot be empty", i); }
+        if (sl > (size_t)lim->max_stop_bytes) {
+            json_decref(arr);
+            return pln_req_fail(err, api, bad, "stop", "`stop[%zu]` is %zu bytes; at most %d are allowed", i, sl, lim->max_stop_bytes);
+        }
+        r->stop[r->n_stop++] = pln_xstrdup(json_string_value(s));
+    }
+    json_decref(arr);
+    return 0;
+}
+
+static int get_prompt_string(pln_api api, json_t *v, const char *what, char **out, pln_req_error *err) {
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    const char *param = api == PLN_API_TGI ? "inputs" : "prompt";
+    if (!json_is_string(v)) return pln_req_fail(err, api, bad, param, "`%s` must be a string", what);
+    if (json_string_length(v) == 0) return pln_req_fail(err, api, bad, param, "`%s` cannot be empty", what);
+    *out = pln_xstrdup(json_string_value(v));
+    return 0;
+}
+
+/* ---- TGI ---------------------------------------------------------------------------------- */
+
+int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits *lim,
+                           pln_gen_request *r, pln_req_error *err) {
+    const pln_api api = PLN_API_TGI;
+    memset(r, 0, sizeof *r);
+    r->api = api;
+    sample_defaults(&r->sample);
+    r->max_new_tokens = lim->default_max_new_tokens;
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    json_t *in = json_object_get(root, "inputs");
+    if (!in) { json_decref(root); return pln_req_fail(err, api, 422, "inputs", "missing field `inputs`"); }
+    r->prompts = pln_xcalloc(1, sizeof *r->prompts);
+    if (get_prompt_string(api, in, "inputs", &r->prompts[0], err)) goto fail;
+    r->n_prompts = 1;
+
+    json_t *p = json_object_get(root, "parameters");
+    if (p && !json_is_null(p) && !json_is_object(p)) {
+        pln_req_fail(err, api, 422, "parameters", "`parameters` must be an object");
+        goto fail;
+    }
+    if (p && json_is_object(p)) {
+        int64_t iv;
+        double dv;
+        bool have, b;
+        if (get_int(api, p, "max_new_tokens", 1, lim->max_total_tokens, &iv, &have, err)) goto fail;
+        if (have) r->max_new_tokens = (int32_t)iv;
+        bool sampling = false;
+        if (get_num(api, p, "temperature", 0, true, 100, &dv, &have, err)) goto fail;
+        if (have) { r->sample.temperature = (float)dv; sampling |= dv != 1.0; }
+        if (get_int(api, p, "top_k", 1, INT32_MAX, &iv, &have, err)) goto fail;
+        if (have) { r->sample.top_k = (int32_t)iv; sampling = true; }
+        if (get_num(api, p, "top_p", 0, true, 1, &dv, &have, err)) goto fail;
+        if (have) { r->sample.top_p = (float)dv; sampling |= dv < 1.0; }
+        if (get_num(api, p, "repetition_penalty", 0, true, 100, &dv, &have, err)) goto fail;
+        if (have) r->sample.repetition_penalty = (float)dv;
+        b = false;
+        if (get_bool(api, p, "do_sample", &b, NULL, err)) goto fail;
+        /* TGI samples when asked to, or when any warper (temperature, top-k, top-p) is set. */
+        r->sample.do_sample = b || sampling;
+        if (get_int(api, p, "seed", 0, INT64_MAX, &iv, &have, err)) goto fail;
+        if (have) { r->sample.seed = (uint64_t)iv; r->seed_set = true; }
+        if (get_bool(api, p, "details", &r->details, NULL, err)) goto fail;
+        if (get_stop(api, p, lim, r, err)) goto fail;
+        if (get_int(api, p, "best_of", 1, 1, &iv, NULL, err)) {
+            pln_req_fail(err, api, 422, "best_of", "`best_of` other than 1 is not supported");
+            goto fail;
+        }
+    }
+    json_decref(root);
+    return 0;
+fail:
+    json_decref(root);
+    pln_gen_request_free(r);
+    return -1;
+}
+
+int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits *lim, char **text_out,
+                           pln_req_error *err) {
+    *text_out = NULL;
+    json_t *root = load_object(PLN_API_TGI, body, len, lim, err);
+    if (!root) return -1;
+    json_t *in = json_object_get(root, "inputs");
+    int rc = in ? get_prompt_string(PLN_API_TGI, in, "inputs", text_out, err)
+                : pln_req_fail(err, PLN_API_TGI, 422, "inputs", "missing field `inputs`");
+    json_decref(root);
+    return rc;
+}
+
+/* ---- OpenAI ------------------------------------------------------------------------------- */
+
+int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limits *lim,
+                              pln_gen_request *r, pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    memset(r, 0, sizeof *r);
+    r->api = api;
+    sample_defaults(&r->sample);
+    r->max_new_tokens = 16;
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    int64_t iv;
+    double dv;
+    bool have;
+    json_t *pr = json_object_get(root, "prompt");
+    if (!pr || json_is_null(pr)) { pln_req_fail(err, api, 400, "prompt", "missing field `prompt`"); goto fail; }
+    if (json_is_array(pr)) {
+        size_t n = json_array_size(pr);
+        if (n == 0) { pln_req_fail(err, api, 400, "prompt", "`prompt` cannot be an empty list"); goto fail; }
+        if (n > (size_t)lim->max_prompts) {
+            pln_req_fail(err, api, 400, "prompt", "`prompt` has %zu entries; at most %d are allowed", n, lim->max_prompts);
+            goto fail;
+        }
+        r->prompts = pln_xcalloc(n, sizeof *r->prompts);
+        for (size_t i = 0; i < n; i++) {
+            char what[32];
+            snprintf(what, sizeof what, "prompt[%zu]", i);
+            if (get_prompt_string(api, json_array_get(pr, i), what, &r->prompts[i], err)) goto fail;
+            r->n_prompts++;
+        }
+    } else {
+        r->prompts = pln_xcalloc(1, sizeof *r->prompts);
+        if (!json_is_string(pr)) {
+            pln_req_fail(err, api, 400, "prompt", "`prompt` must be a string or a list of strings");
+            goto fail;
+        }
+        if (get_prompt_string(api, pr, "prompt", &r->prompts[0], err)) goto fail;
+        r->n_prompts = 1;
+    }
+    json_t *m = opt(root, "model");
+    if (m) {
+        if (!json_is_string(m)) { pln_req_fail(err, api, 400, "model", "`model` must be a string"); goto fail; }
+        r->model = pln_xstrdup(json_string_value(m));
+    }
+    if (get_int(api, root, "max_tokens", 1, lim->max_total_tokens, &iv, &have, err)) goto fail;
+    if (have) r->max_new_tokens = (int32_t)iv;
+    double temperature = 1.0;
+    if (get_num(api, root, "temperature", 0, false, 2, &temperature, NULL, err)) goto fail;
+    if (get_num(api, root, "top_p", 0, true, 1, &dv, &have, err)) goto fail;
+    if (have) r->sample.top_p = (float)dv;
+    if (get_int(api, root, "top_k", 1, INT32_MAX, &iv, &have, err)) goto fail;
+    if (have) r->sample.top_k = (int32_t)iv;
+    if (get_num(api, root, "repetition_penalty", 0, true, 100, &dv, &have, err)) goto fail;
+    if (have) r->sample.repetition_penalty = (float)dv;
+    /* OpenAI: temperature 0 is greedy; anything else samples. */
+    if (temperature == 0) {
+        r->sample.do_sample = false;
+    } else {
+        r->sample.do_sample = true;
+        r->sample.temperature = (float)temperature;
+    }
+    if (get_int(api, root, "seed", 0, INT64_MAX, &iv, &have, err)) goto fail;
+    if (have) { r->sample.seed = (uint64_t)iv; r->seed_set = true; }
+    if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
+    if (get_stop(api, root, lim, r, err)) goto fail;
+    if (get_int(api, root, "n", 1, 1, &iv, NULL, err)) {
+        pln_req_fail(err, api, 400, "n", "`n` other than 1 is not supported");
+        goto fail;
+    }
+    if (get_int(api, root, "best_of", 1, 1, &iv, NULL, err)) {
+        pln_req_fail(err, api, 400, "best_of", "`best_of` other than 1 is not supported");
+        goto fail;
+    }
+    bool echo = false;
+    if (get_bool(api, root, "echo", &echo, NULL, err)) goto fail;
+    if (echo) { pln_req_fail(err, api, 400, "echo", "`echo` is not supported"); goto fail; }
+    static const char *const zero_only[] = {"presence_penalty", "frequency_penalty"};
+    for (size_t i = 0; i < 2; i++) {
+        if (get_num(api, root, zero_only[i], -2, false, 2, &dv, &have, err)) goto fail;
+        if (have && dv != 0) {
+            pln_req_fail(err, api, 400, zero_only[i], "`%s` is not supported (use repetition_penalty)", zero_only[i]);
+            goto fail;
+        }
+    }
+    json_decref(root);
+    return 0;
+fail:
+    json_decref(root);
+    pln_gen_request_free(r);
+    return -1;
+}
+
+int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens, const pln_serve_limits *lim,
+                          pln_req_error *err) {
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    const char *param = api == PLN_API_TGI ? "inputs" : "prompt";
+    if (n_input <= 0) return pln_req_fail(err, api, bad, param, "`%s` cannot be empty", param);
+    if (n_input > lim->max_input_tokens)
+        return pln_req_fail(err, api, bad, param, "`%s` must have less than %d tokens. Given: %d (--max-input-tokens)",
+                            param, lim->max_input_tokens + 1, n_input);
+    if ((int64_t)n_input + max_new_tokens > lim->max_total_tokens)
+        return pln_req_fail(err, api, bad, api == PLN_API_TGI ? "max_new_tokens" : "max_tokens",
+                            "`inputs` tokens + `%s` must be <= %d. Given: %d `inputs` tokens and %d `%s` (--max-total-tokens)",
+                            api == PLN_API_TGI ? "max_new_tokens" : "max_tokens", lim->max_total_tokens, n_input,
+                            max_new_tokens, api == PLN_API_TGI ? "max_new_tokens" : "max_tokens");
+    return 0;
+}
+
+/* ---- UTF-8 -------------------------------------------------------------------------------- */
+
+/* Length of the valid sequence starting at s[i] (1..4), 0 if s[i] starts an invalid one, or -k
+ * if it is a valid but incomplete prefix of k bytes running into the end. */
+static int utf8_seq(const unsigned char *s, size_t n, size_t i) {
+    unsigned c = s[i];
+    int need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) return 1;
+    else if (c >= 0xC2 && c <= 0xDF) need = 1;
+    else if (c >= 0xE0 && c <= 0xEF) { need = 2; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { need = 3; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return 0;
+    for (int k = 1; k <= need; k++) {
+        if (i + k >= n) return -k;
+        unsigned d = s[i + k];
+        if (k == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return 0;
+    }
+    return need + 1;
+}
+
+size_t pln_utf8_complete_len(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        int k = utf8_seq(s, n, i);
+        if (k < 0) return i;
+        i += k > 0 ? (size_t)k : 1;
+    }
+    return n;
+}
+
+char *pln_utf8_sanitize(const char *str, size_t n, size_t *out_len) {
+    const unsigned char *s = (const unsigned char *)str;
+    char *out = pln_xmalloc(n * 3 + 1);
+    size_t o = 0, i = 0;
+    while (i < n) {
+        int k = utf8_seq(s, n, i);
+        if (k > 0) { memcpy(out + o, s + i, (size_t)k); o += (size_t)k; i += (size_t)k; }
+        else { memcpy(out + o, "\xEF\xBF\xBD", 3); o += 3; i++; }
+    }
+    out[o] = 0;
+    if (out_len) *out_len = o;
+    return out;
+}

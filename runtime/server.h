@@ -1,0 +1,31 @@
+/* server.h — the HTTP front of `pollen serve` on rank 0: TGI routes (/generate,
+ * /generate_stream, /tokenize, /health, /info, /metrics) and OpenAI routes (/v1/completions,
+ * /v1/models) over libmicrohttpd, one thread per connection. Request bodies are validated by
+ * httpreq, tokenized here, and handed to the scheduler as jobs; responses are JSON or
+ * server-sent events. docs/SERVING.md documents every route. */
+#ifndef PLN_SERVER_H
+#define PLN_SERVER_H
+
+#include "runtime/httpreq.h"
+#include "runtime/scheduler.h"
+#include <stdint.h>
+
+typedef struct {
+    const char *host;          /* address to bind (default "127.0.0.1") */
+    int port;                  /* 0: any free port (read it back with pln_server_port) */
+    const char *model_id;      /* name reported by /info and /v1/models, checked against "model" */
+    pln_serve_limits lim;
+} pln_server_opts;
+
+typedef struct pln_server pln_server;
+
+/* Starts listening (the scheduler and tokenizer are borrowed and must outlive the server).
+ * NULL + error when the address cannot be bound. */
+pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const pln_sched_tok *tok);
+int pln_server_port(const pln_server *s);
+/* Responses still being written (streams included). */
+int pln_server_open_responses(pln_server *s);
+/* Waits up to grace_s for open responses to finish, then closes every connection and frees. */
+void pln_server_stop(pln_server *s, double grace_s);
+
+#endif

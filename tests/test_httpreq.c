@@ -1,0 +1,237 @@
+/* test_httpreq.c — the request validation table: every parameter of /generate and
+ * /v1/completions at its boundaries (0, negative, NaN, huge, wrong type), malformed JSON, a
+ * non-object body, an empty prompt, an over-limit prompt and an oversized body, each mapped to the
+ * documented status and a message naming the problem; plus the accepted forms and the UTF-8
+ * helpers the streaming path relies on. */
+#include "runtime/httpreq.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+
+typedef struct {
+    const char *body;
+    int status;               /* 0 = accepted */
+    const char *msg;          /* substring of the message */
+} row;
+
+static void run_table(const char *what, pln_api api, const row *rows, size_t n, const pln_serve_limits *lim) {
+    for (size_t i = 0; i < n; i++) {
+        pln_gen_request r;
+        pln_req_error err;
+        memset(&err, 0, sizeof err);
+        int rc = api == PLN_API_TGI ? pln_req_parse_generate(rows[i].body, strlen(rows[i].body), lim, &r, &err)
+                                    : pln_req_parse_completions(rows[i].body, strlen(rows[i].body), lim, &r, &err);
+        if (rows[i].status == 0) {
+            CHECK(rc == 0, "%s %s: rejected (%d %s)", what, rows[i].body, err.status, err.message);
+            if (rc == 0) pln_gen_request_free(&r);
+        } else {
+            CHECK(rc == -1 && err.status == rows[i].status, "%s %s: want %d, got rc %d status %d (%s)", what, rows[i].body,
+                  rows[i].status, rc, err.status, err.message);
+            CHECK(rc == -1 && strstr(err.message, rows[i].msg), "%s %s: message '%s' lacks '%s'", what, rows[i].body,
+                  err.message, rows[i].msg);
+        }
+    }
+}
+
+int main(void) {
+    test_begin("test_httpreq");
+    pln_serve_limits lim;
+    pln_serve_limits_default(&lim);
+    lim.max_total_tokens = 2048;
+
+    static const row tgi[] = {
+        {"{\"inputs\":\"hi\"}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":null}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":1,\"temperature\":0.5,\"top_k\":1,\"top_p\":1,"
+         "\"repetition_penalty\":1.2,\"do_sample\":true,\"seed\":0,\"stop\":[\"a\"],\"details\":true}}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":2048}}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"unknown_thing\":5}}", 0, NULL},
+        /* body shape */
+        {"", 422, "empty request body"},
+        {"{", 422, "malformed JSON"},
+        {"{\"inputs\":\"hi\",}", 422, "malformed JSON"},
+        {"{\"inputs\": NaN}", 422, "malformed JSON"},
+        {"[\"hi\"]", 422, "must be a JSON object"},
+        {"\"hi\"", 422, "must be a JSON object"},
+        {"42", 422, "must be a JSON object"},
+        {"null", 422, "must be a JSON object"},
+        {"{\"inputs\":\"a\",\"inputs\":\"b\"}", 422, "malformed JSON"},
+        {"{}", 422, "missing field `inputs`"},
+        {"{\"inputs\":\"\"}", 422, "`inputs` cannot be empty"},
+        {"{\"inputs\":5}", 422, "`inputs` must be a string"},
+        {"{\"inputs\":null}", 422, "`inputs` must be a string"},
+        {"{\"inputs\":[\"a\"]}", 422, "`inputs` must be a string"},
+        {"{\"inputs\":\"hi\",\"parameters\":[]}", 422, "`parameters` must be an object"},
+        {"{\"inputs\":\"hi\",\"parameters\":\"x\"}", 422, "`parameters` must be an object"},
+        /* max_new_tokens */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":0}}", 422, "`max_new_tokens` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":-1}}", 422, "`max_new_tokens` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":2049}}", 422, "between 1 and 2048"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":1e30}}", 422, "`max_new_tokens` must be an integer"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":99999999999999999999999}}", 422, "malformed JSON"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":1.5}}", 422, "`max_new_tokens` must be an integer"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":\"10\"}}", 422, "`max_new_tokens` must be an integer"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":\"NaN\"}}", 422, "`max_new_tokens` must be an integer"},
+        /* temperature */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":0}}", 422, "`temperature` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":-0.5}}", 422, "`temperature` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":1e300}}", 422, "`temperature` must be in (0, 100]"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":1e999}}", 422, "malformed JSON"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":\"hot\"}}", 422, "`temperature` must be a number"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":\"NaN\"}}", 422, "`temperature` must be a number"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":true}}", 422, "`temperature` must be a number"},
+        /* top_k */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_k\":0}}", 422, "`top_k` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_k\":-3}}", 422, "`top_k` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_k\":10000000000}}", 422, "`top_k` must be between 1 and 2147483647"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_k\":2.5}}", 422, "`top_k` must be an integer"},
+        /* top_p */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":0}}", 422, "`top_p` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":-1}}", 422, "`top_p` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":1.0001}}", 422, "`top_p` must be in (0, 1]"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":[0.5]}}", 422, "`top_p` must be a number"},
+        /* repetition_penalty */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"repetition_penalty\":0}}", 422, "`repetition_penalty` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"repetition_penalty\":-2}}", 422, "`repetition_penalty` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"repetition_penalty\":1e9}}", 422, "`repetition_penalty` must be in (0, 100]"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"repetition_penalty\":{}}}", 422, "`repetition_penalty` must be a number"},
+        /* do_sample, details */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"do_sample\":1}}", 422, "`do_sample` must be true or false"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"do_sample\":\"yes\"}}", 422, "`do_sample` must be true or false"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"details\":0}}", 422, "`details` must be true or false"},
+        /* seed */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"seed\":-1}}", 422, "`seed` must be between 0"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"seed\":1.5}}", 422, "`seed` must be an integer"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"seed\":\"1\"}}", 422, "`seed` must be an integer"},
+        /* stop */
+        {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":\"x\"}}", 422, "`stop` must be an array of strings"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[1]}}", 422, "`stop[0]` must be a string"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[\"\"]}}", 422, "`stop[0]` cannot be empty"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}}", 422, "at most 4"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2}}", 422, "`best_of` other than 1"},
+    };
+    run_table("tgi", PLN_API_TGI, tgi, sizeof tgi / sizeof tgi[0], &lim);
+
+    static const row oai[] = {
+        {"{\"prompt\":\"hi\"}", 0, NULL},
+        {"{\"prompt\":[\"a\",\"b\"],\"max_tokens\":5,\"temperature\":0,\"top_p\":0.9,\"stop\":\"x\",\"stream\":true,"
+         "\"seed\":3,\"model\":\"m\",\"n\":1,\"echo\":false,\"presence_penalty\":0}", 0, NULL},
+        {"{\"prompt\":\"hi\",\"temperature\":2}", 0, NULL},
+        {"{", 400, "malformed JSON"},
+        {"[1]", 400, "must be a JSON object"},
+        {"{}", 400, "missing field `prompt`"},
+        {"{\"prompt\":\"\"}", 400, "`prompt` cannot be empty"},
+        {"{\"prompt\":[]}", 400, "cannot be an empty list"},
+        {"{\"prompt\":[\"a\",\"\"]}", 400, "`prompt[1]` cannot be empty"},
+        {"{\"prompt\":[\"a\",3]}", 400, "`prompt[1]` must be a string"},
+        {"{\"prompt\":7}", 400, "`prompt` must be a string or a list of strings"},
+        {"{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "`max_tokens` must be strictly positive"},
+        {"{\"prompt\":\"hi\",\"max_tokens\":-5}", 400, "`max_tokens` must be strictly positive"},
+        {"{\"prompt\":\"hi\",\"max_tokens\":100000000}", 400, "between 1 and 2048"},
+        {"{\"prompt\":\"hi\",\"max_tokens\":\"5\"}", 400, "`max_tokens` must be an integer"},
+        {"{\"prompt\":\"hi\",\"temperature\":-1}", 400, "`temperature` must be in [0, 2]"},
+        {"{\"prompt\":\"hi\",\"temperature\":2.5}", 400, "`temperature` must be in [0, 2]"},
+        {"{\"prompt\":\"hi\",\"temperature\":\"NaN\"}", 400, "`temperature` must be a number"},
+        {"{\"prompt\":\"hi\",\"top_p\":0}", 400, "`top_p` must be strictly positive"},
+        {"{\"prompt\":\"hi\",\"top_p\":2}", 400, "`top_p` must be in (0, 1]"},
+        {"{\"prompt\":\"hi\",\"stop\":5}", 400, "`stop` must be a string or an array"},
+        {"{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "`stream` must be true or false"},
+        {"{\"prompt\":\"hi\",\"n\":2}", 400, "`n` other than 1"},
+        {"{\"prompt\":\"hi\",\"echo\":true}", 400, "`echo` is not supported"},
+        {"{\"prompt\":\"hi\",\"model\":5}", 400, "`model` must be a string"},
+        {"{\"prompt\":\"hi\",\"frequency_penalty\":1}", 400, "`frequency_penalty` is not supported"},
+        {"{\"prompt\":\"hi\",\"seed\":-4}", 400, "`seed` must be between 0"},
+    };
+    run_table("openai", PLN_API_OPENAI, oai, sizeof oai / sizeof oai[0], &lim);
+
+    /* parsed values */
+    pln_gen_request r;
+    pln_req_error err;
+    const char *b = "{\"inputs\":\"hello\",\"parameters\":{\"max_new_tokens\":7,\"top_k\":5,\"seed\":42,\"stop\":[\"x\",\"yz\"],\"details\":true}}";
+    CHECK(pln_req_parse_generate(b, strlen(b), &lim, &r, &err) == 0, "parse: %s", err.message);
+    CHECK(r.n_prompts == 1 && !strcmp(r.prompts[0], "hello"), "inputs");
+    CHECK(r.max_new_tokens == 7 && r.sample.top_k == 5 && r.sample.do_sample, "top_k implies sampling (TGI)");
+    CHECK(r.seed_set && r.sample.seed == 42 && r.n_stop == 2 && !strcmp(r.stop[1], "yz") && r.details, "seed/stop/details");
+    pln_gen_request_free(&r);
+    b = "{\"inputs\":\"hello\"}";
+    CHECK(pln_req_parse_generate(b, strlen(b), &lim, &r, &err) == 0 && !r.sample.do_sample &&
+              r.max_new_tokens == lim.default_max_new_tokens && !r.seed_set, "TGI defaults: greedy, default max_new_tokens");
+    pln_gen_request_free(&r);
+    b = "{\"prompt\":[\"a\",\"b\",\"c\"],\"temperature\":0,\"stop\":\"\\n\"}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.n_prompts == 3 && !r.sample.do_sample &&
+              r.max_new_tokens == 16 && r.n_stop == 1 && !strcmp(r.stop[0], "\n"), "OpenAI list prompt, greedy, stop string");
+    pln_gen_request_free(&r);
+    b = "{\"prompt\":\"a\"}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.sample.do_sample && r.sample.temperature == 1.0f,
+          "OpenAI default temperature 1 samples");
+    pln_gen_request_free(&r);
+
+    /* oversized body: 413 before parsing; exactly at the limit is parsed */
+    pln_serve_limits small = lim;
+    small.max_body_bytes = 32;
+    b = "{\"inputs\":\"0123456789012345678901234567\"}";
+    CHECK(pln_req_parse_generate(b, strlen(b), &small, &r, &err) == -1 && err.status == 413 &&
+              strstr(err.message, "--max-body-bytes"), "oversized body -> 413 (%d %s)", err.status, err.message);
+    b = "{\"inputs\":\"0123456789012345678\"}";   /* 32 bytes */
+    CHECK(strlen(b) == 32 && pln_req_parse_generate(b, strlen(b), &small, &r, &err) == 0, "body at the limit accepted");
+    pln_gen_request_free(&r);
+    char *tok_text = NULL;
+    b = "{\"inputs\":\"abc\"}";
+    CHECK(pln_req_parse_tokenize(b, strlen(b), &lim, &tok_text, &err) == 0 && !strcmp(tok_text, "abc"), "tokenize body");
+    free(tok_text);
+    b = "{\"inputs\":\"\"}";
+    CHECK(pln_req_parse_tokenize(b, strlen(b), &lim, &tok_text, &err) == -1 && err.status == 422, "tokenize empty");
+
+    /* token-count limits */
+    lim.max_input_tokens = 10;
+    lim.max_total_tokens = 20;
+    CHECK(pln_req_check_lengths(PLN_API_TGI, 10, 10, &lim, &err) == 0, "at both limits ok");
+    CHECK(pln_req_check_lengths(PLN_API_TGI, 0, 10, &lim, &err) == -1 && err.status == 422 && strstr(err.message, "cannot be empty"),
+          "0 tokens");
+    CHECK(pln_req_check_lengths(PLN_API_TGI, 11, 1, &lim, &err) == -1 && err.status == 422 && strstr(err.message, "--max-input-tokens"),
+          "over max_input_tokens: %s", err.message);
+    CHECK(pln_req_check_lengths(PLN_API_OPENAI, 10, 11, &lim, &err) == -1 && err.status == 400 &&
+              !strcmp(err.param, "max_tokens") && strstr(err.message, "--max-total-tokens"), "over max_total_tokens: %s", err.message);
+
+    /* error bodies */
+    pln_req_fail(&err, PLN_API_TGI, 429, NULL, "busy");
+    char *js = pln_req_error_json(PLN_API_TGI, &err);
+    CHECK(!strcmp(js, "{\"error\":\"busy\",\"error_type\":\"overloaded\"}"), "TGI error body %s", js);
+    free(js);
+    pln_req_fail(&err, PLN_API_OPENAI, 400, "top_p", "bad \xff value");
+    js = pln_req_error_json(PLN_API_OPENAI, &err);
+    json_t *o = json_loads(js, 0, NULL);
+    json_t *e = json_object_get(o, "error");
+    CHECK(e && !strcmp(json_string_value(json_object_get(e, "type")), "invalid_request_error") &&
+              !strcmp(json_string_value(json_object_get(e, "param")), "top_p") && json_is_null(json_object_get(e, "code")) &&
+              strstr(json_string_value(json_object_get(e, "message")), "\xEF\xBF\xBD"), "OpenAI error body %s", js);
+    json_decref(o);
+    free(js);
+
+    /* UTF-8 helpers: "é" = C3 A9, "€" = E2 82 AC, "😀" = F0 9F 98 80 */
+    CHECK(pln_utf8_complete_len("ab\xC3", 3) == 2, "incomplete 2-byte held back");
+    CHECK(pln_utf8_complete_len("a\xE2\x82", 3) == 1, "incomplete 3-byte held back");
+    CHECK(pln_utf8_complete_len("a\xF0\x9F\x98\x80", 5) == 5, "complete 4-byte");
+    CHECK(pln_utf8_complete_len("a\xFF", 2) == 2, "invalid byte counts as complete");
+    CHECK(pln_utf8_complete_len("\xC3" "a", 2) == 2, "broken sequence counts as complete");
+    size_t ol;
+    char *sz = pln_utf8_sanitize("a\xC3\xA9\xFF" "b\xE2\x82", 7, &ol);
+    CHECK(!strcmp(sz, "a\xC3\xA9\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD") && ol == strlen(sz), "sanitize %s", sz);
+    free(sz);
+    /* piecewise sanitizing at complete_len boundaries equals sanitizing the whole */
+    const char *full = "x\xE2\x82\xAC\xC3" "A\xF0\x9F\x98\x80";
+    size_t fl = strlen(full), emitted = 0;
+    char acc[128] = "";
+    for (size_t cut = 1; cut <= fl; cut++) {
+        size_t safe = cut == fl ? fl : pln_utf8_complete_len(full, cut);
+        if (safe < emitted) safe = emitted;
+        char *p = pln_utf8_sanitize(full + emitted, safe - emitted, NULL);
+        strcat(acc, p);
+        free(p);
+        emitted = safe;
+    }
+    sz = pln_utf8_sanitize(full, fl, NULL);
+    CHECK(!strcmp(acc, sz), "streamed pieces equal the whole");
+    free(sz);
+    return test_done();
+}
