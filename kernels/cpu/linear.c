@@ -31,15 +31,6 @@ static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weigh
         }
 }
 
-static void epilogue(float *out, int64_t ldo, int64_t nt, int64_t nr, const uint16_t *bias,
-                     bool gelu) {
-    if (!bias && !gelu) return;
-    for (int64_t t = 0; t < nt; t++) {
-        float *o = out + t * ldo;
-        if (bias) for (int64_t r = 0; r < nr; r++) o[r] += pln_f16_to_f32(bias[r]);
-        if (gelu) for (int64_t r = 0; r < nr; r++) o[r] = pln_gelu(o[r]);
-    }
-}
 
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
@@ -51,7 +42,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
         const float *x = in + t0 * K;
         float *o = out + t0 * ldo;
-        #pragma omp parallel for schedule(static) if (n_rows * K * nt > 65536)
+        /* dynamic: when ranks or other work share the cores, a descheduled thread's rows are
+         * taken by the others instead of stalling the whole step */
+        #pragma omp parallel for schedule(dynamic, 4) if (n_rows * K * nt > 65536)
         for (int64_t ch = 0; ch < n_chunks; ch++) {
             int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
             if (W->dtype == PLN_DTYPE_F16)
@@ -59,7 +52,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             else
                 k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
                            W->scale + r0 * (K / W->group), W->group, nr, K);
-            epilogue(o + r0, ldo, nt, nr, bias ? bias + r0 : NULL, gelu);
+            if (bias || gelu)
+                for (int64_t t = 0; t < nt; t++)
+                    k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
         }
     }
 }

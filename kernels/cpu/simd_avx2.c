@@ -153,8 +153,50 @@ static TGT void axpby_avx2(float *y, float c, float a, const float *x, int64_t n
     for (; i < n; i++) y[i] = y[i] * c + a * x[i];
 }
 
+/* exp(x): 2^n * e^r with |r| <= ln2/2 and Cephes' expf polynomial (about 1 ulp); x is clamped
+ * to [-87, 88] so 2^n stays a normal float (GeLU needs no more range). */
+INL __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n: n + 127 into the exponent field; n is in [-126, 127] after the clamp */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+INL __m256 gelu256(__m256 x) {
+    __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 u = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(-2.0f * 0.79788456f)),
+                             _mm256_fmadd_ps(x2, _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.0f)));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(u)));
+}
+
+static TGT void bias_gelu_avx2(float *o, const uint16_t *bias, int64_t n, bool gelu) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(o + i);
+        if (bias) v = _mm256_add_ps(v, load_f16(bias + i));
+        if (gelu) v = gelu256(v);
+        _mm256_storeu_ps(o + i, v);
+    }
+    for (; i < n; i++) {
+        float v = o[i] + (bias ? pln_f16_to_f32(bias[i]) : 0.0f);
+        o[i] = gelu ? pln_gelu(v) : v;
+    }
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2,
-    .dot = dot_avx2, .axpby = axpby_avx2,
+    .dot = dot_avx2, .axpby = axpby_avx2, .bias_gelu = bias_gelu_avx2,
 };
 #endif

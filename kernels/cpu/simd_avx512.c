@@ -147,8 +147,48 @@ static TGT void axpby_avx512(float *y, float c, float a, const float *x, int64_t
     for (; i < n; i++) y[i] = y[i] * c + a * x[i];
 }
 
+/* exp(x) for x <= 88: 2^n * e^r with |r| <= ln2/2 and Cephes' expf polynomial (about 1 ulp);
+ * vscalefps does the 2^n and gives 0 for very negative x. */
+INL __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+INL __m512 gelu512(__m512 x) {
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 u = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(-2.0f * 0.79788456f)),
+                             _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(u)));
+}
+
+static TGT void bias_gelu_avx512(float *o, const uint16_t *bias, int64_t n, bool gelu) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(o + i);
+        if (bias) v = _mm512_add_ps(v, load_f16(bias + i));
+        if (gelu) v = gelu512(v);
+        _mm512_storeu_ps(o + i, v);
+    }
+    for (; i < n; i++) {
+        float v = o[i] + (bias ? pln_f16_to_f32(bias[i]) : 0.0f);
+        o[i] = gelu ? pln_gelu(v) : v;
+    }
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512,
-    .dot = dot_avx512, .axpby = axpby_avx512,
+    .dot = dot_avx512, .axpby = axpby_avx512, .bias_gelu = bias_gelu_avx512,
 };
 #endif

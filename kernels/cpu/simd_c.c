@@ -59,6 +59,12 @@ static void axpby_c(float *y, float c, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = y[i] * c + a * x[i];
 }
 
+static void bias_gelu_c(float *o, const uint16_t *bias, int64_t n, bool gelu) {
+    if (bias) for (int64_t i = 0; i < n; i++) o[i] += pln_f16_to_f32(bias[i]);
+    if (gelu) for (int64_t i = 0; i < n; i++) o[i] = pln_gelu(o[i]);
+}
+
 const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dot = dot_c, .axpby = axpby_c,
+    .bias_gelu = bias_gelu_c,
 };
