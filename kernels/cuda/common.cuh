@@ -71,6 +71,34 @@ static inline int pln_cublas_check(cublasStatus_t s, const char *what, const cha
 
 static inline int pln_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
+/* Which linear kernel to use: the bench forces one to compare them; the backend uses AUTO. */
+typedef enum { PLN_LINEAR_AUTO = 0, PLN_LINEAR_GEMV = 1, PLN_LINEAR_GEMM = 2, PLN_LINEAR_NAIVE = 3 } pln_linear_path;
+
+/* What every host launcher needs: the stream, the cuBLASLt handle and workspace, and one
+ * growable device scratch buffer (attention partials, top-k candidates). Owned by the backend. */
+typedef struct pln_cuda_ctx {
+    int device;
+    int sm_count;
+    int cc_major, cc_minor;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_size;
+    void *scratch;
+    size_t scratch_size;
+    pln_linear_path linear_path;
+    bool gelu_epilogue;          /* false: cuBLASLt adds the bias only and GeLU runs as its own pass */
+    void *host_pinned;           /* small pinned buffer for top-k results */
+    size_t host_pinned_size;
+} pln_cuda_ctx;
+
+/* Returns scratch of at least n bytes, growing it outside stream capture (a decode step replayed
+ * from a CUDA graph must have run once uncaptured first). NULL + error on failure. */
+void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n);
+void *pln_cuda_host_pinned(pln_cuda_ctx *c, size_t n);
+/* The context of a cuda backend, or NULL with an error. */
+pln_cuda_ctx *pln_cuda_ctx_of(pln_backend *be);
+
 /* ---- device helpers ---------------------------------------------------------------------- */
 #ifdef __CUDACC__
 __device__ __forceinline__ float pln_warp_sum(float v)

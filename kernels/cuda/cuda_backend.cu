@@ -1,32 +1,317 @@
-/* cuda_backend.cu — the CUDA backend: device, stream, memory, and the op table of
- * kernels/backend.h wired to the fused kernels of kernels/cuda/ (one op.cu + op.cuh each). */
+/* cuda_backend.cu — the CUDA backend: device selection and checks, stream, memory, and the op
+ * table of kernels/backend.h wired to the fused kernels of kernels/cuda/ (one op.cu + op.cuh
+ * each). fp16 activations and KV cache, fp32 accumulation and softmax. */
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/kv_append.cuh"
+#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/loader.cuh"
+#include "kernels/cuda/sample.cuh"
 
 #include <stdlib.h>
 #include <string.h>
 
-struct pln_cuda {
-    int device;
-    cudaStream_t stream;
-};
-
 static const char cuda_name[] = "cuda";
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+pln_cuda_ctx *pln_cuda_ctx_of(pln_backend *be)
+{
+    if (!be || be->name != cuda_name) { pln_errorf("not a cuda backend"); return NULL; }
+    return (pln_cuda_ctx *)be->impl;
+}
 
 extern "C" int pln_cuda_device(pln_backend *be)
 {
-    if (!be || be->name != cuda_name) return pln_errorf("pln_cuda_device: not a cuda backend");
-    return ((pln_cuda *)be->impl)->device;
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    return c ? c->device : -1;
 }
 
 extern "C" void *pln_cuda_stream(pln_backend *be)
 {
-    if (!be || be->name != cuda_name) { pln_errorf("pln_cuda_stream: not a cuda backend"); return NULL; }
-    return (void *)((pln_cuda *)be->impl)->stream;
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    return c ? (void *)c->stream : NULL;
+}
+
+extern "C" int pln_cuda_set_linear_path(pln_backend *be, int path)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    int old = (int)c->linear_path;
+    c->linear_path = (pln_linear_path)path;
+    return old;
+}
+
+static bool capturing(pln_cuda_ctx *c)
+{
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(c->stream, &st);
+    return st != cudaStreamCaptureStatusNone;
+}
+
+void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n)
+{
+    if (n <= c->scratch_size) return c->scratch;
+    if (capturing(c)) {
+        pln_errorf("cuda scratch: %zu bytes needed during graph capture (have %zu). HINT: run the step once "
+                   "uncaptured before capturing it", n, c->scratch_size);
+        return NULL;
+    }
+    size_t want = n + n / 4;
+    void *p = NULL;
+    if (pln_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __FILE__, __LINE__)) return NULL;
+    if (pln_cuda_check(cudaMalloc(&p, want), "cudaMalloc(scratch)", __FILE__, __LINE__)) return NULL;
+    if (c->scratch) cudaFree(c->scratch);
+    c->scratch = p;
+    c->scratch_size = want;
+    return p;
+}
+
+void *pln_cuda_host_pinned(pln_cuda_ctx *c, size_t n)
+{
+    if (n <= c->host_pinned_size) return c->host_pinned;
+    void *p = NULL;
+    if (pln_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __FILE__, __LINE__)) return NULL;
+    if (pln_cuda_check(cudaHostAlloc(&p, n, cudaHostAllocDefault), "cudaHostAlloc", __FILE__, __LINE__)) return NULL;
+    if (c->host_pinned) cudaFreeHost(c->host_pinned);
+    c->host_pinned = p;
+    c->host_pinned_size = n;
+    return p;
+}
+
+/* Every entry point selects the backend's device first: a server thread other than the one
+ * that created the backend may call in, and the current device is per thread. */
+#define CTX(be) pln_cuda_ctx *c = (pln_cuda_ctx *)(be)->impl; cudaCheck(cudaSetDevice(c->device))
+
+/* ---- memory ------------------------------------------------------------------------------ */
+static void *cu_alloc(pln_backend *be, size_t nbytes)
+{
+    pln_cuda_ctx *c = (pln_cuda_ctx *)be->impl;
+    void *p = NULL;
+    if (pln_cuda_check(cudaSetDevice(c->device), "cudaSetDevice", __FILE__, __LINE__)) return NULL;
+    cudaError_t e = cudaMalloc(&p, nbytes ? nbytes : 1);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        char a[32], b[32];
+        pln_errorf("cuda alloc of %s on device %d failed (%s free): %s. HINT: %s", pln_human_bytes((double)nbytes, a, sizeof a),
+                   c->device, pln_human_bytes((double)fr, b, sizeof b), cudaGetErrorString(e), pln_cuda_hint(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(pln_backend *be, void *p)
+{
+    if (!p) return;
+    pln_cuda_ctx *c = (pln_cuda_ctx *)be->impl;
+    cudaSetDevice(c->device);
+    cudaFree(p);
+}
+
+static int cu_upload(pln_backend *be, void *dst, const void *src, size_t n)
+{
+    CTX(be);
+    if (n) cudaCheck(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream));
+    return 0;
+}
+
+static int cu_download(pln_backend *be, void *dst, const void *src, size_t n)
+{
+    CTX(be);
+    if (n) cudaCheck(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream));
+    cudaCheck(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+static int cu_memset0(pln_backend *be, void *dst, size_t n)
+{
+    CTX(be);
+    if (n) cudaCheck(cudaMemsetAsync(dst, 0, n, c->stream));
+    return 0;
+}
+
+static int cu_sync(pln_backend *be)
+{
+    CTX(be);
+    cudaCheck(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+static const void *cu_weights_from_host(pln_backend *be, void *dst, const void *src, size_t n)
+{
+    pln_cuda_ctx *c = (pln_cuda_ctx *)be->impl;
+    if (pln_cuda_check(cudaSetDevice(c->device), "cudaSetDevice", __FILE__, __LINE__)) return NULL;
+    if (pln_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), "cudaMemcpyAsync(weights)",
+                       __FILE__, __LINE__))
+        return NULL;
+    if (pln_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __FILE__, __LINE__)) return NULL;
+    return dst;
+}
+
+static int cu_load_file(pln_backend *be, void *dst, const char *path, uint64_t off, uint64_t n, double *rate)
+{
+    CTX(be);
+    return pln_cuda_load_file(c, dst, path, off, n, rate);
+}
+
+/* ---- ops --------------------------------------------------------------------------------- */
+static int cu_embed(pln_backend *be, void *out, const int32_t *ids, int32_t T, const uint16_t *table, int64_t v0,
+                    int64_t vn, int64_t H)
+{
+    CTX(be);
+    return pln_cuda_embed(c, out, ids, T, table, v0, vn, H);
+}
+
+static int cu_layernorm(pln_backend *be, void *out, const void *in, const uint16_t *gamma, const uint16_t *beta,
+                        int32_t T, int64_t H, float eps)
+{
+    CTX(be);
+    return pln_cuda_layernorm(c, out, in, gamma, beta, T, H, eps);
+}
+
+static int cu_residual_layernorm(pln_backend *be, void *x, const void *y, const uint16_t *bias, const uint16_t *gamma,
+                                 const uint16_t *beta, void *ln_out, int32_t T, int64_t H, float eps)
+{
+    CTX(be);
+    return pln_cuda_residual_layernorm(c, x, y, bias, gamma, beta, ln_out, T, H, eps);
+}
+
+static int cu_linear(pln_backend *be, void *out, const void *in, const pln_weight *W, const uint16_t *bias, int32_t T,
+                     bool gelu)
+{
+    CTX(be);
+    return pln_cuda_linear(c, out, false, in, W, bias, T, gelu, W->rows);
+}
+
+static int cu_kv_append(pln_backend *be, const void *qkv, void *k_cache, void *v_cache, const pln_attn_meta *m,
+                        int32_t n_head_local, int32_t head_dim)
+{
+    CTX(be);
+    return pln_cuda_kv_append(c, qkv, k_cache, v_cache, m, n_head_local, head_dim);
+}
+
+static int cu_attention(pln_backend *be, void *out, const void *qkv, const void *k_cache, const void *v_cache,
+                        const pln_attn_meta *m, const float *slopes, int32_t n_head_local, int32_t head_dim)
+{
+    CTX(be);
+    return pln_cuda_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
+}
+
+static int cu_gather_rows(pln_backend *be, void *out, const void *in, const int32_t *rows, int32_t n, int64_t H)
+{
+    CTX(be);
+    return pln_cuda_gather_rows(c, out, in, rows, n, H);
+}
+
+static int cu_logits(pln_backend *be, float *out, const void *x, const pln_weight *W, int32_t S, int64_t n_valid)
+{
+    CTX(be);
+    return pln_cuda_linear(c, out, true, x, W, NULL, S, false, n_valid);
+}
+
+static int cu_logit_process(pln_backend *be, float *logits, int64_t v0, int64_t vn, const pln_logit_proc *p)
+{
+    CTX(be);
+    return pln_cuda_logit_process(c, logits, v0, vn, p);
+}
+
+static int cu_topk(pln_backend *be, const float *logits, int32_t S, int64_t vn, int64_t v0, int32_t k, float *vals,
+                   int32_t *ids, float *row_max, float *row_sumexp)
+{
+    CTX(be);
+    return pln_cuda_topk(c, logits, S, vn, v0, k, vals, ids, row_max, row_sumexp);
+}
+
+static void cu_destroy(pln_backend *be)
+{
+    if (!be) return;
+    pln_cuda_ctx *c = (pln_cuda_ctx *)be->impl;
+    if (c) {
+        cudaSetDevice(c->device);
+        cudaStreamSynchronize(c->stream);
+        pln_cuda_linear_release();
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->lt_ws) cudaFree(c->lt_ws);
+        if (c->scratch) cudaFree(c->scratch);
+        if (c->host_pinned) cudaFreeHost(c->host_pinned);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}
+
+/* Checks the device before anything is allocated, so the error says what is wrong with it. */
+static int check_device(int device, cudaDeviceProp *prop)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return pln_errorf("cuda backend: no usable CUDA device (%s). HINT: %s", cudaGetErrorString(e), pln_cuda_hint(e));
+    if (n == 0) return pln_errorf("cuda backend: no CUDA device. HINT: %s", pln_cuda_hint(cudaErrorNoDevice));
+    if (device < 0 || device >= n)
+        return pln_errorf("cuda backend: device %d does not exist (%d visible). HINT: %s", device, n,
+                          pln_cuda_hint(cudaErrorInvalidDevice));
+    if (pln_cuda_check(cudaGetDeviceProperties(prop, device), "cudaGetDeviceProperties", __FILE__, __LINE__)) return -1;
+    if (prop->major < PLN_CUDA_MIN_MAJOR)
+        return pln_errorf("cuda backend: device %d is a %s (sm_%d%d); pollen's CUDA kernels need sm_80 or newer "
+                          "(A100, H100, H200: fp16 tensor-core mma with fp32 accumulation). Use --backend cpu on this "
+                          "machine", device, prop->name, prop->major, prop->minor);
+    return 0;
 }
 
 extern "C" pln_backend *pln_backend_cuda_create(int device)
 {
-    pln_errorf("cuda backend (device %d): not available yet in this build", device);
-    return NULL;
+    cudaDeviceProp prop;
+    if (check_device(device, &prop)) return NULL;
+    pln_backend *be = (pln_backend *)calloc(1, sizeof *be);
+    pln_cuda_ctx *c = (pln_cuda_ctx *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be); free(c);
+        pln_errorf("cuda backend: out of host memory");
+        return NULL;
+    }
+    be->impl = c;
+    be->name = cuda_name;
+    c->device = device;
+    c->sm_count = prop.multiProcessorCount;
+    c->cc_major = prop.major;
+    c->cc_minor = prop.minor;
+    c->gelu_epilogue = getenv("PLN_CUDA_NO_GELU_EPILOGUE") == NULL;
+    c->lt_ws_size = LT_WORKSPACE;
+    be->destroy = cu_destroy;
+    if (pln_cuda_check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__) ||
+        pln_cuda_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate", __FILE__, __LINE__) ||
+        pln_cublas_check(cublasLtCreate(&c->lt), "cublasLtCreate", __FILE__, __LINE__) ||
+        pln_cuda_check(cudaMalloc(&c->lt_ws, c->lt_ws_size), "cudaMalloc(cuBLASLt workspace)", __FILE__, __LINE__)) {
+        pln_error_context("cuda backend on device %d (%s)", device, prop.name);
+        cu_destroy(be);
+        return NULL;
+    }
+    be->act_size = 2;
+    be->act_dtype = PLN_DTYPE_F16;
+    be->kv_size = 2;
+    be->kv_dtype = PLN_DTYPE_F16;
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->memset0 = cu_memset0;
+    be->sync = cu_sync;
+    be->weights_from_host = cu_weights_from_host;
+    be->load_file = cu_load_file;
+    be->embed = cu_embed;
+    be->layernorm = cu_layernorm;
+    be->residual_layernorm = cu_residual_layernorm;
+    be->linear = cu_linear;
+    be->kv_append = cu_kv_append;
+    be->attention = cu_attention;
+    be->gather_rows = cu_gather_rows;
+    be->logits = cu_logits;
+    be->logit_process = cu_logit_process;
+    be->topk = cu_topk;
+    return be;
 }

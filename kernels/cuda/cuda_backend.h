@@ -16,6 +16,36 @@ int pln_cuda_device(pln_backend *be);
 /* The backend's stream (a cudaStream_t), or NULL (with an error) if be is not a cuda backend. */
 void *pln_cuda_stream(pln_backend *be);
 
+/* Forces the linear kernel (0 auto, 1 GEMV, 2 GEMM/cuBLASLt, 3 plain) — for benchmarks and
+ * tests; the backend starts on auto. Returns the previous value, or -1 if be is not cuda. */
+int pln_cuda_set_linear_path(pln_backend *be, int path);
+
+/* ---- CUDA graphs for decode steps ------------------------------------------------------------
+ * A decode step is ~600 small launches for BLOOM-176B; replaying them as one graph removes the
+ * launch gaps. How the engine uses it, once shapes settle (same batch size):
+ *   1. run the step once normally (this sizes the backend's scratch and cuBLASLt plans: nothing
+ *      may allocate during capture);
+ *   2. keep every per-step input in fixed device buffers (token ids, tok_seq, tok_pos, block
+ *      table, sampling params), uploaded with be->upload BEFORE launching the graph — uploads
+ *      and downloads are not part of the graph;
+ *   3. capture with m->max_pos set to an upper bound (max_blocks * block_size): attention sizes
+ *      its key splits from it, and splits past a token's position cost almost nothing;
+ *   4. pln_cuda_graph_begin(be); enqueue the step's ops (embed .. logits, all-reduces included:
+ *      NCCL collectives can be captured); pln_cuda_graph_end(be, &g) — a second end on the
+ *      same g updates it in place when only pointers or sizes changed;
+ *   5. each step: upload inputs, pln_cuda_graph_launch(be, g), then topk (which downloads).
+ * Ops return errors during capture like any other time; on error call pln_cuda_graph_end to
+ * leave capture mode and do not launch. */
+typedef struct pln_cuda_graph pln_cuda_graph;
+/* Starts capturing the ops this thread enqueues on be's stream. */
+int pln_cuda_graph_begin(pln_backend *be);
+/* Ends the capture. *g NULL: instantiates a new graph into *g; else updates *g in place (or
+ * re-instantiates it when the captured topology changed). -1 with an error on failure. */
+int pln_cuda_graph_end(pln_backend *be, pln_cuda_graph **g);
+/* Enqueues the whole captured step on be's stream. */
+int pln_cuda_graph_launch(pln_backend *be, pln_cuda_graph *g);
+void pln_cuda_graph_destroy(pln_cuda_graph *g);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,111 @@
+/* layernorm.cu — one block per token row; the row is read from global memory (L1-resident after
+ * the first pass), statistics in fp32. The residual variant writes the fp16-rounded sum back to
+ * x and normalizes that rounded value, as a fp16 model does. */
+#include "kernels/cuda/layernorm.cuh"
+
+#define LN_THREADS 256
+
+/* VEC: the row is handled in 16-byte chunks of 8 halves (H % 8 == 0), else element by element. */
+template <bool VEC>
+__global__ void __launch_bounds__(LN_THREADS)
+residual_ln_kernel(__half *x, const __half *y, const __half *bias, const __half *gamma,
+                   const __half *beta, __half *out, const __half *in, int64_t H, float eps)
+{
+    __shared__ float scratch[32];
+    const int64_t r = blockIdx.x;
+    const __half *src = in ? in + r * H : x + r * H;
+    /* pass 0 (residual only): x = x + y + bias, rounded to fp16, in place. */
+    if (!in) {
+        __half *xr = x + r * H;
+        const __half *yr = y ? y + r * H : nullptr;
+        if (VEC) {
+            for (int64_t i = threadIdx.x * 8; i < H; i += LN_THREADS * 8) {
+                float a[8], b[8], c[8];
+                pln_h8_to_f(*(const pln_h8 *)(xr + i), a);
+                if (yr) pln_h8_to_f(*(const pln_h8 *)(yr + i), b); else for (int j = 0; j < 8; j++) b[j] = 0.0f;
+                if (bias) pln_h8_to_f(*(const pln_h8 *)(bias + i), c); else for (int j = 0; j < 8; j++) c[j] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) a[j] += b[j] + c[j];
+                *(pln_h8 *)(xr + i) = pln_f_to_h8(a);
+            }
+        } else {
+            for (int64_t i = threadIdx.x; i < H; i += LN_THREADS) {
+                float v = __half2float(xr[i]);
+                if (yr) v += __half2float(yr[i]);
+                if (bias) v += __half2float(bias[i]);
+                xr[i] = __float2half_rn(v);
+            }
+        }
+        __syncthreads();   /* the row is re-read by other threads below */
+    }
+    float s = 0.0f;
+    if (VEC) {
+        for (int64_t i = threadIdx.x * 8; i < H; i += LN_THREADS * 8) {
+            float a[8];
+            pln_h8_to_f(*(const pln_h8 *)(src + i), a);
+#pragma unroll
+            for (int j = 0; j < 8; j++) s += a[j];
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < H; i += LN_THREADS) s += __half2float(src[i]);
+    }
+    const float mean = pln_block_sum(s, scratch) / (float)H;
+    float v2 = 0.0f;
+    if (VEC) {
+        for (int64_t i = threadIdx.x * 8; i < H; i += LN_THREADS * 8) {
+            float a[8];
+            pln_h8_to_f(*(const pln_h8 *)(src + i), a);
+#pragma unroll
+            for (int j = 0; j < 8; j++) { float d = a[j] - mean; v2 += d * d; }
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < H; i += LN_THREADS) { float d = __half2float(src[i]) - mean; v2 += d * d; }
+    }
+    const float rstd = rsqrtf(pln_block_sum(v2, scratch) / (float)H + eps);
+    /* Every thread has read its whole share before any writes when out == in: each thread only
+     * rewrites the elements it read itself. */
+    __half *o = out + r * H;
+    if (VEC) {
+        for (int64_t i = threadIdx.x * 8; i < H; i += LN_THREADS * 8) {
+            float a[8], gm[8], bt[8];
+            pln_h8_to_f(*(const pln_h8 *)(src + i), a);
+            pln_h8_to_f(*(const pln_h8 *)(gamma + i), gm);
+            pln_h8_to_f(*(const pln_h8 *)(beta + i), bt);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a[j] = (a[j] - mean) * rstd * gm[j] + bt[j];
+            *(pln_h8 *)(o + i) = pln_f_to_h8(a);
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < H; i += LN_THREADS)
+            o[i] = __float2half_rn((__half2float(src[i]) - mean) * rstd * __half2float(gamma[i]) + __half2float(beta[i]));
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static int launch(pln_cuda_ctx *c, __half *x, const __half *y, const __half *bias, const __half *gamma,
+                  const __half *beta, __half *out, const __half *in, int32_t T, int64_t H, float eps)
+{
+    if (T <= 0) return 0;
+    bool vec = H % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(bias) && aligned16(gamma) &&
+               aligned16(beta) && aligned16(out) && aligned16(in);
+    if (vec) residual_ln_kernel<true><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+    else residual_ln_kernel<false><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+    cudaCheckLaunch();
+    return 0;
+}
+
+int pln_cuda_layernorm(pln_cuda_ctx *c, void *out, const void *in, const uint16_t *gamma,
+                       const uint16_t *beta, int32_t T, int64_t H, float eps)
+{
+    return launch(c, nullptr, nullptr, nullptr, (const __half *)gamma, (const __half *)beta, (__half *)out,
+                  (const __half *)in, T, H, eps);
+}
+
+int pln_cuda_residual_layernorm(pln_cuda_ctx *c, void *x, const void *y, const uint16_t *bias,
+                                const uint16_t *gamma, const uint16_t *beta, void *ln_out,
+                                int32_t T, int64_t H, float eps)
+{
+    return launch(c, (__half *)x, (const __half *)y, (const __half *)bias, (const __half *)gamma,
+                  (const __half *)beta, (__half *)ln_out, nullptr, T, H, eps);
+}

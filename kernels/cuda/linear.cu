@@ -1,0 +1,442 @@
+/* linear.cu — the linear layers: tensor-core GEMV for decode, cuBLASLt and an int8 GEMM for
+ * prefill and large batches, a plain fallback for odd shapes. See linear.cuh. */
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/mma.cuh"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+/* ---- shared epilogue ----------------------------------------------------------------------- */
+template <typename OT> __device__ __forceinline__ void store_out(OT *p, float v);
+template <> __device__ __forceinline__ void store_out<__half>(__half *p, float v) { *p = __float2half_rn(v); }
+template <> __device__ __forceinline__ void store_out<float>(float *p, float v) { *p = v; }
+
+template <typename OT>
+__device__ __forceinline__ void epilogue(OT *out, int64_t N, int t, int64_t row, float v, float sc,
+                                         const __half *bias, int gelu, int64_t n_valid)
+{
+    v *= sc;
+    if (bias) v += __half2float(bias[row]);
+    if (gelu) v = pln_gelu(v);
+    if (row >= n_valid) v = -INFINITY;
+    store_out(out + (int64_t)t * N + row, v);
+}
+
+/* ---- GEMV: T <= NT tokens, 16 weight rows per block, 4 warps splitting k --------------------
+ * A k-step is 32 columns (fp16: 16 bytes per lane per row) or 64 (int8: 16 int8 per lane).
+ * Each lane keeps U steps of rows g and g+8 in flight before the first mma. */
+#define GEMV_WARPS 4
+#define GEMV_U 4
+
+template <bool I8, bool GROUPED, int NT, typename OT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__restrict__ Wv,
+            const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+            int64_t N, int64_t K, int gelu, int64_t n_valid)
+{
+    constexpr int KS = I8 ? 64 : 32;            /* columns per warp step */
+    constexpr int NTILES = NT / 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    const int64_t ra = row0 + g, rb = row0 + g + 8;
+    const bool va = ra < N, vb = rb < N;
+    const char *W = (const char *)Wv;
+    const int64_t rowbytes = I8 ? K : K * 2;
+    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
+    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
+    const int64_t nsteps = K / KS;
+    const int64_t sgroups = GROUPED ? K / G : 1;
+
+    float acc[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    for (int64_t s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * GEMV_U) {
+        int4 wa[GEMV_U], wb[GEMV_U];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+            int4 z = make_int4(0, 0, 0, 0);
+            wa[u] = (s < nsteps && va) ? pln_ld_stream(pa + s * 4) : z;
+            wb[u] = (s < nsteps && vb) ? pln_ld_stream(pb + s * 4) : z;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+            if (s >= nsteps) break;
+            const int64_t k = s * KS + (I8 ? 16 : 8) * q;   /* this lane's first column */
+            const uint32_t *A = (const uint32_t *)&wa[u];
+            const uint32_t *B = (const uint32_t *)&wb[u];
+            if (!I8) {
+                uint32_t xv[NTILES][4];
+#pragma unroll
+                for (int n = 0; n < NTILES; n++) {
+                    int t = n * 8 + g;
+                    int4 v = t < T ? __ldg((const int4 *)(x + (int64_t)t * K + k)) : make_int4(0, 0, 0, 0);
+                    xv[n][0] = v.x; xv[n][1] = v.y; xv[n][2] = v.z; xv[n][3] = v.w;
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int n = 0; n < NTILES; n++)
+                        pln_mma16816(acc[n], A[2 * j], B[2 * j], A[2 * j + 1], B[2 * j + 1],
+                                     xv[n][2 * j], xv[n][2 * j + 1]);
+            } else {
+                __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
+                if (GROUPED) {
+                    int64_t gi = k / G;
+                    sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
+                    sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
+                }
+                uint32_t xv[NTILES][8];
+#pragma unroll
+                for (int n = 0; n < NTILES; n++) {
+                    int t = n * 8 + g;
+                    const int4 *xp = (const int4 *)(x + (int64_t)t * K + k);
+                    int4 v0 = t < T ? __ldg(xp) : make_int4(0, 0, 0, 0);
+                    int4 v1 = t < T ? __ldg(xp + 1) : make_int4(0, 0, 0, 0);
+                    xv[n][0] = v0.x; xv[n][1] = v0.y; xv[n][2] = v0.z; xv[n][3] = v0.w;
+                    xv[n][4] = v1.x; xv[n][5] = v1.y; xv[n][6] = v1.z; xv[n][7] = v1.w;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    __half2 alo, ahi, blo, bhi;
+                    pln_i8x4_to_h2x2(A[j], alo, ahi);
+                    pln_i8x4_to_h2x2(B[j], blo, bhi);
+                    if (GROUPED) {
+                        alo = __hmul2(alo, sa); ahi = __hmul2(ahi, sa);
+                        blo = __hmul2(blo, sb); bhi = __hmul2(bhi, sb);
+                    }
+#pragma unroll
+                    for (int n = 0; n < NTILES; n++)
+                        pln_mma16816(acc[n], pln_h2_bits(alo), pln_h2_bits(blo), pln_h2_bits(ahi),
+                                     pln_h2_bits(bhi), xv[n][2 * j], xv[n][2 * j + 1]);
+                }
+            }
+        }
+    }
+
+    /* Sum the four warps' k-slices. */
+    __shared__ float red[GEMV_WARPS][16][NT + 1];
+#pragma unroll
+    for (int n = 0; n < NTILES; n++) {
+        red[warp][g][n * 8 + 2 * q] = acc[n][0];
+        red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
+        red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
+        red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
+        int t = i / 16, r = i % 16;           /* consecutive threads: consecutive rows */
+        int64_t row = row0 + r;
+        if (t >= T || row >= N) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; w++) v += red[w][r][t];
+        float sc = (I8 && !GROUPED) ? __half2float(scale[row]) : 1.0f;
+        epilogue(out, N, t, row, v, sc, bias, gelu, n_valid);
+    }
+}
+
+/* ---- int8 GEMM: 64 rows x 64 tokens per block, 4 warps of 16 rows each -------------------------
+ * The 64x64 activation tile goes through shared memory (shared by the warps); the int8 weights
+ * go straight from global memory to registers, are converted there and fed to the mma. */
+#define GEMM_XS 72   /* halves per staged token row: 64 + 8, keeps 16-byte reads conflict-free */
+
+template <bool GROUPED, typename OT>
+__global__ void __launch_bounds__(128)
+gemm_i8_kernel(OT *__restrict__ out, const __half *__restrict__ x, const int8_t *__restrict__ W,
+               const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+               int64_t N, int64_t K, int gelu, int64_t n_valid)
+{
+    __shared__ __align__(16) __half xs[64 * GEMM_XS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 64 + warp * 16;
+    const int t0 = blockIdx.y * 64;
+    const int64_t ra = row0 + g, rb = row0 + g + 8;
+    const bool va = ra < N, vb = rb < N;
+    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * K) + q;
+    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * K) + q;
+    const int64_t sgroups = GROUPED ? K / G : 1;
+
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    int4 wa = va ? pln_ld_stream(pa) : make_int4(0, 0, 0, 0);
+    int4 wb = vb ? pln_ld_stream(pb) : make_int4(0, 0, 0, 0);
+    for (int64_t k0 = 0; k0 < K; k0 += 64) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < 64 * 8; i += 128) {
+            int t = i >> 3, c = i & 7;
+            int4 v = t0 + t < T ? __ldg((const int4 *)(x + (int64_t)(t0 + t) * K + k0) + c)
+                                : make_int4(0, 0, 0, 0);
+            *(int4 *)&xs[t * GEMM_XS + c * 8] = v;
+        }
+        __syncthreads();
+        int4 ca = wa, cb = wb;
+        if (k0 + 64 < K) {   /* next step's weights in flight during this step's math */
+            int64_t s = k0 / 64 + 1;
+            wa = va ? pln_ld_stream(pa + s * 4) : make_int4(0, 0, 0, 0);
+            wb = vb ? pln_ld_stream(pb + s * 4) : make_int4(0, 0, 0, 0);
+        }
+        __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
+        if (GROUPED) {
+            int64_t gi = (k0 + 16 * q) / G;
+            sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
+            sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
+        }
+        const uint32_t *A = (const uint32_t *)&ca;
+        const uint32_t *B = (const uint32_t *)&cb;
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            /* 16-byte reads: a quarter warp hits 8 distinct bank groups with the 72-half stride. */
+            int4 xv[8];
+#pragma unroll
+            for (int n = 0; n < 8; n++) xv[n] = *(const int4 *)&xs[(n * 8 + g) * GEMM_XS + 16 * q + 8 * jj];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * jj + h;
+                __half2 alo, ahi, blo, bhi;
+                pln_i8x4_to_h2x2(A[j], alo, ahi);
+                pln_i8x4_to_h2x2(B[j], blo, bhi);
+                if (GROUPED) {
+                    alo = __hmul2(alo, sa); ahi = __hmul2(ahi, sa);
+                    blo = __hmul2(blo, sb); bhi = __hmul2(bhi, sb);
+                }
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    const uint32_t *xw = (const uint32_t *)&xv[n];
+                    pln_mma16816(acc[n], pln_h2_bits(alo), pln_h2_bits(blo), pln_h2_bits(ahi),
+                                 pln_h2_bits(bhi), xw[2 * h], xw[2 * h + 1]);
+                }
+            }
+        }
+    }
+    float sca = 1.0f, scb = 1.0f;
+    if (!GROUPED) {
+        if (va) sca = __half2float(scale[ra]);
+        if (vb) scb = __half2float(scale[rb]);
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        int t = t0 + n * 8 + 2 * q;
+        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], sca, bias, gelu, n_valid);
+        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], sca, bias, gelu, n_valid);
+        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], scb, bias, gelu, n_valid);
+        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], scb, bias, gelu, n_valid);
+    }
+}
+
+/* ---- plain fallback: one warp per (row, token), any shape -------------------------------- */
+template <typename OT>
+__global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bool i8,
+                                    const __half *scale, int64_t G, const __half *bias, int T,
+                                    int64_t N, int64_t K, int gelu, int64_t n_valid)
+{
+    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wid >= (int64_t)T * N) return;
+    int t = (int)(wid / N);
+    int64_t row = wid % N;
+    float s = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+        float w;
+        if (i8) w = pln_dequant_i8(((const int8_t *)Wv)[row * K + k], __half2float(scale[row * (K / G) + k / G]));
+        else w = __half2float(((const __half *)Wv)[row * K + k]);
+        s += w * __half2float(x[(int64_t)t * K + k]);
+    }
+    s = pln_warp_sum(s);
+    if (lane == 0) epilogue(out, N, t, row, s, 1.0f, bias, gelu, n_valid);
+}
+
+/* ---- GeLU/-inf pass for the cuBLASLt path when an epilogue cannot do it ------------------- */
+template <typename OT>
+__global__ void post_kernel(OT *out, int T, int64_t N, int gelu, int64_t n_valid)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)T * N) return;
+    int64_t row = i % N;
+    float v;
+    if constexpr (sizeof(OT) == 2) v = __half2float(out[i]); else v = out[i];
+    if (gelu) v = pln_gelu(v);
+    if (row >= n_valid) v = -INFINITY;
+    store_out(out + i, v);
+}
+
+/* ---- cuBLASLt: row-major out[T,N] = x[T,K] · W[N,K]ᵀ is column-major outᵀ[N,T] = W·xᵀ,
+ * i.e. A = W (K x N column-major, transposed), B = x (K x T column-major). Plans are cached
+ * per shape: heuristics cost tens of microseconds of host time, a decode step has ~300 calls. */
+typedef struct {
+    int64_t N, K; int T; int epi; bool f32; bool used;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan;
+#define LT_PLANS 128
+static lt_plan lt_plans[LT_PLANS];
+static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void lt_plan_free(lt_plan *p)
+{
+    if (!p->used) return;
+    cublasLtMatmulDescDestroy(p->op);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->d);
+    p->used = false;
+}
+
+void pln_cuda_linear_release(void)
+{
+    pthread_mutex_lock(&lt_lock);
+    for (int i = 0; i < LT_PLANS; i++) lt_plan_free(&lt_plans[i]);
+    pthread_mutex_unlock(&lt_lock);
+}
+
+static int lt_plan_make(pln_cuda_ctx *c, lt_plan *p, int64_t N, int64_t K, int T, int epi, bool f32)
+{
+    cublasLtEpilogue_t e = (cublasLtEpilogue_t)epi;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        cudaDataType_t bt = CUDA_R_16F;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16F, K, N, K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16F, K, T, K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->d, f32 ? CUDA_R_32F : CUDA_R_16F, N, T, N));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = c->lt_ws_size;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &h, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    p->used = true;
+    if (pln_cublas_check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__)) {
+        lt_plan_free(p);
+        return pln_error_context("linear [%lld x %lld] for %d tokens", (long long)N, (long long)K, T);
+    }
+    p->algo = h.algo;
+    p->N = N; p->K = K; p->T = T; p->epi = epi; p->f32 = f32;
+    return 0;
+}
+
+static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in, const pln_weight *W,
+                           const uint16_t *bias, int T, bool gelu)
+{
+    int epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (bias) epi = (gelu && c->gelu_epilogue) ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    else if (gelu && c->gelu_epilogue) epi = CUBLASLT_EPILOGUE_GELU;
+    pthread_mutex_lock(&lt_lock);
+    lt_plan *p = NULL;
+    unsigned hsh = (unsigned)(W->rows * 31 + W->cols * 17 + T * 7 + epi * 3 + f32);
+    for (int i = 0; i < LT_PLANS; i++) {
+        lt_plan *e = &lt_plans[(hsh + i) % LT_PLANS];
+        if (e->used && e->N == W->rows && e->K == W->cols && e->T == T && e->epi == epi && e->f32 == f32) { p = e; break; }
+        if (!e->used) { p = e; break; }
+    }
+    if (!p) { p = &lt_plans[hsh % LT_PLANS]; lt_plan_free(p); }
+    if (!p->used && lt_plan_make(c, p, W->rows, W->cols, T, epi, f32)) {
+        pthread_mutex_unlock(&lt_lock);
+        return -1;
+    }
+    pthread_mutex_unlock(&lt_lock);
+    if (bias)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const float one = 1.0f, zero = 0.0f;
+    cublasCheck(cublasLtMatmul(c->lt, p->op, &one, W->w, p->a, in, p->b, &zero, out, p->d, out, p->d,
+                               &p->algo, c->lt_ws, c->lt_ws_size, c->stream));
+    return 0;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------ */
+template <bool I8, bool GROUPED, typename OT>
+static void launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weight *W, const __half *b,
+                        int T, int gelu, int64_t n_valid)
+{
+    dim3 grid((unsigned)pln_cdiv(W->rows, 16));
+    const __half *sc = (const __half *)W->scale;
+    if (T <= 8)
+        gemv_kernel<I8, GROUPED, 8, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
+    else
+        gemv_kernel<I8, GROUPED, 16, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
+}
+
+template <typename OT>
+static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weight *W,
+                        const uint16_t *bias, int T, bool gelu, int64_t n_valid)
+{
+    const __half *x = (const __half *)in;
+    const __half *b = (const __half *)bias;
+    const bool i8 = W->dtype == PLN_DTYPE_I8;
+    const bool grouped = i8 && W->group != W->cols;
+    /* Fast kernels need whole 16-byte steps: cols a multiple of 64 (int8 step) or 32 (fp16),
+     * groups of whole 16-column chunks, 16-byte aligned rows. */
+    bool fast = (i8 ? W->cols % 64 == 0 : W->cols % 32 == 0) && (!grouped || W->group % 16 == 0) &&
+                ((uintptr_t)W->w % 16 == 0) && ((uintptr_t)in % 16 == 0);
+    pln_linear_path path = c->linear_path;
+    if (path == PLN_LINEAR_AUTO) path = T <= 16 ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
+    if (path == PLN_LINEAR_GEMV && T > 16) path = PLN_LINEAR_GEMM;
+    if (!fast) path = PLN_LINEAR_NAIVE;
+    const int ig = gelu ? 1 : 0;
+
+    if (path == PLN_LINEAR_GEMV) {
+        if (!i8) launch_gemv<false, false, OT>(c, out, x, W, b, T, ig, n_valid);
+        else if (grouped) launch_gemv<true, true, OT>(c, out, x, W, b, T, ig, n_valid);
+        else launch_gemv<true, false, OT>(c, out, x, W, b, T, ig, n_valid);
+        cudaCheckLaunch();
+        return 0;
+    }
+    if (path == PLN_LINEAR_GEMM && i8) {
+        dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, 64));
+        const __half *sc = (const __half *)W->scale;
+        if (grouped)
+            gemm_i8_kernel<true, OT><<<grid, 128, 0, c->stream>>>(out, x, (const int8_t *)W->w, sc, W->group, b, T,
+                                                                  W->rows, W->cols, ig, n_valid);
+        else
+            gemm_i8_kernel<false, OT><<<grid, 128, 0, c->stream>>>(out, x, (const int8_t *)W->w, sc, W->group, b, T,
+                                                                   W->rows, W->cols, ig, n_valid);
+        cudaCheckLaunch();
+        return 0;
+    }
+    if (path == PLN_LINEAR_GEMM) {
+        if (linear_cublaslt(c, out, sizeof(OT) == 4, in, W, bias, T, gelu)) return -1;
+        bool need_gelu = gelu && !c->gelu_epilogue;
+        if (need_gelu || n_valid < W->rows) {
+            int64_t n = (int64_t)T * W->rows;
+            post_kernel<OT><<<pln_cdiv(n, 256), 256, 0, c->stream>>>(out, T, W->rows, need_gelu ? 1 : 0, n_valid);
+            cudaCheckLaunch();
+        }
+        return 0;
+    }
+    int64_t threads = (int64_t)T * W->rows * 32;
+    linear_naive_kernel<OT><<<pln_cdiv(threads, 256), 256, 0, c->stream>>>(
+        out, x, W->w, i8, (const __half *)W->scale, i8 ? W->group : 1, b, T, W->rows, W->cols, ig, n_valid);
+    cudaCheckLaunch();
+    return 0;
+}
+
+int pln_cuda_linear(pln_cuda_ctx *c, void *out, bool out_f32, const void *in, const pln_weight *W,
+                    const uint16_t *bias, int32_t T, bool gelu, int64_t n_valid)
+{
+    if (T <= 0) return 0;
+    if (W->dtype != PLN_DTYPE_F16 && W->dtype != PLN_DTYPE_I8)
+        return pln_errorf("linear: weight dtype %s is not supported (F16 or I8)", pln_dtype_name(W->dtype));
+    if (W->dtype == PLN_DTYPE_I8 && (!W->scale || W->group <= 0 || W->cols % W->group != 0))
+        return pln_errorf("linear: int8 weight [%lld, %lld] needs scales with a group dividing the columns (group %lld)",
+                          (long long)W->rows, (long long)W->cols, (long long)W->group);
+    if (n_valid > W->rows) n_valid = W->rows;
+    if (out_f32) return linear_typed<float>(c, (float *)out, in, W, bias, T, gelu, n_valid);
+    return linear_typed<__half>(c, (__half *)out, in, W, bias, T, gelu, n_valid);
+}

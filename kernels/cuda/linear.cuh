@@ -1,0 +1,18 @@
+/* linear.cuh — out[T, rows] = in[T, cols] · Wᵀ (+ bias) (+ GeLU), fp16 or int8 weight-only.
+ *   T <= 16: a memory-bound tensor-core GEMV (16-byte weight loads, 8 in flight per lane,
+ *            split along k inside the block), fp16 or int8 dequantized in registers;
+ *   T  > 16: cuBLASLt fp16 with bias/GeLU epilogues, or an int8 tensor-core GEMM that
+ *            dequantizes in registers (never an fp16 copy of the weights);
+ *   other shapes (cols not a multiple of 64, group not a multiple of 16): a plain kernel.
+ * out is F16 unless out_f32 (the logits); rows >= n_valid are set to -inf (vocab padding). */
+#ifndef PLN_CUDA_LINEAR_CUH
+#define PLN_CUDA_LINEAR_CUH
+
+#include "kernels/cuda/common.cuh"
+
+int pln_cuda_linear(pln_cuda_ctx *c, void *out, bool out_f32, const void *in, const pln_weight *W,
+                    const uint16_t *bias, int32_t T, bool gelu, int64_t n_valid);
+/* Releases the cuBLASLt plan cache (at backend destruction). */
+void pln_cuda_linear_release(void);
+
+#endif
