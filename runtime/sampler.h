@@ -21,9 +21,26 @@ typedef struct {
     uint64_t seed;
 } pln_sample_params;
 
+/* HF semantics in detail (what pln_sample_pick implements):
+ * - repetition penalty (before this file, per vocab slice): each DISTINCT id seen (prompt
+ *   included) has its logit divided by the penalty when > 0, multiplied when < 0 (HF's
+ *   RepetitionPenaltyLogitsProcessor); then logits are divided by the temperature.
+ *   pln_logits_apply_penalty_temp() below is the host reference of that step.
+ * - top-k: keeps every token whose value is >= the k-th largest (ties at the k-th kept).
+ * - top-p: in canonical order (value descending, lower id first on ties) keeps the smallest
+ *   prefix whose probability mass is >= top_p (a mass within 1e-7 of p counts as reaching it, as
+ *   HF's float32 cumsum does), at least one token. The mass is relative to the whole vocabulary
+ *   (lse) when top_k is off, and to the top-k set when top_k is on (HF's TopK sets the rest to
+ *   -inf before TopP's softmax).
+ * - draw: u = uniform [0,1) from the slot's RNG times the kept mass, walking the kept set in
+ *   canonical order; the same seed gives the same token whatever the candidate order or TP size.
+ * - greedy: largest value, lowest id on ties; NaN counts as -inf everywhere. */
+
 /* Defaults: greedy, temperature 1, top_k 0, top_p 1, penalty 1, seed 0. */
 void pln_sample_params_default(pln_sample_params *p);
-/* Validates ranges; -1 with an error naming the parameter (used by the server's 422s). */
+/* Validates ranges; -1 with an error naming the parameter (used by the server's 422s):
+ * temperature finite and >= 0, and > 0 when do_sample; top_k >= 0; 0 < top_p <= 1;
+ * repetition_penalty finite and > 0. NaN fails every check. */
 int pln_sample_params_check(const pln_sample_params *p);
 
 /* xoshiro256** seeded with splitmix64: deterministic, identical on every platform. */
@@ -40,9 +57,19 @@ double pln_rng_uniform(pln_rng *r);   /* [0, 1) with 53 bits */
 int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *vals,
                         const int32_t *ids, int32_t n, float lse, float *logprob_out);
 
-/* True if top-p can be decided from these candidates alone: their probability mass (from lse)
+/* With top_k on, send more than top_k candidates per rank: a tie at the k-th value that was cut
+ * off then shows up as more than top_k values >= the k-th, and this returns false.
+ * Greedy rows always suffice; plain sampling (top_k off, top_p 1) never does unless n >= vocab.
+ * True if top-p can be decided from these candidates alone: their probability mass (from lse)
  * reaches top_p, or top_k bounds the set within them. Otherwise the caller gathers the full row. */
 bool pln_sample_candidates_suffice(const pln_sample_params *p, const float *vals, int32_t n,
                                    float lse, int64_t vocab);
+
+/* Host reference of the backend's logit_process for one row of n logits: HF repetition penalty
+ * over the distinct ids in seen[0..n_seen) (out-of-range ids ignored; penalty 1 = off), then
+ * division by temperature (temperature 1 or <= 0 = off; HF divides, it does not multiply by
+ * the inverse). */
+void pln_logits_apply_penalty_temp(float *logits, int64_t n, const int32_t *seen, int n_seen, float penalty,
+                                   float temperature);
 
 #endif
