@@ -99,6 +99,9 @@ int pln_safetensors_parse(pln_safetensors *st, const uint8_t *data, uint64_t siz
         return pln_errorf("%s: header does not start with a JSON object '{' (not a safetensors file)", where);
     json_error_t jerr;
     json_t *root = json_loadb((const char *)data + 8, n, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && strstr(jerr.text, "duplicate object key"))
+        return pln_errorf("%s: duplicate tensor name in the header: %s (line %d, column %d)", where, jerr.text,
+                          jerr.line, jerr.column);
     if (!root) return pln_errorf("%s: header is not valid UTF-8 JSON: %s (line %d, column %d)", where, jerr.text,
                                  jerr.line, jerr.column);
     if (!json_is_object(root)) { json_decref(root); return pln_errorf("%s: header is not a JSON object", where); }

@@ -623,7 +623,7 @@ int pln_torchzip_parse(pln_torchzip *tz, const uint8_t *data, uint64_t size, con
     memset(tz, 0, sizeof *tz);
     tz->map.fd = -1;
     if (size >= 2 && data[0] == 0x80 && data[1] <= 5)
-        return pln_errorf("%s: unsupported legacy format (pre-1.6 torch.save, not a zip), re-save with torch >= 1.6", where);
+        return pln_errorf("%s: unsupported legacy format, re-save with torch >= 1.6 (this is a pre-1.6 torch.save file, not a zip)", where);
     if (size < 4 || memcmp(data, "PK\x03\x04", 4))
         return pln_errorf("%s: not a PyTorch zip checkpoint (no zip signature at the start)", where);
     zentry *ents = NULL;
