@@ -5,7 +5,9 @@
  * Also a helper mode for end-to-end tests:
  *   test_shard --write-sample DIR [--tp N] [--int8] [--group G] [--quantize-embedding]
  * writes a small, valid bloom-tp-v1 shard set (random fp16 / int8 values from a fixed seed,
- * tokenizer.json copied from the fixtures when present) without needing the converter. */
+ * tokenizer.json copied from the fixtures when present) without needing the converter;
+ *   test_shard --write-special FILE
+ * writes one rank file with known values (NaN, Inf, int8 with group scales) for inspect --stats. */
 #include "formats/shard.h"
 #include "kernels/pln_math.h"
 #include "tests/test.h"
@@ -587,7 +589,31 @@ static void test_shardset(void) {
     free(dir);
 }
 
+/* A rank file with known statistics for `pollen inspect --stats` (layout "test-v1"):
+ *   f32 [2, 4] = 1 -2 NaN Inf -Inf 0.5 3 -4
+ *   q   I8 [2, 4] = 1 2 -3 4 / 127 -127 0 5 with q_scale F16 [2, 2] = 0.5 0.25 / 0.125 2 (group 2)
+ * (dequantized: 0.5 1 -0.75 1 / 15.875 -15.875 0 10). */
+static int write_special(const char *path) {
+    pln_shard_spec sp[3] = {{"f32", PLN_DTYPE_F32, 2, {2, 4}}, {"q", PLN_DTYPE_I8, 2, {2, 4}}, {"q_scale", PLN_DTYPE_F16, 2, {2, 2}}};
+    float f[8] = {1, -2, NAN, INFINITY, -INFINITY, 0.5f, 3, -4};
+    int8_t q[8] = {1, 2, -3, 4, 127, -127, 0, 5};
+    float sc[4] = {0.5f, 0.25f, 0.125f, 2.0f};
+    uint16_t sh[4];
+    for (int i = 0; i < 4; i++) sh[i] = pln_f32_to_f16(sc[i]);
+    pln_shard_writer *w = pln_shard_writer_create(path, "test-v1", 0, 1, sp, 3);
+    if (!w || pln_shard_writer_put(w, "f32", f, sizeof f, NULL) || pln_shard_writer_put(w, "q", q, sizeof q, NULL) ||
+        pln_shard_writer_put(w, "q_scale", sh, sizeof sh, NULL)) {
+        pln_shard_writer_abort(w);
+        return -1;
+    }
+    return pln_shard_writer_finish(w, NULL);
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--write-special")) {
+        if (write_special(argv[2])) pln_die("%s", pln_error());
+        return 0;
+    }
     if (argc >= 3 && !strcmp(argv[1], "--write-sample")) {
         int32_t tp = 2;
         bool int8 = false, qemb = false, force = false;
