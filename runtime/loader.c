@@ -1,0 +1,178 @@
+/* loader.c — this rank's file of a shard set, as backend memory: the manifest says the TP size and
+ * config, the shard reader validates the rank file (and its table against the bloom-tp-v1 layout),
+ * then the CPU backend uses the mapping in place and device backends stream the data region into
+ * one allocation with large reads. */
+#include "runtime/loader.h"
+#include "formats/shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+struct pln_loader {
+    pln_backend *be;
+    pln_shardset *set;
+    pln_shard *shard;
+    pln_model_config cfg;
+    const uint8_t *base;         /* backend memory holding the data region */
+    void *owned;                 /* the allocation when the backend copied (load_file) */
+    double seconds;
+    char *tokenizer_path;
+};
+
+/* Faults every page of the mapping in (parallel reads of one byte per page). */
+static void populate(const pln_map *m) {
+#ifdef MADV_POPULATE_READ
+    if (madvise((void *)m->data, m->size, MADV_POPULATE_READ) == 0) return;
+#endif
+    volatile uint8_t sink = 0;
+    uint64_t pages = (m->size + 4095) / 4096;
+    uint8_t acc = 0;
+#pragma omp parallel for reduction(^ : acc) schedule(static)
+    for (uint64_t i = 0; i < pages; i++) acc ^= m->data[i * 4096];
+    sink = acc;
+    (void)sink;
+}
+
+pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be,
+                            const pln_loader_opts *opts) {
+    double t0 = pln_now();
+    pln_loader *l = pln_xcalloc(1, sizeof *l);
+    l->be = be;
+    l->set = pln_shardset_open(dir);
+    if (!l->set) goto fail;
+    if (l->set->tp != size) {
+        pln_errorf("%s: the shard set has TP=%d but %d rank%s started; run it with `mpirun -np %d` "
+                   "(or reshard with --tp %d)", dir, l->set->tp, size, size == 1 ? " was" : "s were",
+                   l->set->tp, size);
+        goto fail;
+    }
+    if (strcmp(l->set->layout, PLN_LAYOUT_BLOOM_TP_V1) != 0) {
+        pln_errorf("%s: layout \"%s\" is not supported (this runtime reads %s)", dir, l->set->layout,
+                   PLN_LAYOUT_BLOOM_TP_V1);
+        goto fail;
+    }
+    l->shard = pln_shardset_open_rank(l->set, rank);
+    if (!l->shard) goto fail;
+
+    const pln_bloom_config *bc = &l->set->config;
+    pln_model_config *c = &l->cfg;
+    c->vocab_size = bc->vocab_size;
+    c->vocab_padded = l->set->vocab_padded;
+    c->hidden = bc->hidden_size;
+    c->n_head = bc->n_head;
+    c->n_layer = bc->n_layer;
+    c->eps = (float)bc->layer_norm_epsilon;
+    c->tp = l->set->tp;
+    c->rank = rank;
+    c->eos_id = (int32_t)bc->eos_token_id;
+    c->bos_id = (int32_t)bc->bos_token_id;
+    c->pad_id = (int32_t)bc->pad_token_id;
+    snprintf(c->dtype, sizeof c->dtype, "%s", l->set->dtype);
+    c->group_size = l->set->group_size;
+    c->quantize_embedding = l->set->quantize_embedding;
+
+    pln_shard *s = l->shard;
+    pln_map_advise_sequential(&s->map);
+    if (opts && opts->populate) populate(&s->map);
+    if (opts && opts->verify) {
+        int64_t bad = pln_shard_verify_all(s, NULL);
+        if (bad != 0) {
+            pln_error_context("%s: %lld tensor%s failed checksum verification (re-copy or re-create the "
+                              "set; `pollen verify` lists them)", s->path, (long long)bad, bad == 1 ? "" : "s");
+            goto fail;
+        }
+    }
+    const uint8_t *region = s->map.data + s->data_offset;
+    if (be->load_file) {
+        double rate = 0;
+        l->owned = be->alloc(be, s->data_size ? s->data_size : 1);
+        if (!l->owned) { pln_error_context("%s: backend memory for %llu bytes of weights", s->path, (unsigned long long)s->data_size); goto fail; }
+        if (be->load_file(be, l->owned, s->path, s->data_offset, s->data_size, &rate)) {
+            pln_error_context("%s: loading weights", s->path);
+            goto fail;
+        }
+        l->base = l->owned;
+    } else {
+        l->base = be->weights_from_host(be, NULL, region, s->data_size);
+        if (!l->base) { pln_error_context("%s: weights", s->path); goto fail; }
+    }
+    if (l->set->tokenizer_path) l->tokenizer_path = pln_xstrdup(l->set->tokenizer_path);
+    else l->tokenizer_path = pln_xasprintf("%s/tokenizer.json", dir);
+    l->seconds = pln_now() - t0;
+    return l;
+fail:
+    pln_loader_close(l);
+    return NULL;
+}
+
+void pln_loader_close(pln_loader *l) {
+    if (!l) return;
+    if (l->owned) l->be->free(l->be, l->owned);
+    if (l->shard) pln_shard_close(l->shard);
+    if (l->set) pln_shardset_close(l->set);
+    free(l->tokenizer_path);
+    free(l);
+}
+
+const pln_model_config *pln_loader_config(const pln_loader *l) { return &l->cfg; }
+uint64_t pln_loader_weight_bytes(const pln_loader *l) { return l->shard->data_size; }
+double pln_loader_seconds(const pln_loader *l) { return l->seconds; }
+const char *pln_loader_tokenizer_path(const pln_loader *l) { return l->tokenizer_path; }
+
+static const pln_shard_tensor *find(pln_loader *l, const char *name) {
+    const pln_shard_tensor *t = pln_shard_find(l->shard, name);
+    if (!t) pln_errorf("%s: no tensor %s (is this a bloom-tp-v1 set?)", l->shard->path, name);
+    return t;
+}
+
+static const void *dev_ptr(const pln_loader *l, const pln_shard_tensor *t) {
+    return l->base + (t->offset - l->shard->data_offset);
+}
+
+int pln_loader_f16(pln_loader *l, const char *name, int64_t numel, const uint16_t **out) {
+    const pln_shard_tensor *t = find(l, name);
+    if (!t) return -1;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    if (t->dtype != PLN_DTYPE_F16 || n != numel)
+        return pln_errorf("%s: tensor %s is %s with %lld elements, expected F16 with %lld", l->shard->path,
+                          name, pln_dtype_name(t->dtype), (long long)n, (long long)numel);
+    *out = dev_ptr(l, t);
+    return 0;
+}
+
+static int weight(pln_loader *l, const char *name, int64_t rows, int64_t cols, pln_weight *out, bool host) {
+    const pln_shard_tensor *t = find(l, name);
+    if (!t) return -1;
+    char sh[64];
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols || (t->dtype != PLN_DTYPE_F16 && t->dtype != PLN_DTYPE_I8))
+        return pln_errorf("%s: tensor %s is %s %s, expected F16 or I8 [%lld, %lld]", l->shard->path, name,
+                          pln_dtype_name(t->dtype), pln_shape_str(t->shape, t->ndim, sh, sizeof sh),
+                          (long long)rows, (long long)cols);
+    memset(out, 0, sizeof *out);
+    out->dtype = t->dtype;
+    out->rows = rows;
+    out->cols = cols;
+    out->w = host ? pln_shard_data(l->shard, t) : dev_ptr(l, t);
+    if (t->dtype == PLN_DTYPE_I8) {
+        char sname[PLN_SHARD_NAME_MAX + 8];
+        snprintf(sname, sizeof sname, "%s_scale", name);
+        const pln_shard_tensor *st = find(l, sname);
+        if (!st) return -1;
+        if (st->ndim != 2 || st->shape[0] != rows || st->shape[1] < 1 || cols % st->shape[1] || st->dtype != PLN_DTYPE_F16)
+            return pln_errorf("%s: tensor %s is %s %s, expected F16 [%lld, G] with G dividing %lld", l->shard->path,
+                              sname, pln_dtype_name(st->dtype), pln_shape_str(st->shape, st->ndim, sh, sizeof sh),
+                              (long long)rows, (long long)cols);
+        out->scale = host ? pln_shard_data(l->shard, st) : dev_ptr(l, st);
+        out->group = cols / st->shape[1];
+    }
+    return 0;
+}
+
+int pln_loader_weight(pln_loader *l, const char *name, int64_t rows, int64_t cols, pln_weight *out) {
+    return weight(l, name, rows, cols, out, false);
+}
+int pln_loader_weight_host(pln_loader *l, const char *name, int64_t rows, int64_t cols, pln_weight *out) {
+    return weight(l, name, rows, cols, out, true);
+}
