@@ -1,0 +1,493 @@
+/* test_engine.c — the CPU runtime end to end at TP 1, in process, against the transformers
+ * fixtures: prefill logits at every position, 20-step greedy continuations with log-probs,
+ * batches of different lengths at different positions, chunked prefill, the left-padded batch
+ * reference, int8 shards within a bound derived from the recorded quantization error, sampling,
+ * invalid plans and an injected forward failure.
+ *
+ * Also the comparison helper of tests/e2e_generate.sh (TP > 1 runs under mpirun write their logits
+ * with `pollen generate --dump-logits`):
+ *   test_engine --cmp-dump A.safetensors B.safetensors TOL       rel L2 of "logits" A vs B <= TOL
+ *   test_engine --cmp-ref DUMP REF.safetensors I TOL             rows of prompt I's prefill vs
+ *                                                                REF's prompt{I}.logits */
+#include "tests/test.h"
+#include "formats/safetensors.h"
+#include "formats/shard.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+
+#include <jansson.h>
+
+#define V 1003
+#define NPROMPT 4
+
+static const char *g_build;
+
+static int run_cmd(const char *cmd) {
+    int rc = system(cmd);
+    if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
+    return rc;
+}
+
+/* Reshards a fixture with `pollen reshard`; returns the set directory (static storage per call). */
+static char *reshard(const char *model, const char *src, int tp, const char *dtype) {
+    char *out = pln_xasprintf("%s/%s-%s-tp%d-%s", test_tmpdir(), model, src, tp, dtype);
+    char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp %d --dtype %s --quiet",
+                              g_build, model, src, out, tp, dtype);
+    int rc = run_cmd(cmd);
+    free(cmd);
+    if (rc) { free(out); return NULL; }
+    return out;
+}
+
+typedef struct {
+    pln_safetensors st;
+    int32_t n[NPROMPT];
+    const int32_t *ids[NPROMPT];
+    const float *logits[NPROMPT];
+    const int32_t *gids[NPROMPT];
+    int32_t gn[NPROMPT];
+    const float *glp[NPROMPT];
+    const int32_t *bids, *bmask;
+    const float *blogits;
+    int64_t B, L;
+} ref_t;
+
+static const pln_tensor *need(const pln_safetensors *st, const char *name) {
+    const pln_tensor *t = pln_safetensors_find(st, name);
+    if (!t) { fprintf(stderr, "%s: no tensor %s\n", st->path, name); exit(2); }
+    return t;
+}
+
+static int ref_open(ref_t *r, const char *path) {
+    memset(r, 0, sizeof *r);
+    if (pln_safetensors_open(&r->st, path)) { fprintf(stderr, "%s\n", pln_error()); return -1; }
+    char nm[64];
+    for (int i = 0; i < NPROMPT; i++) {
+        snprintf(nm, sizeof nm, "prompt%d.ids", i);
+        const pln_tensor *t = need(&r->st, nm);
+        r->n[i] = (int32_t)t->shape[0];
+        r->ids[i] = (const int32_t *)t->data;
+        snprintf(nm, sizeof nm, "prompt%d.logits", i);
+        r->logits[i] = (const float *)need(&r->st, nm)->data;
+        snprintf(nm, sizeof nm, "greedy%d.ids", i);
+        t = need(&r->st, nm);
+        r->gids[i] = (const int32_t *)t->data;
+        r->gn[i] = (int32_t)t->shape[0];
+        snprintf(nm, sizeof nm, "greedy%d.logprobs", i);
+        r->glp[i] = (const float *)need(&r->st, nm)->data;
+    }
+    const pln_tensor *b = need(&r->st, "batch.ids");
+    r->B = b->shape[0];
+    r->L = b->shape[1];
+    r->bids = (const int32_t *)b->data;
+    r->bmask = (const int32_t *)need(&r->st, "batch.mask")->data;
+    r->blogits = (const float *)need(&r->st, "batch.logits")->data;
+    return 0;
+}
+
+static pln_comm *g_comm;
+
+static pln_engine *open_set(const char *dir, int fail_at, int64_t kv_tokens) {
+    pln_engine_opts o;
+    pln_engine_opts_default(&o);
+    o.shard_dir = dir;
+    o.max_seqs = 8;
+    o.max_seq_len = 64;
+    o.block_size = 4;    /* small blocks: sequences span several, exercising the block tables */
+    o.kv_tokens = kv_tokens;
+    o.quiet = true;
+    o.verify = true;
+    o.fail_at_step = fail_at;
+    pln_engine *e = pln_engine_open(&o, g_comm);
+    if (!e) fprintf(stderr, "engine open %s: %s\n", dir, pln_error());
+    return e;
+}
+
+static pln_step_seq seq_of(int32_t slot, const int32_t *tok, int32_t n, bool sample) {
+    pln_step_seq s;
+    memset(&s, 0, sizeof s);
+    s.slot = slot;
+    s.n_new = n;
+    s.tokens = tok;
+    s.sample = sample;
+    pln_sample_params_default(&s.params);
+    return s;
+}
+
+/* Prefill of prompt i alone (released after): logits [n, V] copied into out. */
+static int prefill_alone(pln_engine *e, const ref_t *r, int i, float *out) {
+    pln_step_seq s = seq_of(0, r->ids[i], r->n[i], false);
+    int32_t rel = 0;
+    pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &rel};
+    pln_step_out o;
+    if (pln_engine_step(e, &p, &o)) { fprintf(stderr, "step: %s\n", pln_error()); return -1; }
+    memcpy(out, o.logits, (size_t)r->n[i] * V * 4);
+    return 0;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) { double d = fabs((double)a[i] - b[i]); if (d > m) m = d; }
+    return m;
+}
+
+/* Fidelity of one fp16 set against its reference; prefill logits (all prompts) go to alone[]. */
+static void check_set(const char *label, const char *dir, const ref_t *r, float *alone[NPROMPT], double tol) {
+    pln_engine *e = open_set(dir, 0, 0);
+    CHECK(e != NULL, "%s: engine opens", label);
+    if (!e) return;
+    pln_engine_info info;
+    pln_engine_get_info(e, &info);
+    CHECK(info.n_vocab == V && info.tp == 1, "%s: info vocab %lld tp %d", label, (long long)info.n_vocab, info.tp);
+    int64_t free0 = info.kv_blocks_free;
+
+    /* Prefill logits at every position, each prompt alone. */
+    for (int i = 0; i < NPROMPT; i++) {
+        if (prefill_alone(e, r, i, alone[i])) { CHECK(0, "%s: prefill %d", label, i); continue; }
+        double rel = test_rel_l2(alone[i], r->logits[i], (size_t)r->n[i] * V);
+        printf("%s prompt%d prefill logits rel L2 %.3g (max |diff| %.3g) %s\n", label, i, rel,
+               max_abs_diff(alone[i], r->logits[i], (size_t)r->n[i] * V), rel <= tol ? "OK" : "NOT OK");
+        CHECK(rel <= tol, "%s: prompt%d prefill rel L2 %.3g > %.3g", label, i, rel, tol);
+    }
+
+    /* The same prompts as one batched step: every row equals the prompt alone. */
+    {
+        pln_step_seq s[NPROMPT];
+        for (int i = 0; i < NPROMPT; i++) s[i] = seq_of(i, r->ids[i], r->n[i], false);
+        int32_t rel[NPROMPT] = {0, 1, 2, 3};
+        /* prefill_alone leaves slot 0 holding its last prompt: free it before this step. */
+        pln_step_plan p = {.n_seqs = NPROMPT, .seqs = s, .want_logits = true, .n_release = 1, .release = rel};
+        pln_step_out o[NPROMPT];
+        int rc = pln_engine_step(e, &p, o);
+        CHECK(rc == 0, "%s: batched prefill: %s", label, pln_error());
+        for (int i = 0; i < NPROMPT && rc == 0; i++) {
+            double d = test_rel_l2(o[i].logits, alone[i], (size_t)r->n[i] * V);
+            CHECK(d <= 1e-6, "%s: batched prefill row %d differs from alone: rel %.3g", label, i, d);
+        }
+        pln_step_plan pr = {.n_release = NPROMPT, .release = rel};
+        CHECK(pln_engine_step(e, &pr, NULL) == 0, "%s: release", label);
+    }
+
+    /* Chunked prefill (3 tokens, then the rest) gives the same logits. */
+    {
+        int i = 3, c = 3;
+        pln_step_seq s = seq_of(5, r->ids[i], c, false);
+        pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true};
+        pln_step_out o;
+        float *got = pln_xmalloc((size_t)r->n[i] * V * 4);
+        int rc = pln_engine_step(e, &p, &o);
+        if (!rc) memcpy(got, o.logits, (size_t)c * V * 4);
+        s = seq_of(5, r->ids[i] + c, r->n[i] - c, false);
+        if (!rc) rc = pln_engine_step(e, &p, &o);
+        if (!rc) memcpy(got + (size_t)c * V, o.logits, (size_t)(r->n[i] - c) * V * 4);
+        CHECK(rc == 0, "%s: chunked prefill: %s", label, pln_error());
+        double d = test_rel_l2(got, alone[i], (size_t)r->n[i] * V);
+        CHECK(d <= 1e-6, "%s: chunked prefill differs: rel %.3g", label, d);
+        int32_t five = 5;
+        pln_step_plan pr = {.n_release = 1, .release = &five};
+        pln_engine_step(e, &pr, NULL);
+        free(got);
+    }
+
+    /* Greedy: sequence i joins at step i, so steps mix prefills and decodes of different lengths
+     * at different positions. Each must reproduce HF generate's 20 tokens and log-probs. */
+    {
+        int32_t gen[NPROMPT][20], last[NPROMPT];
+        float lp[NPROMPT][20];
+        int ng[NPROMPT] = {0};
+        bool fail = false;
+        for (int step = 0; step < 20 + NPROMPT - 1 && !fail; step++) {
+            pln_step_seq s[NPROMPT];
+            int map[NPROMPT], ns = 0;
+            for (int i = 0; i < NPROMPT; i++) {
+                if (step < i || ng[i] >= 20) continue;
+                if (step == i) s[ns] = seq_of(4 + i, r->ids[i], r->n[i], true);
+                else s[ns] = seq_of(4 + i, &last[i], 1, true);
+                s[ns].slot = 4 + i;
+                map[ns++] = i;
+            }
+            pln_step_plan p = {.n_seqs = ns, .seqs = s};
+            pln_step_out o[NPROMPT];
+            if (pln_engine_step(e, &p, o)) { fail = true; CHECK(0, "%s: greedy step %d: %s", label, step, pln_error()); break; }
+            for (int j = 0; j < ns; j++) {
+                int i = map[j];
+                gen[i][ng[i]] = o[j].token;
+                lp[i][ng[i]] = o[j].logprob;
+                ng[i]++;
+                last[i] = o[j].token;
+            }
+        }
+        for (int i = 0; i < NPROMPT && !fail; i++) {
+            int same = 1;
+            double maxlp = 0;
+            for (int t = 0; t < 20; t++) {
+                if (gen[i][t] != r->gids[i][r->n[i] + t]) same = 0;
+                double d = fabs(lp[i][t] - r->glp[i][t]);
+                if (d > maxlp) maxlp = d;
+            }
+            printf("%s greedy%d: ids %s, logprob max |diff| %.3g\n", label, i, same ? "identical" : "DIFFER", maxlp);
+            CHECK(same, "%s: greedy%d ids differ from transformers", label, i);
+            CHECK(maxlp <= 2 * tol, "%s: greedy%d logprob max diff %.3g > %.3g", label, i, maxlp, 2 * tol);
+        }
+        int32_t rel[NPROMPT] = {4, 5, 6, 7};
+        pln_step_plan pr = {.n_release = NPROMPT, .release = rel};
+        CHECK(pln_engine_step(e, &pr, NULL) == 0, "%s: release", label);
+    }
+
+    /* The left-padded batch reference, at its real positions. */
+    {
+        for (int64_t b = 0; b < r->B; b++) {
+            int32_t toks[64];
+            int64_t where[64];
+            int32_t n = 0;
+            for (int64_t j = 0; j < r->L && n < 64; j++)
+                if (r->bmask[b * r->L + j]) { where[n] = j; toks[n++] = r->bids[b * r->L + j]; }
+            pln_step_seq s = seq_of(0, toks, n, false);
+            int32_t rel = 0;
+            pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &rel};
+            pln_step_out o;
+            if (pln_engine_step(e, &p, &o)) { CHECK(0, "%s: batch row %lld: %s", label, (long long)b, pln_error()); continue; }
+            double num = 0, den = 0;
+            for (int32_t t = 0; t < n; t++) {
+                const float *want = r->blogits + ((size_t)b * r->L + (size_t)where[t]) * V;
+                for (int v = 0; v < V; v++) { double d = o.logits[(size_t)t * V + v] - want[v]; num += d * d; den += (double)want[v] * want[v]; }
+            }
+            double relv = sqrt(num / den);
+            CHECK(relv <= tol, "%s: left-padded batch row %lld rel L2 %.3g > %.3g", label, (long long)b, relv, tol);
+        }
+        int32_t z = 0;
+        pln_step_plan pr = {.n_release = 1, .release = &z};
+        pln_engine_step(e, &pr, NULL);
+    }
+    pln_engine_get_info(e, &info);
+    CHECK(info.kv_blocks_free == free0, "%s: every KV block is free again (%lld of %lld)", label,
+          (long long)info.kv_blocks_free, (long long)free0);
+    pln_engine_close(e);
+}
+
+/* int8 vs fp16 shards: the bound comes from the recorded quantization errors (see the comment
+ * in docs/ARCHITECTURE.md, "int8 fidelity"). */
+static void check_int8(const char *label, const char *dir8, const ref_t *r, float *fp16[NPROMPT]) {
+    pln_shardset *set = pln_shardset_open(dir8);
+    CHECK(set != NULL, "%s: int8 set opens: %s", label, pln_error());
+    if (!set) return;
+    double sum2 = 0;
+    int n_q = 0;
+    json_t *tens = json_object_get(set->json, "tensors");
+    const char *k;
+    json_t *v;
+    json_object_foreach(tens, k, v) {
+        json_t *q = json_object_get(v, "quant_rel_rms");
+        if (json_is_number(q)) { double x = json_number_value(q); sum2 += x * x; n_q++; }
+    }
+    pln_shardset_close(set);
+    double eps = sqrt(sum2);
+    double bound = 2.0 * eps;
+    CHECK(n_q == 8, "%s: manifest records the quantization error of 8 linear weights (found %d)", label, n_q);
+    pln_engine *e = open_set(dir8, 0, 0);
+    CHECK(e != NULL, "%s: int8 engine opens", label);
+    if (!e) return;
+    float *got = pln_xmalloc(32 * V * 4);
+    double num = 0, den = 0;
+    for (int i = 0; i < NPROMPT; i++) {
+        if (prefill_alone(e, r, i, got)) { CHECK(0, "%s: int8 prefill %d", label, i); continue; }
+        for (size_t j = 0; j < (size_t)r->n[i] * V; j++) { double d = (double)got[j] - fp16[i][j]; num += d * d; den += (double)fp16[i][j] * fp16[i][j]; }
+    }
+    double rel = sqrt(num / den);
+    printf("%s int8 vs fp16 logits rel L2 %.4g; sqrt(sum eps_i^2) = %.4g over %d weights; bound 2x = %.4g %s\n",
+           label, rel, eps, n_q, bound, rel <= bound ? "OK" : "NOT OK");
+    CHECK(rel <= bound, "%s: int8 rel L2 %.4g > bound %.4g", label, rel, bound);
+    CHECK(rel > 0, "%s: int8 logits differ from fp16 at all", label);
+    free(got);
+    pln_engine_close(e);
+}
+
+/* Seeded sampling, top-k/top-p, the full-row fallback and raw log-probs. */
+static void check_sampling(const char *dir, const ref_t *r) {
+    pln_engine *e = open_set(dir, 0, 0);
+    if (!e) { CHECK(0, "sampling: engine opens"); return; }
+    int32_t toks[2][12];
+    for (int run = 0; run < 2; run++) {
+        int32_t last = 0;
+        for (int t = 0; t < 12; t++) {
+            pln_step_seq s = t == 0 ? seq_of(1, r->ids[0], r->n[0], true) : seq_of(1, &last, 1, true);
+            s.params.do_sample = true;
+            s.params.temperature = 1.5f;
+            s.params.top_k = 0;
+            s.params.top_p = 0.98f;          /* 64 candidates of a flat row do not reach it: full-row path */
+            s.params.repetition_penalty = 1.3f;
+            s.params.seed = 1234;
+            pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true};
+            pln_step_out o;
+            if (pln_engine_step(e, &p, &o)) { CHECK(0, "sampling step: %s", pln_error()); break; }
+            /* The reported log-prob is the raw distribution's, whatever the processing. */
+            const float *row = o.logits + (size_t)(s.n_new - 1) * V;
+            double mx = -INFINITY, se = 0;
+            for (int v = 0; v < V; v++) if (row[v] > mx) mx = row[v];
+            for (int v = 0; v < V; v++) se += exp(row[v] - mx);
+            double want = row[o.token] - mx - log(se);
+            CHECK(o.token >= 0 && o.token < V, "sampled id %d in range", o.token);
+            CHECK(fabs(o.logprob - want) <= 1e-4, "sampled logprob %.6f vs raw log-softmax %.6f", o.logprob, want);
+            toks[run][t] = last = o.token;
+        }
+        int32_t one = 1;
+        pln_step_plan pr = {.n_release = 1, .release = &one};
+        pln_engine_step(e, &pr, NULL);
+    }
+    CHECK(memcmp(toks[0], toks[1], sizeof toks[0]) == 0, "same seed, same tokens");
+    /* top_k = 3: every pick is among the row's 3 largest raw logits (no penalty, no temperature). */
+    int ok = 1;
+    for (int t = 0; t < 8; t++) {
+        pln_step_seq s = seq_of(2, r->ids[1], r->n[1], true);
+        s.params.do_sample = true;
+        s.params.top_k = 3;
+        s.params.seed = (uint64_t)t;
+        int32_t two = 2;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &two};
+        pln_step_out o;
+        if (pln_engine_step(e, &p, &o)) { ok = 0; break; }
+        const float *row = o.logits + (size_t)(s.n_new - 1) * V;
+        int above = 0;
+        for (int v = 0; v < V; v++) if (row[v] > row[o.token]) above++;
+        if (above >= 3) ok = 0;
+    }
+    CHECK(ok, "top_k 3 picks among the 3 largest logits");
+    pln_engine_close(e);
+}
+
+/* Invalid plans change nothing; an injected forward failure releases the plan's slots and the
+ * engine keeps working. */
+static void check_errors(const char *dir, const ref_t *r, const float *alone0) {
+    pln_engine *e = open_set(dir, 3, 64);   /* 64 KV tokens = 16 blocks of 4 */
+    if (!e) { CHECK(0, "errors: engine opens"); return; }
+    pln_engine_info info;
+    pln_engine_get_info(e, &info);
+    int64_t free0 = info.kv_blocks_free;
+    pln_step_out o[2];
+    pln_step_seq s = seq_of(99, r->ids[0], r->n[0], true);
+    pln_step_plan p = {.n_seqs = 1, .seqs = &s};
+    CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "slot 99"), "unknown slot rejected: %s", pln_error());
+    int32_t bad[2] = {5, 1003};
+    s = seq_of(0, bad, 2, true);
+    CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "1003"), "token id out of range rejected: %s", pln_error());
+    int32_t longp[70] = {0};
+    s = seq_of(0, longp, 65, true);
+    CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "max_seq_len"), "over max_seq_len rejected: %s", pln_error());
+    pln_step_seq two[2] = {seq_of(0, longp, 40, false), seq_of(1, longp, 40, false)};
+    pln_step_plan p2 = {.n_seqs = 2, .seqs = two};
+    CHECK(pln_engine_step(e, &p2, o) == -1 && strstr(pln_error(), "KV blocks"), "out of KV blocks rejected: %s", pln_error());
+    pln_engine_get_info(e, &info);
+    CHECK(info.kv_blocks_free == free0, "rejected plans hold no blocks");
+
+    /* Steps 1 and 2 run (step 2 decodes), step 3 fails: its slots are released. */
+    s = seq_of(0, r->ids[0], r->n[0], true);
+    CHECK(pln_engine_step(e, &p, o) == 0, "step 1 runs");
+    int32_t next = o[0].token;
+    s = seq_of(0, &next, 1, true);
+    CHECK(pln_engine_step(e, &p, o) == 0, "step 2 runs");
+    s = seq_of(0, &next, 1, true);
+    CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "injected"), "step 3 fails: %s", pln_error());
+    pln_engine_get_info(e, &info);
+    CHECK(info.kv_blocks_free == free0, "failed step released its slot's blocks (%lld of %lld free)",
+          (long long)info.kv_blocks_free, (long long)free0);
+    /* The slot starts afresh and the engine computes the reference logits again. */
+    s = seq_of(0, r->ids[0], r->n[0], false);
+    pln_step_plan p3 = {.n_seqs = 1, .seqs = &s, .want_logits = true};
+    int rc = pln_engine_step(e, &p3, o);
+    CHECK(rc == 0, "step after the failure runs: %s", pln_error());
+    if (rc == 0) CHECK(test_rel_l2(o[0].logits, alone0, (size_t)r->n[0] * V) <= 1e-6, "logits after the failure equal before");
+    pln_engine_close(e);
+}
+
+static int load_logits(pln_safetensors *st, const char *path, const float **l, int64_t *rows) {
+    if (pln_safetensors_open(st, path)) { fprintf(stderr, "%s\n", pln_error()); return -1; }
+    const pln_tensor *t = pln_safetensors_find(st, "logits");
+    if (!t || t->dtype != PLN_DTYPE_F32 || t->ndim != 2) { fprintf(stderr, "%s: no F32 [rows, vocab] logits\n", path); return -1; }
+    *l = (const float *)t->data;
+    *rows = t->shape[0] * t->shape[1];
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--cmp-dump")) {
+        test_begin("cmp-dump");
+        pln_safetensors a, b;
+        const float *la, *lb;
+        int64_t na, nb;
+        if (load_logits(&a, argv[2], &la, &na) || load_logits(&b, argv[3], &lb, &nb)) return 2;
+        CHECK(na == nb, "same logits shape (%lld vs %lld values)", (long long)na, (long long)nb);
+        double rel = na == nb ? test_rel_l2(la, lb, (size_t)na) : 1;
+        double tol = atof(argv[4]);
+        printf("%s vs %s: logits rel L2 %.3g (tol %.3g) %s\n", argv[2], argv[3], rel, tol, rel <= tol ? "OK" : "NOT OK");
+        CHECK(rel <= tol, "rel L2 %.3g > %.3g", rel, tol);
+        return test_done();
+    }
+    if (argc == 6 && !strcmp(argv[1], "--cmp-ref")) {
+        /* The dump of `generate --token-ids <prompt I>` starts with prompt I's prefill rows. */
+        test_begin("cmp-ref");
+        pln_safetensors a;
+        const float *la;
+        int64_t na;
+        ref_t r;
+        if (load_logits(&a, argv[2], &la, &na) || ref_open(&r, argv[3])) return 2;
+        int i = atoi(argv[4]);
+        double tol = atof(argv[5]);
+        CHECK(i >= 0 && i < NPROMPT && na >= (int64_t)r.n[i] * V, "dump holds prompt %d's rows", i);
+        if (i >= 0 && i < NPROMPT && na >= (int64_t)r.n[i] * V) {
+            double rel = test_rel_l2(la, r.logits[i], (size_t)r.n[i] * V);
+            printf("%s prompt%d vs transformers: rel L2 %.3g (tol %.3g) %s\n", argv[2], i, rel, tol, rel <= tol ? "OK" : "NOT OK");
+            CHECK(rel <= tol, "rel L2 %.3g > %.3g", rel, tol);
+        }
+        return test_done();
+    }
+    test_begin("test_engine");
+    g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
+    g_comm = pln_comm_init(&argc, &argv);
+    char *probe = pln_xasprintf("%s/pollen reshard --help >/dev/null 2>&1", g_build);
+    if (system(probe) != 0) {
+        printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
+        free(probe);
+        pln_comm_free(g_comm);
+        return test_done();
+    }
+    free(probe);
+    /* bf16 sources: the fixture dirs hold bf16(fp16(w)) while reference-bf16 was computed from
+     * bf16(w) (make_fixtures.py's save_dir converts the model in place), so transformers itself,
+     * in fp32 on bf16-st, is 5.4e-3 from reference-bf16. Until the fixtures are regenerated the
+     * bf16 sets are held to 1e-2 (their greedy ids must still be identical). */
+    struct { const char *model, *src, *ref; double tol; } sets[] = {
+        {"bloom-4h", "fp16-st", "reference-f16.safetensors", 1e-3},
+        {"bloom-6h", "fp16-bin", "reference-f16.safetensors", 1e-3},
+        {"bloom-4h", "bf16-st", "reference-bf16.safetensors", 1e-2},
+        {"bloom-6h", "bf16-st", "reference-bf16.safetensors", 1e-2},
+    };
+    float *alone[NPROMPT];
+    for (int i = 0; i < NPROMPT; i++) alone[i] = pln_xmalloc(64 * V * 4);
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
+        char label[64], path[256];
+        snprintf(label, sizeof label, "%s/%s", sets[k].model, sets[k].src);
+        snprintf(path, sizeof path, "tests/fixtures/models/%s/%s", sets[k].model, sets[k].ref);
+        ref_t r;
+        if (ref_open(&r, path)) { CHECK(0, "%s: reference opens", label); continue; }
+        char *dir = reshard(sets[k].model, sets[k].src, 1, "fp16");
+        CHECK(dir != NULL, "%s: reshard to TP 1 fp16", label);
+        if (dir) {
+            check_set(label, dir, &r, alone, sets[k].tol);
+            if (k <= 1) {
+                char *dir8 = reshard(sets[k].model, sets[k].src, 1, "int8");
+                CHECK(dir8 != NULL, "%s: reshard to TP 1 int8", label);
+                if (dir8) check_int8(label, dir8, &r, alone);
+                free(dir8);
+                if (k == 0) {
+                    check_sampling(dir, &r);
+                    check_errors(dir, &r, alone[0]);
+                }
+            }
+        }
+        free(dir);
+        pln_safetensors_close(&r.st);
+    }
+    for (int i = 0; i < NPROMPT; i++) free(alone[i]);
+    pln_comm_free(g_comm);
+    return test_done();
+}

@@ -1,0 +1,347 @@
+/* cmd_generate.c — `pollen generate SHARDS --prompt TEXT ...`: loads a shard set (one process per
+ * rank under mpirun for TP>1), runs every prompt as one batch and streams the text as it comes.
+ * --json prints ids, text, per-token log-probs and timings; --dump-logits (hidden, for tests)
+ * writes the raw logits of every fed token to a safetensors file. */
+#include "formats/common.h"
+#include "formats/safetensors.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+#include "tools/cmd.h"
+
+#include <jansson.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *text;            /* NULL for --token-ids prompts */
+    int32_t *ids;
+    size_t n_ids;
+    int32_t *out;                /* generated ids */
+    float *lp;
+    int32_t n_out;
+    char *gen;                   /* generated text (decoded incrementally) */
+    size_t gen_len, gen_cap, printed;
+    pln_tok_stream ts;
+    bool done;
+    const char *finish;
+} gen_seq;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: [mpirun -np N] pollen generate SHARDS --prompt TEXT [--prompt TEXT ...] [options]\n"
+            "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
+            "  --temperature T         sampling temperature (default 1; 0 = greedy)\n"
+            "  --top-k K  --top-p P    sampling filters (default off)\n"
+            "  --repetition-penalty R  HF repetition penalty (default 1)\n"
+            "  --do-sample             sample (implied by --temperature/--top-k/--top-p/--seed)\n"
+            "  --seed S                random seed (default 0)\n"
+            "  --stop STR              stop when the text contains STR (repeatable)\n"
+            "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer)\n"
+            "  --json                  print ids, text, log-probs and timings as JSON\n"
+            "  --backend cpu|cuda      (default cpu)\n"
+            "  --threads N             threads per rank (default: cores / ranks on the node)\n"
+            "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
+            "  --quiet                 no progress, no streaming\n");
+}
+
+static int32_t *parse_ids(const char *s, size_t *n) {
+    size_t cap = 16;
+    int32_t *ids = pln_xmalloc(cap * 4);
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) pln_die("--token-ids: \"%s\" is not a list of ids like 1,2,3", s);
+        if (*n == cap) ids = pln_xrealloc(ids, (cap *= 2) * 4);
+        ids[(*n)++] = (int32_t)v;
+        s = end;
+        if (*s == ',') s++;
+    }
+    if (*n == 0) pln_die("--token-ids: empty list");
+    return ids;
+}
+
+static void gen_append(gen_seq *g, const char *b, size_t n) {
+    if (g->gen_len + n + 1 > g->gen_cap) {
+        g->gen_cap = (g->gen_len + n + 1) * 2;
+        g->gen = pln_xrealloc(g->gen, g->gen_cap);
+    }
+    memcpy(g->gen + g->gen_len, b, n);
+    g->gen_len += n;
+    g->gen[g->gen_len] = 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    pln_comm *comm = pln_comm_init(&argc, &argv);
+    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    const char *dir = NULL, *dump = NULL;
+    const char **prompts = pln_xcalloc((size_t)argc, sizeof(char *));
+    const char **idlists = pln_xcalloc((size_t)argc, sizeof(char *));
+    const char **stops = pln_xcalloc((size_t)argc, sizeof(char *));
+    int n_prompts = 0, n_idlists = 0, n_stops = 0, threads = 0;
+    int64_t max_new = 32;
+    bool json = false, quiet = false, do_sample = false;
+    pln_sample_params sp;
+    pln_sample_params_default(&sp);
+    pln_engine_opts eo;
+    pln_engine_opts_default(&eo);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+#define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
+        if (!strcmp(a, "--prompt")) prompts[n_prompts++] = ARG();
+        else if (!strcmp(a, "--token-ids")) idlists[n_idlists++] = ARG();
+        else if (!strcmp(a, "--stop")) stops[n_stops++] = ARG();
+        else if (!strcmp(a, "--max-new-tokens")) max_new = atoll(ARG());
+        else if (!strcmp(a, "--temperature")) { sp.temperature = (float)atof(ARG()); do_sample = sp.temperature > 0; }
+        else if (!strcmp(a, "--top-k")) { sp.top_k = atoi(ARG()); do_sample = true; }
+        else if (!strcmp(a, "--top-p")) { sp.top_p = (float)atof(ARG()); do_sample = true; }
+        else if (!strcmp(a, "--repetition-penalty")) sp.repetition_penalty = (float)atof(ARG());
+        else if (!strcmp(a, "--seed")) { sp.seed = strtoull(ARG(), NULL, 10); do_sample = true; }
+        else if (!strcmp(a, "--do-sample")) do_sample = true;
+        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--backend")) eo.backend = ARG();
+        else if (!strcmp(a, "--threads")) threads = atoi(ARG());
+        else if (!strcmp(a, "--populate")) eo.populate = true;
+        else if (!strcmp(a, "--verify")) eo.verify = true;
+        else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--dump-logits")) dump = ARG();
+        else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = atoi(ARG());
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); return 0; }
+        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(); } pln_comm_free(comm); return 2; }
+        else if (!dir) dir = a;
+        else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
+#undef ARG
+    }
+    if (!dir || (n_prompts + n_idlists) == 0) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
+    if (sp.temperature == 0) do_sample = false;
+    if (sp.temperature == 0) sp.temperature = 1.0f;
+    sp.do_sample = do_sample;
+    if (pln_sample_params_check(&sp)) pln_die("%s", pln_error());
+    if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
+    if (threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = ls ? atoi(ls) : size;
+        threads = (int)(cores / (local > 0 ? local : 1));
+        if (threads < 1) threads = 1;
+    }
+    omp_set_num_threads(threads);
+
+    /* Prompts: token ids on rank 0 (the tokenizer lives there). */
+    int n_seq = n_prompts + n_idlists;
+    gen_seq *g = pln_xcalloc((size_t)n_seq, sizeof *g);
+    pln_tokenizer *tok = NULL;
+
+    eo.shard_dir = dir;
+    eo.quiet = quiet || json;
+    eo.max_seqs = n_seq;
+    double t0 = pln_now();
+    /* Sizes come from the prompts, known only after tokenizing; a cheap first pass on the ids. */
+    if (rank == 0) {
+        char *tokp = pln_xasprintf("%s/tokenizer.json", dir);
+        if (n_prompts > 0 || access(tokp, R_OK) == 0) {
+            tok = pln_tok_load(tokp);
+            if (!tok && n_prompts > 0) pln_die("%s", pln_error());
+        }
+        free(tokp);
+        for (int i = 0; i < n_prompts; i++) {
+            g[i].text = prompts[i];
+            if (pln_tok_encode(tok, prompts[i], strlen(prompts[i]), &g[i].ids, &g[i].n_ids))
+                pln_die("prompt %d: %s", i + 1, pln_error());
+            if (g[i].n_ids == 0) pln_die("prompt %d encodes to no tokens", i + 1);
+        }
+        for (int i = 0; i < n_idlists; i++) g[n_prompts + i].ids = parse_ids(idlists[i], &g[n_prompts + i].n_ids);
+    }
+    int64_t longest = 0, total = 0;
+    for (int i = 0; i < n_seq; i++) { if ((int64_t)g[i].n_ids > longest) longest = (int64_t)g[i].n_ids; total += (int64_t)g[i].n_ids; }
+    int64_t lim[2] = {longest, total};
+    if (pln_comm_bcast(comm, lim, sizeof lim, 0)) pln_die("%s", pln_error());
+    eo.max_seq_len = (int32_t)(lim[0] + max_new);
+    eo.kv_tokens = lim[1] + (int64_t)n_seq * max_new;
+
+    pln_engine *e = pln_engine_open(&eo, comm);
+    if (!e) {
+        if (rank == 0 || strncmp(pln_error(), "rank ", 5) != 0) {
+            if (size > 1) fprintf(stderr, "pollen: rank %d: %s\n", rank, pln_error());
+            else fprintf(stderr, "pollen: %s\n", pln_error());
+        }
+        pln_comm_free(comm);
+        return 1;
+    }
+    double t_load = pln_now() - t0;
+    if (rank != 0) {
+        int rc = pln_engine_worker_loop(e);
+        if (rc) fprintf(stderr, "pollen: rank %d: %s\n", rank, pln_error());
+        pln_engine_close(e);
+        pln_comm_free(comm);
+        return rc ? 1 : 0;
+    }
+    pln_engine_info info;
+    pln_engine_get_info(e, &info);
+    int32_t eos = 2;
+    for (int i = 0; i < n_seq; i++) {
+        g[i].out = pln_xmalloc((size_t)max_new * 4);
+        g[i].lp = pln_xmalloc((size_t)max_new * 4);
+    }
+    bool stream = !json && !quiet && n_seq == 1 && tok;
+    size_t hold = 0;   /* bytes kept back while streaming, in case they start a stop string */
+    for (int i = 0; i < n_stops; i++) if (strlen(stops[i]) > hold) hold = strlen(stops[i]);
+    if (hold) hold--;
+    if (stream && g[0].text) { fputs(g[0].text, stdout); fflush(stdout); }
+
+    /* Dumped logits: every fed token's row, in step order. */
+    float *dl = NULL;
+    int32_t *dl_ids = NULL;
+    int64_t dl_rows = 0, dl_cap = 0;
+
+    pln_step_seq *seqs = pln_xcalloc((size_t)n_seq, sizeof *seqs);
+    pln_step_out *outs = pln_xcalloc((size_t)n_seq, sizeof *outs);
+    int *map = pln_xcalloc((size_t)n_seq, sizeof(int));
+    int32_t *last = pln_xcalloc((size_t)n_seq, sizeof(int32_t));
+    double *step_ms = pln_xmalloc((size_t)max_new * sizeof(double));
+    int n_steps = 0;
+    double t_prefill = 0;
+    int rc = 0;
+    for (int64_t step = 0; step < max_new; step++) {
+        int ns = 0;
+        for (int i = 0; i < n_seq; i++) {
+            if (g[i].done) continue;
+            pln_step_seq *q = &seqs[ns];
+            q->slot = i;
+            q->sample = true;
+            q->params = sp;
+            if (step == 0) { q->n_new = (int32_t)g[i].n_ids; q->tokens = g[i].ids; }
+            else { q->n_new = 1; q->tokens = &last[i]; }
+            map[ns++] = i;
+        }
+        if (ns == 0) break;
+        pln_step_plan plan = {.n_seqs = ns, .seqs = seqs, .want_logits = dump != NULL};
+        double ts = pln_now();
+        if (pln_engine_step(e, &plan, outs)) { fprintf(stderr, "pollen: step %lld: %s\n", (long long)step + 1, pln_error()); rc = 1; break; }
+        double dt = pln_now() - ts;
+        if (step == 0) t_prefill = dt;
+        else step_ms[n_steps++] = dt * 1e3;
+        if (dump) {
+            pln_engine_info in2;
+            pln_engine_get_info(e, &in2);
+            for (int j = 0; j < ns; j++) {
+                int64_t n = seqs[j].n_new;
+                if (dl_rows + n > dl_cap) {
+                    dl_cap = (dl_rows + n) * 2;
+                    dl = pln_xrealloc(dl, (size_t)dl_cap * (size_t)in2.n_vocab * 4);
+                    dl_ids = pln_xrealloc(dl_ids, (size_t)dl_cap * 4);
+                }
+                memcpy(dl + dl_rows * in2.n_vocab, outs[j].logits, (size_t)n * (size_t)in2.n_vocab * 4);
+                memcpy(dl_ids + dl_rows, seqs[j].tokens, (size_t)n * 4);
+                dl_rows += n;
+            }
+        }
+        for (int j = 0; j < ns; j++) {
+            gen_seq *s = &g[map[j]];
+            int32_t t = outs[j].token;
+            s->out[s->n_out] = t;
+            s->lp[s->n_out] = outs[j].logprob;
+            s->n_out++;
+            last[map[j]] = t;
+            if (tok) {
+                char buf[256];
+                size_t n = pln_tok_stream_push(tok, &s->ts, t, true, buf, sizeof buf);
+                gen_append(s, buf, n);
+            }
+            if (t == eos) { s->done = true; s->finish = "eos"; }
+            for (int k = 0; k < n_stops && s->gen; k++) {
+                char *hit = strstr(s->gen, stops[k]);
+                if (hit) { s->gen_len = (size_t)(hit - s->gen); s->gen[s->gen_len] = 0; s->done = true; s->finish = "stop"; break; }
+            }
+            if (!s->done && s->n_out >= max_new) { s->done = true; s->finish = "length"; }
+            if (s->done && tok) {
+                char buf[16];
+                size_t n = pln_tok_stream_flush(tok, &s->ts, buf, sizeof buf);
+                if (strcmp(s->finish, "stop")) gen_append(s, buf, n);
+            }
+            if (stream) {
+                size_t upto = s->done ? s->gen_len : (s->gen_len > hold ? s->gen_len - hold : 0);
+                if (upto > s->printed) { fwrite(s->gen + s->printed, 1, upto - s->printed, stdout); fflush(stdout); s->printed = upto; }
+            }
+        }
+        /* Finished sequences leave the batch at once, freeing their KV blocks. */
+        int32_t rel[1024];
+        int nr = 0;
+        for (int j = 0; j < ns && nr < 1024; j++) if (g[map[j]].done) rel[nr++] = map[j];
+        if (nr) {
+            pln_step_plan rp = {.n_release = nr, .release = rel};
+            pln_engine_step(e, &rp, NULL);
+        }
+    }
+    if (stream) fputc('\n', stdout);
+
+    double decode_ms = 0;
+    for (int i = 0; i < n_steps; i++) decode_ms += step_ms[i];
+    if (rc == 0 && json) {
+        json_t *root = json_object(), *arr = json_array();
+        for (int i = 0; i < n_seq; i++) {
+            json_t *o = json_object(), *pi = json_array(), *gi = json_array(), *lp = json_array();
+            for (size_t j = 0; j < g[i].n_ids; j++) json_array_append_new(pi, json_integer(g[i].ids[j]));
+            for (int32_t j = 0; j < g[i].n_out; j++) {
+                json_array_append_new(gi, json_integer(g[i].out[j]));
+                json_array_append_new(lp, json_real(g[i].lp[j]));
+            }
+            if (g[i].text) json_object_set_new(o, "prompt", json_string(g[i].text));
+            json_object_set_new(o, "prompt_ids", pi);
+            json_object_set_new(o, "ids", gi);
+            json_object_set_new(o, "logprobs", lp);
+            if (tok) json_object_set_new(o, "text", json_stringn(g[i].gen ? g[i].gen : "", g[i].gen_len));
+            json_object_set_new(o, "finish_reason", json_string(g[i].finish ? g[i].finish : "length"));
+            json_array_append_new(arr, o);
+        }
+        json_object_set_new(root, "results", arr);
+        json_t *tm = json_object(), *pt = json_array();
+        json_object_set_new(tm, "load_s", json_real(t_load));
+        json_object_set_new(tm, "prefill_s", json_real(t_prefill));
+        for (int i = 0; i < n_steps; i++) json_array_append_new(pt, json_real(step_ms[i]));
+        json_object_set_new(tm, "per_token_ms", pt);
+        json_object_set_new(tm, "decode_ms_per_step", json_real(n_steps ? decode_ms / n_steps : 0));
+        json_object_set_new(root, "timings", tm);
+        json_object_set_new(root, "tp", json_integer(info.tp));
+        json_object_set_new(root, "dtype", json_string(info.dtype));
+        json_object_set_new(root, "backend", json_string(info.backend));
+        json_object_set_new(root, "threads_per_rank", json_integer(threads));
+        char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        puts(s);
+        free(s);
+        json_decref(root);
+    } else if (rc == 0) {
+        if (!stream && !quiet)
+            for (int i = 0; i < n_seq; i++) printf("[%d] %s%s\n", i + 1, g[i].text ? g[i].text : "", g[i].gen ? g[i].gen : "");
+        if (!quiet) {
+            int64_t ptoks = 0;
+            for (int i = 0; i < n_seq; i++) ptoks += (int64_t)g[i].n_ids;
+            fprintf(stderr, "load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
+                    "(batch %d, TP %d %s, %d threads/rank)\n", t_load, (long long)ptoks, t_prefill * 1e3,
+                    t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps ? decode_ms / n_steps : 0.0, n_seq,
+                    info.tp, info.dtype, threads);
+        }
+    }
+    if (rc == 0 && dump) {
+        pln_tensor t[2];
+        memset(t, 0, sizeof t);
+        t[0].name = "logits"; t[0].dtype = PLN_DTYPE_F32; t[0].ndim = 2;
+        t[0].shape[0] = dl_rows; t[0].shape[1] = info.n_vocab;
+        t[0].data = (const uint8_t *)dl; t[0].nbytes = (uint64_t)dl_rows * (uint64_t)info.n_vocab * 4; t[0].contiguous = true;
+        t[1].name = "ids"; t[1].dtype = PLN_DTYPE_I32; t[1].ndim = 1; t[1].shape[0] = dl_rows;
+        t[1].data = (const uint8_t *)dl_ids; t[1].nbytes = (uint64_t)dl_rows * 4; t[1].contiguous = true;
+        if (pln_safetensors_write(dump, t, 2, NULL, 0)) { fprintf(stderr, "pollen: %s\n", pln_error()); rc = 1; }
+    }
+    pln_engine_shutdown(e);
+    pln_engine_close(e);
+    pln_comm_free(comm);
+    for (int i = 0; i < n_seq; i++) { free(g[i].ids); free(g[i].out); free(g[i].lp); free(g[i].gen); }
+    free(g); free(seqs); free(outs); free(map); free(last); free(step_ms); free(dl); free(dl_ids);
+    free(prompts); free(idlists); free(stops);
+    if (tok) pln_tok_free(tok);
+    return rc;
+}
