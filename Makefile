@@ -57,6 +57,8 @@ endif
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_OBJS)
 TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+GPU_TEST_SRCS := $(sort $(wildcard tests/gpu/*.c))
+GPU_TEST_BINS := $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%))
 LIB       := $(BUILD)/libpollen.a
 
 .PHONY: all deps test test-gpu demo fuzz clean bench
@@ -81,6 +83,10 @@ $(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
+$(BUILD)/tests-gpu/%: tests/gpu/%.c $(LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
 # Install missing Debian packages (idempotent: asks apt only when something is missing).
 deps:
 	@missing=""; for p in $(DEBIAN_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
@@ -95,8 +101,8 @@ test: deps
 	@BUILD=$(BUILD) tests/run.sh
 
 test-gpu: deps
-	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS)
-	@BUILD=$(BUILD) tests/run-gpu.sh
+	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS)
+	@BUILD=$(BUILD) CUDA=$(CUDA) tests/run-gpu.sh
 
 demo: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen

@@ -13,6 +13,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char cuda_name[] = "cuda";
 #define LT_WORKSPACE ((size_t)32 << 20)
@@ -249,6 +250,9 @@ static int check_device(int device, cudaDeviceProp *prop)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess && access("/dev/nvidiactl", F_OK) != 0)
+        return pln_errorf("cuda backend: no NVIDIA GPU or driver on this machine (/dev/nvidiactl is missing; CUDA "
+                          "says: %s). HINT: use --backend cpu here", cudaGetErrorString(e));
     if (e != cudaSuccess)
         return pln_errorf("cuda backend: no usable CUDA device (%s). HINT: %s", cudaGetErrorString(e), pln_cuda_hint(e));
     if (n == 0) return pln_errorf("cuda backend: no CUDA device. HINT: %s", pln_cuda_hint(cudaErrorNoDevice));

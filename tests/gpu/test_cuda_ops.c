@@ -1,0 +1,542 @@
+/* test_cuda_ops.c — every op of the CUDA backend against the CPU backend (the reference), the
+ * habit of llm.c's dev/cuda: random inputs rounded to fp16 so both backends see the same values,
+ * outputs poisoned with NaN before each call (an element the kernel forgets shows up), relative L2
+ * error and the largest difference per op with OK / NOT OK. Shapes: tiny and odd ones (the test
+ * fixtures' 4 heads of 16, a vocab slice of 1003 rows), and BLOOM-176B's per-rank shapes at TP 8
+ * (hidden 14336, 14 heads of 128, 4H/8 = 7168, vocab 250880/8 = 31360). Every linear case runs
+ * on each kernel (GEMV, GEMM/cuBLASLt, plain) as well as the automatic choice.
+ *
+ *   build/tests-gpu/test_cuda_ops            all checks (needs a GPU, sm_80+)
+ *   build/tests-gpu/test_cuda_ops --probe    exit 0 if a usable GPU exists, else print why, exit 77
+ *   build/tests-gpu/test_cuda_ops --quick    skip the BLOOM-size shapes */
+#include "tests/test.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/pln_math.h"
+
+#include <fcntl.h>
+#include <stdint.h>
+
+/* ---- random inputs ------------------------------------------------------------------------- */
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static uint32_t rnd_u32(void)
+{
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / 16777216.0f; }
+/* Values already representable in fp16, so the fp32 CPU and the fp16 GPU start equal. */
+static float *rnd_act(size_t n, float lo, float hi)
+{
+    float *v = pln_xmalloc((n ? n : 1) * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = pln_f16_to_f32(pln_f32_to_f16(rnd_f(lo, hi)));
+    return v;
+}
+static uint16_t *rnd_f16(size_t n, float lo, float hi)
+{
+    uint16_t *v = pln_xmalloc((n ? n : 1) * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = pln_f32_to_f16(rnd_f(lo, hi));
+    return v;
+}
+
+static pln_backend *g_cpu, *g_gpu;
+static bool g_quick;
+
+/* ---- moving data in either backend's dtype --------------------------------------------------- */
+static void *dalloc(pln_backend *be, size_t n)
+{
+    void *p = be->alloc(be, n ? n : 16);
+    if (!p) { fprintf(stderr, "alloc %zu on %s: %s\n", n, be->name, pln_error()); exit(2); }
+    return p;
+}
+static void *up(pln_backend *be, const void *h, size_t n)
+{
+    void *d = dalloc(be, n);
+    if (be->upload(be, d, h, n)) { fprintf(stderr, "upload: %s\n", pln_error()); exit(2); }
+    return d;
+}
+/* Activations from float (already fp16-exact) into be's act dtype. */
+static void *up_act(pln_backend *be, const float *h, size_t n)
+{
+    if (be->act_dtype == PLN_DTYPE_F32) return up(be, h, n * 4);
+    uint16_t *t = pln_xmalloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) t[i] = pln_f32_to_f16(h[i]);
+    void *d = up(be, t, n * 2);
+    free(t);
+    return d;
+}
+static void down_act(pln_backend *be, float *h, const void *d, size_t n)
+{
+    if (be->act_dtype == PLN_DTYPE_F32) { be->download(be, h, d, n * 4); return; }
+    uint16_t *t = pln_xmalloc(n * 2 + 2);
+    be->download(be, t, d, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = pln_f16_to_f32(t[i]);
+    free(t);
+}
+/* A buffer of n bytes filled with 0xff: NaN in fp16 and fp32, -1 in int32. */
+static void *poisoned(pln_backend *be, size_t n)
+{
+    void *d = dalloc(be, n);
+    uint8_t *h = pln_xmalloc(n + 1);
+    memset(h, 0xff, n);
+    be->upload(be, d, h, n);
+    free(h);
+    return d;
+}
+static void poison(pln_backend *be, void *d, size_t n)
+{
+    uint8_t *h = pln_xmalloc(n + 1);
+    memset(h, 0xff, n);
+    be->upload(be, d, h, n);
+    free(h);
+}
+
+/* ---- the verdict ----------------------------------------------------------------------------- */
+static void report(const char *op, const char *shape, const float *got, const float *want, size_t n, double tol)
+{
+    double maxd = 0;
+    size_t nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(want[i]) && got[i] == want[i]) continue;
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d == d)) { nan++; continue; }
+        if (d > maxd) maxd = d;
+    }
+    /* -inf entries (vocab padding) must match exactly and are left out of the L2 norms. */
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(want[i])) { if (got[i] != want[i]) nan++; continue; }
+        double d = (double)got[i] - want[i];
+        num += d * d; den += (double)want[i] * want[i];
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    bool ok = nan == 0 && rel <= tol;
+    printf("%-16s %-44s rel %.2e  max|d| %.2e%s  %s\n", op, shape, rel, maxd, nan ? "  (NaN/unwritten!)" : "",
+           ok ? "OK" : "NOT OK");
+    CHECK(ok, "%s %s: relative error %.3g (tol %.3g), %zu bad elements", op, shape, rel, tol, nan);
+}
+
+/* ---- embedding, gather ----------------------------------------------------------------------- */
+static void test_embed(int64_t vn, int64_t H, int64_t v0, int32_t T)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "vn %lld H %lld v0 %lld T %d", (long long)vn, (long long)H, (long long)v0, T);
+    uint16_t *table = rnd_f16((size_t)(vn * H), -1, 1);
+    int32_t *ids = pln_xmalloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(rnd_u32() % (uint32_t)(vn * 3));   /* some outside the slice */
+    float *want = pln_xmalloc((size_t)T * H * 4), *got = pln_xmalloc((size_t)T * H * 4);
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        void *tab = up(be, table, (size_t)(vn * H) * 2), *di = up(be, ids, (size_t)T * 4);
+        void *out = poisoned(be, (size_t)T * H * be->act_size);
+        CHECK(be->embed(be, out, di, T, tab, v0, vn, H) == 0, "embed: %s", pln_error());
+        down_act(be, b ? got : want, out, (size_t)T * H);
+        /* gather rows T-1..0 of the embedding output */
+        int32_t *rows = pln_xmalloc((size_t)T * 4);
+        for (int t = 0; t < T; t++) rows[t] = T - 1 - t;
+        void *dr = up(be, rows, (size_t)T * 4), *g2 = poisoned(be, (size_t)T * H * be->act_size);
+        CHECK(be->gather_rows(be, g2, out, dr, T, H) == 0, "gather: %s", pln_error());
+        float *tmp = pln_xmalloc((size_t)T * H * 4);
+        down_act(be, tmp, g2, (size_t)T * H);
+        int bad = 0;
+        for (int t = 0; t < T; t++)
+            for (int64_t i = 0; i < H; i++) bad += tmp[t * H + i] != (b ? got : want)[(T - 1 - t) * H + i];
+        CHECK(bad == 0, "gather_rows on %s: %d wrong", be->name, bad);
+        free(tmp); free(rows);
+        be->free(be, tab); be->free(be, di); be->free(be, out); be->free(be, dr); be->free(be, g2);
+    }
+    report("embed", shape, got, want, (size_t)T * H, 0.0);
+    free(table); free(ids); free(want); free(got);
+}
+
+/* ---- layernorm, residual + bias + layernorm -------------------------------------------------- */
+static void test_layernorm(int32_t T, int64_t H)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "T %d H %lld", T, (long long)H);
+    size_t n = (size_t)T * H;
+    float *x = rnd_act(n, -4, 6), *y = rnd_act(n, -2, 2);
+    uint16_t *gm = rnd_f16((size_t)H, 0.5f, 1.5f), *bt = rnd_f16((size_t)H, -0.5f, 0.5f), *bias = rnd_f16((size_t)H, -1, 1);
+    float *want[3], *got[3];
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        float **res = b ? got : want;
+        for (int i = 0; i < 3; i++) res[i] = pln_xmalloc(n * 4);
+        void *dx = up_act(be, x, n), *dy = up_act(be, y, n);
+        void *g = up(be, gm, (size_t)H * 2), *be_ = up(be, bt, (size_t)H * 2), *bi = up(be, bias, (size_t)H * 2);
+        void *o = poisoned(be, n * be->act_size);
+        CHECK(be->layernorm(be, o, dx, g, be_, T, H, 1e-5f) == 0, "layernorm: %s", pln_error());
+        down_act(be, res[0], o, n);
+        poison(be, o, n * be->act_size);
+        CHECK(be->residual_layernorm(be, dx, dy, bi, g, be_, o, T, H, 1e-5f) == 0, "residual_layernorm: %s", pln_error());
+        down_act(be, res[1], o, n);
+        down_act(be, res[2], dx, n);
+        /* in place: out == in */
+        CHECK(be->layernorm(be, dx, dx, g, be_, T, H, 1e-5f) == 0, "layernorm in place: %s", pln_error());
+        be->free(be, dx); be->free(be, dy); be->free(be, g); be->free(be, be_); be->free(be, bi); be->free(be, o);
+    }
+    report("layernorm", shape, got[0], want[0], n, 2e-3);
+    report("residual+ln", shape, got[1], want[1], n, 2e-3);
+    report("residual sum", shape, got[2], want[2], n, 1e-3);
+    for (int i = 0; i < 3; i++) { free(want[i]); free(got[i]); }
+    free(x); free(y); free(gm); free(bt); free(bias);
+}
+
+/* ---- linear: fp16, int8 per channel, int8 per group; every kernel path ------------------------ */
+typedef struct {
+    pln_dtype dt;
+    int64_t rows, cols, group;
+    uint16_t *w16;
+    int8_t *w8;
+    uint16_t *scale;
+} host_weight;
+
+static host_weight make_weight(pln_dtype dt, int64_t rows, int64_t cols, int64_t group)
+{
+    host_weight h = {dt, rows, cols, group, NULL, NULL, NULL};
+    float amp = 1.0f / sqrtf((float)cols);
+    if (dt == PLN_DTYPE_F16) { h.w16 = rnd_f16((size_t)(rows * cols), -amp * 2, amp * 2); return h; }
+    if (group <= 0) h.group = cols;
+    h.w8 = pln_xmalloc((size_t)(rows * cols));
+    for (int64_t i = 0; i < rows * cols; i++) h.w8[i] = (int8_t)((int)(rnd_u32() % 255) - 127);
+    h.scale = rnd_f16((size_t)(rows * (cols / h.group)), amp / 127 * 0.5f, amp / 127 * 2);
+    return h;
+}
+static void free_host_weight(host_weight *h) { free(h->w16); free(h->w8); free(h->scale); }
+
+static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
+{
+    pln_weight w = {h->dt, h->rows, h->cols, NULL, NULL, h->group};
+    if (h->dt == PLN_DTYPE_F16) {
+        w.w = bufs[0] = up(be, h->w16, (size_t)(h->rows * h->cols) * 2);
+        bufs[1] = NULL;
+    } else {
+        w.w = bufs[0] = up(be, h->w8, (size_t)(h->rows * h->cols));
+        w.scale = bufs[1] = up(be, h->scale, (size_t)(h->rows * (h->cols / h->group)) * 2);
+    }
+    return w;
+}
+
+static const char *path_name[] = {"auto", "gemv", "gemm", "plain"};
+
+static void test_linear(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu)
+{
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s%s [%lld x %lld] T %d%s%s", dt == PLN_DTYPE_F16 ? "f16" : "i8",
+             dt == PLN_DTYPE_I8 ? (group > 0 && group != cols ? "/g" : "/ch") : "", (long long)rows, (long long)cols, T,
+             bias ? " +bias" : "", gelu ? " +gelu" : "");
+    if (dt == PLN_DTYPE_I8 && group > 0 && group != cols) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " G%lld", (long long)group);
+    host_weight hw = make_weight(dt, rows, cols, group);
+    uint16_t *hb = rnd_f16((size_t)rows, -0.5f, 0.5f);
+    size_t nin = (size_t)T * cols, nout = (size_t)T * rows;
+    float *x = rnd_act(nin, -1, 1);
+    float *want = pln_xmalloc(nout * 4), *got = pln_xmalloc(nout * 4);
+
+    void *cb[2];
+    pln_weight cw = up_weight(g_cpu, &hw, cb);
+    void *cx = up_act(g_cpu, x, nin), *cbias = bias ? up(g_cpu, hb, (size_t)rows * 2) : NULL;
+    void *co = poisoned(g_cpu, nout * 4);
+    CHECK(g_cpu->linear(g_cpu, co, cx, &cw, cbias, T, gelu) == 0, "cpu linear: %s", pln_error());
+    down_act(g_cpu, want, co, nout);
+
+    void *gb[2];
+    pln_weight gw = up_weight(g_gpu, &hw, gb);
+    void *gx = up_act(g_gpu, x, nin), *gbias = bias ? up(g_gpu, hb, (size_t)rows * 2) : NULL;
+    void *go = dalloc(g_gpu, nout * 2);
+    for (int path = 0; path < 4; path++) {
+        if (path == 1 && T > 16) continue;
+        if (path == 3 && rows * cols * (int64_t)T > ((int64_t)1 << 31)) continue;   /* the plain kernel is slow */
+        poison(g_gpu, go, nout * 2);
+        pln_cuda_set_linear_path(g_gpu, path);
+        CHECK(g_gpu->linear(g_gpu, go, gx, &gw, gbias, T, gelu) == 0, "cuda linear (%s): %s", path_name[path], pln_error());
+        down_act(g_gpu, got, go, nout);
+        char op[32];
+        snprintf(op, sizeof op, "linear/%s", path_name[path]);
+        report(op, shape, got, want, nout, 5e-3);
+    }
+    pln_cuda_set_linear_path(g_gpu, 0);
+    g_cpu->free(g_cpu, cb[0]); g_cpu->free(g_cpu, cb[1]); g_cpu->free(g_cpu, cx); g_cpu->free(g_cpu, cbias); g_cpu->free(g_cpu, co);
+    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx); g_gpu->free(g_gpu, gbias); g_gpu->free(g_gpu, go);
+    free_host_weight(&hw); free(hb); free(x); free(want); free(got);
+}
+
+/* ---- logits (F32 out, padding rows -inf), logit_process, topk --------------------------------- */
+static void test_logits(pln_dtype dt, int64_t vn, int64_t H, int32_t S, int64_t n_valid)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s vn %lld H %lld S %d valid %lld", dt == PLN_DTYPE_F16 ? "f16" : "i8", (long long)vn,
+             (long long)H, S, (long long)n_valid);
+    host_weight hw = make_weight(dt, vn, H, 0);
+    float *x = rnd_act((size_t)S * H, -2, 2);
+    size_t n = (size_t)S * vn;
+    float *want = pln_xmalloc(n * 4), *got = pln_xmalloc(n * 4);
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        void *wb[2];
+        pln_weight w = up_weight(be, &hw, wb);
+        void *dx = up_act(be, x, (size_t)S * H), *o = poisoned(be, n * 4);
+        CHECK(be->logits(be, o, dx, &w, S, n_valid) == 0, "logits on %s: %s", be->name, pln_error());
+        be->download(be, b ? got : want, o, n * 4);
+        be->free(be, wb[0]); be->free(be, wb[1]); be->free(be, dx); be->free(be, o);
+    }
+    report("logits", shape, got, want, n, 2e-3);
+    free_host_weight(&hw); free(x); free(want); free(got);
+}
+
+static void test_sampling(int32_t S, int64_t vn, int64_t v0, int32_t k, bool ties)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "S %d vn %lld v0 %lld k %d%s", S, (long long)vn, (long long)v0, k, ties ? " ties" : "");
+    size_t n = (size_t)S * vn;
+    float *l = pln_xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) l[i] = ties ? (float)(rnd_u32() % 7) : rnd_f(-10, 10);
+    if (vn > 3) l[vn - 1] = -INFINITY;   /* a padding-like row end */
+    float *pen = pln_xmalloc((size_t)S * 4), *it = pln_xmalloc((size_t)S * 4);
+    int32_t *off = pln_xmalloc((size_t)(S + 1) * 4), *seen = pln_xmalloc((size_t)S * 8 * 4);
+    off[0] = 0;
+    for (int s = 0; s < S; s++) {
+        pen[s] = s % 2 ? 1.3f : 1.0f;
+        it[s] = s % 3 ? 1.0f / 0.7f : 1.0f;
+        for (int j = 0; j < 8; j++) seen[s * 8 + j] = (int32_t)(v0 - 2 + (int64_t)j * (vn / 7 + 1));   /* distinct, some outside */
+        off[s + 1] = off[s] + 8;
+    }
+    float *pw = pln_xmalloc(n * 4), *pg = pln_xmalloc(n * 4);
+    float *vw = pln_xmalloc((size_t)S * k * 4), *vg = pln_xmalloc((size_t)S * k * 4);
+    int32_t *iw = pln_xmalloc((size_t)S * k * 4), *ig = pln_xmalloc((size_t)S * k * 4);
+    float mw[64], mg[64], sw[64], sg[64];
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        void *dl = up(be, l, n * 4);
+        void *dp = up(be, pen, (size_t)S * 4), *dt = up(be, it, (size_t)S * 4);
+        void *doff = up(be, off, (size_t)(S + 1) * 4), *dseen = up(be, seen, (size_t)S * 8 * 4);
+        pln_logit_proc p = {S, dp, dt, doff, dseen};
+        CHECK(be->logit_process(be, dl, v0, vn, &p) == 0, "logit_process on %s: %s", be->name, pln_error());
+        be->download(be, b ? pg : pw, dl, n * 4);
+        float *vv = b ? vg : vw, *mm = b ? mg : mw, *ss = b ? sg : sw;
+        int32_t *ii = b ? ig : iw;
+        memset(vv, 0xff, (size_t)S * k * 4); memset(ii, 0xff, (size_t)S * k * 4);
+        CHECK(be->topk(be, dl, S, vn, v0, k, vv, ii, mm, ss) == 0, "topk on %s: %s", be->name, pln_error());
+        be->free(be, dl); be->free(be, dp); be->free(be, dt); be->free(be, doff); be->free(be, dseen);
+    }
+    report("logit_process", shape, pg, pw, n, 1e-6);
+    int idbad = 0;
+    for (int i = 0; i < S * k; i++) idbad += iw[i] != ig[i];
+    printf("%-16s %-44s ids %d/%d differ  %s\n", "topk", shape, idbad, S * k, idbad ? "NOT OK" : "OK");
+    CHECK(idbad == 0, "topk %s: %d ids differ (ties must go to the lower id)", shape, idbad);
+    report("topk vals", shape, vg, vw, (size_t)S * k, 1e-6);
+    report("topk max", shape, mg, mw, (size_t)S, 1e-6);
+    report("topk sumexp", shape, sg, sw, (size_t)S, 1e-5);
+    free(l); free(pen); free(it); free(off); free(seen); free(pw); free(pg); free(vw); free(vg); free(iw); free(ig);
+}
+
+/* ---- kv_append + attention over a scattered paged cache ---------------------------------------
+ * ctx[s] tokens of sequence s are fed as a prefill step (every token attends causally), then one
+ * decode token per sequence. n_head is the model's, heads h0.. are this rank's. */
+static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, int32_t S, const int32_t *ctx,
+                           int32_t block_size)
+{
+    char shape[128];
+    int32_t T = 0, maxc = 0;
+    for (int s = 0; s < S; s++) { T += ctx[s]; if (ctx[s] > maxc) maxc = ctx[s]; }
+    snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d", nh, D, S, maxc + 1, block_size);
+    const int32_t max_blocks = (maxc + 1 + block_size - 1) / block_size;
+    const int32_t n_blocks = S * max_blocks + 3;
+    /* scattered block table: a random permutation of the pool */
+    int32_t *perm = pln_xmalloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { int j = (int)(rnd_u32() % (uint32_t)(i + 1)); int t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    int32_t *bt = pln_xmalloc((size_t)S * max_blocks * 4);
+    for (int i = 0; i < S * max_blocks; i++) bt[i] = perm[i];
+    /* prefill step tokens, then the decode step */
+    int32_t *ps = pln_xmalloc((size_t)T * 4), *pp = pln_xmalloc((size_t)T * 4), *ds = pln_xmalloc((size_t)S * 4),
+            *dp = pln_xmalloc((size_t)S * 4);
+    for (int s = 0, t = 0; s < S; s++) {
+        for (int j = 0; j < ctx[s]; j++, t++) { ps[t] = s; pp[t] = j; }
+        ds[s] = s; dp[s] = ctx[s];
+    }
+    float slopes[256];
+    for (int h = 0; h < nh; h++) slopes[h] = pln_alibi_slope(h0 + h, n_head);
+    const size_t W = (size_t)nh * 3 * D;
+    float *qkv_p = rnd_act((size_t)T * W, -2, 2), *qkv_d = rnd_act((size_t)S * W, -2, 2);
+    size_t np = (size_t)T * nh * D, nd = (size_t)S * nh * D;
+    float *want_p = pln_xmalloc(np * 4), *got_p = pln_xmalloc(np * 4), *want_d = pln_xmalloc(nd * 4), *got_d = pln_xmalloc(nd * 4);
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        size_t cache = (size_t)n_blocks * nh * block_size * D * be->kv_size;
+        void *kc = poisoned(be, cache), *vc = poisoned(be, cache);
+        void *dbt = up(be, bt, (size_t)S * max_blocks * 4), *dsl = up(be, slopes, (size_t)nh * 4);
+        void *dps = up(be, ps, (size_t)T * 4), *dpp = up(be, pp, (size_t)T * 4);
+        void *dds = up(be, ds, (size_t)S * 4), *ddp = up(be, dp, (size_t)S * 4);
+        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt};
+        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt};
+        void *qp = up_act(be, qkv_p, (size_t)T * W), *qd = up_act(be, qkv_d, (size_t)S * W);
+        void *op = poisoned(be, np * be->act_size), *od = poisoned(be, nd * be->act_size);
+        CHECK(be->kv_append(be, qp, kc, vc, &mp, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
+        CHECK(be->attention(be, op, qp, kc, vc, &mp, dsl, nh, D) == 0, "attention (prefill) on %s: %s", be->name, pln_error());
+        CHECK(be->kv_append(be, qd, kc, vc, &md, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
+        CHECK(be->attention(be, od, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode) on %s: %s", be->name, pln_error());
+        down_act(be, b ? got_p : want_p, op, np);
+        down_act(be, b ? got_d : want_d, od, nd);
+        be->free(be, kc); be->free(be, vc); be->free(be, dbt); be->free(be, dsl); be->free(be, dps); be->free(be, dpp);
+        be->free(be, dds); be->free(be, ddp); be->free(be, qp); be->free(be, qd); be->free(be, op); be->free(be, od);
+    }
+    report("attn prefill", shape, got_p, want_p, np, 5e-3);
+    report("attn decode", shape, got_d, want_d, nd, 5e-3);
+    free(perm); free(bt); free(ps); free(pp); free(ds); free(dp); free(qkv_p); free(qkv_d);
+    free(want_p); free(got_p); free(want_d); free(got_d);
+}
+
+/* ---- load_file: an unaligned range of a file, compared byte for byte ----------------------- */
+static void test_load_file(size_t size, uint64_t off, uint64_t n)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/load.bin", test_tmpdir());
+    uint8_t *data = pln_xmalloc(size);
+    for (size_t i = 0; i < size; i++) data[i] = (uint8_t)(rnd_u32() >> 3);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(data, 1, size, f) == size, "write %s", path);
+    if (f) fclose(f);
+    void *d = poisoned(g_gpu, n);
+    double rate = 0;
+    int rc = g_gpu->load_file(g_gpu, d, path, off, n, &rate);
+    CHECK(rc == 0, "load_file: %s", pln_error());
+    uint8_t *back = pln_xmalloc(n + 1);
+    g_gpu->download(g_gpu, back, d, n);
+    bool same = memcmp(back, data + off, n) == 0;
+    printf("%-16s %-44s %s  (%.2f GB/s, page cache warm)\n", "load_file", "", same ? "OK" : "NOT OK", rate / 1e9);
+    CHECK(same, "load_file: bytes differ (size %zu off %llu n %llu)", size, (unsigned long long)off, (unsigned long long)n);
+    /* past the end of the file: a clear error, no crash */
+    CHECK(g_gpu->load_file(g_gpu, d, path, size - 10, 100, &rate) != 0, "load_file past the end must fail");
+    CHECK(strstr(pln_error(), "load.bin") != NULL, "error names the file: %s", pln_error());
+    g_gpu->free(g_gpu, d);
+    free(back); free(data);
+    unlink(path);
+}
+
+/* ---- CUDA graph: a captured layernorm + linear replays to the same bytes -------------------- */
+static void test_graph(void)
+{
+    const int32_t T = 2; const int64_t H = 256, N = 512;
+    float *x = rnd_act((size_t)T * H, -1, 1);
+    uint16_t *gm = rnd_f16((size_t)H, 0.5f, 1.5f), *bt = rnd_f16((size_t)H, -0.5f, 0.5f);
+    host_weight hw = make_weight(PLN_DTYPE_F16, N, H, 0);
+    void *wb[2];
+    pln_weight w = up_weight(g_gpu, &hw, wb);
+    void *dx = up_act(g_gpu, x, (size_t)T * H), *ln = dalloc(g_gpu, (size_t)T * H * 2), *o = dalloc(g_gpu, (size_t)T * N * 2);
+    void *g = up(g_gpu, gm, (size_t)H * 2), *b = up(g_gpu, bt, (size_t)H * 2);
+    float *direct = pln_xmalloc((size_t)T * N * 4), *replay = pln_xmalloc((size_t)T * N * 4);
+    g_gpu->layernorm(g_gpu, ln, dx, g, b, T, H, 1e-5f);
+    g_gpu->linear(g_gpu, o, ln, &w, NULL, T, true);
+    down_act(g_gpu, direct, o, (size_t)T * N);
+    poison(g_gpu, o, (size_t)T * N * 2);
+    pln_cuda_graph *gr = NULL;
+    int rc = pln_cuda_graph_begin(g_gpu);
+    rc |= g_gpu->layernorm(g_gpu, ln, dx, g, b, T, H, 1e-5f);
+    rc |= g_gpu->linear(g_gpu, o, ln, &w, NULL, T, true);
+    rc |= pln_cuda_graph_end(g_gpu, &gr);
+    CHECK(rc == 0, "graph capture: %s", pln_error());
+    for (int i = 0; i < 3 && rc == 0; i++) rc |= pln_cuda_graph_launch(g_gpu, gr);
+    down_act(g_gpu, replay, o, (size_t)T * N);
+    bool same = memcmp(direct, replay, (size_t)T * N * 4) == 0;
+    printf("%-16s %-44s %s\n", "cuda graph", "layernorm + linear replayed 3x", same && rc == 0 ? "OK" : "NOT OK");
+    CHECK(same, "graph replay differs from direct launches");
+    pln_cuda_graph_destroy(gr);
+    g_gpu->free(g_gpu, wb[0]); g_gpu->free(g_gpu, dx); g_gpu->free(g_gpu, ln); g_gpu->free(g_gpu, o);
+    g_gpu->free(g_gpu, g); g_gpu->free(g_gpu, b);
+    free(x); free(gm); free(bt); free_host_weight(&hw); free(direct); free(replay);
+}
+
+/* ---- errors: bad arguments give messages, not crashes -------------------------------------- */
+static void test_errors(void)
+{
+    pln_weight w = {PLN_DTYPE_I8, 16, 64, NULL, NULL, 64};
+    void *o = dalloc(g_gpu, 1024), *x = dalloc(g_gpu, 1024);
+    CHECK(g_gpu->linear(g_gpu, o, x, &w, NULL, 1, false) != 0, "int8 without scales must fail");
+    CHECK(strstr(pln_error(), "scale") != NULL, "message mentions scales: %s", pln_error());
+    pln_weight wb = {PLN_DTYPE_BF16, 16, 64, x, NULL, 0};
+    CHECK(g_gpu->linear(g_gpu, o, x, &wb, NULL, 1, false) != 0, "bf16 weights must fail");
+    CHECK(g_gpu->topk(g_gpu, (const float *)o, 1, 8, 0, 9, NULL, NULL, NULL, NULL) != 0, "k > vn must fail");
+    void *huge = g_gpu->alloc(g_gpu, (size_t)1 << 50);
+    CHECK(huge == NULL && strstr(pln_error(), "HINT") != NULL, "a 1 PiB alloc fails with a hint: %s", pln_error());
+    g_gpu->free(g_gpu, o); g_gpu->free(g_gpu, x);
+}
+
+int main(int argc, char **argv)
+{
+    test_begin("test_cuda_ops");
+    bool probe = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--probe")) probe = true;
+        else if (!strcmp(argv[i], "--quick")) g_quick = true;
+    }
+    const char *dev = getenv("PLN_CUDA_DEVICE");
+    g_gpu = pln_backend_cuda_create(dev ? atoi(dev) : 0);
+    if (!g_gpu) {
+        printf("SKIP: no GPU (%s)\n", pln_error());
+        return 77;
+    }
+    if (probe) { g_gpu->destroy(g_gpu); return 0; }
+    g_cpu = pln_backend_cpu_create();
+    if (!g_cpu) { fprintf(stderr, "cpu backend: %s\n", pln_error()); return 2; }
+
+    /* tiny and odd shapes (the fixtures: hidden 64/96, 4/6 heads of 16, vocab slice 1003) */
+    test_embed(1003, 64, 0, 7);
+    test_embed(502, 96, 501, 5);
+    test_embed(37, 13, 3, 4);                         /* H not a multiple of 8: element path */
+    test_layernorm(3, 64);
+    test_layernorm(5, 13);
+    for (int T = 1; T <= 40; T += 13) {
+        test_linear(PLN_DTYPE_F16, 192, 64, 0, T, true, false);
+        test_linear(PLN_DTYPE_F16, 256, 64, 0, T, true, true);
+        test_linear(PLN_DTYPE_F16, 1003, 96, 0, T, false, false);
+        test_linear(PLN_DTYPE_I8, 192, 64, 0, T, true, false);
+        test_linear(PLN_DTYPE_I8, 200, 256, 32, T, true, true);
+        test_linear(PLN_DTYPE_I8, 96, 384, 0, T, true, false);
+        test_linear(PLN_DTYPE_I8, 50, 72, 8, T, false, false);   /* odd group: plain kernel */
+    }
+    test_logits(PLN_DTYPE_F16, 1003, 64, 3, 1000);
+    test_logits(PLN_DTYPE_I8, 502, 96, 2, 500);
+    int32_t ctx_small[3] = {1, 7, 30};
+    test_attention(4, 16, 4, 0, 3, ctx_small, 16);
+    test_attention(3, 16, 6, 3, 3, ctx_small, 4);
+    int32_t ctx_long[2] = {600, 257};                 /* several key splits */
+    test_attention(2, 64, 16, 5, 2, ctx_long, 16);
+    test_sampling(3, 1003, 0, 5, false);
+    test_sampling(2, 502, 501, 1, false);
+    test_sampling(4, 250, 0, 40, true);
+    test_load_file(((size_t)3 << 20) + 4321, 12345, ((size_t)2 << 20) + 777);
+    test_graph();
+    test_errors();
+
+    if (!g_quick) {
+        /* BLOOM-176B, one rank of TP 8: H 14336, 14 heads of 128 (of 112), 4H/8 7168, vocab 31360 */
+        const int64_t H = 14336, H4 = 7168, V = 31360;
+        test_embed(V, H, 2 * V, 8);
+        test_layernorm(8, H);
+        int32_t Ts[4] = {1, 8, 16, 32};
+        for (int i = 0; i < 4; i++) {
+            int32_t T = Ts[i];
+            test_linear(PLN_DTYPE_F16, 3 * H / 8, H, 0, T, true, false);   /* query_key_value */
+            test_linear(PLN_DTYPE_F16, H, H / 8, 0, T, false, false);      /* dense (row-parallel) */
+            test_linear(PLN_DTYPE_F16, H4, H, 0, T, true, true);           /* dense_h_to_4h + GeLU */
+            test_linear(PLN_DTYPE_F16, H, H4, 0, T, false, false);         /* dense_4h_to_h */
+            test_linear(PLN_DTYPE_I8, 3 * H / 8, H, 0, T, true, false);
+            test_linear(PLN_DTYPE_I8, H4, H, 128, T, true, true);
+            test_linear(PLN_DTYPE_I8, H, H4, 0, T, false, false);
+        }
+        test_logits(PLN_DTYPE_F16, V, H, 4, V);
+        test_logits(PLN_DTYPE_F16, V, H, 1, V - 200);
+        int32_t ctx_bloom[4] = {1, 300, 700, 1300};
+        test_attention(14, 128, 112, 14, 4, ctx_bloom, 16);
+        test_sampling(4, V, V, 50, false);
+        test_sampling(8, V, 0, 1, false);
+    }
+    g_gpu->destroy(g_gpu);
+    g_cpu->destroy(g_cpu);
+    return test_done();
+}
