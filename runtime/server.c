@@ -291,6 +291,14 @@ static bool format_new(conn_ctx *c) {
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     conn_ctx *c = cls;
+    /* Checked on every call, not only when idle: a stream that produces a token every step
+     * would otherwise notice a vanished client only when a write fails. */
+    if (!c->stream_done && peer_gone(c->fd)) {
+        pln_job_cancel(c->job);
+        c->gone = true;
+        c->outcome = O_CANCELLED;
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     while (c->out_off == c->out_len) {
         c->out_off = c->out_len = 0;
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -634,7 +642,7 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
         pln_errorf("--host %s: not an IPv4 address (use 127.0.0.1 or 0.0.0.0)", s->host);
         goto fail;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD;
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->lim.max_connections > 0 ? o->lim.max_connections : 256),

@@ -1,0 +1,654 @@
+/* test_server.c — the HTTP server and the scheduler over real HTTP on 127.0.0.1, driven by a
+ * deterministic test engine (so every behaviour is checked without model weights): routes and
+ * shapes, the validation table over the wire, streamed text == non-streamed text (UTF-8 split
+ * across tokens, stop sequences both ways), identical concurrent greedy requests, overload → 429
+ * at once, a client that disconnects mid-stream (slot and KV blocks freed, seen in /metrics),
+ * fault injection (error event, /health 503, memory freed) and draining (in-flight finishes, new
+ * requests get 503). Ports are chosen by the kernel (port 0); every wait is bounded. */
+#include "runtime/scheduler.h"
+#include "runtime/server.h"
+#include "tests/test.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+
+/* ---- the test engine ------------------------------------------------------------------------
+ * Tokens are bytes: id = byte + 4 (ids 0..3 are <unk> <s> </s> <pad>). The greedy next token of a
+ * slot depends only on its first prompt token and position, so identical requests agree:
+ *   prompt starting '!': three letters then EOS;   prompt starting '~': the bytes of "é€" over
+ *   and over (UTF-8 split across tokens);          otherwise 'a' + (first + pos) % 26.
+ * Sampling mixes the seed in. Each step sleeps delay_us; step fail_at (counting steps that feed
+ * tokens) fails and releases the plan's slots, as the real engine does. */
+#define FE_SLOTS 8
+#define FE_BLOCK 4
+#define FE_BLOCKS 96
+typedef struct {
+    pthread_mutex_t mu;
+    bool active[FE_SLOTS];
+    int32_t n_pos[FE_SLOTS], first[FE_SLOTS], n_gen[FE_SLOTS];
+    int64_t used[FE_SLOTS];
+    int64_t n_free;
+    int64_t step_no;
+    int64_t fail_at;
+    int delay_us;
+    int max_batch_seen;
+} fake_engine;
+
+static void fe_release(fake_engine *f, int32_t s) {
+    if (!f->active[s]) return;
+    f->n_free += f->used[s];
+    f->used[s] = 0;
+    f->active[s] = false;
+}
+
+static int32_t fe_next(fake_engine *f, int32_t s, const pln_sample_params *p) {
+    static const unsigned char utf[] = {0xC3, 0xA9, 0xE2, 0x82, 0xAC};
+    int32_t first = f->first[s], pos = f->n_pos[s], g = f->n_gen[s];
+    if (first == '!' + 4 && g == 3) return PLN_EOS_ID;
+    if (first == '~' + 4) return utf[g % 5] + 4;
+    int32_t k = (first + pos) % 26;
+    if (p->do_sample) k = (int32_t)((p->seed * 7 + (uint64_t)pos * 13) % 26);
+    return 'a' + k + 4;
+}
+
+static int fe_step(void *ctx, const pln_step_plan *plan, pln_step_out *out) {
+    fake_engine *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    for (int32_t i = 0; i < plan->n_release; i++) fe_release(f, plan->release[i]);
+    if (plan->n_seqs == 0) { pthread_mutex_unlock(&f->mu); return 0; }
+    f->step_no++;
+    if (plan->n_seqs > f->max_batch_seen) f->max_batch_seen = plan->n_seqs;
+    if (f->fail_at && f->step_no == f->fail_at) {
+        for (int32_t i = 0; i < plan->n_seqs; i++) fe_release(f, plan->seqs[i].slot);
+        pthread_mutex_unlock(&f->mu);
+        return pln_errorf("forward pass: injected failure at step %lld", (long long)f->step_no);
+    }
+    for (int32_t i = 0; i < plan->n_seqs; i++) {
+        const pln_step_seq *q = &plan->seqs[i];
+        int32_t s = q->slot;
+        if (!f->active[s]) { f->active[s] = true; f->n_pos[s] = 0; f->first[s] = q->tokens[0]; f->n_gen[s] = 0; f->used[s] = 0; }
+        f->n_pos[s] += q->n_new;
+        int64_t want = (f->n_pos[s] + FE_BLOCK - 1) / FE_BLOCK;
+        f->n_free -= want - f->used[s];
+        f->used[s] = want;
+        out[i].token = -1;
+        if (q->sample) {
+            out[i].token = fe_next(f, s, &q->params);
+            out[i].logprob = -0.25f;
+            f->n_gen[s]++;
+        }
+    }
+    int d = f->delay_us;
+    pthread_mutex_unlock(&f->mu);
+    if (d) usleep((useconds_t)d);
+    return 0;
+}
+
+static void fe_info(void *ctx, pln_engine_info *in) {
+    fake_engine *f = ctx;
+    memset(in, 0, sizeof *in);
+    in->tp = 1;
+    in->n_vocab = 260;
+    in->hidden = 8;
+    in->n_head = 1;
+    in->n_layer = 1;
+    in->dtype = "fp16";
+    in->backend = "test";
+    in->kv_blocks_total = FE_BLOCKS;
+    pthread_mutex_lock(&f->mu);
+    in->kv_blocks_free = f->n_free;
+    pthread_mutex_unlock(&f->mu);
+    in->block_size = FE_BLOCK;
+    in->max_seqs = FE_SLOTS;
+    in->max_seq_len = 256;
+}
+
+static const char *const g_specials[4] = {"<unk>", "<s>", "</s>", "<pad>"};
+static int ft_encode(void *ctx, const char *text, int32_t **ids, int32_t *n) {
+    size_t l = strlen(text);
+    *ids = malloc(sizeof(int32_t) * (l ? l : 1));
+    for (size_t i = 0; i < l; i++) (*ids)[i] = (unsigned char)text[i] + 4;
+    *n = (int32_t)l;
+    return 0;
+}
+static char *ft_decode(void *ctx, const int32_t *ids, int32_t n, bool skip, size_t *len) {
+    char *o = malloc((size_t)n * 6 + 1);
+    size_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (ids[i] < 4) { if (!skip) { strcpy(o + k, g_specials[ids[i]]); k += strlen(g_specials[ids[i]]); } }
+        else o[k++] = (char)(ids[i] - 4);
+    }
+    o[k] = 0;
+    *len = k;
+    return o;
+}
+static bool ft_special(void *ctx, int32_t id) { return id < 4; }
+
+/* ---- one server instance -------------------------------------------------------------------- */
+typedef struct {
+    fake_engine fe;
+    pln_sched *sched;
+    pln_server *srv;
+    pthread_t thr;
+    int port;
+} inst;
+
+static void *sched_thread(void *a) { pln_sched_run(a); return NULL; }
+
+static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int64_t fail_at) {
+    memset(in, 0, sizeof *in);
+    pthread_mutex_init(&in->fe.mu, NULL);
+    in->fe.n_free = FE_BLOCKS;
+    in->fe.delay_us = delay_us;
+    in->fe.fail_at = fail_at;
+    pln_sched_engine se = {.ctx = &in->fe, .step = fe_step, .get_info = fe_info};
+    pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
+    in->sched = pln_sched_create(&se, &st, lim);
+    if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
+    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim};
+    in->srv = pln_server_start(&so, in->sched, &st);
+    if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
+    in->port = pln_server_port(in->srv);
+    pthread_create(&in->thr, NULL, sched_thread, in->sched);
+}
+
+static void inst_stop(inst *in) {
+    pln_sched_stop(in->sched);
+    pthread_join(in->thr, NULL);
+    pln_server_stop(in->srv, 5.0);
+    pln_sched_free(in->sched);
+}
+
+/* ---- a tiny HTTP/1.0 client (no chunked encoding; the server closes at the end) ------------- */
+typedef struct { int status; char *body; double secs; } resp;
+
+static int connect_to(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    struct timeval tv = {20, 0};   /* bounded: no test waits forever */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) { close(fd); return -1; }
+    return fd;
+}
+
+static int send_req(int fd, const char *method, const char *path, const char *body, size_t blen) {
+    char head[512];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                     method, path, body ? blen : 0);
+    if (write(fd, head, (size_t)n) != n) return -1;
+    size_t off = 0;
+    while (body && off < blen) {
+        ssize_t w = write(fd, body + off, blen - off);
+        if (w <= 0) return -1;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+static resp http(int port, const char *method, const char *path, const char *body) {
+    resp r = {0, NULL, 0};
+    double t0 = pln_now();
+    int fd = connect_to(port);
+    if (fd < 0) { r.body = strdup(""); return r; }
+    send_req(fd, method, path, body, body ? strlen(body) : 0);
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 2048 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t k = read(fd, buf + len, cap - len - 1);
+        if (k <= 0) break;
+        len += (size_t)k;
+    }
+    close(fd);
+    buf[len] = 0;
+    sscanf(buf, "HTTP/1.%*d %d", &r.status);
+    char *b = strstr(buf, "\r\n\r\n");
+    r.body = strdup(b ? b + 4 : "");
+    free(buf);
+    r.secs = pln_now() - t0;
+    return r;
+}
+
+static json_t *jparse(const char *s) { return json_loads(s, JSON_DECODE_ANY, NULL); }
+static const char *jstr(json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+
+/* Value of a Prometheus sample line "name value" (first match), -1 if absent. */
+static double metric(int port, const char *name) {
+    resp r = http(port, "GET", "/metrics", NULL);
+    double v = -1;
+    size_t nl = strlen(name);
+    for (char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, name, nl) && p[nl] == ' ') { v = atof(p + nl + 1); break; }
+    free(r.body);
+    return v;
+}
+
+/* SSE "data:" payloads of a stream body; returns how many (≤ max). */
+static int sse_events(char *body, char **out, int max) {
+    int n = 0;
+    for (char *p = strstr(body, "data: "); p && n < max; p = strstr(p, "data: ")) {
+        p += 6;
+        char *e = strstr(p, "\n\n");
+        if (!e) break;
+        *e = 0;
+        out[n++] = p;
+        p = e + 2;
+    }
+    return n;
+}
+
+/* Generated text of /generate (TGI) for a body. */
+static char *tgi_text(int port, const char *body, int *status) {
+    resp r = http(port, "POST", "/generate", body);
+    *status = r.status;
+    json_t *o = jparse(r.body);
+    char *t = strdup(o && jstr(o, "generated_text") ? jstr(o, "generated_text") : "<none>");
+    json_decref(o);
+    free(r.body);
+    return t;
+}
+
+/* Concatenated text of a TGI stream; *final gets the last event's generated_text. */
+static char *tgi_stream_text(int port, const char *body, char **final, int *n_events, json_t **last_out) {
+    resp r = http(port, "POST", "/generate_stream", body);
+    char *ev[600];
+    int n = sse_events(r.body, ev, 600);
+    size_t cap = 4096;
+    char *acc = calloc(1, cap);
+    *final = strdup("<none>");
+    for (int i = 0; i < n; i++) {
+        json_t *o = jparse(ev[i]);
+        json_t *tk = json_object_get(o, "token");
+        if (tk && !json_is_true(json_object_get(tk, "special"))) strncat(acc, json_string_value(json_object_get(tk, "text")), cap - strlen(acc) - 1);
+        if (i == n - 1) {
+            if (jstr(o, "generated_text")) { free(*final); *final = strdup(jstr(o, "generated_text")); }
+            if (last_out) *last_out = json_incref(o);
+        }
+        json_decref(o);
+    }
+    *n_events = n;
+    free(r.body);
+    return acc;
+}
+
+/* Concatenated text of an OpenAI stream (choice 0) and whether it ended with [DONE]. */
+static char *oai_stream_text(int port, const char *body, bool *done, char *finish, size_t fcap) {
+    resp r = http(port, "POST", "/v1/completions", body);
+    char *ev[600];
+    int n = sse_events(r.body, ev, 600);
+    char *acc = calloc(1, 4096);
+    *done = n > 0 && !strcmp(ev[n - 1], "[DONE]");
+    for (int i = 0; i < n; i++) {
+        json_t *o = jparse(ev[i]);
+        json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+        if (c) {
+            strncat(acc, jstr(c, "text"), 4095 - strlen(acc));
+            if (jstr(c, "finish_reason")) snprintf(finish, fcap, "%s", jstr(c, "finish_reason"));
+        }
+        json_decref(o);
+    }
+    free(r.body);
+    return acc;
+}
+
+static char *oai_text(int port, const char *body, int *status, char *finish, size_t fcap) {
+    resp r = http(port, "POST", "/v1/completions", body);
+    *status = r.status;
+    json_t *o = jparse(r.body);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    char *t = strdup(c && jstr(c, "text") ? jstr(c, "text") : "<none>");
+    if (c && jstr(c, "finish_reason")) snprintf(finish, fcap, "%s", jstr(c, "finish_reason"));
+    json_decref(o);
+    free(r.body);
+    return t;
+}
+
+typedef struct { int port; const char *body; char *text; int status; } par_arg;
+static void *par_generate(void *a) {
+    par_arg *p = a;
+    p->text = tgi_text(p->port, p->body, &p->status);
+    return NULL;
+}
+
+/* Opens a stream, reads until the first event arrived, returns the fd (caller closes). */
+static int open_stream(int port, const char *body) {
+    int fd = connect_to(port);
+    if (fd < 0) return -1;
+    send_req(fd, "POST", "/generate_stream", body, strlen(body));
+    char buf[4096];
+    size_t len = 0;
+    double t0 = pln_now();
+    while (pln_now() - t0 < 10) {
+        ssize_t k = read(fd, buf + len, sizeof buf - len - 1);
+        if (k <= 0) break;
+        len += (size_t)k;
+        buf[len] = 0;
+        if (strstr(buf, "data: ")) return fd;
+        if (len > sizeof buf - 100) len = 0;
+    }
+    close(fd);
+    return -1;
+}
+
+static bool wait_metric(int port, const char *name, double want, double secs) {
+    double t0 = pln_now();
+    while (pln_now() - t0 < secs) {
+        if (metric(port, name) == want) return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+int main(void) {
+    test_begin("test_server");
+    signal(SIGPIPE, SIG_IGN);
+    pln_serve_limits lim;
+    pln_serve_limits_default(&lim);
+    lim.max_concurrent_requests = 6;
+    lim.max_input_tokens = 64;
+    lim.max_total_tokens = 200;
+    lim.max_body_bytes = 4096;
+    lim.max_batch_tokens = 16;
+    lim.default_max_new_tokens = 10;
+    inst A;
+    inst_start(&A, &lim, 2000, 0);
+    int port = A.port;
+    CHECK(port > 0, "bound port %d", port);
+
+    /* ---- GET routes ---- */
+    resp r = http(port, "GET", "/health", NULL);
+    CHECK(r.status == 200, "health %d", r.status);
+    free(r.body);
+    r = http(port, "GET", "/info", NULL);
+    json_t *o = jparse(r.body);
+    CHECK(r.status == 200 && o && !strcmp(jstr(o, "model_id"), "fake-model") &&
+              json_integer_value(json_object_get(o, "max_concurrent_requests")) == 6 &&
+              json_integer_value(json_object_get(o, "max_input_tokens")) == 64 &&
+              json_integer_value(json_object_get(o, "max_total_tokens")) == 200 &&
+              json_integer_value(json_object_get(o, "max_body_bytes")) == 4096 &&
+              json_integer_value(json_object_get(o, "tp")) == 1 && !strcmp(jstr(o, "model_dtype"), "fp16"),
+          "info %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "GET", "/v1/models", NULL);
+    o = jparse(r.body);
+    CHECK(r.status == 200 && !strcmp(jstr(json_array_get(json_object_get(o, "data"), 0), "id"), "fake-model"), "models %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    /* ---- validation over the wire: status, error shape, message ---- */
+    static const struct { const char *path, *body; int status; const char *msg; } bad[] = {
+        {"/generate", "{not json", 422, "malformed JSON"},
+        {"/generate", "[1,2]", 422, "must be a JSON object"},
+        {"/generate", "{\"inputs\":\"\"}", 422, "cannot be empty"},
+        {"/generate", "{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":0}}", 422, "strictly positive"},
+        {"/generate", "{\"inputs\":\"hi\",\"parameters\":{\"temperature\":-1}}", 422, "strictly positive"},
+        {"/generate", "{\"inputs\":\"hi\",\"parameters\":{\"top_p\":\"x\"}}", 422, "must be a number"},
+        {"/generate", "{\"inputs\":\"0123456789012345678901234567890123456789012345678901234567890123456789\"}", 422, "--max-input-tokens"},
+        {"/generate", "{\"inputs\":\"hi\",\"parameters\":{\"max_new_tokens\":199}}", 422, "--max-total-tokens"},
+        {"/generate_stream", "{\"inputs\":\"hi\",\"parameters\":{\"seed\":-1}}", 422, "`seed`"},
+        {"/tokenize", "{\"inputs\":7}", 422, "must be a string"},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":-1}", 400, "strictly positive"},
+        {"/v1/completions", "{\"prompt\":\"hi\",\"model\":\"other\"}", 404, "does not exist"},
+        {"/v1/completions", "{oops", 400, "malformed JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = http(port, "POST", bad[i].path, bad[i].body);
+        o = jparse(r.body);
+        bool oai = !strncmp(bad[i].path, "/v1/", 4);
+        json_t *e = oai ? json_object_get(o, "error") : o;
+        const char *msg = e ? jstr(e, oai ? "message" : "error") : NULL;
+        const char *typ = e ? jstr(e, oai ? "type" : "error_type") : NULL;
+        CHECK(r.status == bad[i].status && msg && strstr(msg, bad[i].msg) && typ, "%s %s -> %d %s", bad[i].path, bad[i].body,
+              r.status, r.body);
+        json_decref(o);
+        free(r.body);
+    }
+    char *big = malloc(6000);
+    memset(big, 'x', 5999);
+    big[5999] = 0;
+    memcpy(big, "{\"inputs\":\"", 11);
+    r = http(port, "POST", "/generate", big);
+    CHECK(r.status == 413 && strstr(r.body, "--max-body-bytes"), "oversized body -> %d %s", r.status, r.body);
+    free(r.body);
+    free(big);
+    r = http(port, "GET", "/nope", NULL);
+    CHECK(r.status == 404, "unknown route %d", r.status);
+    free(r.body);
+    r = http(port, "GET", "/generate", NULL);
+    CHECK(r.status == 405, "wrong method %d", r.status);
+    free(r.body);
+    r = http(port, "GET", "/health", NULL);
+    CHECK(r.status == 200, "still healthy after bad requests (%d)", r.status);
+    free(r.body);
+
+    /* ---- /generate, details, /tokenize ---- */
+    r = http(port, "POST", "/generate", "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":5,\"details\":true}}");
+    o = jparse(r.body);
+    /* first 'a' (id 101), positions after feeding: 2,3,4,5,6 → letters (101+p)%26 */
+    char want[8];
+    for (int p = 2; p < 7; p++) want[p - 2] = (char)('a' + (101 + p) % 26);
+    want[5] = 0;
+    json_t *d = json_object_get(o, "details");
+    CHECK(r.status == 200 && !strcmp(jstr(o, "generated_text"), want), "generate text %s want %s", r.body, want);
+    CHECK(d && !strcmp(jstr(d, "finish_reason"), "length") && json_integer_value(json_object_get(d, "generated_tokens")) == 5 &&
+              json_array_size(json_object_get(d, "tokens")) == 5 && json_is_null(json_object_get(d, "seed")),
+          "details %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "POST", "/tokenize", "{\"inputs\":\"hey\"}");
+    o = jparse(r.body);
+    CHECK(r.status == 200 && json_array_size(o) == 3 && json_integer_value(json_object_get(json_array_get(o, 1), "id")) == 'e' + 4 &&
+              json_integer_value(json_object_get(json_array_get(o, 2), "start")) == 2, "tokenize %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    /* ---- EOS ---- */
+    r = http(port, "POST", "/generate", "{\"inputs\":\"!x\",\"parameters\":{\"max_new_tokens\":20,\"details\":true}}");
+    o = jparse(r.body);
+    d = json_object_get(o, "details");
+    CHECK(d && !strcmp(jstr(d, "finish_reason"), "eos_token") && json_integer_value(json_object_get(d, "generated_tokens")) == 4 &&
+              strlen(jstr(o, "generated_text")) == 3, "eos %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    /* ---- streamed == non-streamed (TGI), UTF-8 split across tokens ---- */
+    const char *bodies[] = {"{\"inputs\":\"hello\",\"parameters\":{\"max_new_tokens\":12}}",
+                            "{\"inputs\":\"~u\",\"parameters\":{\"max_new_tokens\":12}}",
+                            "{\"inputs\":\"~u\",\"parameters\":{\"max_new_tokens\":11}}"};
+    for (int b = 0; b < 3; b++) {
+        int st;
+        char *plain = tgi_text(port, bodies[b], &st);
+        char *final;
+        int nev;
+        json_t *last = NULL;
+        char *streamed = tgi_stream_text(port, bodies[b], &final, &nev, &last);
+        CHECK(st == 200 && !strcmp(plain, final), "stream final == generate: '%s' vs '%s'", final, plain);
+        CHECK(nev == (b == 2 ? 11 : 12), "one event per token (%d)", nev);
+        CHECK(last && json_object_get(last, "details") && !json_is_null(json_object_get(last, "details")), "last event has details");
+        if (b > 0) {
+            /* token texts of split UTF-8 are U+FFFD pieces; the final text is the real characters */
+            CHECK(strstr(plain, "\xC3\xA9\xE2\x82\xAC") != NULL, "utf-8 text assembled: %s", plain);
+            if (b == 2) CHECK(strstr(plain, "\xEF\xBF\xBD") != NULL, "cut sequence at the end -> U+FFFD");
+        } else {
+            CHECK(!strcmp(streamed, plain), "token texts concatenate to the text ('%s' vs '%s')", streamed, plain);
+        }
+        json_decref(last);
+        free(plain);
+        free(final);
+        free(streamed);
+    }
+    /* OpenAI: deltas concatenate exactly to the non-streamed text, UTF-8 and stop sequences too */
+    const char *ob[] = {"{\"prompt\":\"~u\",\"max_tokens\":12,\"temperature\":0",
+                        "{\"prompt\":\"ab\",\"max_tokens\":12,\"temperature\":0,\"stop\":[\"gh\"]",
+                        "{\"prompt\":\"~u\",\"max_tokens\":12,\"temperature\":0,\"stop\":\"\xE2\x82\xAC\""};
+    const char *ob_want[] = {NULL, "zabcdef", "\xC3\xA9"};
+    for (int b = 0; b < 3; b++) {
+        char body1[256], body2[256], f1[32] = "", f2[32] = "";
+        snprintf(body1, sizeof body1, "%s}", ob[b]);
+        snprintf(body2, sizeof body2, "%s,\"stream\":true}", ob[b]);
+        int st;
+        bool done = false;
+        char *plain = oai_text(port, body1, &st, f1, sizeof f1);
+        char *streamed = oai_stream_text(port, body2, &done, f2, sizeof f2);
+        CHECK(st == 200 && !strcmp(plain, streamed), "openai stream == non-stream: '%s' vs '%s'", streamed, plain);
+        CHECK(done && !strcmp(f1, f2) && !strcmp(f1, b ? "stop" : "length"), "[DONE] and finish_reason %s/%s", f1, f2);
+        if (ob_want[b]) CHECK(!strcmp(plain, ob_want[b]), "stop sequence cut: '%s' want '%s'", plain, ob_want[b]);
+        free(plain);
+        free(streamed);
+    }
+    /* TGI keeps the stop sequence */
+    r = http(port, "POST", "/generate", "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":12,\"stop\":[\"gh\"],\"details\":true}}");
+    o = jparse(r.body);
+    CHECK(!strcmp(jstr(o, "generated_text"), "zabcdefgh") && !strcmp(jstr(json_object_get(o, "details"), "finish_reason"), "stop_sequence"),
+          "TGI stop %s", r.body);
+    json_decref(o);
+    free(r.body);
+    /* OpenAI list prompt + usage */
+    r = http(port, "POST", "/v1/completions", "{\"prompt\":[\"ab\",\"hello\"],\"max_tokens\":3,\"temperature\":0}");
+    o = jparse(r.body);
+    json_t *ch = json_object_get(o, "choices");
+    json_t *u = json_object_get(o, "usage");
+    CHECK(r.status == 200 && json_array_size(ch) == 2 && json_integer_value(json_object_get(json_array_get(ch, 1), "index")) == 1 &&
+              json_integer_value(json_object_get(u, "prompt_tokens")) == 7 &&
+              json_integer_value(json_object_get(u, "completion_tokens")) == 6 &&
+              json_integer_value(json_object_get(u, "total_tokens")) == 13 && !strcmp(jstr(o, "object"), "text_completion"),
+          "openai list %s", r.body);
+    json_decref(o);
+    free(r.body);
+    /* sampling with a seed is reproducible and reported */
+    r = http(port, "POST", "/generate", "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":4,\"do_sample\":true,\"seed\":5,\"details\":true}}");
+    resp r2 = http(port, "POST", "/generate", "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":4,\"do_sample\":true,\"seed\":5,\"details\":true}}");
+    o = jparse(r.body);
+    CHECK(!strcmp(r.body, r2.body) && json_integer_value(json_object_get(json_object_get(o, "details"), "seed")) == 5, "seeded %s", r.body);
+    json_decref(o);
+    free(r.body);
+    free(r2.body);
+
+    /* ---- 4 identical concurrent greedy requests ---- */
+    pthread_t th[4];
+    par_arg pa[4];
+    for (int i = 0; i < 4; i++) {
+        pa[i] = (par_arg){port, "{\"inputs\":\"same prompt\",\"parameters\":{\"max_new_tokens\":20}}", NULL, 0};
+        pthread_create(&th[i], NULL, par_generate, &pa[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++)
+        CHECK(pa[i].status == 200 && strlen(pa[i].text) == 20 && !strcmp(pa[i].text, pa[0].text), "concurrent %d: %s", i, pa[i].text);
+    for (int i = 0; i < 4; i++) free(pa[i].text);
+    CHECK(A.fe.max_batch_seen >= 2, "requests were batched together (max batch %d)", A.fe.max_batch_seen);
+
+    /* ---- a short request behind long ones finishes in about its own time ---- */
+    int lfd[2];
+    for (int i = 0; i < 2; i++) lfd[i] = open_stream(port, "{\"inputs\":\"long\",\"parameters\":{\"max_new_tokens\":180}}");
+    r = http(port, "POST", "/generate", "{\"inputs\":\"short\",\"parameters\":{\"max_new_tokens\":5}}");
+    CHECK(r.status == 200 && r.secs < 0.3, "short request behind long ones took %.3f s", r.secs);
+    free(r.body);
+
+    /* ---- client disconnect mid-stream: slot and KV blocks come back ---- */
+    CHECK(metric(port, "pln_running_sequences") == 2, "two long streams running");
+    for (int i = 0; i < 2; i++) if (lfd[i] >= 0) close(lfd[i]);
+    CHECK(wait_metric(port, "pln_running_sequences", 0, 3.0), "disconnected streams left the batch");
+    CHECK(wait_metric(port, "pln_kv_blocks_free", FE_BLOCKS, 3.0), "KV blocks freed after disconnect (%g free)",
+          metric(port, "pln_kv_blocks_free"));
+    CHECK(metric(port, "pln_kv_blocks_reserved") == 0, "no reservation left");
+    CHECK(metric(port, "pln_sequences_finished_total{reason=\"cancelled\"}") == 2, "two cancelled sequences");
+
+    /* ---- overload: more than max_concurrent_requests → 429 at once ---- */
+    pthread_mutex_lock(&A.fe.mu);
+    A.fe.delay_us = 20000;   /* slow steps: the six streams must still be running below */
+    pthread_mutex_unlock(&A.fe.mu);
+    int sfd[6];
+    const char *busy = "{\"inputs\":\"busy\",\"parameters\":{\"max_new_tokens\":150}}";
+    for (int i = 0; i < 6; i++) {
+        sfd[i] = connect_to(port);
+        send_req(sfd[i], "POST", "/generate_stream", busy, strlen(busy));
+    }
+    double nrun = 0, nq = 0;
+    for (double t1 = pln_now(); pln_now() - t1 < 3.0; usleep(10000)) {
+        nq = metric(port, "pln_queue_size");
+        nrun = metric(port, "pln_running_sequences");
+        if (nq == 4 && nrun == 2) break;
+    }
+    CHECK(nq == 4 && nrun == 2, "KV cache full: 2 run (39 of 96 blocks each), 4 wait: %g, %g", nrun, nq);
+    for (int i = 0; i < 3; i++) {
+        r = http(port, "POST", "/generate", "{\"inputs\":\"extra\"}");
+        o = jparse(r.body);
+        CHECK(r.status == 429 && !strcmp(jstr(o, "error_type"), "overloaded") && r.secs < 0.5, "extra %d -> %d in %.3f s: %s", i,
+              r.status, r.secs, r.body);
+        json_decref(o);
+        free(r.body);
+    }
+    r = http(port, "POST", "/v1/completions", "{\"prompt\":\"extra\"}");
+    o = jparse(r.body);
+    CHECK(r.status == 429 && json_object_get(o, "error") && !strcmp(jstr(json_object_get(o, "error"), "code"), "rate_limit_exceeded"),
+          "openai 429 %s", r.body);
+    json_decref(o);
+    free(r.body);
+    for (int i = 0; i < 6; i++) if (sfd[i] >= 0) close(sfd[i]);
+    CHECK(wait_metric(port, "pln_running_sequences", 0, 3.0), "overload streams gone");
+    pthread_mutex_lock(&A.fe.mu);
+    A.fe.delay_us = 2000;
+    pthread_mutex_unlock(&A.fe.mu);
+    CHECK(wait_metric(port, "pln_kv_blocks_free", FE_BLOCKS, 3.0), "KV blocks all free");
+    CHECK(metric(port, "pln_requests_total{route=\"generate\",outcome=\"overloaded\"}") == 3, "overloaded counted");
+    double ttft_count = metric(port, "pln_time_to_first_token_seconds_count");
+    CHECK(ttft_count > 10, "TTFT histogram filled (%g)", ttft_count);
+    CHECK(metric(port, "pln_generated_tokens_total") > 100, "tokens counted");
+
+    /* ---- draining: in-flight finishes, new requests get 503 ---- */
+    par_arg dr = {port, "{\"inputs\":\"drain me\",\"parameters\":{\"max_new_tokens\":60}}", NULL, 0};
+    pthread_t dth;
+    pthread_create(&dth, NULL, par_generate, &dr);
+    double t0 = pln_now();
+    while (metric(port, "pln_running_sequences") < 1 && pln_now() - t0 < 3) usleep(5000);
+    pln_sched_stop(A.sched);
+    r = http(port, "POST", "/generate", "{\"inputs\":\"late\"}");
+    CHECK(r.status == 503, "new request while draining -> %d", r.status);
+    free(r.body);
+    r = http(port, "GET", "/health", NULL);
+    CHECK(r.status == 503, "health while draining -> %d", r.status);
+    free(r.body);
+    pthread_join(dth, NULL);
+    CHECK(dr.status == 200 && strlen(dr.text) == 60, "in-flight request finished while draining (%d, %zu chars)", dr.status,
+          strlen(dr.text));
+    free(dr.text);
+    inst_stop(&A);
+
+    /* ---- fault injection: step 6 fails ---- */
+    inst B;
+    inst_start(&B, &lim, 2000, 6);
+    int sp = B.port;
+    par_arg pb = {sp, "{\"inputs\":\"x\",\"parameters\":{\"max_new_tokens\":30}}", NULL, 0};
+    pthread_t bth;
+    pthread_create(&bth, NULL, par_generate, &pb);
+    char *final;
+    int nev;
+    json_t *last = NULL;
+    char *st_text = tgi_stream_text(sp, "{\"inputs\":\"y\",\"parameters\":{\"max_new_tokens\":30}}", &final, &nev, &last);
+    pthread_join(bth, NULL);
+    CHECK(last && !strcmp(jstr(last, "error_type") ? jstr(last, "error_type") : "", "generation") && strstr(jstr(last, "error"), "injected"),
+          "stream ends with an error event");
+    CHECK(pb.status == 424, "non-stream request gets 424 (%d)", pb.status);
+    json_decref(last);
+    free(final);
+    free(st_text);
+    free(pb.text);
+    r = http(sp, "GET", "/health", NULL);
+    CHECK(r.status == 503 && strstr(r.body, "injected"), "health 503 after a failed step: %d %s", r.status, r.body);
+    free(r.body);
+    CHECK(wait_metric(sp, "pln_kv_blocks_free", FE_BLOCKS, 3.0), "KV memory freed after the fault");
+    CHECK(metric(sp, "pln_running_sequences") == 0, "nothing running after the fault");
+    r = http(sp, "POST", "/generate", "{\"inputs\":\"after\"}");
+    CHECK(r.status == 503, "new request on an unhealthy server -> %d", r.status);
+    free(r.body);
+    inst_stop(&B);
+    return test_done();
+}
