@@ -1,0 +1,220 @@
+/* cmd_serve.c — `pollen serve SHARDS`: rank 0 runs the HTTP server and the continuous-batching
+ * scheduler, every other rank serves engine steps (`mpirun -np N` for a TP-N shard set).
+ * SIGTERM/SIGINT drain: new requests get 503, in-flight ones finish, then every rank exits 0. */
+#include "formats/common.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+#include "runtime/server.h"
+#include "runtime/tokenizer.h"
+#include "tools/cmd.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    pln_serve_limits l;
+    pln_serve_limits_default(&l);
+    fprintf(f,
+            "usage: pollen serve SHARD_DIR [options]          (mpirun -np N pollen serve ... for TP=N)\n"
+            "  --host ADDR                    address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port N                       TCP port (default 8080; 0 = any free port, see --port-file)\n"
+            "  --port-file PATH               write the bound port there once listening\n"
+            "  --model-id NAME                name in /info, /v1/models (default: the shard directory's name)\n"
+            "  --backend cpu|cuda             (default cpu)\n"
+            "  --max-seqs N                   engine sequence slots (default 32)\n"
+            "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
+            "  --block-size N                 KV block size in tokens (default 16)\n"
+            "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
+            "  --max-input-tokens N           prompt tokens (default %d)\n"
+            "  --max-total-tokens N           prompt + new tokens (default %d)\n"
+            "  --max-body-bytes N             request body (default %lld)\n"
+            "  --max-connections N            open HTTP connections (default %d)\n"
+            "  --timeout S                    idle connection timeout in seconds (default %d)\n"
+            "  --max-batch-tokens N           tokens per engine step (default %d)\n"
+            "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
+            "  --populate, --verify, --quiet  as for generate\n"
+            "  --fail-at-step N               test only: make the Nth forward pass fail\n",
+            l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
+            l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
+}
+
+static int32_t int_arg(const char *flag, const char *v, long long lo, long long hi) {
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) pln_die("%s %s: expected an integer in [%lld, %lld]", flag, v, lo, hi);
+    return (int32_t)x;
+}
+
+/* ---- the tokenizer as the scheduler and server see it -------------------------------------- */
+
+static int tok_encode(void *ctx, const char *text, int32_t **ids, int32_t *n) {
+    size_t nn = 0;
+    if (pln_tok_encode(ctx, text, strlen(text), ids, &nn)) return -1;
+    *n = (int32_t)nn;
+    return 0;
+}
+
+/* Raw bytes, not the lossy decode: the scheduler needs to see where a UTF-8 sequence is still
+ * incomplete so it streams only finished characters. */
+static char *tok_decode(void *ctx, const int32_t *ids, int32_t n, bool skip_special, size_t *len) {
+    size_t total = 0, l;
+    for (int32_t i = 0; i < n; i++)
+        if (pln_tok_token_bytes(ctx, ids[i], &l) && !(skip_special && pln_tok_is_special(ctx, ids[i]))) total += l;
+    char *out = pln_xmalloc(total + 1), *o = out;
+    for (int32_t i = 0; i < n; i++) {
+        const uint8_t *b = pln_tok_token_bytes(ctx, ids[i], &l);
+        if (!b || (skip_special && pln_tok_is_special(ctx, ids[i]))) continue;
+        memcpy(o, b, l);
+        o += l;
+    }
+    *o = 0;
+    *len = total;
+    return out;
+}
+
+static bool tok_special(void *ctx, int32_t id) { return pln_tok_is_special(ctx, id); }
+
+static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) { return pln_engine_step(ctx, p, o); }
+static void eng_info(void *ctx, pln_engine_info *i) { pln_engine_get_info(ctx, i); }
+
+/* ---- signals: blocked everywhere, taken by one thread ------------------------------------- */
+
+typedef struct { sigset_t set; pln_sched *sched; } sig_ctx;
+
+static void *signal_thread(void *arg) {
+    sig_ctx *c = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&c->set, &sig)) continue;
+        if (sig == SIGUSR1) return NULL;   /* main is done */
+        fprintf(stderr, "pollen serve: %s: draining (new requests get 503, in-flight ones finish)\n",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        pln_sched_stop(c->sched);
+    }
+}
+
+int cmd_serve(int argc, char **argv) {
+    /* Block the shutdown signals before MPI or the HTTP server start threads, so they all inherit
+     * the mask and only the signal thread ever sees them (workers just wait for rank 0). */
+    sig_ctx sc;
+    sigemptyset(&sc.set);
+    sigaddset(&sc.set, SIGTERM);
+    sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    pln_engine_opts eo;
+    pln_engine_opts_default(&eo);
+    eo.max_seqs = 32;
+    eo.kv_tokens = 16384;
+    pln_server_opts so = {.host = "127.0.0.1", .port = 8080};
+    pln_serve_limits_default(&so.lim);
+    const char *port_file = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+#define VAL() (has ? argv[++i] : (pln_die("%s needs a value", a), ""))
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--host")) so.host = VAL();
+        else if (!strcmp(a, "--port")) so.port = int_arg(a, VAL(), 0, 65535);
+        else if (!strcmp(a, "--port-file")) port_file = VAL();
+        else if (!strcmp(a, "--model-id")) so.model_id = VAL();
+        else if (!strcmp(a, "--backend")) eo.backend = VAL();
+        else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), -1, 1024);
+        else if (!strcmp(a, "--max-seqs")) eo.max_seqs = int_arg(a, VAL(), 1, 4096);
+        else if (!strcmp(a, "--kv-tokens")) eo.kv_tokens = int_arg(a, VAL(), 1, INT32_MAX);
+        else if (!strcmp(a, "--block-size")) eo.block_size = int_arg(a, VAL(), 1, 1024);
+        else if (!strcmp(a, "--max-concurrent-requests")) so.lim.max_concurrent_requests = int_arg(a, VAL(), 1, 1000000);
+        else if (!strcmp(a, "--max-input-tokens")) so.lim.max_input_tokens = int_arg(a, VAL(), 1, 1 << 24);
+        else if (!strcmp(a, "--max-total-tokens")) so.lim.max_total_tokens = int_arg(a, VAL(), 2, 1 << 24);
+        else if (!strcmp(a, "--max-body-bytes")) so.lim.max_body_bytes = int_arg(a, VAL(), 64, INT32_MAX);
+        else if (!strcmp(a, "--max-connections")) so.lim.max_connections = int_arg(a, VAL(), 1, 100000);
+        else if (!strcmp(a, "--timeout")) so.lim.timeout_s = int_arg(a, VAL(), 0, 86400);
+        else if (!strcmp(a, "--max-batch-tokens")) so.lim.max_batch_tokens = int_arg(a, VAL(), 1, 1 << 20);
+        else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
+        else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
+        else if (!strcmp(a, "--populate")) eo.populate = true;
+        else if (!strcmp(a, "--verify")) eo.verify = true;
+        else if (!strcmp(a, "--quiet")) eo.quiet = true;
+        else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
+        else if (!eo.shard_dir) eo.shard_dir = a;
+        else { fprintf(stderr, "pollen serve: unexpected argument %s\n", a); usage(stderr); return 2; }
+#undef VAL
+    }
+    if (!eo.shard_dir) { usage(stderr); return 2; }
+    if (so.lim.max_input_tokens >= so.lim.max_total_tokens)
+        pln_die("--max-input-tokens (%d) must be below --max-total-tokens (%d)", so.lim.max_input_tokens, so.lim.max_total_tokens);
+    eo.max_seq_len = so.lim.max_total_tokens;
+    if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
+
+    pln_comm *comm = pln_comm_init(&argc, &argv);
+    int rank = pln_comm_rank(comm);
+    pln_engine *eng = pln_engine_open(&eo, comm);
+    if (!eng) {
+        fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
+        pln_comm_free(comm);
+        return 1;
+    }
+    if (rank != 0) {
+        int rc = pln_engine_worker_loop(eng);
+        if (rc) fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
+        pln_engine_close(eng);
+        pln_comm_free(comm);
+        return rc ? 1 : 0;
+    }
+
+    int status = 1;
+    pln_tokenizer *tok = pln_tok_load(pln_engine_tokenizer_path(eng));
+    pln_sched *sched = NULL;
+    pln_server *srv = NULL;
+    char *model_id = NULL;
+    if (!tok) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    pln_sched_engine se = {.ctx = eng, .step = eng_step, .get_info = eng_info};
+    pln_sched_tok st = {.ctx = tok, .encode = tok_encode, .decode = tok_decode, .is_special = tok_special};
+    sched = pln_sched_create(&se, &st, &so.lim);
+    if (!sched) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    if (!so.model_id) {
+        size_t n = strlen(eo.shard_dir);
+        while (n > 1 && eo.shard_dir[n - 1] == '/') n--;
+        const char *b = eo.shard_dir;
+        for (size_t k = 0; k < n; k++) if (eo.shard_dir[k] == '/' && k + 1 < n) b = eo.shard_dir + k + 1;
+        model_id = pln_xasprintf("%.*s", (int)(eo.shard_dir + n - b), b);
+        so.model_id = model_id;
+    }
+    srv = pln_server_start(&so, sched, &st);
+    if (!srv) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    pln_engine_info info;
+    pln_engine_get_info(eng, &info);
+    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d]\n", so.model_id,
+            info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs, (long long)info.kv_blocks_total,
+            info.block_size);
+    if (port_file) {
+        char buf[32];
+        int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));
+        if (pln_write_file_atomic(port_file, buf, (size_t)n)) fprintf(stderr, "pollen serve: %s\n", pln_error());
+    }
+    sc.sched = sched;
+    pthread_t sig_thr;
+    pthread_create(&sig_thr, NULL, signal_thread, &sc);
+    pln_sched_run(sched);            /* returns once drained */
+    pln_server_stop(srv, 30.0);      /* let the last responses reach their clients */
+    srv = NULL;
+    pthread_kill(sig_thr, SIGUSR1);
+    pthread_join(sig_thr, NULL);
+    fprintf(stderr, "pollen serve: drained, exiting\n");
+    status = 0;
+out:
+    pln_server_stop(srv, 0);
+    pln_engine_shutdown(eng);
+    pln_sched_free(sched);
+    pln_engine_close(eng);
+    pln_tok_free(tok);
+    free(model_id);
+    pln_comm_free(comm);
+    return status;
+}
