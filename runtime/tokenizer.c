@@ -21,11 +21,22 @@
 /* ---- small helpers --------------------------------------------------------------------- */
 
 static uint64_t tok_hash_bytes(const void *p, size_t n) {
-    /* FNV-1a, then a final mix: keys are short strings, this is fast and good enough. */
+    /* 8 bytes at a time with a multiply-xorshift mix: keys are short strings */
     const uint8_t *s = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) { h ^= s[i]; h *= 1099511628211ull; }
-    h ^= h >> 29; h *= 0xbf58476d1ce4e5b9ull; h ^= h >> 32;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 29;
+        s += 8; n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w) * 0x94d049bb133111ebull;
+    h ^= h >> 32;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
     return h;
 }
 
@@ -109,18 +120,20 @@ struct pln_tokenizer {
     char *path;
     int64_t n_ids;                 /* vocab size: 1 + largest id */
     /* id → token string (tokenizer.json spelling) and raw bytes; NULL for unused ids. */
-    char **tok_str;
-    uint8_t **tok_bytes;
+    char **tok_str;                /* into str_arena */
+    uint32_t *tok_str_len;
+    uint64_t *tok_bytes_off;       /* into bytes_arena; UINT64_MAX = unused id */
     uint32_t *tok_bytes_len;
+    char *str_arena;
+    uint8_t *bytes_arena;
     bool *is_special;
     size_t max_token_bytes;
-    /* model.vocab: string → id (open addressing over model ids, -1 = empty). */
-    int32_t *vocab_slots;
+    /* model.vocab: string → id, open addressing; a slot is (hash high 32 bits << 32) | id,
+     * UINT64_MAX when empty, so most probes never touch the strings. */
+    uint64_t *vocab_slots;
     size_t vocab_mask;
     /* merges: (left id, right id) → rank and merged id. */
-    uint64_t *pair_keys;           /* UINT64_MAX = empty */
-    uint32_t *pair_rank;
-    int32_t *pair_new;
+    struct tok_pair { uint64_t key; uint32_t rank; int32_t new_id; } *pairs;   /* key UINT64_MAX = empty */
     size_t pair_mask;
     /* byte → id of its ByteLevel character in the vocab (-1 if absent). */
     int32_t byte_id[256];
@@ -149,12 +162,14 @@ static void tok_byte_map(uint32_t cp_of_byte[256]) {
 
 static int32_t tok_vocab_find(const pln_tokenizer *t, const char *s, size_t n) {
     if (!t->vocab_slots) return -1;
-    size_t i = tok_hash_bytes(s, n) & t->vocab_mask;
+    uint64_t h = tok_hash_bytes(s, n);
+    uint32_t fp = (uint32_t)(h >> 32);
+    size_t i = h & t->vocab_mask;
     for (;;) {
-        int32_t id = t->vocab_slots[i];
-        if (id < 0) return -1;
-        const char *c = t->tok_str[id];
-        if (strlen(c) == n && memcmp(c, s, n) == 0) return id;
+        uint64_t e = t->vocab_slots[i];
+        if (e == UINT64_MAX) return -1;
+        int32_t id = (int32_t)(uint32_t)e;
+        if ((uint32_t)(e >> 32) == fp && t->tok_str_len[id] == n && memcmp(t->tok_str[id], s, n) == 0) return id;
         i = (i + 1) & t->vocab_mask;
     }
 }
@@ -163,9 +178,9 @@ static bool tok_pair_find(const pln_tokenizer *t, int32_t a, int32_t b, uint32_t
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t i = tok_hash_u64(key) & t->pair_mask;
     for (;;) {
-        uint64_t k = t->pair_keys[i];
-        if (k == UINT64_MAX) return false;
-        if (k == key) { *rank = t->pair_rank[i]; *new_id = t->pair_new[i]; return true; }
+        const struct tok_pair *e = &t->pairs[i];
+        if (e->key == UINT64_MAX) return false;
+        if (e->key == key) { *rank = e->rank; *new_id = e->new_id; return true; }
         i = (i + 1) & t->pair_mask;
     }
 }
@@ -173,16 +188,15 @@ static bool tok_pair_find(const pln_tokenizer *t, int32_t a, int32_t b, uint32_t
 static void tok_pair_put(pln_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t i = tok_hash_u64(key) & t->pair_mask;
-    while (t->pair_keys[i] != UINT64_MAX && t->pair_keys[i] != key) i = (i + 1) & t->pair_mask;
+    while (t->pairs[i].key != UINT64_MAX && t->pairs[i].key != key) i = (i + 1) & t->pair_mask;
     /* A repeated pair keeps the later rank, like HF's HashMap collect. */
-    t->pair_keys[i] = key; t->pair_rank[i] = rank; t->pair_new[i] = new_id;
+    t->pairs[i] = (struct tok_pair){key, rank, new_id};
 }
 
-/* Raw bytes of a token string: each character through the inverse ByteLevel map; a string with
- * a character outside the map is kept as its own UTF-8 (HF's ByteLevel decoder does the same). */
-static uint8_t *tok_string_bytes(const char *s, const int16_t *byte_of_cp, uint32_t *len_out) {
-    size_t n = strlen(s);
-    uint8_t *out = pln_xmalloc(n + 1);
+/* Raw bytes of a token string into out (room for n + 1): each character through the inverse
+ * ByteLevel map; a string with a character outside the map is kept as its own UTF-8 (HF's
+ * ByteLevel decoder does the same). Returns the length. */
+static uint32_t tok_string_bytes(const char *s, size_t n, const int16_t *byte_of_cp, uint8_t *out) {
     size_t o = 0;
     const uint8_t *u = (const uint8_t *)s;
     for (size_t i = 0; i < n;) {
@@ -196,8 +210,7 @@ static uint8_t *tok_string_bytes(const char *s, const int16_t *byte_of_cp, uint3
         i += l;
     }
     out[o] = 0;
-    *len_out = (uint32_t)o;
-    return out;
+    return (uint32_t)o;
 }
 
 /* Translates an Oniguruma pattern (what `tokenizers` compiles) to PCRE2: nested character
@@ -352,19 +365,302 @@ static int tok_load_pipeline(pln_tokenizer *t, json_t *root) {
     return 0;
 }
 
-/* Records id → string; the id must be new or carry the same string. */
-static int tok_set_token(pln_tokenizer *t, int64_t id, const char *s, const char *what) {
-    if (id < 0 || id >= t->n_ids)
-        return pln_errorf("%s: %s: id %lld out of range", t->path, what, (long long)id);
-    if (t->tok_str[id]) {
-        if (strcmp(t->tok_str[id], s) == 0) return 0;
-        return pln_errorf("%s: %s: id %lld is both \"%s\" and \"%s\"", t->path, what, (long long)id, t->tok_str[id], s);
+/* ---- model.vocab and model.merges -------------------------------------------------------
+ * These two hold nearly all of a 14.5 MB BLOOM tokenizer.json. A generic DOM (jansson) spends
+ * most of a second on them, so a small strict scanner reads just those two values straight into
+ * one string arena; jansson then parses the rest of the document (with the two values blanked)
+ * for everything else. Whatever the scanner does not understand falls back to jansson whole. */
+
+typedef struct {
+    tok_buf arena;                /* NUL-terminated strings */
+    size_t *v_off; uint32_t *v_len; int64_t *v_id; size_t nv, v_cap;
+    size_t *m_off; uint32_t *m_la, *m_lb; size_t nm, m_cap;   /* a at m_off, b right after a's NUL */
+} tok_lists;
+
+static void tok_lists_free(tok_lists *l) {
+    free(l->arena.p); free(l->v_off); free(l->v_len); free(l->v_id);
+    free(l->m_off); free(l->m_la); free(l->m_lb);
+    memset(l, 0, sizeof *l);
+}
+
+static size_t tok_arena_put(tok_buf *a, const char *s, size_t n) {
+    size_t off = a->n;
+    tok_buf_put(a, s, n);
+    tok_buf_put(a, "", 1);
+    return off;
+}
+
+static void tok_lists_vocab(tok_lists *l, size_t off, size_t len, int64_t id) {
+    if (l->nv == l->v_cap) {
+        l->v_cap = l->v_cap ? l->v_cap * 2 : 1024;
+        l->v_off = pln_xrealloc(l->v_off, l->v_cap * sizeof *l->v_off);
+        l->v_len = pln_xrealloc(l->v_len, l->v_cap * sizeof *l->v_len);
+        l->v_id = pln_xrealloc(l->v_id, l->v_cap * sizeof *l->v_id);
     }
-    t->tok_str[id] = pln_xstrdup(s);
+    l->v_off[l->nv] = off; l->v_len[l->nv] = (uint32_t)len; l->v_id[l->nv] = id;
+    l->nv++;
+}
+
+static void tok_lists_merge(tok_lists *l, size_t off, size_t la, size_t lb) {
+    if (l->nm == l->m_cap) {
+        l->m_cap = l->m_cap ? l->m_cap * 2 : 1024;
+        l->m_off = pln_xrealloc(l->m_off, l->m_cap * sizeof *l->m_off);
+        l->m_la = pln_xrealloc(l->m_la, l->m_cap * sizeof *l->m_la);
+        l->m_lb = pln_xrealloc(l->m_lb, l->m_cap * sizeof *l->m_lb);
+    }
+    l->m_off[l->nm] = off; l->m_la[l->nm] = (uint32_t)la; l->m_lb[l->nm] = (uint32_t)lb;
+    l->nm++;
+}
+
+/* A merge "a b" (exactly one space) or the two strings of [a, b], appended as "a\0b\0". */
+static int tok_lists_merge_str(tok_lists *l, const char *s, size_t n) {
+    const char *sp = memchr(s, ' ', n);
+    if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp - s) - 1)) return -1;
+    size_t la = (size_t)(sp - s);
+    size_t off = tok_arena_put(&l->arena, s, la);
+    tok_arena_put(&l->arena, sp + 1, n - la - 1);
+    tok_lists_merge(l, off, la, n - la - 1);
     return 0;
 }
 
-static int tok_load_model(pln_tokenizer *t, json_t *root, int16_t *byte_of_cp) {
+typedef struct { const char *p, *end; int depth; } tok_scan;
+
+static void ts_ws(tok_scan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
+}
+
+static bool ts_lit(tok_scan *s, char c) {
+    ts_ws(s);
+    if (s->p < s->end && *s->p == c) { s->p++; return true; }
+    return false;
+}
+
+static int ts_hex4(const char *p, uint32_t *v) {
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        *v = *v * 16 + (uint32_t)d;
+    }
+    return 0;
+}
+
+/* A JSON string (opening quote next), unescaped into out (NULL: skipped); UTF-8 validated,
+ * NUL refused. -1 on anything malformed. */
+static int ts_string(tok_scan *s, tok_buf *out) {
+    ts_ws(s);
+    if (s->p >= s->end || *s->p != '"') return -1;
+    s->p++;
+    for (;;) {
+        const char *q = s->p;
+        while (q < s->end && *q != '"' && *q != '\\' && (uint8_t)*q >= 0x20) q++;
+        if (q >= s->end || (uint8_t)*q < 0x20) return -1;
+        if (out) tok_buf_put(out, s->p, (size_t)(q - s->p));
+        for (const uint8_t *u = (const uint8_t *)s->p; u < (const uint8_t *)q;) {
+            if (*u < 0x80) { u++; continue; }
+            size_t l = tok_utf8_len(u, (size_t)((const uint8_t *)q - u));
+            if (!l) return -1;
+            u += l;
+        }
+        s->p = q + 1;
+        if (*q == '"') return 0;
+        if (s->p >= s->end) return -1;
+        char e = *s->p++;
+        uint8_t u8[4];
+        int ul = 1;
+        switch (e) {
+        case '"': u8[0] = '"'; break;
+        case '\\': u8[0] = '\\'; break;
+        case '/': u8[0] = '/'; break;
+        case 'b': u8[0] = '\b'; break;
+        case 'f': u8[0] = '\f'; break;
+        case 'n': u8[0] = '\n'; break;
+        case 'r': u8[0] = '\r'; break;
+        case 't': u8[0] = '\t'; break;
+        case 'u': {
+            uint32_t cp, lo;
+            if (s->end - s->p < 4 || ts_hex4(s->p, &cp)) return -1;
+            s->p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (s->end - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u' || ts_hex4(s->p + 2, &lo) ||
+                    lo < 0xDC00 || lo > 0xDFFF) return -1;
+                s->p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if ((cp >= 0xDC00 && cp <= 0xDFFF) || cp == 0) {
+                return -1;
+            }
+            ul = tok_utf8_put(cp, u8);
+            break;
+        }
+        default: return -1;
+        }
+        if (out) tok_buf_put(out, u8, (size_t)ul);
+    }
+}
+
+static int ts_int(tok_scan *s, int64_t *v) {
+    ts_ws(s);
+    const char *p = s->p;
+    bool neg = p < s->end && *p == '-';
+    if (neg) p++;
+    if (p >= s->end || *p < '0' || *p > '9') return -1;
+    int64_t x = 0;
+    while (p < s->end && *p >= '0' && *p <= '9') {
+        if (x > (INT64_MAX - 9) / 10) return -1;
+        x = x * 10 + (*p++ - '0');
+    }
+    if (p < s->end && (*p == '.' || *p == 'e' || *p == 'E')) return -1;
+    s->p = p;
+    *v = neg ? -x : x;
+    return 0;
+}
+
+static int ts_skip(tok_scan *s) {
+    ts_ws(s);
+    if (s->p >= s->end || ++s->depth > 128) return -1;
+    char c = *s->p;
+    int rc = 0;
+    if (c == '"') rc = ts_string(s, NULL);
+    else if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        s->p++;
+        if (!ts_lit(s, close)) {
+            do {
+                if (c == '{' && (ts_string(s, NULL) || !ts_lit(s, ':'))) { rc = -1; break; }
+                if (ts_skip(s)) { rc = -1; break; }
+            } while (ts_lit(s, ','));
+            if (!rc && !ts_lit(s, close)) rc = -1;
+        }
+    } else {
+        /* number or literal: the characters they are made of */
+        const char *q = s->p;
+        while (q < s->end && (strchr("+-.0123456789eEtruefalsn", *q) != NULL) && *q) q++;
+        if (q == s->p) rc = -1;
+        s->p = q;
+    }
+    s->depth--;
+    return rc;
+}
+
+/* model.vocab: {"token": id, ...} */
+static int ts_vocab(tok_scan *s, tok_lists *l) {
+    if (!ts_lit(s, '{')) return -1;
+    if (ts_lit(s, '}')) return 0;
+    do {
+        size_t off = l->arena.n;
+        if (ts_string(s, &l->arena)) return -1;
+        size_t len = l->arena.n - off;
+        tok_buf_put(&l->arena, "", 1);
+        int64_t id;
+        if (!ts_lit(s, ':') || ts_int(s, &id)) return -1;
+        tok_lists_vocab(l, off, len, id);
+    } while (ts_lit(s, ','));
+    return ts_lit(s, '}') ? 0 : -1;
+}
+
+/* model.merges: ["a b", ...] or [["a", "b"], ...] */
+static int ts_merges(tok_scan *s, tok_lists *l, tok_buf *tmp) {
+    if (!ts_lit(s, '[')) return -1;
+    if (ts_lit(s, ']')) return 0;
+    do {
+        ts_ws(s);
+        if (s->p < s->end && *s->p == '[') {
+            s->p++;
+            size_t off = l->arena.n;
+            if (ts_string(s, &l->arena)) return -1;
+            size_t la = l->arena.n - off;
+            tok_buf_put(&l->arena, "", 1);
+            size_t ob = l->arena.n;
+            if (!ts_lit(s, ',') || ts_string(s, &l->arena)) return -1;
+            size_t lb = l->arena.n - ob;
+            tok_buf_put(&l->arena, "", 1);
+            if (!ts_lit(s, ']')) return -1;
+            tok_lists_merge(l, off, la, lb);
+        } else {
+            tmp->n = 0;
+            if (ts_string(s, tmp) || tok_lists_merge_str(l, (const char *)tmp->p, tmp->n)) return -1;
+        }
+    } while (ts_lit(s, ','));
+    return ts_lit(s, ']') ? 0 : -1;
+}
+
+/* Scans the document for model.vocab and model.merges, filling l and recording their byte
+ * ranges. Returns 0 when both were read (ranges set), -1 to fall back to jansson. */
+static int tok_fast_scan(const char *text, size_t len, tok_lists *l, size_t rng[2][2]) {
+    tok_scan s = {text, text + len, 0};
+    tok_buf key = {0}, tmp = {0};
+    int found = 0, rc = -1;
+    if (!ts_lit(&s, '{')) goto out;
+    if (ts_lit(&s, '}')) goto out;
+    do {
+        key.n = 0;
+        if (ts_string(&s, &key) || !ts_lit(&s, ':')) goto out;
+        if (key.n == 5 && memcmp(key.p, "model", 5) == 0 && !(found & 4)) {
+            found |= 4;
+            if (!ts_lit(&s, '{')) goto out;
+            if (ts_lit(&s, '}')) goto out;
+            do {
+                key.n = 0;
+                if (ts_string(&s, &key) || !ts_lit(&s, ':')) goto out;
+                ts_ws(&s);
+                size_t start = (size_t)(s.p - text);
+                if (key.n == 5 && memcmp(key.p, "vocab", 5) == 0 && !(found & 1)) {
+                    if (ts_vocab(&s, l)) goto out;
+                    rng[0][0] = start; rng[0][1] = (size_t)(s.p - text);
+                    found |= 1;
+                } else if (key.n == 6 && memcmp(key.p, "merges", 6) == 0 && !(found & 2)) {
+                    if (ts_merges(&s, l, &tmp)) goto out;
+                    rng[1][0] = start; rng[1][1] = (size_t)(s.p - text);
+                    found |= 2;
+                } else if (ts_skip(&s)) {
+                    goto out;
+                }
+            } while (ts_lit(&s, ','));
+            if (!ts_lit(&s, '}')) goto out;
+        } else if (ts_skip(&s)) {
+            goto out;
+        }
+    } while (ts_lit(&s, ','));
+    if (ts_lit(&s, '}') && (found & 3) == 3) rc = 0;
+out:
+    free(key.p); free(tmp.p);
+    return rc;
+}
+
+/* The same lists from a jansson document (the fallback path, and the messages it gives). */
+static int tok_lists_from_json(pln_tokenizer *t, json_t *model, tok_lists *l) {
+    json_t *vocab = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    if (!json_is_object(vocab)) return pln_errorf("%s: model.vocab missing or not an object", t->path);
+    if (merges && !json_is_array(merges)) return pln_errorf("%s: model.merges is not an array", t->path);
+    const char *key;
+    json_t *val;
+    json_object_foreach(vocab, key, val) {
+        if (!json_is_integer(val))
+            return pln_errorf("%s: model.vocab[\"%s\"] is not an integer id", t->path, key);
+        size_t off = tok_arena_put(&l->arena, key, strlen(key));
+        tok_lists_vocab(l, off, strlen(key), json_integer_value(val));
+    }
+    size_t i;
+    json_array_foreach(merges, i, val) {
+        if (json_is_string(val)) {
+            if (tok_lists_merge_str(l, json_string_value(val), json_string_length(val)))
+                return pln_errorf("%s: model.merges[%zu] \"%s\" is not \"a b\"", t->path, i, json_string_value(val));
+        } else if (json_is_array(val) && json_array_size(val) == 2 && json_is_string(json_array_get(val, 0)) &&
+                   json_is_string(json_array_get(val, 1))) {
+            json_t *a = json_array_get(val, 0), *b = json_array_get(val, 1);
+            size_t off = tok_arena_put(&l->arena, json_string_value(a), json_string_length(a));
+            tok_arena_put(&l->arena, json_string_value(b), json_string_length(b));
+            tok_lists_merge(l, off, json_string_length(a), json_string_length(b));
+        } else {
+            return pln_errorf("%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", t->path, i);
+        }
+    }
+    return 0;
+}
+
+static int tok_load_model(pln_tokenizer *t, json_t *root, tok_lists *l, const int16_t *byte_of_cp) {
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return pln_errorf("%s: model missing or not an object", t->path);
     const char *ty = tok_json_type(model);
@@ -380,88 +676,123 @@ static int tok_load_model(pln_tokenizer *t, json_t *root, int16_t *byte_of_cp) {
         return pln_errorf("%s: model.byte_fallback=true is not supported (BLOOM has false)", t->path);
     t->fuse_unk = !tok_json_false(model, "fuse_unk");
     t->ignore_merges = !tok_json_false(model, "ignore_merges");
-
-    json_t *vocab = json_object_get(model, "vocab");
-    json_t *merges = json_object_get(model, "merges");
-    if (!json_is_object(vocab)) return pln_errorf("%s: model.vocab missing or not an object", t->path);
-    if (merges && !json_is_array(merges)) return pln_errorf("%s: model.merges is not an array", t->path);
+    if (!l->v_off && tok_lists_from_json(t, model, l)) return -1;
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added) && !json_is_array(added)) return pln_errorf("%s: added_tokens is not an array", t->path);
 
     /* vocabulary size: 1 + the largest id anywhere */
     int64_t max_id = -1;
-    const char *key;
-    json_t *val;
-    json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= INT32_MAX)
-            return pln_errorf("%s: model.vocab[\"%s\"] is not an id in [0, 2^31)", t->path, key);
-        if (json_integer_value(val) > max_id) max_id = json_integer_value(val);
+    for (size_t i = 0; i < l->nv; i++) {
+        if (l->v_id[i] < 0 || l->v_id[i] >= INT32_MAX)
+            return pln_errorf("%s: model.vocab[\"%s\"] is not an id in [0, 2^31)", t->path, (char *)l->arena.p + l->v_off[i]);
+        if (l->v_id[i] > max_id) max_id = l->v_id[i];
     }
     size_t i;
+    json_t *val;
     json_array_foreach(added, i, val) {
         json_t *id = json_object_get(val, "id");
+        json_t *c = json_object_get(val, "content");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX)
             return pln_errorf("%s: added_tokens[%zu].id missing or not an id in [0, 2^31)", t->path, i);
+        if (!json_is_string(c) || json_string_length(c) == 0 || strlen(json_string_value(c)) != json_string_length(c))
+            return pln_errorf("%s: added_tokens[%zu].content missing, empty or holding NUL", t->path, i);
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
     }
     if (max_id < 0) return pln_errorf("%s: model.vocab is empty", t->path);
     t->n_ids = max_id + 1;
-    t->tok_str = pln_xcalloc((size_t)t->n_ids, sizeof *t->tok_str);
-    t->tok_bytes = pln_xcalloc((size_t)t->n_ids, sizeof *t->tok_bytes);
-    t->tok_bytes_len = pln_xcalloc((size_t)t->n_ids, sizeof *t->tok_bytes_len);
+    /* ids → offsets into the arena first (it still grows), pointers at the end */
+    size_t *str_off = pln_xmalloc((size_t)t->n_ids * sizeof *str_off);
+    memset(str_off, 0xFF, (size_t)t->n_ids * sizeof *str_off);
+    t->tok_str_len = pln_xcalloc((size_t)t->n_ids, sizeof *t->tok_str_len);
     t->is_special = pln_xcalloc((size_t)t->n_ids, sizeof *t->is_special);
-
-    /* model.vocab → string table and hash */
-    size_t nv = json_object_size(vocab);
-    size_t vcap = tok_pow2_at_least(nv * 2 + 1);
-    t->vocab_slots = pln_xmalloc(vcap * sizeof *t->vocab_slots);
-    memset(t->vocab_slots, 0xFF, vcap * sizeof *t->vocab_slots);
-    t->vocab_mask = vcap - 1;
-    json_object_foreach(vocab, key, val) {
-        int64_t id = json_integer_value(val);
-        if (t->tok_str[id])
-            return pln_errorf("%s: model.vocab: id %lld used by both \"%s\" and \"%s\"", t->path, (long long)id, t->tok_str[id], key);
-        t->tok_str[id] = pln_xstrdup(key);
-        size_t klen = strlen(key);
-        size_t h = tok_hash_bytes(key, klen) & t->vocab_mask;
-        while (t->vocab_slots[h] >= 0) h = (h + 1) & t->vocab_mask;
-        t->vocab_slots[h] = (int32_t)id;
+    int rc = 0;
+    for (size_t k = 0; k < l->nv && !rc; k++) {
+        int64_t id = l->v_id[k];
+        if (str_off[id] != SIZE_MAX)
+            rc = pln_errorf("%s: model.vocab: id %lld used by both \"%s\" and \"%s\"", t->path, (long long)id,
+                            (char *)l->arena.p + str_off[id], (char *)l->arena.p + l->v_off[k]);
+        str_off[id] = l->v_off[k];
+        t->tok_str_len[id] = l->v_len[k];
     }
-
-    /* added tokens */
     size_t na = json_array_size(added);
     t->added = pln_xcalloc(na ? na : 1, sizeof *t->added);
     json_array_foreach(added, i, val) {
+        if (rc) break;
         json_t *c = json_object_get(val, "content");
-        if (!json_is_string(c) || json_string_length(c) == 0)
-            return pln_errorf("%s: added_tokens[%zu].content missing or empty", t->path, i);
-        if (!tok_json_false(val, "single_word") || !tok_json_false(val, "lstrip") || !tok_json_false(val, "rstrip"))
-            return pln_errorf("%s: added_tokens[%zu] (\"%s\"): single_word/lstrip/rstrip are not supported (BLOOM has false)",
-                              t->path, i, json_string_value(c));
+        const char *cs = json_string_value(c);
+        size_t cl = json_string_length(c);
+        if (!tok_json_false(val, "single_word") || !tok_json_false(val, "lstrip") || !tok_json_false(val, "rstrip")) {
+            rc = pln_errorf("%s: added_tokens[%zu] (\"%s\"): single_word/lstrip/rstrip are not supported (BLOOM has false)",
+                            t->path, i, cs);
+            break;
+        }
         int64_t id = json_integer_value(json_object_get(val, "id"));
-        if (tok_set_token(t, id, json_string_value(c), "added_tokens")) return -1;
+        if (str_off[id] == SIZE_MAX) {
+            str_off[id] = tok_arena_put(&l->arena, cs, cl);
+            t->tok_str_len[id] = (uint32_t)cl;
+        } else if (t->tok_str_len[id] != cl || memcmp(l->arena.p + str_off[id], cs, cl) != 0) {
+            rc = pln_errorf("%s: added_tokens[%zu]: id %lld is both \"%s\" and \"%s\"", t->path, i, (long long)id,
+                            (char *)l->arena.p + str_off[id], cs);
+            break;
+        }
         tok_added *a = &t->added[t->n_added++];
-        a->content = pln_xstrdup(json_string_value(c));
-        a->len = strlen(a->content);
+        a->content = pln_xstrdup(cs);
+        a->len = cl;
         a->id = (int32_t)id;
         a->special = !tok_json_false(val, "special");
         a->normalized = !tok_json_false(val, "normalized");
         t->is_special[id] = a->special;
         t->added_first_byte[a->normalized][(uint8_t)a->content[0]] = true;
     }
+    if (rc) { free(str_off); return -1; }
 
-    /* bytes of every token, and the id of each single byte */
+    /* the arena is final: pointers, raw bytes (into a second arena), vocab hash */
+    t->str_arena = (char *)l->arena.p;
+    l->arena.p = NULL;
+    t->tok_str = pln_xcalloc((size_t)t->n_ids, sizeof *t->tok_str);
+    t->tok_bytes_off = pln_xmalloc((size_t)t->n_ids * sizeof *t->tok_bytes_off);
+    t->tok_bytes_len = pln_xcalloc((size_t)t->n_ids, sizeof *t->tok_bytes_len);
+    size_t total = 0;
+    for (int64_t id = 0; id < t->n_ids; id++) if (str_off[id] != SIZE_MAX) total += t->tok_str_len[id] + 1;
+    t->bytes_arena = pln_xmalloc(total ? total : 1);
+    size_t bo = 0;
     for (int64_t id = 0; id < t->n_ids; id++) {
-        if (!t->tok_str[id]) continue;
-        t->tok_bytes[id] = tok_string_bytes(t->tok_str[id], byte_of_cp, &t->tok_bytes_len[id]);
-        if (t->tok_bytes_len[id] > t->max_token_bytes) t->max_token_bytes = t->tok_bytes_len[id];
+        t->tok_bytes_off[id] = UINT64_MAX;
+        if (str_off[id] == SIZE_MAX) continue;
+        t->tok_str[id] = t->str_arena + str_off[id];
+        uint32_t bl = tok_string_bytes(t->tok_str[id], t->tok_str_len[id], byte_of_cp, t->bytes_arena + bo);
+        t->tok_bytes_off[id] = bo;
+        t->tok_bytes_len[id] = bl;
+        bo += bl + 1;
+        if (bl > t->max_token_bytes) t->max_token_bytes = bl;
     }
+    free(str_off);
+    size_t vcap = tok_pow2_at_least(l->nv * 2 + 1);
+    t->vocab_slots = pln_xmalloc(vcap * sizeof *t->vocab_slots);
+    memset(t->vocab_slots, 0xFF, vcap * sizeof *t->vocab_slots);
+    t->vocab_mask = vcap - 1;
+    for (size_t k = 0; k < l->nv; k++) {
+        int32_t id = (int32_t)l->v_id[k];
+        const char *key = t->tok_str[id];
+        uint64_t hh = tok_hash_bytes(key, l->v_len[k]);
+        uint32_t fp = (uint32_t)(hh >> 32);
+        size_t h = hh & t->vocab_mask;
+        while (t->vocab_slots[h] != UINT64_MAX) {
+            uint64_t e = t->vocab_slots[h];
+            int32_t o = (int32_t)(uint32_t)e;
+            if ((uint32_t)(e >> 32) == fp && t->tok_str_len[o] == l->v_len[k] && memcmp(t->tok_str[o], key, l->v_len[k]) == 0)
+                return pln_errorf("%s: model.vocab: \"%s\" appears twice (ids %d and %d)", t->path, key, o, id);
+            h = (h + 1) & t->vocab_mask;
+        }
+        t->vocab_slots[h] = ((uint64_t)fp << 32) | (uint32_t)id;
+    }
+
     uint32_t cp_of_byte[256];
     tok_byte_map(cp_of_byte);
     for (int b = 0; b < 256; b++) {
         uint8_t u[4];
-        int l = tok_utf8_put(cp_of_byte[b], u);
-        t->byte_id[b] = tok_vocab_find(t, (const char *)u, (size_t)l);
+        int ul = tok_utf8_put(cp_of_byte[b], u);
+        t->byte_id[b] = tok_vocab_find(t, (const char *)u, (size_t)ul);
     }
     t->unk_id = -1;
     json_t *unk = json_object_get(model, "unk_token");
@@ -471,42 +802,28 @@ static int tok_load_model(pln_tokenizer *t, json_t *root, int16_t *byte_of_cp) {
     }
 
     /* merges: rank = position; the merged token must be in the vocabulary */
-    size_t nm = json_array_size(merges);
-    size_t pcap = tok_pow2_at_least(nm * 2 + 1);
-    t->pair_keys = pln_xmalloc(pcap * sizeof *t->pair_keys);
-    memset(t->pair_keys, 0xFF, pcap * sizeof *t->pair_keys);
-    t->pair_rank = pln_xmalloc(pcap * sizeof *t->pair_rank);
-    t->pair_new = pln_xmalloc(pcap * sizeof *t->pair_new);
+    size_t pcap = tok_pow2_at_least(l->nm * 2 + 1);
+    t->pairs = pln_xmalloc(pcap * sizeof *t->pairs);
+    for (size_t k = 0; k < pcap; k++) t->pairs[k].key = UINT64_MAX;
     t->pair_mask = pcap - 1;
+    /* the merge strings live in l's arena only on the fallback path... both paths put them
+     * in the same arena, now owned by t */
     char *cat = NULL;
     size_t cat_cap = 0;
-    json_array_foreach(merges, i, val) {
-        const char *a, *b;
-        size_t la, lb;
-        if (json_is_string(val)) {
-            /* "a b": exactly one space (ByteLevel tokens never contain a space) */
-            a = json_string_value(val);
-            const char *sp = strchr(a, ' ');
-            if (!sp || strchr(sp + 1, ' ')) { free(cat); return pln_errorf("%s: model.merges[%zu] \"%s\" is not \"a b\"", t->path, i, a); }
-            la = (size_t)(sp - a); b = sp + 1; lb = strlen(b);
-        } else if (json_is_array(val) && json_array_size(val) == 2 && json_is_string(json_array_get(val, 0)) &&
-                   json_is_string(json_array_get(val, 1))) {
-            a = json_string_value(json_array_get(val, 0)); la = json_string_length(json_array_get(val, 0));
-            b = json_string_value(json_array_get(val, 1)); lb = json_string_length(json_array_get(val, 1));
-        } else {
-            free(cat);
-            return pln_errorf("%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", t->path, i);
-        }
+    for (size_t k = 0; k < l->nm; k++) {
+        const char *a = t->str_arena + l->m_off[k];
+        size_t la = l->m_la[k], lb = l->m_lb[k];
+        const char *b = a + la + 1;
         if (la + lb + 1 > cat_cap) { cat_cap = (la + lb + 1) * 2; cat = pln_xrealloc(cat, cat_cap); }
         memcpy(cat, a, la); memcpy(cat + la, b, lb); cat[la + lb] = 0;
         int32_t ia = tok_vocab_find(t, a, la), ib = tok_vocab_find(t, b, lb), in = tok_vocab_find(t, cat, la + lb);
         if (ia < 0 || ib < 0 || in < 0) {
-            pln_errorf("%s: model.merges[%zu] (\"%.*s\" + \"%.*s\"): %s is not in model.vocab", t->path, i,
-                       (int)la, a, (int)lb, b, ia < 0 ? "the left token" : ib < 0 ? "the right token" : "the merged token");
+            pln_errorf("%s: model.merges[%zu] (\"%s\" + \"%s\"): %s is not in model.vocab", t->path, k, a, b,
+                       ia < 0 ? "the left token" : ib < 0 ? "the right token" : "the merged token");
             free(cat);
             return -1;
         }
-        tok_pair_put(t, ia, ib, (uint32_t)i, in);
+        tok_pair_put(t, ia, ib, (uint32_t)k, in);
     }
     free(cat);
     return 0;
@@ -516,10 +833,28 @@ pln_tokenizer *pln_tok_load(const char *path) {
     size_t len;
     char *text = pln_read_small_file(path, TOK_MAX_FILE_BYTES, &len);
     if (!text) return NULL;
+    tok_lists lists = {0};
+    size_t rng[2][2];
+    json_t *root;
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (tok_fast_scan(text, len, &lists, rng) == 0) {
+        /* the rest of the document, with the two big values blanked out, goes to jansson */
+        int first = rng[0][0] < rng[1][0] ? 0 : 1, second = 1 - first;
+        tok_buf rest = {0};
+        tok_buf_put(&rest, text, rng[first][0]);
+        tok_buf_put(&rest, first == 0 ? "{}" : "[]", 2);
+        tok_buf_put(&rest, text + rng[first][1], rng[second][0] - rng[first][1]);
+        tok_buf_put(&rest, second == 0 ? "{}" : "[]", 2);
+        tok_buf_put(&rest, text + rng[second][1], len - rng[second][1]);
+        root = json_loadb((const char *)rest.p, rest.n, 0, &jerr);
+        free(rest.p);
+    } else {
+        tok_lists_free(&lists);
+        root = json_loadb(text, len, 0, &jerr);
+    }
     free(text);
     if (!root) {
+        tok_lists_free(&lists);
         pln_errorf("%s: not valid JSON (line %d, column %d): %s", path, jerr.line, jerr.column, jerr.text);
         return NULL;
     }
@@ -533,7 +868,8 @@ pln_tokenizer *pln_tok_load(const char *path) {
     for (int b = 0; b < 256; b++) byte_of_cp[cp_of_byte[b]] = (int16_t)b;
     int rc = json_is_object(root) ? 0 : pln_errorf("%s: top level is not an object", path);
     if (!rc) rc = tok_load_pipeline(t, root);
-    if (!rc) rc = tok_load_model(t, root, byte_of_cp);
+    if (!rc) rc = tok_load_model(t, root, &lists, byte_of_cp);
+    tok_lists_free(&lists);
     json_decref(root);
     if (rc) { pln_tok_free(t); return NULL; }
     return t;
@@ -541,10 +877,10 @@ pln_tokenizer *pln_tok_load(const char *path) {
 
 void pln_tok_free(pln_tokenizer *t) {
     if (!t) return;
-    for (int64_t i = 0; i < t->n_ids; i++) { free(t->tok_str[i]); free(t->tok_bytes[i]); }
-    free(t->tok_str); free(t->tok_bytes); free(t->tok_bytes_len); free(t->is_special);
+    free(t->str_arena); free(t->bytes_arena);
+    free(t->tok_str); free(t->tok_str_len); free(t->tok_bytes_off); free(t->tok_bytes_len); free(t->is_special);
     free(t->vocab_slots);
-    free(t->pair_keys); free(t->pair_rank); free(t->pair_new);
+    free(t->pairs);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
     if (t->re) pcre2_code_free(t->re);
@@ -560,9 +896,9 @@ void pln_tok_free(pln_tokenizer *t) {
 int64_t pln_tok_vocab_size(const pln_tokenizer *t) { return t->n_ids; }
 
 const uint8_t *pln_tok_token_bytes(const pln_tokenizer *t, int32_t id, size_t *len) {
-    if (id < 0 || id >= t->n_ids || !t->tok_bytes[id]) { if (len) *len = 0; return NULL; }
+    if (id < 0 || id >= t->n_ids || t->tok_bytes_off[id] == UINT64_MAX) { if (len) *len = 0; return NULL; }
     if (len) *len = t->tok_bytes_len[id];
-    return t->tok_bytes[id];
+    return t->bytes_arena + t->tok_bytes_off[id];
 }
 
 bool pln_tok_is_special(const pln_tokenizer *t, int32_t id) {
@@ -849,10 +1185,10 @@ static size_t tok_stream_byte(pln_tok_stream *s, uint8_t c, char *out, size_t ca
 
 size_t pln_tok_stream_push(const pln_tokenizer *t, pln_tok_stream *s, int32_t id, bool skip_special,
                            char *out, size_t cap) {
-    if (id < 0 || id >= t->n_ids || !t->tok_bytes[id]) return 0;
+    if (id < 0 || id >= t->n_ids || t->tok_bytes_off[id] == UINT64_MAX) return 0;
     if (skip_special && t->is_special[id]) return 0;
     size_t o = 0;
-    const uint8_t *b = t->tok_bytes[id];
+    const uint8_t *b = t->bytes_arena + t->tok_bytes_off[id];
     for (uint32_t i = 0; i < t->tok_bytes_len[id]; i++) o += tok_stream_byte(s, b[i], out + o, cap - o);
     return o;
 }
