@@ -181,6 +181,42 @@ int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_en
     return 0;
 }
 
+pln_tp_model pln_tp_model_of(const pln_bloom_config *c) {
+    pln_tp_model m = {.vocab_size = c->vocab_size, .hidden = c->hidden_size, .n_head = c->n_head, .n_layer = c->n_layer};
+    return m;
+}
+
+int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, const pln_tensor **srcs) {
+    for (size_t i = 0; i < n; i++) {
+        const pln_tp_entry *e = &plan[i];
+        srcs[i] = NULL;
+        if (e->transform == PLN_TP_QUANT_SCALE) { srcs[i] = i ? srcs[i - 1] : NULL; continue; }
+        const pln_tensor *t = pln_ckpt_find(ck, e->source);
+        if (!t)
+            return pln_errorf("%s: missing tensor %s (a BLOOM checkpoint with n_layer %d needs it; is the checkpoint complete?)",
+                              ck->path, e->source, (int)(ck->has_config ? ck->config.n_layer : 0));
+        char got[96], want[96];
+        bool same = t->ndim == e->src_ndim && t->shape[0] == e->src_shape[0] && (e->src_ndim == 1 || t->shape[1] == e->src_shape[1]);
+        if (!same)
+            return pln_errorf("%s: tensor %s has shape %s but config.json (hidden_size %lld, vocab_size %lld) implies %s",
+                              t->file ? t->file : ck->path, e->source, pln_shape_str(t->shape, t->ndim, got, sizeof got),
+                              (long long)ck->config.hidden_size, (long long)ck->config.vocab_size,
+                              pln_shape_str(e->src_shape, e->src_ndim, want, sizeof want));
+        if (!pln_tp_dtype_convertible(t->dtype))
+            return pln_errorf("%s: tensor %s has dtype %s, which cannot be converted to fp16/int8 (F32, F16 and BF16 can)",
+                              t->file ? t->file : ck->path, e->source, pln_dtype_name(t->dtype));
+        if (!t->contiguous)
+            return pln_errorf("%s: tensor %s is a strided view; re-save the checkpoint (e.g. with safetensors) so it is contiguous",
+                              t->file ? t->file : ck->path, e->source);
+        uint64_t want_bytes = (uint64_t)e->src_shape[0] * (uint64_t)e->src_shape[1] * pln_dtype_size(t->dtype);
+        if (!t->data || t->nbytes != want_bytes)
+            return pln_errorf("%s: tensor %s: %llu data bytes, expected %llu", t->file ? t->file : ck->path, e->source,
+                              (unsigned long long)t->nbytes, (unsigned long long)want_bytes);
+        srcs[i] = t;
+    }
+    return 0;
+}
+
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e) {
     return (uint64_t)e->shape[0] * (uint64_t)e->shape[1] * pln_dtype_size(e->dtype);
 }

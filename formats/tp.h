@@ -12,6 +12,7 @@
 #define PLN_TP_H
 
 #include "formats/common.h"
+#include "formats/hf.h"
 
 #define PLN_TP_LAYOUT "bloom-tp-v1"
 #define PLN_TP_NAME_MAX 96
@@ -57,6 +58,9 @@ typedef struct {
     int64_t group;                 /* columns per scale for I8 and scale entries, else 0 */
 } pln_tp_entry;
 
+/* The split-relevant part of a parsed config.json. */
+pln_tp_model pln_tp_model_of(const pln_bloom_config *c);
+
 /* Vocabulary rounded up to a multiple of tp (pad rows are zero and never sampled). */
 int64_t pln_tp_vocab_padded(int64_t vocab_size, int tp);
 
@@ -71,6 +75,12 @@ int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_en
 
 /* Bytes of the rank tensor (rows + pad_rows for the data, per-group scales for scale entries). */
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e);
+
+/* Looks up the source tensor of every plan entry in ck and checks it before anything is written:
+ * present, the shape config.json implies, a convertible dtype, contiguous, data mapped.
+ * srcs[i] gets the tensor of entry i (scale entries: their weight's). -1 with an error naming
+ * the tensor (and its file) and what disagrees. */
+int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, const pln_tensor **srcs);
 
 /* ---- conversions ------------------------------------------------------------------------ */
 

@@ -1,0 +1,649 @@
+/* cmd_reshard.c — `pollen reshard SRC -o OUT --tp N --dtype fp16|int8`: converts a Hugging Face
+ * BLOOM checkpoint into a "bloom-tp-v1" shard set, streaming, in bounded memory, atomically.
+ *
+ * Order of work (how "written in kernel order" and "read once" hold together): every rank file
+ * holds the same sequence of tensors (formats/tp.h), one per source tensor (plus int8 scales).
+ * So the source tensors are visited once, in that sequence, and while a tensor is hot every
+ * rank's slice of it is produced and appended to that rank's file: each rank file is written
+ * front to back in kernel order, each source tensor is read once, front to back in row chunks.
+ *   - row-split tensors (embedding, query_key_value, dense_h_to_4h and their biases): rank 0's
+ *     rows, then rank 1's, ... — the source is read strictly sequentially;
+ *   - column-split tensors (dense, dense_4h_to_h): each chunk of rows is cut into every rank's
+ *     columns while it is in memory;
+ *   - replicated tensors: converted once, the same bytes appended to every rank.
+ * Reads are sequential inside each tensor; between tensors they jump within a file because HF
+ * files order tensors by name, not by layer position (big contiguous runs either way).
+ *
+ * Memory: the source is mmapped; a chunk's pages are prefetched (MADV_WILLNEED) two chunks
+ * ahead and dropped from this process (MADV_DONTNEED: the page cache keeps them, RSS does not)
+ * once converted. Output goes through a fixed pool of 8 MiB buffers to a writer thread that
+ * appends them to the rank files (checksumming as it goes) while the next chunk is converted on
+ * all cores. Peak memory is the pool plus per-tensor int8 scales, whatever the model size. */
+#include "formats/common.h"
+#include "formats/hf.h"
+#include "formats/shard.h"
+#include "formats/tp.h"
+#include "kernels/pln_math.h"
+#include "tools/cmd.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RS_BUF_BYTES (8u << 20)   /* one output chunk; a row of the largest allowed tensor fits */
+#define RS_N_BUFS 6                /* converting one while the writer drains the others */
+#define RS_SCALE_LIMIT (512ull << 20)  /* int8 scales kept for one tensor, all ranks */
+
+/* ---- the writer thread ---- */
+typedef struct {
+    uint8_t *data;
+    size_t n;
+    int refs;
+} rs_buf;
+
+typedef enum { RS_OP_BEGIN, RS_OP_WRITE, RS_OP_END, RS_OP_STOP } rs_op_kind;
+typedef struct rs_op {
+    rs_op_kind kind;
+    int rank;
+    const char *name;
+    rs_buf *buf;           /* WRITE from the pool (released after), or NULL */
+    void *owned;           /* WRITE of a malloc'd block (freed after) */
+    size_t n;
+    struct rs_op *next;
+} rs_op;
+
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_op, cv_buf;
+    rs_op *head, *tail;
+    rs_buf bufs[RS_N_BUFS];
+    rs_buf *free_bufs[RS_N_BUFS];
+    int n_free;
+    pln_shard_writer **writers;
+    bool failed;
+    char err[1024];
+    uint64_t written, fail_after;   /* fault injection: PLN_FAULT_ENOSPC_AFTER bytes */
+} rs_pipe;
+
+static void pipe_release(rs_pipe *p, rs_buf *b) {
+    pthread_mutex_lock(&p->mu);
+    if (--b->refs == 0) {
+        p->free_bufs[p->n_free++] = b;
+        pthread_cond_broadcast(&p->cv_buf);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pipe_fail(rs_pipe *p, const char *msg) {
+    pthread_mutex_lock(&p->mu);
+    if (!p->failed) snprintf(p->err, sizeof p->err, "%s", msg);
+    p->failed = true;
+    pthread_cond_broadcast(&p->cv_buf);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *writer_main(void *arg) {
+    rs_pipe *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->head) pthread_cond_wait(&p->cv_op, &p->mu);
+        rs_op *op = p->head;
+        p->head = op->next;
+        if (!p->head) p->tail = NULL;
+        bool failed = p->failed;
+        pthread_mutex_unlock(&p->mu);
+        if (op->kind == RS_OP_STOP) { free(op); return NULL; }
+        int rc = 0;
+        if (!failed) {
+            pln_shard_writer *w = p->writers[op->rank];
+            if (op->kind == RS_OP_BEGIN) rc = pln_shard_writer_begin(w, op->name, NULL);
+            else if (op->kind == RS_OP_END) rc = pln_shard_writer_end(w);
+            else {
+                const void *d = op->buf ? (const void *)op->buf->data : op->owned;
+                if (p->fail_after && p->written + op->n > p->fail_after)
+                    rc = pln_errorf("rank-%d: write failed: %s (PLN_FAULT_ENOSPC_AFTER)", op->rank, strerror(ENOSPC));
+                else
+                    rc = pln_shard_writer_write(w, d, op->n);
+                p->written += op->n;
+            }
+            if (rc) pipe_fail(p, pln_error());
+        }
+        if (op->buf) pipe_release(p, op->buf);
+        free(op->owned);
+        free(op);
+    }
+}
+
+static void pipe_push(rs_pipe *p, rs_op_kind kind, int rank, const char *name, rs_buf *buf, void *owned, size_t n) {
+    rs_op *op = pln_xcalloc(1, sizeof *op);
+    op->kind = kind; op->rank = rank; op->name = name; op->buf = buf; op->owned = owned; op->n = n;
+    pthread_mutex_lock(&p->mu);
+    if (p->tail) p->tail->next = op; else p->head = op;
+    p->tail = op;
+    pthread_cond_signal(&p->cv_op);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* A free pool buffer with refs references, or NULL once the writer has failed. */
+static rs_buf *pipe_acquire(rs_pipe *p, int refs) {
+    pthread_mutex_lock(&p->mu);
+    while (!p->n_free && !p->failed) pthread_cond_wait(&p->cv_buf, &p->mu);
+    rs_buf *b = p->failed ? NULL : p->free_bufs[--p->n_free];
+    if (b) b->refs = refs;
+    pthread_mutex_unlock(&p->mu);
+    return b;
+}
+
+static bool pipe_failed(rs_pipe *p) {
+    pthread_mutex_lock(&p->mu);
+    bool f = p->failed;
+    pthread_mutex_unlock(&p->mu);
+    return f;
+}
+
+static void pipe_start(rs_pipe *p, pln_shard_writer **writers) {
+    memset(p, 0, sizeof *p);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv_op, NULL);
+    pthread_cond_init(&p->cv_buf, NULL);
+    for (int i = 0; i < RS_N_BUFS; i++) {
+        p->bufs[i].data = pln_xmalloc(RS_BUF_BYTES);
+        p->free_bufs[p->n_free++] = &p->bufs[i];
+    }
+    p->writers = writers;
+    const char *f = getenv("PLN_FAULT_ENOSPC_AFTER");
+    if (f) p->fail_after = strtoull(f, NULL, 10);
+    if (pthread_create(&p->thread, NULL, writer_main, p)) pln_die("cannot start the writer thread");
+}
+
+/* Drains the queue and joins; returns -1 with the writer's error if it failed. */
+static int pipe_stop(rs_pipe *p) {
+    pipe_push(p, RS_OP_STOP, 0, NULL, NULL, NULL, 0);
+    pthread_join(p->thread, NULL);
+    for (int i = 0; i < RS_N_BUFS; i++) free(p->bufs[i].data);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv_op);
+    pthread_cond_destroy(&p->cv_buf);
+    if (p->failed) return pln_errorf("%s", p->err);
+    return 0;
+}
+
+/* ---- per-tensor statistics (manifest and summary) ---- */
+typedef struct {
+    const pln_tp_entry *e0;    /* rank 0's entry */
+    const pln_tensor *src;
+    uint64_t clamped;
+    bool quant;
+    pln_tp_qerr qerr;
+} rs_stat;
+
+/* ---- conversion of one chunk ---- */
+typedef struct {
+    const pln_tp_entry *e;     /* this rank's entry */
+    const pln_tensor *src;
+    uint16_t *scales;          /* this rank's scale buffer (int8), [shape0, shape1/group] */
+    uint64_t clamped, nonfinite;
+    pln_tp_qerr *row_err;      /* scratch, one per row of the chunk */
+} rs_job;
+
+/* Converts local rows [lr0, lr0+nr) of the entry (rows >= e->rows are zero padding) into out. */
+static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
+    const pln_tp_entry *e = j->e;
+    const pln_tensor *t = j->src;
+    size_t esz = pln_dtype_size(t->dtype);
+    int64_t src_cols = e->src_shape[1], cols = e->cols;
+    bool quant = e->transform == PLN_TP_QUANT_I8;
+    int64_t ngroups = quant ? cols / e->group : 0;
+    size_t out_row = (size_t)cols * (quant ? 1 : 2);
+    uint64_t clamped = 0, nonfinite = 0;
+    for (int64_t i = 0; i < nr; i++) j->row_err[i] = (pln_tp_qerr){0};
+#pragma omp parallel reduction(+ : clamped, nonfinite)
+    {
+        float *tmp = quant ? pln_xmalloc((size_t)cols * sizeof(float)) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < nr; i++) {
+            int64_t lr = lr0 + i;
+            uint8_t *o = out + (size_t)i * out_row;
+            if (lr >= e->rows) { /* vocabulary padding: zero rows, scale 1 */
+                memset(o, 0, out_row);
+                if (quant) for (int64_t g = 0; g < ngroups; g++) j->scales[lr * ngroups + g] = 0x3c00;
+                continue;
+            }
+            const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+            if (!quant) {
+                pln_tp_to_f16(t->dtype, s, (uint16_t *)o, (size_t)cols, &clamped, &nonfinite);
+            } else {
+                pln_tp_to_f32(t->dtype, s, tmp, (size_t)cols, &nonfinite);
+                pln_tp_quant_row(tmp, cols, e->group, (int8_t *)o, j->scales + lr * ngroups, &j->row_err[i]);
+            }
+        }
+        free(tmp);
+    }
+    j->clamped += clamped;
+    j->nonfinite += nonfinite;
+}
+
+/* The page-aligned span of source rows [r0, r1) (all columns) inside the mapping. */
+static void src_span(const pln_tensor *t, int64_t r0, int64_t r1, uint8_t **a, size_t *len) {
+    size_t row = (size_t)(t->ndim == 2 ? t->shape[1] : 1) * pln_dtype_size(t->dtype);
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t s = (uintptr_t)(t->data + (size_t)r0 * row), e = (uintptr_t)(t->data + (size_t)r1 * row);
+    uintptr_t lo = s / pg * pg, hi = (e + pg - 1) / pg * pg;
+    *a = (uint8_t *)lo;
+    *len = hi > lo ? (size_t)(hi - lo) : 0;
+}
+
+static void src_prefetch(const pln_tensor *t, int64_t r0, int64_t r1) {
+    int64_t rows = t->shape[0];
+    if (r0 >= rows) return;
+    if (r1 > rows) r1 = rows;
+    uint8_t *a; size_t len;
+    src_span(t, r0, r1, &a, &len);
+    if (len) madvise(a, len, MADV_WILLNEED);
+}
+
+/* Drops converted rows from this process (not from the page cache): keeps RSS bounded. A page
+ * shared with the neighbour tensor may be dropped early; it then faults in again from cache. */
+static void src_release(const pln_tensor *t, int64_t r0, int64_t r1) {
+    uint8_t *a; size_t len;
+    src_span(t, r0, r1, &a, &len);
+    if (len) madvise(a, len, MADV_DONTNEED);
+}
+
+/* ---- the conversion ---- */
+typedef struct {
+    int tp;
+    pln_tp_entry **plans;      /* [tp] */
+    size_t n;
+    const pln_tensor **srcs;   /* [n] by entry index (rank-independent) */
+    rs_stat *stats;            /* [n] */
+    rs_pipe pipe;
+    pln_progress progress;
+    volatile sig_atomic_t *stop;
+} rs_ctx;
+
+static int64_t chunk_rows(const pln_tp_entry *e) {
+    size_t row = (size_t)e->cols * (e->transform == PLN_TP_QUANT_I8 ? 1 : 2);
+    int64_t k = (int64_t)(RS_BUF_BYTES / row);
+    PLN_ASSERT(k >= 1);
+    return k;
+}
+
+/* Finishes a tensor's error statistics and checks it was clean. */
+static int tensor_done(rs_ctx *c, size_t i, rs_job *jobs, int njobs) {
+    rs_stat *st = &c->stats[i];
+    uint64_t nonfinite = 0;
+    for (int r = 0; r < njobs; r++) { st->clamped += jobs[r].clamped; nonfinite += jobs[r].nonfinite; }
+    if (nonfinite)
+        return pln_errorf("%s: tensor %s holds %llu NaN/infinite values; the source checkpoint is corrupt",
+                          st->src->file ? st->src->file : "source", st->src->name, (unsigned long long)nonfinite);
+    return 0;
+}
+
+static void merge_rows(rs_stat *st, const pln_tp_qerr *row_err, int64_t nr) {
+    for (int64_t i = 0; i < nr; i++) pln_tp_qerr_merge(&st->qerr, &row_err[i]);
+}
+
+/* Converts entry index i (a source tensor) for every rank. */
+static int convert_tensor(rs_ctx *c, size_t i) {
+    const pln_tp_entry *e0 = &c->plans[0][i];
+    const pln_tensor *t = c->srcs[i];
+    int tp = c->tp;
+    bool quant = e0->transform == PLN_TP_QUANT_I8;
+    rs_stat *st = &c->stats[i];
+    st->e0 = e0; st->src = t; st->quant = quant;
+    int64_t k = chunk_rows(e0);
+    size_t esz = pln_dtype_size(t->dtype);
+    rs_job jobs[tp];
+    memset(jobs, 0, sizeof jobs);
+    uint64_t scale_bytes = 0;
+    for (int r = 0; r < tp; r++) {
+        jobs[r].e = &c->plans[r][i];
+        jobs[r].src = t;
+        jobs[r].row_err = pln_xmalloc((size_t)k * sizeof(pln_tp_qerr));
+        if (quant) {
+            uint64_t nb = pln_tp_entry_nbytes(&c->plans[r][i + 1]);
+            scale_bytes += nb;
+            if (scale_bytes > RS_SCALE_LIMIT) {
+                for (int q = 0; q <= r; q++) { free(jobs[q].row_err); free(jobs[q].scales); }
+                return pln_errorf("%s: --group-size %lld gives %llu MB of scales for one tensor; use a larger group",
+                                  e0->source, (long long)e0->group, (unsigned long long)(scale_bytes >> 20));
+            }
+            jobs[r].scales = pln_xmalloc(nb);
+        }
+    }
+    int rc = 0;
+    size_t row_out = (size_t)e0->cols * (quant ? 1 : 2);
+    if (e0->split == PLN_TP_SPLIT_ROWS) {
+        /* Rank after rank: the source is read front to back once. */
+        for (int r = 0; r < tp && !rc; r++) {
+            const pln_tp_entry *e = jobs[r].e;
+            pipe_push(&c->pipe, RS_OP_BEGIN, r, e->name, NULL, NULL, 0);
+            int64_t total = e->rows + e->pad_rows;
+            for (int64_t lr = 0; lr < total && !rc; lr += k) {
+                int64_t nr = total - lr < k ? total - lr : k;
+                src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
+                rs_buf *b = pipe_acquire(&c->pipe, 1);
+                if (!b || *c->stop) { rc = -1; break; }
+                convert_rows(&jobs[r], lr, nr, b->data);
+                merge_rows(st, jobs[r].row_err, nr);
+                pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
+                int64_t real = lr >= e->rows ? 0 : (e->rows - lr < nr ? e->rows - lr : nr);
+                if (real) src_release(t, e->row0 + lr, e->row0 + lr + real);
+                pln_progress_add(&c->progress, (uint64_t)real * (uint64_t)e->cols * esz);
+            }
+            pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
+        }
+    } else {
+        /* Columns split or replicated: every rank takes a part of (or all of) each chunk. */
+        for (int r = 0; r < tp; r++) pipe_push(&c->pipe, RS_OP_BEGIN, r, jobs[r].e->name, NULL, NULL, 0);
+        int64_t rows = e0->rows;
+        for (int64_t lr = 0; lr < rows && !rc; lr += k) {
+            int64_t nr = rows - lr < k ? rows - lr : k;
+            src_prefetch(t, lr + k, lr + 3 * k);
+            if (e0->split == PLN_TP_SPLIT_NONE) {
+                rs_buf *b = pipe_acquire(&c->pipe, tp);
+                if (!b || *c->stop) { rc = -1; break; }
+                convert_rows(&jobs[0], lr, nr, b->data);
+                merge_rows(st, jobs[0].row_err, nr);
+                for (int r = 0; r < tp; r++) pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
+                if (quant) for (int r = 1; r < tp; r++)
+                    memcpy(jobs[r].scales + lr * (e0->cols / e0->group), jobs[0].scales + lr * (e0->cols / e0->group),
+                           (size_t)nr * (size_t)(e0->cols / e0->group) * 2);
+            } else {
+                for (int r = 0; r < tp; r++) {
+                    rs_buf *b = pipe_acquire(&c->pipe, 1);
+                    if (!b || *c->stop) { rc = -1; break; }
+                    convert_rows(&jobs[r], lr, nr, b->data);
+                    merge_rows(st, jobs[r].row_err, nr);
+                    pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
+                }
+            }
+            src_release(t, lr, lr + nr);
+            pln_progress_add(&c->progress, (uint64_t)nr * (uint64_t)e0->src_shape[1] * esz);
+        }
+        for (int r = 0; r < tp && !rc; r++) pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
+    }
+    if (!rc && quant) {
+        for (int r = 0; r < tp; r++) {
+            const pln_tp_entry *se = &c->plans[r][i + 1];
+            pipe_push(&c->pipe, RS_OP_BEGIN, r, se->name, NULL, NULL, 0);
+            pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, NULL, jobs[r].scales, pln_tp_entry_nbytes(se));
+            jobs[r].scales = NULL;  /* the writer frees it */
+            pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
+        }
+    }
+    if (!rc) rc = tensor_done(c, i, jobs, tp);
+    else if (*c->stop) pln_errorf("interrupted");
+    else rc = -1;
+    for (int r = 0; r < tp; r++) { free(jobs[r].row_err); free(jobs[r].scales); }
+    return rc;
+}
+
+/* ---- signals: print why, then let common.c's handler remove the temporary directory ---- */
+static volatile sig_atomic_t g_stop;
+static void (*g_prev_int)(int), (*g_prev_term)(int), (*g_prev_hup)(int);
+static void on_signal(int sig) {
+    g_stop = 1;
+    static const char msg[] = "\npollen: reshard interrupted; removing the temporary output\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    void (*prev)(int) = sig == SIGINT ? g_prev_int : sig == SIGTERM ? g_prev_term : g_prev_hup;
+    if (prev && prev != SIG_DFL && prev != SIG_IGN && prev != SIG_ERR) prev(sig);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* ---- manifest extras ---- */
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static json_t *source_json(const pln_ckpt *ck, const char *src_path) {
+    json_t *files = json_array();
+    uint64_t total = 0;
+    for (int i = 0; i < ck->n_files; i++) {
+        struct stat sb;
+        uint64_t sz = stat(ck->files[i], &sb) == 0 ? (uint64_t)sb.st_size : 0;
+        total += sz;
+        json_array_append_new(files, json_pack("{s:s, s:I}", "name", base_name(ck->files[i]), "size", (json_int_t)sz));
+    }
+    /* The dtype most of the weight bytes are stored in. */
+    uint64_t by[PLN_DTYPE_COUNT] = {0};
+    for (int64_t i = 0; i < ck->n_tensors; i++)
+        if ((unsigned)ck->tensors[i].dtype < PLN_DTYPE_COUNT) by[ck->tensors[i].dtype] += ck->tensors[i].nbytes;
+    int best = 0;
+    for (int d = 1; d < PLN_DTYPE_COUNT; d++) if (by[d] > by[best]) best = d;
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:I}", "path", src_path, "format", ck->format ? ck->format : "?",
+                     "dtype", pln_dtype_name((pln_dtype)best), "torch_dtype", ck->config.torch_dtype,
+                     "files", files, "total_bytes", (json_int_t)total);
+}
+
+static json_t *tensors_json(const rs_ctx *c) {
+    json_t *o = json_object();
+    for (size_t i = 0; i < c->n; i++) {
+        const rs_stat *s = &c->stats[i];
+        if (!s->e0) continue;
+        json_t *shape = json_array();
+        for (int d = 0; d < s->src->ndim; d++) json_array_append_new(shape, json_integer(s->src->shape[d]));
+        json_t *t = json_pack("{s:s, s:o, s:s, s:I}", "source_dtype", pln_dtype_name(s->src->dtype), "shape", shape,
+                              "transform", s->quant ? "int8" : "fp16", "clamped", (json_int_t)s->clamped);
+        if (s->quant) {
+            json_object_set_new(t, "quant_rel_rms", json_real(pln_tp_qerr_rel_rms(&s->qerr)));
+            json_object_set_new(t, "quant_max_abs", json_real(s->qerr.max_abs));
+            json_object_set_new(t, "group", json_integer(s->e0->group));
+        }
+        json_object_set_new(o, s->e0->source, t);
+    }
+    return o;
+}
+
+/* ---- command ---- */
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8 [options]\n"
+            "  SRC                    a Hugging Face BLOOM checkpoint (dir, .safetensors, .bin or index .json)\n"
+            "  -o, --output OUT       shard set directory to create (appears atomically)\n"
+            "  --tp N                 tensor-parallel size (must divide n_head)\n"
+            "  --dtype fp16|int8      int8: weight-only for the four linear weights of every layer\n"
+            "  --group-size G         int8: one scale per G input columns (default: per output channel)\n"
+            "  --quantize-embedding   int8: the word embeddings too\n"
+            "  --force                replace an existing non-empty OUT\n"
+            "  --threads N            conversion threads (default: all cores)\n"
+            "  --quiet                no progress bar, no summary\n");
+}
+
+int cmd_reshard(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"output", required_argument, 0, 'o'}, {"tp", required_argument, 0, 't'},
+        {"dtype", required_argument, 0, 'd'}, {"group-size", required_argument, 0, 'g'},
+        {"quantize-embedding", no_argument, 0, 'e'}, {"force", no_argument, 0, 'f'},
+        {"threads", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *out = NULL, *dtype = NULL;
+    pln_tp_opts o = {.tp = 0};
+    bool force = false, quiet = false;
+    int threads = 0, ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        char *end = NULL;
+        switch (ch) {
+        case 'o': out = optarg; break;
+        case 't': o.tp = (int)strtol(optarg, &end, 10); if (*end || o.tp < 1 || o.tp > 4096) pln_die("--tp %s: expected a positive integer", optarg); break;
+        case 'd': dtype = optarg; break;
+        case 'g': o.group_size = strtoll(optarg, &end, 10); if (*end || o.group_size < 1) pln_die("--group-size %s: expected a positive integer", optarg); break;
+        case 'e': o.quantize_embedding = true; break;
+        case 'f': force = true; break;
+        case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) pln_die("--threads %s: expected a positive integer", optarg); break;
+        case 'q': quiet = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1 || !out || !o.tp || !dtype) { usage(stderr); return 2; }
+    const char *src_path = argv[optind];
+    if (!strcmp(dtype, "int8")) o.int8 = true;
+    else if (strcmp(dtype, "fp16")) pln_die("--dtype %s: expected fp16 or int8", dtype);
+    if (o.group_size && !o.int8) pln_die("--group-size needs --dtype int8");
+    if (threads) omp_set_num_threads(threads);
+    double t0 = pln_now();
+
+    pln_ckpt ck;
+    if (pln_ckpt_open(&ck, src_path)) pln_die("%s", pln_error());
+    if (!ck.has_config) pln_die("%s: no config.json beside the weights; reshard needs the BLOOM config", src_path);
+    pln_tp_model m = pln_tp_model_of(&ck.config);
+    if (pln_tp_check(&m, &o)) pln_die("%s", pln_error());
+    rs_ctx c = {.tp = o.tp, .stop = &g_stop};
+    c.plans = pln_xcalloc((size_t)o.tp, sizeof *c.plans);
+    for (int r = 0; r < o.tp; r++) {
+        size_t n;
+        if (pln_tp_plan(&m, &o, r, &c.plans[r], &n)) pln_die("%s", pln_error());
+        c.n = n;
+    }
+    c.srcs = pln_xcalloc(c.n, sizeof *c.srcs);
+    c.stats = pln_xcalloc(c.n, sizeof *c.stats);
+    if (pln_tp_find_sources(&ck, c.plans[0], c.n, c.srcs)) pln_die("%s", pln_error());
+    /* Tensors the layout does not use: the tied lm_head is expected; anything else is worth a word. */
+    uint64_t total_in = 0;
+    for (size_t i = 0; i < c.n; i++)
+        if (c.plans[0][i].transform != PLN_TP_QUANT_SCALE) total_in += c.srcs[i]->nbytes;
+    for (int64_t i = 0; i < ck.n_tensors; i++) {
+        const char *nm = ck.tensors[i].name;
+        if (!strcmp(nm, "lm_head.weight")) continue;
+        bool used = false;
+        for (size_t j = 0; j < c.n && !used; j++) used = c.srcs[j] == &ck.tensors[i];
+        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the BLOOM layout; ignored\n", nm);
+    }
+
+    char *tmp = pln_outdir_begin(out, force);
+    if (!tmp) pln_die("%s", pln_error());
+    pln_outdir_cleanup_on_signal(tmp);
+    g_prev_int = signal(SIGINT, on_signal);
+    g_prev_term = signal(SIGTERM, on_signal);
+    g_prev_hup = signal(SIGHUP, on_signal);
+
+    pln_shard_writer **writers = pln_xcalloc((size_t)o.tp, sizeof *writers);
+    pln_manifest_file *files = pln_xcalloc((size_t)o.tp, sizeof *files);
+    int rc = 0;
+    for (int r = 0; r < o.tp && !rc; r++) {
+        pln_shard_spec *specs = pln_xcalloc(c.n, sizeof *specs);
+        for (size_t i = 0; i < c.n; i++) {
+            const pln_tp_entry *e = &c.plans[r][i];
+            specs[i].name = e->name;
+            specs[i].dtype = e->dtype;
+            specs[i].ndim = e->ndim;
+            specs[i].shape[0] = e->shape[0];
+            if (e->ndim == 2) specs[i].shape[1] = e->shape[1];
+        }
+        pln_shard_file_name((uint32_t)r, (uint32_t)o.tp, files[r].name, sizeof files[r].name);
+        char *path = pln_xasprintf("%s/%s", tmp, files[r].name);
+        writers[r] = pln_shard_writer_create(path, PLN_TP_LAYOUT, (uint32_t)r, (uint32_t)o.tp, specs, c.n);
+        if (!writers[r]) rc = -1;
+        free(path);
+        free(specs);
+    }
+    if (!rc) {
+        pln_progress_init(&c.progress, "reshard", total_in, quiet);
+        pipe_start(&c.pipe, writers);
+        for (size_t i = 0; i < c.n && !rc; i++) {
+            if (c.plans[0][i].transform == PLN_TP_QUANT_SCALE) continue;
+            rc = convert_tensor(&c, i);
+            if (!rc && pipe_failed(&c.pipe)) rc = -1;
+        }
+        char saved[1024];
+        snprintf(saved, sizeof saved, "%s", pln_error());
+        int prc = pipe_stop(&c.pipe);  /* the writer's error, if it failed, is the reason */
+        if (rc && !prc) pln_errorf("%s", saved);
+        if (prc) rc = -1;
+        pln_progress_done(&c.progress);
+    }
+    for (int r = 0; r < o.tp; r++) {
+        if (!writers[r]) continue;
+        if (rc) { pln_shard_writer_abort(writers[r]); continue; }
+        pln_shard_file_info info;
+        if (pln_shard_writer_finish(writers[r], &info)) { rc = -1; continue; }
+        files[r].size = info.file_size;
+        files[r].xxh3 = info.header_xxh3;
+    }
+    /* config.json and tokenizer.json travel with the set. */
+    char *cfg_src = pln_xasprintf("%s/config.json", ck.dir);
+    char *cfg_dst = pln_xasprintf("%s/config.json", tmp);
+    if (!rc && pln_copy_file(cfg_src, cfg_dst)) rc = -1;
+    bool have_tok = ck.tokenizer_path != NULL;
+    if (!rc && have_tok) {
+        char *tok_dst = pln_xasprintf("%s/tokenizer.json", tmp);
+        if (pln_copy_file(ck.tokenizer_path, tok_dst)) rc = -1;
+        free(tok_dst);
+    } else if (!rc && !quiet) {
+        fprintf(stderr, "pollen: warning: %s has no tokenizer.json; the shard set will have none\n", src_path);
+    }
+    free(cfg_src);
+    free(cfg_dst);
+    if (!rc) {
+        json_t *extra = json_object();
+        json_object_set_new(extra, "source", source_json(&ck, src_path));
+        json_object_set_new(extra, "tensors", tensors_json(&c));
+        json_object_set_new(extra, "conversion", json_pack("{s:s, s:s, s:s}", "fp16",
+                            "round to nearest even; values past +-65504 clamped to +-65504 and counted (tensors.*.clamped)",
+                            "int8", "symmetric, per rank slice after the TP split: q = round(w/scale) in [-127, 127], scale = fp16(absmax/127) per group, 1.0 for an all-zero group",
+                            "tool", "pollen " PLN_VERSION_STRING " reshard"));
+        pln_manifest man = {
+            .config = ck.config, .tp = o.tp, .dtype = o.int8 ? "int8" : "fp16", .group_size = o.group_size,
+            .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(m.vocab_size, o.tp),
+            .layout = PLN_TP_LAYOUT, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
+            .hf_config = "config.json", .extra = extra};
+        if (pln_manifest_write(tmp, &man)) rc = -1;
+        json_decref(extra);
+    }
+    if (!rc && g_stop) rc = pln_errorf("interrupted");
+    if (!rc && pln_outdir_commit(tmp, out)) rc = -1;
+    if (rc) {
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", pln_error());
+        pln_outdir_abort(tmp);
+        pln_die("reshard failed, nothing written to %s: %s", out, reason);
+    }
+    double dt = pln_now() - t0;
+    uint64_t total_out = 0;
+    for (int r = 0; r < o.tp; r++) total_out += files[r].size;
+    if (!quiet) {
+        char a[32], b[32], rate[32];
+        uint64_t clamped = 0;
+        for (size_t i = 0; i < c.n; i++) clamped += c.stats[i].clamped;
+        printf("%-48s %-5s %-14s %9s", "tensor", "src", "shape", "clamped");
+        if (o.int8) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
+        printf("\n");
+        for (size_t i = 0; i < c.n; i++) {
+            const rs_stat *s = &c.stats[i];
+            if (!s->e0 || (!s->quant && !s->clamped)) continue;
+            char sh[64];
+            printf("%-48s %-5s %-14s %9llu", s->e0->source, pln_dtype_name(s->src->dtype),
+                   pln_shape_str(s->src->shape, s->src->ndim, sh, sizeof sh), (unsigned long long)s->clamped);
+            if (s->quant) printf(" %12.4e %12.4e %6lld", pln_tp_qerr_rel_rms(&s->qerr), s->qerr.max_abs, (long long)s->e0->group);
+            printf("\n");
+        }
+        if (!clamped) printf("(no value needed clamping to fp16's range)\n");
+        printf("wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp, o.int8 ? "int8" : "fp16", o.tp,
+               pln_human_bytes((double)total_out, a, sizeof a), pln_human_bytes((double)total_in, b, sizeof b), dt,
+               pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
+    }
+    free(tmp);
+    free(writers);
+    free(files);
+    for (int r = 0; r < o.tp; r++) free(c.plans[r]);
+    free(c.plans);
+    free(c.srcs);
+    free(c.stats);
+    pln_ckpt_close(&ck);
+    return 0;
+}

@@ -1,0 +1,268 @@
+/* cmd_verify.c — `pollen verify OUT [--source SRC]`: checks a shard set end to end.
+ *
+ * Without --source: the manifest, every rank file's size and header checksum, the tensor table
+ * against the "bloom-tp-v1" plan, and every tensor's XXH3 (a bad one is named).
+ * With --source: every source tensor is rebuilt from its slices on all ranks (int8 dequantized)
+ * and compared element by element with the source: fp16 must equal the round-to-nearest-even
+ * fp16 of the source bit for bit (so an fp16 source must come back exactly), int8 must stay
+ * within half a quantization step of the source everywhere and reproduce the relative-RMS and
+ * max-abs errors the manifest records; vocabulary pad rows must be zero. Streaming, row chunks
+ * at a time, so a set of any size verifies in bounded memory. */
+#include "formats/common.h"
+#include "formats/hf.h"
+#include "formats/shard.h"
+#include "formats/tp.h"
+#include "kernels/pln_math.h"
+#include "tools/cmd.h"
+
+#include <getopt.h>
+#include <stdarg.h>
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define VF_CHUNK_ELEMS (4u << 20)
+
+typedef struct {
+    int n_fail;
+    char first[1024];
+} vf_result;
+
+static void fail(vf_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(vf_result *r, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("FAIL  %s\n", msg);
+    if (!r->n_fail++) snprintf(r->first, sizeof r->first, "%s", msg);
+}
+
+static void release(const void *p, size_t n) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), s = (uintptr_t)p, e = s + n;
+    uintptr_t lo = s / pg * pg, hi = (e + pg - 1) / pg * pg;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Comparison of one rank slice (entry e, shard tensor data d[, scales sc]) with the source. */
+typedef struct {
+    uint64_t mismatched;      /* fp16: elements whose bits differ from RNE(source) */
+    uint64_t over_bound;      /* int8: elements further than half a step from the source */
+    uint64_t pad_nonzero;
+    double max_abs;           /* max |shard value - source value| */
+    pln_tp_qerr qerr;
+} vf_cmp;
+
+static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const uint8_t *d, const uint16_t *sc, vf_cmp *out) {
+    bool quant = e->transform == PLN_TP_QUANT_I8;
+    int64_t cols = e->cols, src_cols = e->src_shape[1], ng = quant ? cols / e->group : 0;
+    size_t esz = pln_dtype_size(src->dtype), orow = (size_t)cols * (quant ? 1 : 2);
+    int64_t total = e->rows + e->pad_rows;
+    int64_t k = (int64_t)(VF_CHUNK_ELEMS / (uint64_t)cols);
+    if (k < 1) k = 1;
+    pln_tp_qerr *row_err = pln_xmalloc((size_t)k * sizeof *row_err);
+    for (int64_t r0 = 0; r0 < total; r0 += k) {
+        int64_t nr = total - r0 < k ? total - r0 : k;
+        uint64_t mism = 0, over = 0, padnz = 0;
+        double mx = out->max_abs;
+#pragma omp parallel reduction(+ : mism, over, padnz) reduction(max : mx)
+        {
+            float *w = pln_xmalloc((size_t)cols * sizeof(float));
+            uint16_t *h = pln_xmalloc((size_t)cols * 2);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < nr; i++) {
+                int64_t lr = r0 + i;
+                const uint8_t *o = d + (size_t)lr * orow;
+                row_err[i] = (pln_tp_qerr){0};
+                if (lr >= e->rows) {
+                    for (size_t b = 0; b < orow; b++) padnz += o[b] != 0;
+                    continue;
+                }
+                const uint8_t *s = src->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                uint64_t nf = 0;
+                pln_tp_to_f32(src->dtype, s, w, (size_t)cols, &nf);
+                if (!quant) {
+                    uint64_t cl = 0;
+                    pln_tp_to_f16(src->dtype, s, h, (size_t)cols, &cl, &nf);
+                    const uint16_t *got = (const uint16_t *)o;
+                    for (int64_t j = 0; j < cols; j++) {
+                        mism += got[j] != h[j];
+                        double diff = fabs((double)pln_f16_to_f32(got[j]) - (double)w[j]);
+                        if (diff > mx) mx = diff;
+                    }
+                } else {
+                    const int8_t *q = (const int8_t *)o;
+                    double e2 = 0, r2 = 0, rmx = 0;
+                    for (int64_t j = 0; j < cols; j++) {
+                        float s_ = pln_f16_to_f32(sc[lr * ng + j / e->group]);
+                        double deq = pln_dequant_i8(q[j], s_), diff = fabs(deq - (double)w[j]);
+                        /* half a step, plus what clamping at +-127 costs when fp16 rounded the
+                         * scale down, plus float slack */
+                        double bound = 0.5 * s_ + fmax(0.0, fabs((double)w[j]) - 127.0 * s_) + 1e-6 * fabs((double)w[j]) + 1e-30;
+                        over += !(diff <= bound) || !(s_ > 0);
+                        e2 += diff * diff;
+                        r2 += (double)w[j] * w[j];
+                        if (diff > rmx) rmx = diff;
+                    }
+                    row_err[i] = (pln_tp_qerr){e2, r2, rmx, (uint64_t)cols};
+                    if (rmx > mx) mx = rmx;
+                }
+            }
+            free(w);
+            free(h);
+        }
+        for (int64_t i = 0; i < nr; i++) pln_tp_qerr_merge(&out->qerr, &row_err[i]);
+        out->mismatched += mism;
+        out->over_bound += over;
+        out->pad_nonzero += padnz;
+        out->max_abs = mx;
+        int64_t real_end = r0 + nr < e->rows ? r0 + nr : e->rows;
+        if (real_end > r0) release(src->data + (size_t)(e->row0 + r0) * (size_t)src_cols * esz, (size_t)(real_end - r0) * (size_t)src_cols * esz);
+        release(d + (size_t)r0 * orow, (size_t)nr * orow);
+    }
+    free(row_err);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pollen verify OUT [--source SRC]\n"
+               "  OUT            a shard set directory (manifest.json + rank files)\n"
+               "  --source SRC   also rebuild every tensor and compare it with the checkpoint it came from\n"
+               "  --threads N    threads (default: all cores)\n");
+}
+
+int cmd_verify(int argc, char **argv) {
+    static const struct option opts[] = {{"source", required_argument, 0, 's'}, {"threads", required_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *source = NULL;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 's': source = optarg; break;
+        case 'j': omp_set_num_threads(atoi(optarg) > 0 ? atoi(optarg) : 1); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) { usage(stderr); return 2; }
+    const char *dir = argv[optind];
+    vf_result res = {0};
+    double t0 = pln_now();
+
+    pln_shardset *set = pln_shardset_open(dir);
+    if (!set) {
+        fail(&res, "%s", pln_error());
+        printf("verify: FAILED — %s\n", res.first);
+        return 1;
+    }
+    pln_tp_model m = pln_tp_model_of(&set->config);
+    pln_tp_opts o = {.tp = set->tp, .int8 = !strcmp(set->dtype, "int8"), .group_size = set->group_size,
+                     .quantize_embedding = set->quantize_embedding};
+    int tp = set->tp;
+    pln_tp_entry **plans = pln_xcalloc((size_t)tp, sizeof *plans);
+    pln_shard **shards = pln_xcalloc((size_t)tp, sizeof *shards);
+    size_t n = 0;
+    int64_t n_checked = 0;
+    for (int r = 0; r < tp; r++) {
+        if (pln_tp_plan(&m, &o, r, &plans[r], &n)) { fail(&res, "%s: %s", dir, pln_error()); continue; }
+        shards[r] = pln_shardset_open_rank(set, r);
+        if (!shards[r]) { fail(&res, "%s", pln_error()); continue; }
+        const pln_shard *s = shards[r];
+        /* the table must be the plan (reshard and the loader share one definition, checked here) */
+        if (s->n_tensors != n) fail(&res, "%s: %llu tensors, the %s plan has %zu", s->path, (unsigned long long)s->n_tensors, PLN_TP_LAYOUT, n);
+        for (size_t i = 0; i < n && i < s->n_tensors; i++) {
+            const pln_shard_tensor *t = &s->tensors[i];
+            const pln_tp_entry *e = &plans[r][i];
+            bool ok = !strcmp(t->name, e->name) && t->dtype == e->dtype && t->ndim == e->ndim && t->shape[0] == e->shape[0] &&
+                      (e->ndim == 1 || t->shape[1] == e->shape[1]);
+            if (!ok) fail(&res, "%s: tensor %llu is %s %s, the plan says %s %s", s->path, (unsigned long long)i, t->name,
+                          pln_dtype_name(t->dtype), e->name, pln_dtype_name(e->dtype));
+        }
+        char **bad = NULL;
+        int64_t nbad = pln_shard_verify_all(s, &bad);
+        for (int64_t b = 0; b < nbad; b++) {
+            fail(&res, "%s: tensor %s: checksum mismatch (data corrupted)", s->path, bad[b]);
+            free(bad[b]);
+        }
+        free(bad);
+        n_checked += (int64_t)s->n_tensors;
+    }
+    printf("checksums: %d rank file%s, %lld tensors checked, %d bad\n", tp, tp == 1 ? "" : "s", (long long)n_checked, res.n_fail);
+
+    if (source && res.n_fail == 0) {
+        pln_ckpt ck;
+        if (pln_ckpt_open(&ck, source)) {
+            fail(&res, "%s", pln_error());
+        } else {
+            pln_tp_model sm = ck.has_config ? pln_tp_model_of(&ck.config) : (pln_tp_model){0};
+            if (memcmp(&sm, &m, sizeof m))
+                fail(&res, "%s: config (vocab %lld, hidden %lld, n_head %lld, n_layer %lld) differs from the manifest's (%lld, %lld, %lld, %lld)",
+                     source, (long long)sm.vocab_size, (long long)sm.hidden, (long long)sm.n_head, (long long)sm.n_layer,
+                     (long long)m.vocab_size, (long long)m.hidden, (long long)m.n_head, (long long)m.n_layer);
+            const pln_tensor **srcs = pln_xcalloc(n, sizeof *srcs);
+            if (!res.n_fail && pln_tp_find_sources(&ck, plans[0], n, srcs)) fail(&res, "%s", pln_error());
+            json_t *rec = json_object_get(set->json, "tensors");
+            if (!res.n_fail) {
+                printf("%-48s %-5s %-6s %12s %12s %12s  %s\n", "tensor", "src", "as", "max_abs", "rel_rms", "recorded", "result");
+                for (size_t i = 0; i < n; i++) {
+                    const pln_tp_entry *e0 = &plans[0][i];
+                    if (e0->transform == PLN_TP_QUANT_SCALE) continue;
+                    bool quant = e0->transform == PLN_TP_QUANT_I8;
+                    vf_cmp c = {0};
+                    for (int r = 0; r < tp; r++) {
+                        const pln_shard_tensor *t = &shards[r]->tensors[i];
+                        const uint16_t *sc = quant ? pln_shard_data(shards[r], &shards[r]->tensors[i + 1]) : NULL;
+                        compare_slice(&plans[r][i], srcs[i], pln_shard_data(shards[r], t), sc, &c);
+                    }
+                    double rel = pln_tp_qerr_rel_rms(&c.qerr), rec_rel = NAN, rec_max = NAN;
+                    json_t *rt = json_object_get(rec, e0->source);
+                    if (quant && rt) {
+                        rec_rel = json_number_value(json_object_get(rt, "quant_rel_rms"));
+                        rec_max = json_number_value(json_object_get(rt, "quant_max_abs"));
+                    }
+                    char why[256] = "";
+                    if (c.pad_nonzero) snprintf(why, sizeof why, "%llu non-zero bytes in vocabulary pad rows", (unsigned long long)c.pad_nonzero);
+                    else if (!quant && c.mismatched)
+                        snprintf(why, sizeof why, "%llu values differ from the source rounded to fp16", (unsigned long long)c.mismatched);
+                    else if (quant && c.over_bound)
+                        snprintf(why, sizeof why, "%llu values further than half a quantization step from the source", (unsigned long long)c.over_bound);
+                    else if (quant && !rt) snprintf(why, sizeof why, "no quantization error recorded in the manifest");
+                    else if (quant && !(rel <= rec_rel * (1 + 1e-9) + 1e-12 && c.max_abs <= rec_max * (1 + 1e-9) + 1e-12))
+                        snprintf(why, sizeof why, "error (rel rms %.4g, max %.4g) exceeds the recorded (%.4g, %.4g)", rel, c.max_abs, rec_rel, rec_max);
+                    char rel_s[32] = "-", rec_s[32] = "-";
+                    if (quant) {
+                        snprintf(rel_s, sizeof rel_s, "%.4e", rel);
+                        snprintf(rec_s, sizeof rec_s, "%.4e", rec_rel);
+                    }
+                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i]->dtype), quant ? "int8" : "fp16",
+                           c.max_abs, rel_s, rec_s,
+                           why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
+                           why[0] ? ": " : "", why);
+                    if (why[0]) fail(&res, "%s: %s", e0->source, why);
+                }
+            }
+            free(srcs);
+            pln_ckpt_close(&ck);
+        }
+    }
+    for (int r = 0; r < tp; r++) {
+        if (shards[r]) pln_shard_close(shards[r]);
+        free(plans[r]);
+    }
+    free(shards);
+    free(plans);
+    pln_shardset_close(set);
+    double dt = pln_now() - t0;
+    if (res.n_fail) {
+        printf("verify: FAILED — %d problem%s; first: %s\n", res.n_fail, res.n_fail == 1 ? "" : "s", res.first);
+        return 1;
+    }
+    printf("verify: OK — %s: TP %d %s, manifest, sizes, checksums%s (%.2f s)\n", dir, tp, o.int8 ? "int8" : "fp16",
+           source ? ", and every tensor against the source" : "", dt);
+    return 0;
+}
