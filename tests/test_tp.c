@@ -1,5 +1,7 @@
 /* test_tp.c — the "bloom-tp-v1" split plan and the fp16/int8 conversions, against values
  * computed by hand. */
+#include "formats/hf.h"
+#include "formats/shard.h"
 #include "formats/tp.h"
 #include "kernels/pln_math.h"
 #include "tests/test.h"
@@ -246,6 +248,171 @@ static void test_quant(void) {
     CHECK(a.err2 == 4 && a.ref2 == 16 && a.max_abs == 0.5 && a.n == 5 && pln_tp_qerr_rel_rms(&a) == 0.5, "merge");
 }
 
+/* The plan and the shard format's own bloom-tp-v1 list (what the loader checks) must agree. */
+static void test_matches_layout(int64_t heads, int64_t hidden, int tp, bool int8, int64_t group, bool qemb) {
+    pln_bloom_config cfg = {.vocab_size = 1003, .hidden_size = hidden, .n_head = heads, .n_layer = 3, .layer_norm_epsilon = 1e-5};
+    pln_tp_model m = pln_tp_model_of(&cfg);
+    pln_tp_opts o = {.tp = tp, .int8 = int8, .group_size = group, .quantize_embedding = qemb};
+    pln_layout_params lp = {.config = &cfg, .tp = tp, .int8 = int8, .group_size = group, .quantize_embedding = qemb,
+                            .vocab_padded = pln_tp_vocab_padded(1003, tp)};
+    for (int r = 0; r < tp; r++) {
+        pln_tp_entry *e;
+        size_t n, ln;
+        CHECK(pln_tp_plan(&m, &o, r, &e, &n) == 0, "plan");
+        pln_shard_spec *sp = pln_layout_bloom_tp_v1(&lp, r, &ln);
+        CHECK(sp && ln == n, "layout: %s", sp ? "count differs" : pln_error());
+        int bad = 0;
+        for (size_t i = 0; sp && i < n && i < ln; i++)
+            bad += strcmp(sp[i].name, e[i].name) || sp[i].dtype != e[i].dtype || sp[i].ndim != e[i].ndim ||
+                   sp[i].shape[0] != e[i].shape[0] || (e[i].ndim == 2 && sp[i].shape[1] != e[i].shape[1]);
+        CHECK(bad == 0, "TP %d rank %d %s: %d entries differ from pln_layout_bloom_tp_v1", tp, r, int8 ? "int8" : "fp16", bad);
+        if (sp) pln_layout_free(sp, ln);
+        free(e);
+    }
+    CHECK(pln_vocab_padded(1003, tp) == pln_tp_vocab_padded(1003, tp), "vocab padding agrees");
+}
+
+/* ---- rank files written by `pollen reshard`, read back with formats/shard.h ---- */
+static int reshard(const char *src, const char *out, const char *args) {
+    const char *b = getenv("PLN_BUILD");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s/pollen reshard %s -o %s %s --quiet --force", b ? b : "build", src, out, args);
+    return system(cmd);
+}
+
+/* Source value (row, col) of a 1-D or 2-D tensor as float. */
+static float src_at(const pln_tensor *t, int64_t row, int64_t col) {
+    int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+    float f;
+    uint64_t nf = 0;
+    pln_tp_to_f32(t->dtype, t->data + (size_t)(row * cols + col) * pln_dtype_size(t->dtype), &f, 1, &nf);
+    return f;
+}
+
+static const uint16_t *rank_f16(const pln_shard *s, const char *name, int64_t *rows, int64_t *cols) {
+    const pln_shard_tensor *t = pln_shard_find(s, name);
+    if (!t) return NULL;
+    *rows = t->shape[0];
+    *cols = t->ndim == 2 ? t->shape[1] : 1;
+    return pln_shard_data(s, t);
+}
+
+/* bloom-6h (6 heads, head_dim 16, hidden 96) from fp32 at TP 3: rank r holds heads 2r, 2r+1. */
+static void test_rank_files_fp16(void) {
+    char out[600];
+    snprintf(out, sizeof out, "%s/6h-tp3", test_tmpdir());
+    const char *src = "tests/fixtures/models/bloom-6h/fp32-st";
+    CHECK(reshard(src, out, "--tp 3 --dtype fp16") == 0, "reshard %s", src);
+    pln_ckpt ck;
+    if (pln_ckpt_open(&ck, src)) { CHECK(0, "open %s: %s", src, pln_error()); return; }
+    const pln_tensor *qkv = pln_ckpt_find(&ck, "h.1.self_attention.query_key_value.weight");
+    const pln_tensor *qkvb = pln_ckpt_find(&ck, "h.1.self_attention.query_key_value.bias");
+    const pln_tensor *dense = pln_ckpt_find(&ck, "h.0.self_attention.dense.weight");
+    const pln_tensor *down = pln_ckpt_find(&ck, "h.1.mlp.dense_4h_to_h.weight");
+    const pln_tensor *emb = pln_ckpt_find(&ck, "word_embeddings.weight");
+    const pln_tensor *db = pln_ckpt_find(&ck, "h.0.self_attention.dense.bias");
+    CHECK(qkv && qkvb && dense && down && emb && db, "source tensors found");
+    if (!(qkv && qkvb && dense && down && emb && db)) { pln_ckpt_close(&ck); return; }
+    for (int r = 0; r < 3; r++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/rank-%d-of-3.pln", out, r);
+        pln_shard *s = pln_shard_open(path);
+        CHECK(s != NULL, "open %s: %s", path, pln_error());
+        if (!s) continue;
+        int64_t R, C;
+        const uint16_t *q = rank_f16(s, "h.1.self_attention.query_key_value.weight", &R, &C);
+        const uint16_t *qb = rank_f16(s, "h.1.self_attention.query_key_value.bias", &R, &C);
+        int64_t bad = 0, checked = 0;
+        for (int head = 2 * r; head < 2 * r + 2; head++)
+            for (int part = 0; part < 3; part++)        /* q, k, v */
+                for (int d = 0; d < 16; d++) {
+                    int64_t local = (head - 2 * r) * 48 + part * 16 + d, global = head * 48 + part * 16 + d;
+                    for (int c = 0; c < 96; c++, checked++)
+                        bad += q[local * 96 + c] != pln_f32_to_f16(src_at(qkv, global, c));
+                    bad += qb[local] != pln_f32_to_f16(src_at(qkvb, global, 0));
+                }
+        CHECK(q && qb && bad == 0 && checked == 2 * 48 * 96, "rank %d: qkv rows are heads %d,%d with q,k,v (%lld bad)", r, 2 * r,
+              2 * r + 1, (long long)bad);
+        const uint16_t *dw = rank_f16(s, "h.0.self_attention.dense.weight", &R, &C);
+        bad = 0;
+        for (int64_t i = 0; dw && i < 96; i++)
+            for (int64_t j = 0; j < 32; j++) bad += dw[i * 32 + j] != pln_f32_to_f16(src_at(dense, i, r * 32 + j));
+        CHECK(dw && R == 96 && C == 32 && bad == 0, "rank %d: dense holds input columns [%d, %d)", r, 32 * r, 32 * r + 32);
+        const uint16_t *dn = rank_f16(s, "h.1.mlp.dense_4h_to_h.weight", &R, &C);
+        bad = 0;
+        for (int64_t i = 0; dn && i < 96; i++)
+            for (int64_t j = 0; j < 128; j++) bad += dn[i * 128 + j] != pln_f32_to_f16(src_at(down, i, r * 128 + j));
+        CHECK(dn && R == 96 && C == 128 && bad == 0, "rank %d: dense_4h_to_h holds columns [%d, %d)", r, 128 * r, 128 * r + 128);
+        const uint16_t *b = rank_f16(s, "h.0.self_attention.dense.bias", &R, &C);
+        bad = 0;
+        for (int64_t i = 0; b && i < 96; i++) bad += b[i] != pln_f32_to_f16(src_at(db, i, 0));
+        CHECK(b && R == 96 && bad == 0, "rank %d: row-parallel bias is full on every rank", r);
+        /* vocab 1003 -> 1005 at TP 3: 335 rows each; rank 2 = rows 670..1002 + 2 zero rows */
+        const uint16_t *e = rank_f16(s, "word_embeddings.weight", &R, &C);
+        bad = 0;
+        int64_t real = r < 2 ? 335 : 333;
+        for (int64_t i = 0; e && i < 335; i++)
+            for (int64_t j = 0; j < 96; j++) bad += e[i * 96 + j] != (i < real ? pln_f32_to_f16(src_at(emb, r * 335 + i, j)) : 0);
+        CHECK(e && R == 335 && bad == 0, "rank %d: embedding rows [%d, %lld) then %lld zero pad rows", r, 335 * r,
+              (long long)(335 * r + real), (long long)(335 - real));
+        pln_shard_close(s);
+    }
+    pln_ckpt_close(&ck);
+}
+
+/* bloom-4h int8 at TP 4 with groups of 16: rank r's qkv rows are head r, dequantized within half a
+ * step of the source; vocab 1003 -> 1004, rank 3 ends with one zero row. */
+static void test_rank_files_int8(void) {
+    char out[600];
+    snprintf(out, sizeof out, "%s/4h-tp4", test_tmpdir());
+    const char *src = "tests/fixtures/models/bloom-4h/bf16-st";
+    CHECK(reshard(src, out, "--tp 4 --dtype int8 --group-size 16") == 0, "reshard %s", src);
+    pln_ckpt ck;
+    if (pln_ckpt_open(&ck, src)) { CHECK(0, "open %s: %s", src, pln_error()); return; }
+    const pln_tensor *qkv = pln_ckpt_find(&ck, "h.0.self_attention.query_key_value.weight");
+    const pln_tensor *emb = pln_ckpt_find(&ck, "word_embeddings.weight");
+    for (int r = 0; r < 4 && qkv && emb; r++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/rank-%d-of-4.pln", out, r);
+        pln_shard *s = pln_shard_open(path);
+        CHECK(s != NULL, "open %s: %s", path, pln_error());
+        if (!s) continue;
+        const pln_shard_tensor *tq = pln_shard_find(s, "h.0.self_attention.query_key_value.weight");
+        const pln_shard_tensor *ts = pln_shard_find(s, "h.0.self_attention.query_key_value.weight_scale");
+        CHECK(tq && ts && tq->dtype == PLN_DTYPE_I8 && tq->shape[0] == 48 && tq->shape[1] == 64 && ts->dtype == PLN_DTYPE_F16 &&
+              ts->shape[0] == 48 && ts->shape[1] == 4 && ts == tq + 1, "rank %d: qkv I8 [48, 64] then its F16 scales [48, 4]", r);
+        if (!(tq && ts)) { pln_shard_close(s); continue; }
+        const int8_t *q = pln_shard_data(s, tq);
+        const uint16_t *sc = pln_shard_data(s, ts);
+        int64_t bad = 0;
+        for (int part = 0; part < 3; part++)
+            for (int d = 0; d < 16; d++) {
+                int64_t local = part * 16 + d, global = r * 48 + part * 16 + d;
+                for (int g = 0; g < 4; g++) {
+                    float amax = 0;
+                    for (int c = g * 16; c < g * 16 + 16; c++) amax = fmaxf(amax, fabsf(src_at(qkv, global, c)));
+                    float step = pln_f16_to_f32(sc[local * 4 + g]);
+                    bad += sc[local * 4 + g] != pln_f32_to_f16(amax / 127.0f);
+                    for (int c = g * 16; c < g * 16 + 16; c++)
+                        bad += fabsf(q[local * 64 + c] * step - src_at(qkv, global, c)) > 0.5f * step * 1.0001f;
+                }
+            }
+        CHECK(bad == 0, "rank %d: int8 qkv rows = head %d's q,k,v within half a step, scale = absmax/127 (%lld bad)", r, r, (long long)bad);
+        if (r == 3) {
+            const pln_shard_tensor *te = pln_shard_find(s, "word_embeddings.weight");
+            const uint16_t *e = pln_shard_data(s, te);
+            int nz = 0, same = 1;
+            for (int j = 0; j < 64; j++) {
+                nz += e[250 * 64 + j] != 0;
+                same &= e[249 * 64 + j] == pln_f32_to_f16(src_at(emb, 1002, j));
+            }
+            CHECK(te->shape[0] == 251 && nz == 0 && same, "rank 3: last vocab row 1002 then one zero pad row");
+        }
+        pln_shard_close(s);
+    }
+    pln_ckpt_close(&ck);
+}
+
 int main(void) {
     test_begin("test_tp");
     test_order_and_shapes();
@@ -258,5 +425,11 @@ int main(void) {
     test_int8_plan();
     test_f16();
     test_quant();
+    test_matches_layout(4, 64, 4, false, 0, false);
+    test_matches_layout(6, 96, 3, true, 0, false);
+    test_matches_layout(6, 96, 2, true, 16, true);
+    test_matches_layout(4, 64, 1, true, 32, false);
+    test_rank_files_fp16();
+    test_rank_files_int8();
     return test_done();
 }

@@ -72,6 +72,7 @@ typedef struct {
     bool failed;
     char err[1024];
     uint64_t written, fail_after;   /* fault injection: PLN_FAULT_ENOSPC_AFTER bytes */
+    unsigned delay_ms;              /* fault injection: PLN_FAULT_DELAY_MS per write (a slow disk) */
 } rs_pipe;
 
 static void pipe_release(rs_pipe *p, rs_buf *b) {
@@ -109,6 +110,7 @@ static void *writer_main(void *arg) {
             else if (op->kind == RS_OP_END) rc = pln_shard_writer_end(w);
             else {
                 const void *d = op->buf ? (const void *)op->buf->data : op->owned;
+                if (p->delay_ms) usleep(p->delay_ms * 1000u);
                 if (p->fail_after && p->written + op->n > p->fail_after)
                     rc = pln_errorf("rank-%d: write failed: %s (PLN_FAULT_ENOSPC_AFTER)", op->rank, strerror(ENOSPC));
                 else
@@ -162,6 +164,8 @@ static void pipe_start(rs_pipe *p, pln_shard_writer **writers) {
     p->writers = writers;
     const char *f = getenv("PLN_FAULT_ENOSPC_AFTER");
     if (f) p->fail_after = strtoull(f, NULL, 10);
+    const char *dl = getenv("PLN_FAULT_DELAY_MS");
+    if (dl) p->delay_ms = (unsigned)strtoul(dl, NULL, 10);
     if (pthread_create(&p->thread, NULL, writer_main, p)) pln_die("cannot start the writer thread");
 }
 
@@ -206,7 +210,8 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
     size_t out_row = (size_t)cols * (quant ? 1 : 2);
     uint64_t clamped = 0, nonfinite = 0;
     for (int64_t i = 0; i < nr; i++) j->row_err[i] = (pln_tp_qerr){0};
-#pragma omp parallel reduction(+ : clamped, nonfinite)
+    /* small tensors stay on this thread: waking the team costs more than the work */
+#pragma omp parallel reduction(+ : clamped, nonfinite) if (nr * cols >= 65536)
     {
         float *tmp = quant ? pln_xmalloc((size_t)cols * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
@@ -620,9 +625,11 @@ int cmd_reshard(int argc, char **argv) {
         char a[32], b[32], rate[32];
         uint64_t clamped = 0;
         for (size_t i = 0; i < c.n; i++) clamped += c.stats[i].clamped;
-        printf("%-48s %-5s %-14s %9s", "tensor", "src", "shape", "clamped");
-        if (o.int8) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
-        printf("\n");
+        if (o.int8 || clamped) {
+            printf("%-48s %-5s %-14s %9s", "tensor", "src", "shape", "clamped");
+            if (o.int8) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
+            printf("\n");
+        }
         for (size_t i = 0; i < c.n; i++) {
             const rs_stat *s = &c.stats[i];
             if (!s->e0 || (!s->quant && !s->clamped)) continue;

@@ -39,7 +39,7 @@ static void fail(vf_result *r, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    printf("FAIL  %s\n", msg);
+    fprintf(stderr, "FAIL  %s\n", msg);
     if (!r->n_fail++) snprintf(r->first, sizeof r->first, "%s", msg);
 }
 
@@ -70,7 +70,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
         int64_t nr = total - r0 < k ? total - r0 : k;
         uint64_t mism = 0, over = 0, padnz = 0;
         double mx = out->max_abs;
-#pragma omp parallel reduction(+ : mism, over, padnz) reduction(max : mx)
+#pragma omp parallel reduction(+ : mism, over, padnz) reduction(max : mx) if (nr * cols >= 65536)
         {
             float *w = pln_xmalloc((size_t)cols * sizeof(float));
             uint16_t *h = pln_xmalloc((size_t)cols * 2);
