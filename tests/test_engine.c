@@ -422,22 +422,88 @@ int main(int argc, char **argv) {
         CHECK(rel <= tol, "rel L2 %.3g > %.3g", rel, tol);
         return test_done();
     }
-    if (argc == 6 && !strcmp(argv[1], "--cmp-ref")) {
-        /* The dump of `generate --token-ids <prompt I>` starts with prompt I's prefill rows. */
+    if (argc == 5 && !strcmp(argv[1], "--cmp-ref")) {
+        /* The dump of `generate --token-ids P0 ... --token-ids P3` starts with the four prompts'
+         * prefill rows, in order. */
         test_begin("cmp-ref");
         pln_safetensors a;
         const float *la;
         int64_t na;
         ref_t r;
         if (load_logits(&a, argv[2], &la, &na) || ref_open(&r, argv[3])) return 2;
-        int i = atoi(argv[4]);
-        double tol = atof(argv[5]);
-        CHECK(i >= 0 && i < NPROMPT && na >= (int64_t)r.n[i] * V, "dump holds prompt %d's rows", i);
-        if (i >= 0 && i < NPROMPT && na >= (int64_t)r.n[i] * V) {
-            double rel = test_rel_l2(la, r.logits[i], (size_t)r.n[i] * V);
+        double tol = atof(argv[4]);
+        int64_t at = 0;
+        for (int i = 0; i < NPROMPT; i++) {
+            size_t n = (size_t)r.n[i] * V;
+            CHECK(at + (int64_t)n <= na, "dump holds prompt %d's rows", i);
+            if (at + (int64_t)n > na) break;
+            double rel = test_rel_l2(la + at, r.logits[i], n);
             printf("%s prompt%d vs transformers: rel L2 %.3g (tol %.3g) %s\n", argv[2], i, rel, tol, rel <= tol ? "OK" : "NOT OK");
-            CHECK(rel <= tol, "rel L2 %.3g > %.3g", rel, tol);
+            CHECK(rel <= tol, "prompt%d rel L2 %.3g > %.3g", i, rel, tol);
+            at += (int64_t)n;
         }
+        return test_done();
+    }
+    if (argc == 3 && !strcmp(argv[1], "--print-ids")) {
+        /* "--token-ids a,b,c" arguments for the four reference prompts. */
+        ref_t r;
+        if (ref_open(&r, argv[2])) return 2;
+        for (int i = 0; i < NPROMPT; i++) {
+            printf("--token-ids ");
+            for (int j = 0; j < r.n[i]; j++) printf("%s%d", j ? "," : "", r.ids[i][j]);
+            printf(i + 1 < NPROMPT ? " " : "\n");
+        }
+        return 0;
+    }
+    if (argc == 5 && !strcmp(argv[1], "--cmp-greedy")) {
+        /* generate --json results vs the reference greedy ids and log-probs. */
+        test_begin("cmp-greedy");
+        ref_t r;
+        if (ref_open(&r, argv[3])) return 2;
+        json_error_t err;
+        json_t *root = json_load_file(argv[2], 0, &err);
+        CHECK(root != NULL, "%s parses: %s", argv[2], err.text);
+        json_t *res = json_object_get(root, "results");
+        double tol = atof(argv[4]);
+        CHECK(json_array_size(res) == NPROMPT, "%d results", NPROMPT);
+        for (int i = 0; i < NPROMPT && json_array_size(res) == NPROMPT; i++) {
+            json_t *o = json_array_get(res, (size_t)i), *ids = json_object_get(o, "ids"), *lp = json_object_get(o, "logprobs");
+            int same = json_array_size(ids) == 20;
+            double maxd = 0;
+            for (int t = 0; t < 20 && same; t++) {
+                if (json_integer_value(json_array_get(ids, (size_t)t)) != r.gids[i][r.n[i] + t]) same = 0;
+                double d = fabs(json_number_value(json_array_get(lp, (size_t)t)) - r.glp[i][t]);
+                if (d > maxd) maxd = d;
+            }
+            printf("%s greedy%d: ids %s, logprob max |diff| %.3g\n", argv[2], i, same ? "identical" : "DIFFER", maxd);
+            CHECK(same, "greedy%d ids differ from transformers", i);
+            CHECK(maxd <= tol, "greedy%d logprob diff %.3g > %.3g", i, maxd, tol);
+        }
+        json_decref(root);
+        return test_done();
+    }
+    if (argc == 5 && !strcmp(argv[1], "--cmp-int8")) {
+        /* int8 logits vs fp16 logits within 2 sqrt(sum eps_i^2) of the int8 set's manifest. */
+        test_begin("cmp-int8");
+        pln_shardset *set = pln_shardset_open(argv[4]);
+        CHECK(set != NULL, "int8 set opens: %s", pln_error());
+        if (!set) return test_done();
+        double sum2 = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(set->json, "tensors"), k, v) {
+            json_t *q = json_object_get(v, "quant_rel_rms");
+            if (json_is_number(q)) sum2 += json_number_value(q) * json_number_value(q);
+        }
+        pln_shardset_close(set);
+        pln_safetensors a, b;
+        const float *la, *lb;
+        int64_t na, nb;
+        if (load_logits(&a, argv[2], &la, &na) || load_logits(&b, argv[3], &lb, &nb)) return 2;
+        CHECK(na == nb, "same shape");
+        double rel = na == nb ? test_rel_l2(la, lb, (size_t)na) : 1, bound = 2 * sqrt(sum2);
+        printf("int8 %s vs fp16 %s: rel L2 %.4g, bound 2 sqrt(sum eps^2) = %.4g %s\n", argv[2], argv[3], rel, bound, rel <= bound ? "OK" : "NOT OK");
+        CHECK(rel <= bound && rel > 0, "int8 rel L2 %.4g vs bound %.4g", rel, bound);
         return test_done();
     }
     test_begin("test_engine");

@@ -142,6 +142,10 @@ int cmd_generate(int argc, char **argv) {
     double t0 = pln_now();
     /* Sizes come from the prompts, known only after tokenizing; a cheap first pass on the ids. */
     if (rank == 0) {
+        char *man = pln_xasprintf("%s/manifest.json", dir);
+        if (access(man, R_OK) != 0)
+            pln_die("%s: cannot read manifest.json: is this a shard set? (make one with `pollen reshard`)", dir);
+        free(man);
         char *tokp = pln_xasprintf("%s/tokenizer.json", dir);
         if (n_prompts > 0 || access(tokp, R_OK) == 0) {
             tok = pln_tok_load(tokp);
@@ -161,7 +165,8 @@ int cmd_generate(int argc, char **argv) {
     int64_t lim[2] = {longest, total};
     if (pln_comm_bcast(comm, lim, sizeof lim, 0)) pln_die("%s", pln_error());
     eo.max_seq_len = (int32_t)(lim[0] + max_new);
-    eo.kv_tokens = lim[1] + (int64_t)n_seq * max_new;
+    /* Each sequence rounds up to whole blocks. */
+    eo.kv_tokens = lim[1] + (int64_t)n_seq * (max_new + eo.block_size);
 
     pln_engine *e = pln_engine_open(&eo, comm);
     if (!e) {
