@@ -596,7 +596,9 @@ static int tok_fast_scan(const char *text, size_t len, tok_lists *l, size_t rng[
     do {
         key.n = 0;
         if (ts_string(&s, &key) || !ts_lit(&s, ':')) goto out;
-        if (key.n == 5 && memcmp(key.p, "model", 5) == 0 && !(found & 4)) {
+        /* a repeated key: jansson keeps the last one; let it decide everything */
+        if (key.n == 5 && memcmp(key.p, "model", 5) == 0) {
+            if (found & 4) goto out;
             found |= 4;
             if (!ts_lit(&s, '{')) goto out;
             if (ts_lit(&s, '}')) goto out;
@@ -605,12 +607,12 @@ static int tok_fast_scan(const char *text, size_t len, tok_lists *l, size_t rng[
                 if (ts_string(&s, &key) || !ts_lit(&s, ':')) goto out;
                 ts_ws(&s);
                 size_t start = (size_t)(s.p - text);
-                if (key.n == 5 && memcmp(key.p, "vocab", 5) == 0 && !(found & 1)) {
-                    if (ts_vocab(&s, l)) goto out;
+                if (key.n == 5 && memcmp(key.p, "vocab", 5) == 0) {
+                    if ((found & 1) || ts_vocab(&s, l)) goto out;
                     rng[0][0] = start; rng[0][1] = (size_t)(s.p - text);
                     found |= 1;
-                } else if (key.n == 6 && memcmp(key.p, "merges", 6) == 0 && !(found & 2)) {
-                    if (ts_merges(&s, l, &tmp)) goto out;
+                } else if (key.n == 6 && memcmp(key.p, "merges", 6) == 0) {
+                    if ((found & 2) || ts_merges(&s, l, &tmp)) goto out;
                     rng[1][0] = start; rng[1][1] = (size_t)(s.p - text);
                     found |= 2;
                 } else if (ts_skip(&s)) {

@@ -387,6 +387,64 @@ static void test_variants(json_t *enc) {
     expect_load_error(v, "bad-post.json", "post_processor");
     json_decref(v);
 
+    /* no merges at all: read by jansson alone (the scanner wants both); every piece stays
+     * single bytes */
+    v = json_deep_copy(orig);
+    json_object_del(json_object_get(v, "model"), "merges");
+    path = write_json(v, "no-merges.json");
+    pln_tokenizer *nm = pln_tok_load(path);
+    CHECK(nm != NULL, "no merges loads: %s", pln_error());
+    if (nm) {
+        int32_t *ids;
+        size_t n;
+        CHECK(pln_tok_encode(nm, "Hello", 5, &ids, &n) == 0 && n == 5 && ids[0] == pln_tok_token_id(nm, "H"),
+              "no merges: one id per byte");
+        if (n) free(ids);
+        CHECK(pln_tok_vocab_size(nm) == 1000, "no merges: vocab size");
+    }
+    pln_tok_free(nm);
+    free(path);
+    json_decref(v);
+
+    /* hostile files: every truncation point in the first 4 kB and the vocabulary region, and
+     * single-byte mutations, must load or fail cleanly (run under ASan in CI) */
+    size_t flen;
+    char *ftext = pln_read_small_file(FIX_TOK, 1 << 24, &flen);
+    CHECK(ftext != NULL, "read fixture");
+    char *mpath = pln_xasprintf("%s/mutant.json", test_tmpdir());
+    int loaded = 0, failed = 0, unnamed = 0;
+    uint64_t rs = 99;
+    for (int k = 0; ftext && k < 600; k++) {
+        size_t cut = flen;
+        char *mb = malloc(flen + 1);
+        memcpy(mb, ftext, flen);
+        rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+        if (k < 300) cut = k < 150 ? (size_t)k * 27 % flen : (size_t)(rs >> 33) % flen;
+        else for (int j = 0; j < 1 + k % 3; j++) {
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            mb[(rs >> 33) % flen] = "\"{}[],:0 a\x80\xff"[(rs >> 20) % 12];
+        }
+        FILE *mf = fopen(mpath, "wb");
+        fwrite(mb, 1, cut, mf);
+        fclose(mf);
+        free(mb);
+        pln_tokenizer *mt = pln_tok_load(mpath);
+        if (mt) {
+            loaded++;
+            int32_t *ids;
+            size_t n;
+            if (pln_tok_encode(mt, "Hello world", 11, &ids, &n) == 0 && n) free(ids);
+            pln_tok_free(mt);
+        } else {
+            failed++;
+            if (!strstr(pln_error(), mpath)) unnamed++;
+        }
+    }
+    printf("hostile files: %d loaded, %d refused\n", loaded, failed);
+    CHECK(failed > 0 && unnamed == 0, "mutants: %d loaded, %d failed, %d errors without the path", loaded, failed, unnamed);
+    free(mpath);
+    free(ftext);
+
     pln_tokenizer *x = pln_tok_load("/nonexistent/tokenizer.json");
     CHECK(x == NULL && strstr(pln_error(), "/nonexistent/tokenizer.json"), "missing file: %s", pln_error());
     char *junk = pln_xasprintf("%s/junk.json", test_tmpdir());
