@@ -7,6 +7,7 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <sys/resource.h>
 
 /* ---- a tiny pickle writer ---- */
 typedef struct { uint8_t *b; size_t n, cap; int memo; } pk;
@@ -405,6 +406,85 @@ static void test_fixture(void) {
     pln_torchzip_close(&tz);
 }
 
+/* ---- BLOOM-176B's embedding: a 7.2 GB storage in a ZIP64 archive, as a sparse file ---- */
+static void le(uint8_t *b, uint64_t v, int n) { for (int i = 0; i < n; i++) b[i] = (uint8_t)(v >> (8 * i)); }
+
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt + ru.ru_majflt;
+}
+
+static void test_zip64_big(void) {
+    const int64_t V = 250880, H = 14336;
+    const uint64_t S = (uint64_t)V * H * 2;   /* bf16 bytes: 7,193,231,360 > 4 GiB */
+    tspec emb = {"transformer.word_embeddings.weight", "BFloat16Storage", "0", V * H, 0, 2, {V, H}, {H, 1}};
+    pk p = {0};
+    op(&p, 0x80); op(&p, 2); op(&p, '}'); str(&p, emb.name); tensor_v2(&p, &emb); op(&p, 's'); op(&p, '.');
+    const char *n0 = "big/data.pkl", *n1 = "big/data/0";
+    size_t l0 = strlen(n0), l1 = strlen(n1);
+    uint8_t h[256];
+    char *path = tmp_path("bloom176b-emb.bin");
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL, "create %s", path);
+    if (!f) return;
+    /* local header 0 + pickle */
+    memset(h, 0, 30);
+    le(h, 0x04034b50, 4); le(h + 4, 45, 2); le(h + 18, p.n, 4); le(h + 22, p.n, 4); le(h + 26, l0, 2);
+    fwrite(h, 1, 30, f); fwrite(n0, 1, l0, f); fwrite(p.b, 1, p.n, f);
+    uint64_t off1 = 30 + l0 + p.n;
+    /* local header 1 with a ZIP64 extra field holding the sizes */
+    memset(h, 0, 30 + 20);
+    le(h, 0x04034b50, 4); le(h + 4, 45, 2); le(h + 18, 0xffffffffu, 4); le(h + 22, 0xffffffffu, 4); le(h + 26, l1, 2); le(h + 28, 20, 2);
+    fwrite(h, 1, 30, f); fwrite(n1, 1, l1, f);
+    le(h, 1, 2); le(h + 2, 16, 2); le(h + 4, S, 8); le(h + 12, S, 8);
+    fwrite(h, 1, 20, f);
+    uint64_t data1 = off1 + 30 + l1 + 20, cd = data1 + S;
+    bool ok = fseeko(f, (off_t)cd, SEEK_SET) == 0;
+    /* central directory */
+    memset(h, 0, 46);
+    le(h, 0x02014b50, 4); le(h + 4, 45, 2); le(h + 6, 45, 2); le(h + 20, p.n, 4); le(h + 24, p.n, 4); le(h + 28, l0, 2);
+    ok &= fwrite(h, 1, 46, f) == 46 && fwrite(n0, 1, l0, f) == l0;
+    memset(h, 0, 46);
+    le(h, 0x02014b50, 4); le(h + 4, 45, 2); le(h + 6, 45, 2); le(h + 20, 0xffffffffu, 4); le(h + 24, 0xffffffffu, 4);
+    le(h + 28, l1, 2); le(h + 30, 20, 2); le(h + 42, off1, 4);
+    ok &= fwrite(h, 1, 46, f) == 46 && fwrite(n1, 1, l1, f) == l1;
+    le(h, 1, 2); le(h + 2, 16, 2); le(h + 4, S, 8); le(h + 12, S, 8);
+    ok &= fwrite(h, 1, 20, f) == 20;
+    uint64_t cd_size = 46 + l0 + 46 + l1 + 20, z64 = cd + cd_size;
+    /* ZIP64 end of central directory record, locator, and the classic record pointing at them */
+    memset(h, 0, 56 + 20 + 22);
+    le(h, 0x06064b50, 4); le(h + 4, 44, 8); le(h + 12, 45, 2); le(h + 14, 45, 2); le(h + 24, 2, 8); le(h + 32, 2, 8);
+    le(h + 40, cd_size, 8); le(h + 48, cd, 8);
+    le(h + 56, 0x07064b50, 4); le(h + 64, z64, 8); le(h + 72, 1, 4);
+    uint8_t *e = h + 76;
+    le(e, 0x06054b50, 4); le(e + 8, 2, 2); le(e + 10, 2, 2); le(e + 12, cd_size, 4); le(e + 16, 0xffffffffu, 4);
+    ok &= fwrite(h, 1, 98, f) == 98;
+    ok &= fclose(f) == 0;
+    free(p.b);
+    if (!ok) { printf("SKIP zip64: cannot write a sparse 7.2 GB file here\n"); free(path); return; }
+    pln_torchzip tz;
+    long f0 = minor_faults();
+    double t0 = pln_now();
+    int rc = pln_torchzip_open(&tz, path);
+    double dt = pln_now() - t0;
+    long faults = minor_faults() - f0;
+    CHECK(rc == 0, "zip64 7.2 GB: %s", pln_error());
+    if (rc == 0) {
+        const pln_tensor *t = &tz.tensors[0];
+        CHECK(tz.n_tensors == 1 && t->dtype == PLN_DTYPE_BF16 && t->shape[0] == V && t->shape[1] == H && t->nbytes == S,
+              "zip64: embedding [250880, 14336] bf16, %llu bytes", (unsigned long long)t->nbytes);
+        CHECK(t->file_offset == data1 && tz.map.size == z64 + 98, "zip64: data offset %llu (want %llu)",
+              (unsigned long long)t->file_offset, (unsigned long long)data1);
+        /* listing must not read the 7.2 GB: a touched storage would fault ~1.8 million pages */
+        CHECK(faults < 20000, "zip64: opening touched %ld pages", faults);
+        printf("  zip64 7.2 GB storage listed in %.3f s with %ld page faults (headers only)\n", dt, faults);
+        pln_torchzip_close(&tz);
+    }
+    unlink(path);
+    free(path);
+}
+
 int main(void) {
     test_begin("test_torchzip");
     for (int i = 0; i < 12; i++) g_f32[i] = (float)i * 0.5f - 1.0f;
@@ -414,5 +494,6 @@ int main(void) {
     test_bad_pickles();
     test_bad_files();
     test_fixture();
+    test_zip64_big();
     return test_done();
 }
