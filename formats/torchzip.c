@@ -252,9 +252,11 @@ static val *call(unpickler *u, val *fn, val *args, bool newobj) {
         if (args->n < 1 || args->items[0]->kind != V_TENSOR) { uerr(u, "_rebuild_parameter of something that is not a tensor", NULL); return NULL; }
         return args->items[0];
     case G_REBUILD_FROM_TYPE_V2: {
-        /* _rebuild_from_type_v2(func, new_type, args, state): func(*args), new_type Tensor/Parameter. */
+        /* _rebuild_from_type_v2(func, new_type, args, state): func(*args), new_type Tensor/Parameter.
+         * func may not be _rebuild_from_type_v2 itself: that keeps this recursion one level deep. */
         if (newobj) break;
         if (args->n < 3 || args->items[0]->kind != V_GLOBAL || args->items[1]->kind != V_GLOBAL ||
+            args->items[0]->i == G_REBUILD_FROM_TYPE_V2 ||
             (args->items[1]->i != G_TENSOR_CLASS && args->items[1]->i != G_PARAMETER_CLASS)) {
             uerr(u, "unsupported _rebuild_from_type_v2 arguments", NULL);
             return NULL;
@@ -402,7 +404,8 @@ static int run(unpickler *u, val **result) {
         }
         case 0x93: /* STACK_GLOBAL */
             if (!(b = pop(u)) || !(a = pop(u))) return -1;
-            if (a->kind != V_STR || b->kind != V_STR) return uerr(u, "STACK_GLOBAL of non-strings", NULL);
+            if (a->kind != V_STR || b->kind != V_STR || memchr(a->s, 0, a->slen) || memchr(b->s, 0, b->slen))
+                return uerr(u, "STACK_GLOBAL of non-strings", NULL);
             u->p = at;
             if (resolve_global(u, a->s, b->s)) return -1;
             u->p = at + 1;

@@ -323,6 +323,36 @@ static void test_bad_pickles(void) {
     expect_pickle_fail("memo-jump", &p, "memo index");
     free(p.b);
 
+    /* torch 2.x wraps tensor subclasses in _rebuild_from_type_v2(func, type, args, state) */
+    for (int nested = 0; nested < 2; nested++) {
+        p = (pk){0};
+        op(&p, 0x80); op(&p, 2); op(&p, '}'); str(&p, "ft");
+        global(&p, "torch._tensor", "_rebuild_from_type_v2");
+        op(&p, '(');
+        global(&p, nested ? "torch._tensor" : "torch._utils", nested ? "_rebuild_from_type_v2" : "_rebuild_tensor_v2");
+        global(&p, "torch.nn.parameter", "Parameter");
+        op(&p, '(');
+        op(&p, '('); str(&p, "storage"); global(&p, "torch", "FloatStorage"); str(&p, "0"); str(&p, "cpu"); integer(&p, 12); op(&p, 't');
+        op(&p, 'Q'); integer(&p, 4);
+        int64_t sh[1] = {8}, sd[1] = {1};
+        tuple(&p, sh, 1); tuple(&p, sd, 1); op(&p, 0x89);
+        global(&p, "collections", "OrderedDict"); op(&p, ')'); op(&p, 'R');
+        op(&p, 't');
+        op(&p, '}');
+        op(&p, 't'); op(&p, 'R'); op(&p, 's'); op(&p, '.');
+        if (nested) {
+            expect_pickle_fail("from-type-nested", &p, "unsupported _rebuild_from_type_v2");
+        } else {
+            pln_pickle_tensor *t;
+            int64_t n;
+            int rc = pln_unpickle_state_dict(p.b, p.n, "from-type", &t, &n);
+            CHECK(rc == 0 && n == 1 && t[0].storage_offset == 4 && t[0].shape[0] == 8 && t[0].dtype == PLN_DTYPE_F32,
+                  "_rebuild_from_type_v2: %s", rc ? pln_error() : "wrong tensor");
+            if (rc == 0) pln_pickle_tensors_free(t, n);
+        }
+        free(p.b);
+    }
+
     /* every prefix of a valid pickle fails cleanly */
     p = pickle_v2();
     int bad = 0;
@@ -485,6 +515,43 @@ static void test_zip64_big(void) {
     free(path);
 }
 
+/* A file written by torch.save itself (torch 1.13, kept as a fuzz seed): an nn.Linear state_dict
+ * (OrderedDict with _metadata) plus a Parameter, a transposed view, a row view, a tied entry and
+ * bf16 / int64 / bool tensors. weight = arange(24).reshape(4, 6), bias = arange(4). */
+static void test_real_torch(void) {
+    const char *path = "tests/fuzz/seeds/fuzz_torchzip/torch113_features.bin";
+    pln_torchzip tz;
+    CHECK(pln_torchzip_open(&tz, path) == 0, "torch.save file: %s", pln_error());
+    if (!tz.tensors) return;
+    CHECK(tz.n_tensors == 9 && !strcmp(tz.prefix, "torch113_features/"), "9 tensors under %s", tz.prefix);
+    const pln_tensor *w = pln_torchzip_find(&tz, "weight"), *b = pln_torchzip_find(&tz, "bias");
+    const pln_tensor *pa = pln_torchzip_find(&tz, "param"), *tr = pln_torchzip_find(&tz, "transposed");
+    const pln_tensor *row = pln_torchzip_find(&tz, "row2"), *tied = pln_torchzip_find(&tz, "tied");
+    const pln_tensor *bf = pln_torchzip_find(&tz, "bf"), *i64 = pln_torchzip_find(&tz, "i64"), *fl = pln_torchzip_find(&tz, "flag");
+    bool wok = w && w->dtype == PLN_DTYPE_F32 && w->ndim == 2 && w->shape[0] == 4 && w->shape[1] == 6 && w->contiguous;
+    for (int i = 0; wok && i < 24; i++) { float x; memcpy(&x, w->data + 4 * i, 4); wok = x == (float)i; }
+    CHECK(wok, "weight = arange(24) [4, 6]");
+    float x3;
+    if (b) memcpy(&x3, b->data + 12, 4);
+    CHECK(b && b->ndim == 1 && b->shape[0] == 4 && x3 == 3.0f, "bias");
+    uint16_t h2;
+    if (pa) memcpy(&h2, pa->data + 4, 2);
+    CHECK(pa && pa->dtype == PLN_DTYPE_F16 && pa->shape[0] == 3 && pln_f16_to_f32(h2) == 2.0f, "Parameter (fp16)");
+    CHECK(tr && !tr->contiguous && tr->shape[0] == 6 && tr->shape[1] == 4 && tr->nbytes == 96, "transposed view non-contiguous");
+    float r0;
+    if (row) memcpy(&r0, row->data, 4);
+    CHECK(row && row->contiguous && row->shape[0] == 6 && r0 == 12.0f, "row view: storage offset 12");
+    CHECK(tied && w && tied->data == w->data, "tied entry shares storage");
+    uint16_t b0;
+    int64_t l1;
+    if (bf) memcpy(&b0, bf->data, 2);
+    if (i64) memcpy(&l1, i64->data + 8, 8);
+    CHECK(bf && bf->dtype == PLN_DTYPE_BF16 && pln_bf16_to_f32(b0) == 1.5f, "bf16");
+    CHECK(i64 && i64->dtype == PLN_DTYPE_I64 && l1 == -9, "int64");
+    CHECK(fl && fl->dtype == PLN_DTYPE_BOOL && fl->nbytes == 2 && fl->data[0] == 1 && fl->data[1] == 0, "bool");
+    pln_torchzip_close(&tz);
+}
+
 int main(void) {
     test_begin("test_torchzip");
     for (int i = 0; i < 12; i++) g_f32[i] = (float)i * 0.5f - 1.0f;
@@ -494,6 +561,7 @@ int main(void) {
     test_bad_pickles();
     test_bad_files();
     test_fixture();
+    test_real_torch();
     test_zip64_big();
     return test_done();
 }
