@@ -85,10 +85,54 @@ static int cand_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static int cand_cmp_id(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Canonical sort. Large sets (a top-p 0.999 over 250k logits keeps most of the row) use an LSD
+ * radix sort on a 64-bit key: order-inverted float bits above, the id below — the same order as
+ * cand_cmp (NaN is already -inf; -0 is made +0 as the comparison treats them equal). */
+static uint32_t cand_fkey(float v) {
+    uint32_t u;
+    if (v == 0.0f) v = 0.0f;
+    memcpy(&u, &v, 4);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);   /* ascending as unsigned */
+    return ~u;                                         /* descending */
+}
+
+static float cand_funkey(uint32_t k) {
+    uint32_t u = ~k;
+    u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+static void cand_sort(cand *c, size_t n) {
+    if (n < 512) { qsort(c, n, sizeof *c, cand_cmp); return; }
+    uint64_t *k = pln_xmalloc(n * sizeof *k), *tmp = pln_xmalloc(n * sizeof *tmp);
+    uint64_t all_or = 0, all_and = ~0ull;
+    for (size_t i = 0; i < n; i++) {
+        k[i] = ((uint64_t)cand_fkey(c[i].v) << 32) | (uint32_t)c[i].id;
+        all_or |= k[i]; all_and &= k[i];
+    }
+    for (int shift = 0; shift < 64; shift += 8) {
+        if ((((all_or ^ all_and) >> shift) & 0xFF) == 0) continue;   /* digit equal everywhere */
+        size_t cnt[257] = {0};
+        for (size_t i = 0; i < n; i++) cnt[((k[i] >> shift) & 0xFF) + 1]++;
+        for (int d = 0; d < 256; d++) cnt[d + 1] += cnt[d];
+        for (size_t i = 0; i < n; i++) tmp[cnt[(k[i] >> shift) & 0xFF]++] = k[i];
+        uint64_t *t = k; k = tmp; tmp = t;
+    }
+    for (size_t i = 0; i < n; i++) { c[i].v = cand_funkey((uint32_t)(k[i] >> 32)); c[i].id = (int32_t)(uint32_t)k[i]; }
+    free(k); free(tmp);
+}
+
 static cand *cand_sorted(const float *vals, const int32_t *ids, int32_t n) {
     cand *c = pln_xmalloc((size_t)n * sizeof *c);
     for (int32_t i = 0; i < n; i++) { c[i].v = cand_key(vals[i]); c[i].id = ids ? ids[i] : i; }
-    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    cand_sort(c, (size_t)n);
     return c;
 }
 
@@ -124,6 +168,156 @@ static int32_t topp_keep(const cand *c, int32_t m, float top_p, double norm_lse,
     return m;
 }
 
+/* The k-th largest key (k >= 1) of vals, by quickselect on a copy: O(n) on average. */
+static float kth_largest(const float *vals, int32_t n, int32_t k) {
+    float *a = pln_xmalloc((size_t)n * sizeof *a);
+    for (int32_t i = 0; i < n; i++) a[i] = cand_key(vals[i]);
+    int32_t lo = 0, hi = n - 1, want = k - 1;   /* position in descending order */
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    while (lo < hi) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        float piv = a[lo + (int32_t)(x % (uint64_t)(hi - lo + 1))];
+        /* three-way partition: > piv | == piv | < piv */
+        int32_t lt = lo, i = lo, gt = hi;
+        while (i <= gt) {
+            if (a[i] > piv) { float t = a[i]; a[i] = a[lt]; a[lt] = t; lt++; i++; }
+            else if (a[i] < piv) { float t = a[i]; a[i] = a[gt]; a[gt] = t; gt--; }
+            else i++;
+        }
+        if (want < lt) hi = lt - 1;
+        else if (want > gt) lo = gt + 1;
+        else { lo = hi = want; a[want] = piv; break; }
+    }
+    float r = a[want];
+    free(a);
+    return r;
+}
+
+/* The candidates whose key is >= tau, sorted canonically. */
+static cand *cand_at_least(const float *vals, const int32_t *ids, int32_t n, float tau, int32_t *m_out) {
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) m += cand_key(vals[i]) >= tau;
+    cand *c = pln_xmalloc((size_t)(m ? m : 1) * sizeof *c);
+    m = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (cand_key(vals[i]) >= tau) { c[m].v = cand_key(vals[i]); c[m].id = ids[i]; m++; }
+    cand_sort(c, (size_t)m);
+    *m_out = m;
+    return c;
+}
+
+static inline bool cand_better(const cand *a, const cand *b) {
+    return a->v > b->v || (a->v == b->v && a->id < b->id);
+}
+
+/* Rearranges c so that c[0..r) are the r best candidates (canonical order, ids distinct) with
+ * r the smallest count whose mass sum exp(v - norm) reaches target; r = n if none does. */
+static int32_t select_mass(cand *c, int32_t n, double target, double norm) {
+    int32_t lo = 0, hi = n;
+    double acc = 0;                 /* mass of c[0..lo), all better than c[lo..hi) */
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    while (hi - lo > 32) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        int32_t pi = lo + (int32_t)(x % (uint64_t)(hi - lo));
+        cand piv = c[pi];
+        c[pi] = c[hi - 1];
+        int32_t nb = lo;
+        double mb = 0;
+        for (int32_t i = lo; i < hi - 1; i++)
+            if (cand_better(&c[i], &piv)) {
+                mb += exp((double)c[i].v - norm);
+                cand t = c[i]; c[i] = c[nb]; c[nb] = t;
+                nb++;
+            }
+        c[hi - 1] = c[nb];
+        c[nb] = piv;                /* c[lo..nb) better than piv, c[nb+1..hi) worse */
+        if (acc + mb >= target) { hi = nb; continue; }
+        acc += mb + exp((double)piv.v - norm);
+        if (acc >= target) return nb + 1;
+        lo = nb + 1;
+    }
+    qsort(c + lo, (size_t)(hi - lo), sizeof *c, cand_cmp);
+    for (int32_t i = lo; i < hi; i++) {
+        acc += exp((double)c[i].v - norm);
+        if (acc >= target) return i + 1;
+    }
+    return hi < n ? hi : n;
+}
+
+/* Draws from the kept prefix c[0..m) (canonical order) in proportion to exp(value). */
+static int32_t draw_sorted(const cand *c, int32_t m, pln_rng *rng) {
+    double mx = c[0].v, total = 0;
+    for (int32_t i = 0; i < m; i++) total += exp((double)c[i].v - mx);
+    double u = pln_rng_uniform(rng) * total, cum = 0;
+    for (int32_t i = 0; i < m; i++) {
+        cum += exp((double)c[i].v - mx);
+        if (u < cum) return c[i].id;
+    }
+    return c[m - 1].id;
+}
+
+/* Sampling proper (not greedy; the best key is finite). The kept set is computed on a sorted
+ * subset that provably contains it — the top-k value and its ties, or the values above a
+ * threshold whose mass already reaches top_p — so a full 250k-entry row is not sorted whole.
+ * The result is the same as sorting everything. */
+static int32_t sample_draw(const pln_sample_params *p, pln_rng *rng, const float *vals, const int32_t *ids,
+                           int32_t n, float lse, float mx) {
+    bool topk_on = p->top_k > 0 && p->top_k < n;
+    if (!topk_on && p->top_p >= 1.0f) {
+        /* plain sampling: every token, drawn in id order (the kept set is the whole row here,
+         * whatever the TP size, so any fixed order is canonical) */
+        cand *c = pln_xmalloc((size_t)n * sizeof *c);
+        bool sorted = true;
+        for (int32_t i = 0; i < n; i++) {
+            c[i].v = cand_key(vals[i]); c[i].id = ids[i];
+            if (i && ids[i] < ids[i - 1]) sorted = false;
+        }
+        if (!sorted) qsort(c, (size_t)n, sizeof *c, cand_cmp_id);
+        double total = 0;
+        for (int32_t i = 0; i < n; i++) total += exp((double)c[i].v - mx);
+        double u = pln_rng_uniform(rng) * total, cum = 0;
+        int32_t id = c[n - 1].id;
+        for (int32_t i = 0; i < n; i++) {
+            cum += exp((double)c[i].v - mx);
+            if (u < cum) { id = c[i].id; break; }
+        }
+        free(c);
+        return id;
+    }
+    cand *g = NULL;
+    int32_t m = 0;
+    double norm = lse;
+    if (topk_on) {
+        /* HF order: TopK sets the others to -inf before TopP's softmax, so with top-k active
+         * the top-p mass is relative to the kept set; otherwise to the whole vocabulary. */
+        g = cand_at_least(vals, ids, n, kth_largest(vals, n, p->top_k), &m);
+        norm = lse_of(g, m);
+    } else if (n > 256) {
+        /* top-p alone: select (weighted quickselect, O(n)) the best candidates whose mass
+         * reaches p plus a hair, then sort just those; the prefix sums over them are the very
+         * sums a full sort would make, so the boundary is the same */
+        g = pln_xmalloc((size_t)n * sizeof *g);
+        for (int32_t i = 0; i < n; i++) { g[i].v = cand_key(vals[i]); g[i].id = ids[i]; }
+        m = select_mass(g, n, (double)p->top_p - SAMPLE_TOP_P_EPS + 1e-9, norm);
+        cand_sort(g, (size_t)m);
+        bool reached;
+        int32_t keep = topp_keep(g, m, p->top_p, norm, &reached);
+        if (reached || m == n) {
+            int32_t id = draw_sorted(g, keep, rng);
+            free(g);
+            return id;
+        }
+        free(g);   /* rounding put the boundary outside the selection: sort everything */
+        g = NULL;
+    }
+    if (!g) g = cand_at_least(vals, ids, n, -INFINITY, &m);
+    bool reached;
+    m = topp_keep(g, m, p->top_p, norm, &reached);
+    int32_t id = draw_sorted(g, m, rng);
+    free(g);
+    return id;
+}
+
 int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *vals, const int32_t *ids,
                         int32_t n, float lse, float *logprob_out) {
     PLN_ASSERT(n >= 1);
@@ -133,24 +327,10 @@ int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *v
         if (a > b || (a == b && ids[i] < ids[best])) best = i;
     }
     int32_t chosen = best;
-    if (!is_greedy(p) && cand_key(vals[best]) != -INFINITY) {
-        cand *g = cand_sorted(vals, ids, n);
-        int32_t m = topk_keep(g, n, p->top_k);
-        /* HF order: TopK sets the others to -inf before TopP's softmax, so with top-k active
-         * the top-p mass is relative to the kept set; otherwise to the whole vocabulary. */
-        double norm = (p->top_k > 0 && n > p->top_k) ? lse_of(g, m) : (double)lse;
-        bool reached;
-        m = topp_keep(g, m, p->top_p, norm, &reached);
-        double mx = g[0].v, total = 0;
-        for (int32_t i = 0; i < m; i++) total += exp((double)g[i].v - mx);
-        double u = pln_rng_uniform(rng) * total, cum = 0;
-        int32_t pick = m - 1;
-        for (int32_t i = 0; i < m; i++) {
-            cum += exp((double)g[i].v - mx);
-            if (u < cum) { pick = i; break; }
-        }
-        for (int32_t i = 0; i < n; i++) if (ids[i] == g[pick].id) { chosen = i; break; }
-        free(g);
+    float mx = cand_key(vals[best]);
+    if (!is_greedy(p) && mx != -INFINITY) {
+        int32_t id = sample_draw(p, rng, vals, ids, n, lse, mx);
+        for (int32_t i = 0; i < n; i++) if (ids[i] == id) { chosen = i; break; }
     }
     if (logprob_out) *logprob_out = cand_key(vals[chosen]) - lse;
     return ids[chosen];

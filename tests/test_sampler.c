@@ -312,6 +312,98 @@ static void test_tp_invariance(void) {
     CHECK(!pln_sample_candidates_suffice(&k2, kv, 2, 4.0f, 100), "only k candidates: cannot see ties");
 }
 
+/* Reference: sort everything (value desc, id asc), top-k with ties, top-p, draw — the plain
+ * reading of sampler.h, against which the subset selection of pln_sample_pick is checked. */
+typedef struct { float v; int32_t id; } rc_t;
+static int rc_cmp(const void *a, const void *b) {
+    const rc_t *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+static int rc_cmp_id(const void *a, const void *b) {
+    const rc_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int32_t ref_pick(const pln_sample_params *p, pln_rng *r, const float *v, const int32_t *ids, int32_t n, float lse) {
+    rc_t *c = malloc(sizeof(rc_t) * (size_t)n);
+    for (int32_t i = 0; i < n; i++) { c[i].v = v[i]; c[i].id = ids[i]; }
+    bool topk_on = p->top_k > 0 && p->top_k < n;
+    int32_t m = n;
+    double norm = lse;
+    if (!topk_on && p->top_p >= 1.0f) {
+        qsort(c, (size_t)n, sizeof *c, rc_cmp_id);
+    } else {
+        qsort(c, (size_t)n, sizeof *c, rc_cmp);
+        if (topk_on) {
+            m = p->top_k;
+            while (m < n && c[m].v >= c[p->top_k - 1].v) m++;
+            double mx = c[0].v, s = 0;
+            for (int32_t i = 0; i < m; i++) s += exp((double)c[i].v - mx);
+            norm = mx + log(s);
+        }
+        if (p->top_p < 1.0f) {
+            double cum = 0;
+            int32_t keep = m;
+            for (int32_t i = 0; i < m; i++) {
+                cum += exp((double)c[i].v - norm);
+                if (cum >= (double)p->top_p - 1e-7) { keep = i + 1; break; }
+            }
+            m = keep;
+        }
+    }
+    double mx = -INFINITY, total = 0, cum = 0;
+    for (int32_t i = 0; i < m; i++) if (c[i].v > mx) mx = c[i].v;
+    for (int32_t i = 0; i < m; i++) total += exp((double)c[i].v - mx);
+    double u = pln_rng_uniform(r) * total;
+    int32_t id = c[m - 1].id;
+    for (int32_t i = 0; i < m; i++) {
+        cum += exp((double)c[i].v - mx);
+        if (u < cum) { id = c[i].id; break; }
+    }
+    free(c);
+    return id;
+}
+
+static void test_large_rows(void) {
+    enum { V = 250880 };
+    float *v = malloc(sizeof(float) * V);
+    int32_t *ids = malloc(sizeof(int32_t) * V), *rev = malloc(sizeof(int32_t) * V);
+    float *rv = malloc(sizeof(float) * V);
+    uint64_t x = 4242;
+    for (int i = 0; i < V; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        /* a peaked row like real logits: most mass in a few hundred tokens, many ties */
+        double u = (double)(x >> 11) * 0x1.0p-53;
+        v[i] = (float)(-12.0 * u * u + (double)((x >> 3) % 4) * 0.25);
+        if (i % 997 == 0) v[i] += 9.0f;
+        ids[i] = i;
+    }
+    for (int i = 0; i < V; i++) { rev[i] = V - 1 - i; rv[i] = v[V - 1 - i]; }   /* same row, reversed order */
+    float lse = lse_of(v, V);
+    pln_sample_params cases[5] = {sampling(1, 0, 0.9f, 0), sampling(1, 40, 1, 0), sampling(1, 300, 0.5f, 0),
+                                  sampling(1, 0, 1, 0), sampling(1, 0, 0.999f, 0)};
+    for (int c = 0; c < 5; c++) {
+        int bad = 0;
+        double t_fast = 0;
+        for (int seed = 0; seed < 8; seed++) {
+            pln_rng a, b, d;
+            pln_rng_seed(&a, (uint64_t)seed); pln_rng_seed(&b, (uint64_t)seed); pln_rng_seed(&d, (uint64_t)seed);
+            double t0 = pln_now();
+            int32_t got = pln_sample_pick(&cases[c], &a, v, ids, V, lse, NULL);
+            t_fast += pln_now() - t0;
+            int32_t got_rev = pln_sample_pick(&cases[c], &d, rv, rev, V, lse, NULL);
+            int32_t want = ref_pick(&cases[c], &b, v, ids, V, lse);
+            bad += got != want || got_rev != want;
+        }
+        CHECK(bad == 0, "large row case %d (top_k %d, top_p %g): %d of 8 picks differ from sort-everything",
+              c, cases[c].top_k, (double)cases[c].top_p, bad);
+        printf("pick over %d logits, top_k %d top_p %g: %.2f ms\n", V, cases[c].top_k, (double)cases[c].top_p,
+               t_fast / 8 * 1e3);
+    }
+    free(v); free(ids); free(rev); free(rv);
+}
+
 static void test_penalty(void) {
     /* HF: seen ids (distinct) divided when > 0, multiplied when < 0; then / temperature */
     float l[6] = {2.0f, -2.0f, 0.0f, 1.0f, 3.0f, -1.0f};
@@ -341,6 +433,7 @@ int main(void) {
     test_topk_topp();
     test_determinism();
     test_tp_invariance();
+    test_large_rows();
     test_penalty();
     return test_done();
 }
