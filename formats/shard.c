@@ -474,11 +474,24 @@ pln_shard *pln_shard_open(const char *path) {
     return s;
 }
 
+pln_shard *pln_shard_open_mem(const uint8_t *data, uint64_t size, const char *where) {
+    pln_shard *s = pln_xcalloc(1, sizeof *s);
+    s->borrowed = true;
+    s->map.fd = -1;
+    s->map.data = data;
+    s->map.size = size;
+    s->map.path = pln_xstrdup(where);
+    s->path = s->map.path;
+    if (shard_validate(s)) { pln_shard_close(s); return NULL; }
+    return s;
+}
+
 void pln_shard_close(pln_shard *s) {
     if (!s) return;
     index_free(s->index);
     free(s->tensors);
-    pln_map_close(&s->map);
+    if (s->borrowed) free(s->map.path);
+    else pln_map_close(&s->map);
     free(s);
 }
 

@@ -115,6 +115,7 @@ typedef struct {
     uint64_t table_offset, table_size, data_offset, data_size, file_size;
     uint64_t header_xxh3;        /* preamble checksum as stored (== computed after open) */
     void *index;                 /* private: name lookup */
+    bool borrowed;               /* private: map.data belongs to the caller (pln_shard_open_mem) */
 } pln_shard;
 
 /* Maps path and validates it completely: magic, version, preamble and table checksums, reserved
@@ -122,6 +123,9 @@ typedef struct {
  * region in increasing non-overlapping order, nbytes = numel x dtype size, names valid and unique.
  * Tensor data is not touched (checksums of data: pln_shard_verify_*). NULL + error on failure. */
 pln_shard *pln_shard_open(const char *path);
+/* The same checks on an in-memory image (data must outlive the shard); `where` names it in
+ * errors. For the fuzzer and tests. */
+pln_shard *pln_shard_open_mem(const uint8_t *data, uint64_t size, const char *where);
 void pln_shard_close(pln_shard *s);
 /* NULL if absent (with an error "PATH: no tensor NAME"). */
 const pln_shard_tensor *pln_shard_find(const pln_shard *s, const char *name);

@@ -155,6 +155,10 @@ static void test_round_trip(void) {
     CHECK(s->tensors[1].offset == s->tensors[0].offset + 4096, "b offset %llu", (unsigned long long)s->tensors[1].offset);
     CHECK(pln_shard_find(s, "nope") == NULL && strstr(pln_error(), "nope"), "find missing: %s", pln_error());
     CHECK(pln_shard_verify_all(s, NULL) == 0, "verify_all: %s", pln_error());
+    pln_shard *m = pln_shard_open_mem(s->map.data, s->map.size, "in-memory");
+    CHECK(m && m->n_tensors == NT && pln_shard_data(m, &m->tensors[2]) == pln_shard_data(s, &s->tensors[2]), "open_mem");
+    pln_shard_close(m);
+    CHECK(!pln_shard_open_mem(s->map.data, s->map.size - 1, "cut") && strstr(pln_error(), "cut: "), "open_mem truncated: %s", pln_error());
     pln_tensor v;
     pln_shard_tensor_view(s, &s->tensors[4], &v);
     CHECK(v.ndim == 3 && v.shape[2] == 4 && v.data == pln_shard_data(s, &s->tensors[4]) && v.file_offset == s->tensors[4].offset,
