@@ -808,8 +808,7 @@ static int tok_load_model(pln_tokenizer *t, json_t *root, tok_lists *l, const in
     t->pairs = pln_xmalloc(pcap * sizeof *t->pairs);
     for (size_t k = 0; k < pcap; k++) t->pairs[k].key = UINT64_MAX;
     t->pair_mask = pcap - 1;
-    /* the merge strings live in l's arena only on the fallback path... both paths put them
-     * in the same arena, now owned by t */
+    /* merge strings are "a\0b\0" in the arena t now owns */
     char *cat = NULL;
     size_t cat_cap = 0;
     for (size_t k = 0; k < l->nm; k++) {

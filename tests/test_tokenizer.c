@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #define FIX_TOK "tests/fixtures/tokenizer/tokenizer.json"
 #define FIX_ENC "tests/fixtures/tokenizer/encodings.json"
@@ -585,18 +586,25 @@ static void test_synthetic(void) {
 /* ---- benchmark mode ----------------------------------------------------------------------- */
 
 static int bench(const char *tok_path, const char *text_path) {
-    double best = 1e9;
+    double best = 1e9, best_cpu = 1e9;
     pln_tokenizer *t = NULL;
     for (int r = 0; r < 3; r++) {
+        /* CPU time too: on a shared machine the wall time mostly measures the neighbours */
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         double t0 = pln_now();
         pln_tokenizer *x = pln_tok_load(tok_path);
         double dt = pln_now() - t0;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
         if (!x) { fprintf(stderr, "%s\n", pln_error()); return 1; }
         if (dt < best) best = dt;
+        if (cpu < best_cpu) best_cpu = cpu;
         if (t) pln_tok_free(t);
         t = x;
     }
-    printf("load %s: %.3f s (best of 3), %lld tokens\n", tok_path, best, (long long)pln_tok_vocab_size(t));
+    printf("load %s: %.3f s wall, %.3f s CPU (best of 3), %lld tokens\n", tok_path, best, best_cpu,
+           (long long)pln_tok_vocab_size(t));
     char *text;
     size_t len = 0;
     if (text_path) {
