@@ -17,6 +17,8 @@
 /* Pieces at most this long are remembered in the word cache; the cache is cleared when full. */
 #define TOK_CACHE_MAX_PIECE 64
 #define TOK_CACHE_SLOTS (1u << 16)
+/* Largest vocabulary accepted (BLOOM has 250680 ids). */
+#define TOK_MAX_IDS (1 << 24)
 
 /* ---- small helpers --------------------------------------------------------------------- */
 
@@ -701,6 +703,10 @@ static int tok_load_model(pln_tokenizer *t, json_t *root, tok_lists *l, const in
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
     }
     if (max_id < 0) return pln_errorf("%s: model.vocab is empty", t->path);
+    /* tables are indexed by id: refuse ids far beyond any real vocabulary instead of
+     * allocating gigabytes for a hostile file */
+    if (max_id >= TOK_MAX_IDS)
+        return pln_errorf("%s: token id %lld is too large (ids must be < %d)", t->path, (long long)max_id, TOK_MAX_IDS);
     t->n_ids = max_id + 1;
     /* ids → offsets into the arena first (it still grows), pointers at the end */
     size_t *str_off = pln_xmalloc((size_t)t->n_ids * sizeof *str_off);

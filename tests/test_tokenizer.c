@@ -446,6 +446,11 @@ static void test_variants(json_t *enc) {
     free(mpath);
     free(ftext);
 
+    v = json_deep_copy(orig);
+    json_object_set_new(json_object_get(json_object_get(v, "model"), "vocab"), "hugeid", json_integer(2000000000));
+    expect_load_error(v, "huge-id.json", "too large");
+    json_decref(v);
+
     pln_tokenizer *x = pln_tok_load("/nonexistent/tokenizer.json");
     CHECK(x == NULL && strstr(pln_error(), "/nonexistent/tokenizer.json"), "missing file: %s", pln_error());
     char *junk = pln_xasprintf("%s/junk.json", test_tmpdir());
