@@ -14,7 +14,8 @@
 
 /* tokenizer.json files larger than this are refused (BLOOM's is 14.5 MB). */
 #define TOK_MAX_FILE_BYTES ((size_t)1 << 30)
-/* Pieces at most this long are remembered in the word cache; the cache is cleared when full. */
+/* Pieces at most this long are remembered in the word cache (direct-mapped: a new piece replaces
+ * whatever held its slot). */
 #define TOK_CACHE_MAX_PIECE 64
 #define TOK_CACHE_SLOTS (1u << 16)
 /* Largest vocabulary accepted (BLOOM has 250680 ids). */
