@@ -349,12 +349,16 @@ static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in,
         pthread_mutex_unlock(&lt_lock);
         return -1;
     }
-    pthread_mutex_unlock(&lt_lock);
-    if (bias)
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    /* The bias pointer lives in the shared descriptor: set it and enqueue under the lock. */
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (bias) st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasLtMatmul(c->lt, p->op, &one, W->w, p->a, in, p->b, &zero, out, p->d, out, p->d,
-                               &p->algo, c->lt_ws, c->lt_ws_size, c->stream));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(c->lt, p->op, &one, W->w, p->a, in, p->b, &zero, out, p->d, out, p->d, &p->algo,
+                            c->lt_ws, c->lt_ws_size, c->stream);
+    pthread_mutex_unlock(&lt_lock);
+    if (pln_cublas_check(st, "cublasLtMatmul", __FILE__, __LINE__))
+        return pln_error_context("linear [%lld x %lld] for %d tokens", (long long)W->rows, (long long)W->cols, T);
     return 0;
 }
 

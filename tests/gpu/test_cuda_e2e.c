@@ -1,0 +1,228 @@
+/* test_cuda_e2e.c — the engine on the CUDA backend at TP 1 against the transformers fixtures:
+ * prefill logits at every position within rel L2 1e-2 (fp16 activations), the 20 greedy tokens of
+ * HF generate identical, the four prompts batched (prefills and decodes of different lengths in
+ * one step, so decode attention runs at several positions at once) and int8 sets against the CPU
+ * engine on the same set. Shard sets are made with `pollen reshard` from tests/fixtures.
+ *
+ *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`) */
+#include "tests/test.h"
+#include "formats/safetensors.h"
+#include "kernels/backend.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+
+#define V 1003
+#define NPROMPT 4
+#define NGEN 20
+
+static const char *g_build;
+static pln_comm *g_comm;
+
+static char *reshard(const char *model, const char *src, const char *dtype)
+{
+    char *out = pln_xasprintf("%s/%s-%s-%s", test_tmpdir(), model, src, dtype);
+    char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp 1 --dtype %s --quiet", g_build,
+                              model, src, out, dtype);
+    int rc = system(cmd);
+    if (rc) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
+    free(cmd);
+    if (rc) { free(out); return NULL; }
+    return out;
+}
+
+typedef struct {
+    pln_safetensors st;
+    int32_t n[NPROMPT], gn[NPROMPT];
+    const int32_t *ids[NPROMPT], *gids[NPROMPT];
+    const float *logits[NPROMPT];
+} ref_t;
+
+static const pln_tensor *need(const pln_safetensors *st, const char *name)
+{
+    const pln_tensor *t = pln_safetensors_find(st, name);
+    if (!t) { fprintf(stderr, "%s: no tensor %s\n", st->path, name); exit(2); }
+    return t;
+}
+
+static int ref_open(ref_t *r, const char *path)
+{
+    memset(r, 0, sizeof *r);
+    if (pln_safetensors_open(&r->st, path)) { fprintf(stderr, "%s\n", pln_error()); return -1; }
+    char nm[64];
+    for (int i = 0; i < NPROMPT; i++) {
+        snprintf(nm, sizeof nm, "prompt%d.ids", i);
+        const pln_tensor *t = need(&r->st, nm);
+        r->n[i] = (int32_t)t->shape[0];
+        r->ids[i] = (const int32_t *)t->data;
+        snprintf(nm, sizeof nm, "prompt%d.logits", i);
+        r->logits[i] = (const float *)need(&r->st, nm)->data;
+        snprintf(nm, sizeof nm, "greedy%d.ids", i);
+        t = need(&r->st, nm);
+        r->gids[i] = (const int32_t *)t->data;
+        r->gn[i] = (int32_t)t->shape[0];
+    }
+    return 0;
+}
+
+static pln_engine *open_set(const char *dir, const char *backend)
+{
+    pln_engine_opts o;
+    pln_engine_opts_default(&o);
+    o.shard_dir = dir;
+    o.backend = backend;
+    o.device = getenv("PLN_CUDA_DEVICE") ? atoi(getenv("PLN_CUDA_DEVICE")) : 0;
+    o.max_seqs = 8;
+    o.max_seq_len = 64;
+    o.block_size = 4;
+    o.quiet = true;
+    o.verify = true;
+    pln_engine *e = pln_engine_open(&o, g_comm);
+    if (!e) fprintf(stderr, "engine open %s (%s): %s\n", dir, backend, pln_error());
+    return e;
+}
+
+static pln_step_seq seq_of(int32_t slot, const int32_t *tok, int32_t n, bool sample)
+{
+    pln_step_seq s;
+    memset(&s, 0, sizeof s);
+    s.slot = slot;
+    s.n_new = n;
+    s.tokens = tok;
+    s.sample = sample;
+    pln_sample_params_default(&s.params);
+    return s;
+}
+
+/* Prefill logits of every prompt, each alone: out[i] [n_i, V]. */
+static int prefills(pln_engine *e, const ref_t *r, float *out[NPROMPT])
+{
+    for (int i = 0; i < NPROMPT; i++) {
+        pln_step_seq s = seq_of(0, r->ids[i], r->n[i], false);
+        int32_t rel = 0;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &rel};
+        pln_step_out o;
+        if (pln_engine_step(e, &p, &o)) { fprintf(stderr, "step: %s\n", pln_error()); return -1; }
+        memcpy(out[i], o.logits, (size_t)r->n[i] * V * 4);
+    }
+    int32_t z = 0;
+    pln_step_plan pr = {.n_release = 1, .release = &z};
+    return pln_engine_step(e, &pr, NULL);
+}
+
+/* Greedy continuations, prompt i joining at step i: gen[i][0..NGEN). */
+static int greedy(pln_engine *e, const ref_t *r, int32_t gen[NPROMPT][NGEN])
+{
+    int32_t last[NPROMPT];
+    int ng[NPROMPT] = {0};
+    for (int step = 0; step < NGEN + NPROMPT - 1; step++) {
+        pln_step_seq s[NPROMPT];
+        int map[NPROMPT], ns = 0;
+        for (int i = 0; i < NPROMPT; i++) {
+            if (step < i || ng[i] >= NGEN) continue;
+            s[ns] = step == i ? seq_of(4 + i, r->ids[i], r->n[i], true) : seq_of(4 + i, &last[i], 1, true);
+            map[ns++] = i;
+        }
+        pln_step_plan p = {.n_seqs = ns, .seqs = s};
+        pln_step_out o[NPROMPT];
+        if (pln_engine_step(e, &p, o)) { fprintf(stderr, "greedy step %d: %s\n", step, pln_error()); return -1; }
+        for (int j = 0; j < ns; j++) {
+            int i = map[j];
+            gen[i][ng[i]++] = o[j].token;
+            last[i] = o[j].token;
+        }
+    }
+    int32_t rel[NPROMPT] = {4, 5, 6, 7};
+    pln_step_plan pr = {.n_release = NPROMPT, .release = rel};
+    return pln_engine_step(e, &pr, NULL);
+}
+
+static void check_fp16(const char *label, const char *dir, const ref_t *r)
+{
+    pln_engine *e = open_set(dir, "cuda");
+    CHECK(e != NULL, "%s: engine opens on cuda", label);
+    if (!e) return;
+    float *got[NPROMPT];
+    for (int i = 0; i < NPROMPT; i++) got[i] = pln_xmalloc((size_t)r->n[i] * V * 4);
+    int rc = prefills(e, r, got);
+    CHECK(rc == 0, "%s: prefills", label);
+    for (int i = 0; i < NPROMPT && rc == 0; i++) {
+        double rel = test_rel_l2(got[i], r->logits[i], (size_t)r->n[i] * V);
+        printf("%s cuda fp16 prompt%d logits vs transformers: rel L2 %.3g %s\n", label, i, rel, rel <= 1e-2 ? "OK" : "NOT OK");
+        CHECK(rel <= 1e-2, "%s: prompt%d rel L2 %.3g > 1e-2", label, i, rel);
+    }
+    int32_t gen[NPROMPT][NGEN];
+    rc = greedy(e, r, gen);
+    CHECK(rc == 0, "%s: greedy", label);
+    for (int i = 0; i < NPROMPT && rc == 0; i++) {
+        int same = r->gn[i] >= r->n[i] + NGEN;
+        for (int t = 0; t < NGEN && same; t++) same = gen[i][t] == r->gids[i][r->n[i] + t];
+        printf("%s cuda fp16 greedy%d: ids %s %s\n", label, i, same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
+        CHECK(same, "%s: greedy%d ids differ from transformers", label, i);
+    }
+    for (int i = 0; i < NPROMPT; i++) free(got[i]);
+    pln_engine_close(e);
+}
+
+/* int8 on cuda against int8 on cpu (the same quantized weights): rel L2 <= 1e-2, same greedy ids. */
+static void check_int8(const char *label, const char *dir, const ref_t *r)
+{
+    pln_engine *ec = open_set(dir, "cpu");
+    pln_engine *eg = open_set(dir, "cuda");
+    CHECK(ec && eg, "%s: int8 engines open", label);
+    if (ec && eg) {
+        float *a[NPROMPT], *b[NPROMPT];
+        for (int i = 0; i < NPROMPT; i++) { a[i] = pln_xmalloc((size_t)r->n[i] * V * 4); b[i] = pln_xmalloc((size_t)r->n[i] * V * 4); }
+        int rc = prefills(ec, r, a) | prefills(eg, r, b);
+        CHECK(rc == 0, "%s: int8 prefills", label);
+        for (int i = 0; i < NPROMPT && rc == 0; i++) {
+            double rel = test_rel_l2(b[i], a[i], (size_t)r->n[i] * V);
+            printf("%s cuda int8 prompt%d logits vs cpu int8: rel L2 %.3g %s\n", label, i, rel, rel <= 1e-2 ? "OK" : "NOT OK");
+            CHECK(rel <= 1e-2, "%s: int8 prompt%d rel L2 %.3g > 1e-2", label, i, rel);
+        }
+        int32_t ga[NPROMPT][NGEN], gb[NPROMPT][NGEN];
+        rc = greedy(ec, r, ga) | greedy(eg, r, gb);
+        CHECK(rc == 0, "%s: int8 greedy", label);
+        int same = rc == 0 && memcmp(ga, gb, sizeof ga) == 0;
+        printf("%s cuda int8 greedy ids vs cpu int8: %s %s\n", label, same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
+        CHECK(same, "%s: int8 greedy ids differ between cuda and cpu", label);
+        for (int i = 0; i < NPROMPT; i++) { free(a[i]); free(b[i]); }
+    }
+    pln_engine_close(ec);
+    pln_engine_close(eg);
+}
+
+int main(int argc, char **argv)
+{
+    test_begin("test_cuda_e2e");
+    g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
+    pln_backend *probe = pln_backend_create("cuda", 0);
+    if (!probe) { printf("SKIP: no GPU (%s)\n", pln_error()); return 77; }
+    pln_backend_destroy(probe);
+    char *cmd = pln_xasprintf("%s/pollen reshard --help >/dev/null 2>&1", g_build);
+    if (system(cmd) != 0) {
+        printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
+        free(cmd);
+        return 77;
+    }
+    free(cmd);
+    g_comm = pln_comm_init(&argc, &argv);
+    struct { const char *model, *src; } sets[] = {{"bloom-4h", "fp16-st"}, {"bloom-6h", "fp16-bin"}};
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
+        char label[64], path[256];
+        snprintf(label, sizeof label, "%s/%s", sets[k].model, sets[k].src);
+        snprintf(path, sizeof path, "tests/fixtures/models/%s/reference-f16.safetensors", sets[k].model);
+        ref_t r;
+        if (ref_open(&r, path)) { CHECK(0, "%s: reference opens", label); continue; }
+        char *dir = reshard(sets[k].model, sets[k].src, "fp16");
+        CHECK(dir != NULL, "%s: reshard fp16", label);
+        if (dir) check_fp16(label, dir, &r);
+        free(dir);
+        dir = reshard(sets[k].model, sets[k].src, "int8");
+        CHECK(dir != NULL, "%s: reshard int8", label);
+        if (dir) check_int8(label, dir, &r);
+        free(dir);
+        pln_safetensors_close(&r.st);
+    }
+    pln_comm_free(g_comm);
+    return test_done();
+}
