@@ -20,6 +20,10 @@ void *pln_cuda_stream(pln_backend *be);
  * tests; the backend starts on auto. Returns the previous value, or -1 if be is not cuda. */
 int pln_cuda_set_linear_path(pln_backend *be, int path);
 
+/* Fills n elements of dt in device memory with seeded random values (F16/F32 uniform in
+ * [lo, hi), I8 uniform in [-127, 127], I32 integers in [lo, hi)), on the backend's stream. */
+int pln_cuda_fill_random(pln_backend *be, void *p, size_t n, pln_dtype dt, float lo, float hi, uint64_t seed);
+
 /* ---- CUDA graphs for decode steps ------------------------------------------------------------
  * A decode step is ~600 small launches for BLOOM-176B; replaying them as one graph removes the
  * launch gaps. How the engine uses it, once shapes settle (same batch size):

@@ -1,0 +1,462 @@
+/* bench_decode.c — the CUDA backend's figures on one GPU, against ceilings measured in the same
+ * run (nccl-tests / llm.c habit): device copy GB/s and fp16 GEMM TFLOP/s; then one TP-8 rank of
+ * BLOOM-176B (70 layers, hidden 14336, 14 of 112 heads of 128, 4H/8 = 7168, vocab 31360 per
+ * rank) with random weights made on the device (no files): decode ms/token and MBU at several
+ * batch sizes, fp16 and int8, eager and replayed as a CUDA graph; prefill tokens/s; per-op GB/s of
+ * the decode kernels. The all-reduces of a real TP-8 run are no-ops here (one rank): the figures
+ * are one rank's compute and memory time, without NVLink time.
+ *
+ *   bench_decode [--quick] [--ctx N] [--batches 1,8,32,128] [--iters N]
+ *   bench_decode --load FILE        loader GB/s: FILE streamed into one device allocation
+ *
+ * Every figure is also printed as "RESULT <key> <value> <unit>" for tools/bench/gpu.sh. */
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/pln_math.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define DIE(...) do { fprintf(stderr, "bench_decode: " __VA_ARGS__); fprintf(stderr, ": %s\n", pln_error()); exit(1); } while (0)
+#define CU(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { fprintf(stderr, "bench_decode: %s: %s\n", #call, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static pln_backend *be;
+static cudaStream_t st;
+
+static void result(const char *key, double v, const char *unit)
+{
+    printf("RESULT %s %.6g %s\n", key, v, unit);
+    fflush(stdout);
+}
+
+static void *dalloc(size_t n)
+{
+    void *p = be->alloc(be, n ? n : 16);
+    if (!p) DIE("alloc %zu bytes", n);
+    return p;
+}
+static void fill(void *p, size_t n, pln_dtype dt, float lo, float hi)
+{
+    static uint64_t seed = 1;
+    if (pln_cuda_fill_random(be, p, n, dt, lo, hi, seed++)) DIE("fill");
+}
+
+/* Milliseconds per call of fn over iters calls, after warm calls, timed with CUDA events. */
+typedef int (*bench_fn)(void *arg, int iter);
+static double time_ms(bench_fn fn, void *arg, int warm, int iters)
+{
+    for (int i = 0; i < warm; i++) if (fn(arg, i)) DIE("warm-up call");
+    cudaEvent_t a, b;
+    CU(cudaEventCreate(&a)); CU(cudaEventCreate(&b));
+    CU(cudaEventRecord(a, st));
+    for (int i = 0; i < iters; i++) if (fn(arg, i)) DIE("timed call");
+    CU(cudaEventRecord(b, st));
+    CU(cudaEventSynchronize(b));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a); cudaEventDestroy(b);
+    return ms / iters;
+}
+
+/* ---- ceilings ------------------------------------------------------------------------------- */
+typedef struct { void *a, *b; size_t n; } copy_arg;
+static int do_copy(void *arg, int it)
+{
+    copy_arg *c = arg;
+    return cudaMemcpyAsync(it & 1 ? c->a : c->b, it & 1 ? c->b : c->a, c->n, cudaMemcpyDeviceToDevice, st) != cudaSuccess;
+}
+typedef struct { void *out, *in; pln_weight w; int32_t T; } lin_arg;
+static int do_linear(void *arg, int it)
+{
+    lin_arg *l = arg;
+    return be->linear(be, l->out, l->in, &l->w, NULL, l->T, false);
+}
+
+static double g_copy_gbs;
+static void ceilings(void)
+{
+    copy_arg c = {NULL, NULL, (size_t)4 << 30};
+    c.a = dalloc(c.n); c.b = dalloc(c.n);
+    fill(c.a, c.n / 2, PLN_DTYPE_F16, -1, 1);
+    double ms = time_ms(do_copy, &c, 3, 10);
+    g_copy_gbs = 2.0 * (double)c.n / (ms * 1e-3) / 1e9;   /* bytes read + written */
+    printf("device copy: %.0f GB/s (cudaMemcpy D2D of %zu MiB, read + write counted)\n", g_copy_gbs, c.n >> 20);
+    result("copy_gbs", g_copy_gbs, "GB/s");
+    be->free(be, c.a); be->free(be, c.b);
+
+    const int64_t n = 8192;
+    lin_arg l = {dalloc((size_t)n * n * 2), dalloc((size_t)n * n * 2), {PLN_DTYPE_F16, n, n, NULL, NULL, 0}, (int32_t)n};
+    l.w.w = dalloc((size_t)n * n * 2);
+    fill(l.in, (size_t)n * n, PLN_DTYPE_F16, -1, 1);
+    fill((void *)l.w.w, (size_t)n * n, PLN_DTYPE_F16, -0.02f, 0.02f);
+    ms = time_ms(do_linear, &l, 3, 10);
+    double tf = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+    printf("fp16 GEMM (cuBLASLt, fp32 accumulate) %lldx%lldx%lld: %.0f TFLOP/s\n", (long long)n, (long long)n, (long long)n, tf);
+    result("gemm_tflops", tf, "TFLOP/s");
+    be->free(be, l.out); be->free(be, l.in); be->free(be, (void *)l.w.w);
+}
+
+/* ---- the TP-8 rank of BLOOM-176B ------------------------------------------------------------ */
+#define NL 70
+#define HID 14336
+#define NHEAD 112
+#define NHL 14
+#define HD 128
+#define FF (4 * HID / 8)
+#define QKV (3 * HID / 8)
+#define HL (HID / 8)
+#define VR (250880 / 8)
+#define BS 16
+
+typedef struct {
+    pln_weight qkv, dense, h4h, h4;
+    uint16_t *b_qkv, *b_dense, *b_h4h, *b_4hh, *ln1w, *ln1b, *ln2w, *ln2b;
+} layer_t;
+
+typedef struct {
+    bool int8;
+    layer_t L[NL];
+    pln_weight emb;
+    uint16_t *wln_w, *wln_b, *lnf_w, *lnf_b;
+    void *arena;
+    uint64_t weight_bytes;   /* read once per step */
+} model_t;
+
+static pln_weight make_w(char **cur, int64_t rows, int64_t cols, bool int8, uint64_t *bytes)
+{
+    pln_weight w = {int8 ? PLN_DTYPE_I8 : PLN_DTYPE_F16, rows, cols, NULL, NULL, cols};
+    size_t wb = (size_t)(rows * cols) * (int8 ? 1 : 2);
+    w.w = *cur; *cur += pln_align_up(wb, 256);
+    float amp = 1.0f / sqrtf((float)cols);
+    if (int8) {
+        fill((void *)w.w, (size_t)(rows * cols), PLN_DTYPE_I8, 0, 0);
+        w.scale = (const uint16_t *)*cur; *cur += pln_align_up((size_t)rows * 2, 256);
+        fill((void *)w.scale, (size_t)rows, PLN_DTYPE_F16, amp / 127 * 0.5f, amp / 127 * 1.5f);
+        *bytes += (uint64_t)rows * 2;
+    } else {
+        fill((void *)w.w, (size_t)(rows * cols), PLN_DTYPE_F16, -amp, amp);
+    }
+    *bytes += wb;
+    return w;
+}
+static uint16_t *make_v(char **cur, int64_t n, float lo, float hi)
+{
+    uint16_t *p = (uint16_t *)*cur;
+    *cur += pln_align_up((size_t)n * 2, 256);
+    fill(p, (size_t)n, PLN_DTYPE_F16, lo, hi);
+    return p;
+}
+
+static void model_make(model_t *m, bool int8)
+{
+    memset(m, 0, sizeof *m);
+    m->int8 = int8;
+    size_t per = ((size_t)QKV * HID + (size_t)HID * HL + (size_t)FF * HID + (size_t)HID * FF) * (int8 ? 1 : 2) +
+                 (size_t)(QKV + HID + FF + HID) * 2 * 2 + 8 * HID * 2 + 64 * 256;
+    size_t total = per * NL + (size_t)VR * HID * 2 + 8 * HID * 2 + 16 * 256;
+    m->arena = dalloc(total);
+    char *cur = m->arena;
+    uint64_t bytes = 0;
+    m->emb = make_w(&cur, VR, HID, false, &bytes);
+    m->wln_w = make_v(&cur, HID, 0.8f, 1.2f); m->wln_b = make_v(&cur, HID, -0.1f, 0.1f);
+    for (int i = 0; i < NL; i++) {
+        layer_t *L = &m->L[i];
+        L->ln1w = make_v(&cur, HID, 0.8f, 1.2f); L->ln1b = make_v(&cur, HID, -0.1f, 0.1f);
+        L->qkv = make_w(&cur, QKV, HID, int8, &bytes); L->b_qkv = make_v(&cur, QKV, -0.1f, 0.1f);
+        L->dense = make_w(&cur, HID, HL, int8, &bytes); L->b_dense = make_v(&cur, HID, -0.1f, 0.1f);
+        L->ln2w = make_v(&cur, HID, 0.8f, 1.2f); L->ln2b = make_v(&cur, HID, -0.1f, 0.1f);
+        L->h4h = make_w(&cur, FF, HID, int8, &bytes); L->b_h4h = make_v(&cur, FF, -0.1f, 0.1f);
+        L->h4 = make_w(&cur, HID, FF, int8, &bytes); L->b_4hh = make_v(&cur, HID, -0.1f, 0.1f);
+    }
+    m->lnf_w = make_v(&cur, HID, 0.8f, 1.2f); m->lnf_b = make_v(&cur, HID, -0.1f, 0.1f);
+    PLN_ASSERT((size_t)(cur - (char *)m->arena) <= total);
+    m->weight_bytes = bytes;
+    if (be->sync(be)) DIE("weights");
+}
+
+/* Activations, KV cache and step inputs for up to T tokens of S sequences at context ctx. */
+typedef struct {
+    int32_t T, S, ctx, max_blocks;
+    void *x, *ln, *y, *qkv, *attn, *h4, *sel;
+    float *logits;
+    int32_t *ids, *seq, *pos, *bt, *rows;
+    float *slopes;
+    void *k[NL], *v[NL];
+    pln_attn_meta meta;
+    uint64_t kv_bytes_read;
+    float *vals, *rmax, *rsum;
+    int32_t *tids;
+} state_t;
+
+static void state_make(state_t *s, int32_t T, int32_t S, int32_t ctx, bool prefill)
+{
+    memset(s, 0, sizeof *s);
+    s->T = T; s->S = S; s->ctx = ctx;
+    s->max_blocks = (ctx + BS) / BS;
+    size_t a = 2;
+    s->x = dalloc((size_t)T * HID * a); s->ln = dalloc((size_t)T * HID * a); s->y = dalloc((size_t)T * HID * a);
+    s->qkv = dalloc((size_t)T * QKV * a); s->attn = dalloc((size_t)T * HL * a); s->h4 = dalloc((size_t)T * FF * a);
+    s->sel = dalloc((size_t)S * HID * a); s->logits = dalloc((size_t)S * VR * 4);
+    s->ids = dalloc((size_t)T * 4); s->seq = dalloc((size_t)T * 4); s->pos = dalloc((size_t)T * 4);
+    s->bt = dalloc((size_t)S * s->max_blocks * 4); s->rows = dalloc((size_t)S * 4); s->slopes = dalloc(NHL * 4);
+    int32_t *h = pln_xmalloc((size_t)(T > S * s->max_blocks ? T : S * s->max_blocks) * 4 + 4 * (size_t)T);
+    /* decode: token t is sequence t at position ctx; prefill: one sequence, positions 0..T-1 */
+    for (int t = 0; t < T; t++) h[t] = (int32_t)((t * 7919u) % 250000u);
+    be->upload(be, s->ids, h, (size_t)T * 4);
+    for (int t = 0; t < T; t++) h[t] = prefill ? 0 : t;
+    be->upload(be, s->seq, h, (size_t)T * 4);
+    for (int t = 0; t < T; t++) h[t] = prefill ? t : ctx;
+    be->upload(be, s->pos, h, (size_t)T * 4);
+    for (int i = 0; i < S * s->max_blocks; i++) h[i] = i;
+    be->upload(be, s->bt, h, (size_t)S * s->max_blocks * 4);
+    for (int i = 0; i < S; i++) h[i] = prefill ? T - 1 : i;
+    be->upload(be, s->rows, h, (size_t)S * 4);
+    float sl[NHL];
+    for (int i = 0; i < NHL; i++) sl[i] = pln_alibi_slope(NHL + i, NHEAD);   /* rank 1's heads */
+    be->upload(be, s->slopes, sl, sizeof sl);
+    free(h);
+    size_t pool = (size_t)S * s->max_blocks * NHL * BS * HD * 2;
+    for (int i = 0; i < NL; i++) {
+        s->k[i] = dalloc(pool); s->v[i] = dalloc(pool);
+        fill(s->k[i], pool / 2, PLN_DTYPE_F16, -1, 1);
+        fill(s->v[i], pool / 2, PLN_DTYPE_F16, -1, 1);
+    }
+    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt};
+    s->meta = m;
+    /* keys + values read by one decode step over all layers */
+    s->kv_bytes_read = prefill ? 0 : (uint64_t)S * (ctx + 1) * NHL * HD * 2 * 2 * NL;
+    s->vals = pln_xmalloc((size_t)S * 4); s->rmax = pln_xmalloc((size_t)S * 4); s->rsum = pln_xmalloc((size_t)S * 4);
+    s->tids = pln_xmalloc((size_t)S * 4);
+    if (be->sync(be)) DIE("state");
+}
+
+static void state_free(state_t *s)
+{
+    void *p[] = {s->x, s->ln, s->y, s->qkv, s->attn, s->h4, s->sel, s->logits, s->ids, s->seq, s->pos, s->bt, s->rows, s->slopes};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) be->free(be, p[i]);
+    for (int i = 0; i < NL; i++) { be->free(be, s->k[i]); be->free(be, s->v[i]); }
+    free(s->vals); free(s->rmax); free(s->rsum); free(s->tids);
+}
+
+/* One forward step on the device, as runtime/model.c orders it (the all-reduces after dense and
+ * dense_4h_to_h are where a TP-8 run would call NCCL; here they are no-ops). */
+static int forward(model_t *m, state_t *s)
+{
+    const int32_t T = s->T;
+    const float eps = 1e-5f;
+    int rc = 0;
+    rc |= be->embed(be, s->x, s->ids, T, m->emb.w, 0, VR, HID);
+    rc |= be->layernorm(be, s->x, s->x, m->wln_w, m->wln_b, T, HID, eps);
+    rc |= be->layernorm(be, s->ln, s->x, m->L[0].ln1w, m->L[0].ln1b, T, HID, eps);
+    for (int i = 0; i < NL && !rc; i++) {
+        layer_t *L = &m->L[i];
+        rc |= be->linear(be, s->qkv, s->ln, &L->qkv, L->b_qkv, T, false);
+        rc |= be->kv_append(be, s->qkv, s->k[i], s->v[i], &s->meta, NHL, HD);
+        rc |= be->attention(be, s->attn, s->qkv, s->k[i], s->v[i], &s->meta, s->slopes, NHL, HD);
+        rc |= be->linear(be, s->y, s->attn, &L->dense, NULL, T, false);
+        /* all-reduce(y) here in TP 8 */
+        rc |= be->residual_layernorm(be, s->x, s->y, L->b_dense, L->ln2w, L->ln2b, s->ln, T, HID, eps);
+        rc |= be->linear(be, s->h4, s->ln, &L->h4h, L->b_h4h, T, true);
+        rc |= be->linear(be, s->y, s->h4, &L->h4, NULL, T, false);
+        /* all-reduce(y) here in TP 8 */
+        const uint16_t *nw = i + 1 < NL ? m->L[i + 1].ln1w : m->lnf_w, *nb = i + 1 < NL ? m->L[i + 1].ln1b : m->lnf_b;
+        rc |= be->residual_layernorm(be, s->x, s->y, L->b_4hh, nw, nb, s->ln, T, HID, eps);
+    }
+    rc |= be->gather_rows(be, s->sel, s->ln, s->rows, s->S, HID);
+    rc |= be->logits(be, s->logits, s->sel, &m->emb, s->S, VR);
+    return rc ? -1 : 0;
+}
+
+typedef struct { model_t *m; state_t *s; pln_cuda_graph *g; } step_arg;
+static int do_step(void *arg, int it)
+{
+    step_arg *a = arg;
+    if (forward(a->m, a->s)) return -1;
+    return be->topk(be, a->s->logits, a->s->S, VR, 0, 1, a->s->vals, a->s->tids, a->s->rmax, a->s->rsum);
+}
+static int do_graph(void *arg, int it)
+{
+    step_arg *a = arg;
+    return pln_cuda_graph_launch(be, a->g);
+}
+
+static void decode(model_t *m, int32_t B, int32_t ctx, int iters)
+{
+    state_t s;
+    state_make(&s, B, B, ctx, false);
+    step_arg a = {m, &s, NULL};
+    double ms = time_ms(do_step, &a, 2, iters);
+    /* graph: the forward only (topk downloads, so it stays outside) */
+    int rc = forward(m, &s) || be->sync(be);
+    rc = rc || pln_cuda_graph_begin(be);
+    if (!rc) { int f = forward(m, &s); rc = pln_cuda_graph_end(be, &a.g) || f; }
+    double gms = rc ? 0 : time_ms(do_graph, &a, 2, iters);
+    if (rc) fprintf(stderr, "graph capture failed: %s\n", pln_error());
+    double bytes = (double)m->weight_bytes + (double)s.kv_bytes_read;
+    double best = gms > 0 && gms < ms ? gms : ms;
+    double mbu = bytes / (best * 1e-3) / (g_copy_gbs * 1e9);
+    const char *dt = m->int8 ? "int8" : "fp16";
+    printf("decode %s batch %3d ctx %d: %.2f ms/step eager, %.2f ms/step graph, %.3f ms/token, %.0f tokens/s, "
+           "%.1f GB read/step, MBU %.0f%% of the copy ceiling\n", dt, B, ctx, ms, gms, best / B, B / (best * 1e-3),
+           bytes / 1e9, 100 * mbu);
+    char key[96];
+    snprintf(key, sizeof key, "decode_%s_b%d_ms_step", dt, B); result(key, best, "ms");
+    snprintf(key, sizeof key, "decode_%s_b%d_ms_step_eager", dt, B); result(key, ms, "ms");
+    snprintf(key, sizeof key, "decode_%s_b%d_ms_token", dt, B); result(key, best / B, "ms");
+    snprintf(key, sizeof key, "decode_%s_b%d_tokens_s", dt, B); result(key, B / (best * 1e-3), "tokens/s");
+    snprintf(key, sizeof key, "decode_%s_b%d_mbu", dt, B); result(key, 100 * mbu, "%");
+    pln_cuda_graph_destroy(a.g);
+    state_free(&s);
+}
+
+static void prefill(model_t *m, int32_t T)
+{
+    state_t s;
+    state_make(&s, T, 1, T, true);
+    step_arg a = {m, &s, NULL};
+    double ms = time_ms(do_step, &a, 1, 3);
+    double flops = 2.0 * (double)(m->weight_bytes / (m->int8 ? 1 : 2)) * T;
+    const char *dt = m->int8 ? "int8" : "fp16";
+    printf("prefill %s %d tokens: %.1f ms, %.0f tokens/s, %.0f TFLOP/s in the linears\n", dt, T, ms, T / (ms * 1e-3),
+           flops / (ms * 1e-3) / 1e12);
+    char key[96];
+    snprintf(key, sizeof key, "prefill_%s_%d_tokens_s", dt, T); result(key, T / (ms * 1e-3), "tokens/s");
+    snprintf(key, sizeof key, "prefill_%s_%d_ms", dt, T); result(key, ms, "ms");
+    state_free(&s);
+}
+
+/* ---- per-op GB/s of the decode kernels (layers rotated so nothing stays in L2) --------------- */
+typedef struct { model_t *m; state_t *s; int which; } op_arg;
+static int do_op(void *arg, int it)
+{
+    op_arg *o = arg;
+    layer_t *L = &o->m->L[it % NL];
+    state_t *s = o->s;
+    switch (o->which) {
+    case 0: return be->linear(be, s->qkv, s->ln, &L->qkv, L->b_qkv, s->T, false);
+    case 1: return be->linear(be, s->y, s->attn, &L->dense, NULL, s->T, false);
+    case 2: return be->linear(be, s->h4, s->ln, &L->h4h, L->b_h4h, s->T, true);
+    case 3: return be->linear(be, s->y, s->h4, &L->h4, NULL, s->T, false);
+    case 4: return be->attention(be, s->attn, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, s->slopes, NHL, HD);
+    case 5: return be->residual_layernorm(be, s->x, s->y, L->b_dense, L->ln2w, L->ln2b, s->ln, s->T, HID, 1e-5f);
+    case 6: return be->logits(be, s->logits, s->sel, &o->m->emb, s->S, VR);
+    case 7: return be->kv_append(be, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, NHL, HD);
+    }
+    return -1;
+}
+
+static double wbytes(const pln_weight *w)
+{
+    return (double)(w->rows * w->cols) * (w->dtype == PLN_DTYPE_I8 ? 1 : 2) + (w->scale ? (double)w->rows * (w->cols / w->group) * 2 : 0);
+}
+
+static void per_op(model_t *m, int32_t B, int32_t ctx)
+{
+    state_t s;
+    state_make(&s, B, B, ctx, false);
+    const char *names[] = {"query_key_value", "dense", "dense_h_to_4h+gelu", "dense_4h_to_h", "attention", "residual+layernorm", "logits", "kv_append"};
+    const char *dt = m->int8 ? "int8" : "fp16";
+    for (int w = 0; w < 8; w++) {
+        if (m->int8 && (w == 4 || w >= 5)) continue;   /* the same kernels as fp16 */
+        op_arg o = {m, &s, w};
+        double ms = time_ms(do_op, &o, 3, 2 * NL);
+        double bytes = 0;
+        layer_t *L = &m->L[0];
+        switch (w) {
+        case 0: bytes = wbytes(&L->qkv) + (double)B * (HID + QKV) * 2; break;
+        case 1: bytes = wbytes(&L->dense) + (double)B * (HL + HID) * 2; break;
+        case 2: bytes = wbytes(&L->h4h) + (double)B * (HID + FF) * 2; break;
+        case 3: bytes = wbytes(&L->h4) + (double)B * (FF + HID) * 2; break;
+        case 4: bytes = (double)B * (ctx + 1) * NHL * HD * 2 * 2 + (double)B * (QKV + HL) * 2; break;
+        case 5: bytes = (double)B * HID * 2 * 4; break;
+        case 6: bytes = wbytes(&m->emb) + (double)B * (HID * 2 + VR * 4); break;
+        case 7: bytes = (double)B * NHL * HD * 2 * 2 * 2; break;
+        }
+        double gbs = bytes / (ms * 1e-3) / 1e9;
+        printf("  op %-20s %s batch %3d: %8.1f us  %7.0f GB/s  (%3.0f%% of copy)\n", names[w], dt, B, ms * 1e3, gbs, 100 * gbs / g_copy_gbs);
+        char key[96];
+        snprintf(key, sizeof key, "op_%s_%s_b%d_gbs", names[w], dt, B); result(key, gbs, "GB/s");
+    }
+    /* GEMV against cuBLASLt / the int8 GEMM for the biggest matrix, T = 1..16 */
+    if (B == 1) {
+        for (int32_t T = 1; T <= 16; T *= 2) {
+            state_t t;
+            state_make(&t, T, T, 16, false);
+            op_arg o = {m, &t, 2};
+            pln_cuda_set_linear_path(be, 1);
+            double g = time_ms(do_op, &o, 3, NL);
+            pln_cuda_set_linear_path(be, 2);
+            double c = time_ms(do_op, &o, 3, NL);
+            pln_cuda_set_linear_path(be, 0);
+            double bytes = wbytes(&m->L[0].h4h);
+            printf("  dense_h_to_4h %s T %2d: GEMV %.0f GB/s, %s %.0f GB/s\n", dt, T, bytes / (g * 1e-3) / 1e9,
+                   m->int8 ? "int8 GEMM" : "cuBLASLt", bytes / (c * 1e-3) / 1e9);
+            char key[96];
+            snprintf(key, sizeof key, "gemv_vs_gemm_%s_T%d_gemv_gbs", dt, T); result(key, bytes / (g * 1e-3) / 1e9, "GB/s");
+            snprintf(key, sizeof key, "gemv_vs_gemm_%s_T%d_gemm_gbs", dt, T); result(key, bytes / (c * 1e-3) / 1e9, "GB/s");
+            state_free(&t);
+        }
+    }
+    state_free(&s);
+}
+
+/* ---- loader ---------------------------------------------------------------------------------- */
+static int load(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb)) { perror(path); return 1; }
+    void *d = dalloc((size_t)sb.st_size);
+    double rate = 0, t0 = pln_now();
+    if (be->load_file(be, d, path, 0, (uint64_t)sb.st_size, &rate)) DIE("load %s", path);
+    double dt = pln_now() - t0;
+    printf("load %s: %.2f GB in %.2f s = %.2f GB/s\n", path, sb.st_size / 1e9, dt, rate / 1e9);
+    result("load_gbs", rate / 1e9, "GB/s");
+    result("load_s", dt, "s");
+    be->free(be, d);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bool quick = false;
+    int ctx = 512, iters = 10;
+    int batches[8] = {1, 8, 32, 128}, nb = 4;
+    const char *load_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--load") && i + 1 < argc) load_path = argv[++i];
+        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
+            nb = 0;
+            for (char *p = strtok(argv[++i], ","); p && nb < 8; p = strtok(NULL, ",")) batches[nb++] = atoi(p);
+        } else { fprintf(stderr, "usage: bench_decode [--quick] [--ctx N] [--iters N] [--batches 1,8,..] | --load FILE\n"); return 2; }
+    }
+    const char *dev = getenv("PLN_CUDA_DEVICE");
+    be = pln_backend_cuda_create(dev ? atoi(dev) : 0);
+    if (!be) { printf("SKIP: no GPU (%s)\n", pln_error()); return 77; }
+    st = (cudaStream_t)pln_cuda_stream(be);
+    if (load_path) { int rc = load(load_path); be->destroy(be); return rc; }
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, pln_cuda_device(be));
+    printf("device: %s, %d SMs, %.0f GB, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.totalGlobalMem / 1e9, prop.major, prop.minor);
+    printf("model: one TP-8 rank of BLOOM-176B (70 layers, hidden %d, %d heads of %d, 4H/8 %d, vocab %d); "
+           "all-reduces are no-ops (single rank), context %d\n", HID, NHL, HD, FF, VR, ctx);
+    ceilings();
+    for (int q = 0; q < 2; q++) {
+        model_t m;
+        model_make(&m, q == 1);
+        printf("%s weights: %.2f GB per step\n", q ? "int8" : "fp16", m.weight_bytes / 1e9);
+        result(q ? "weights_int8_gb" : "weights_fp16_gb", m.weight_bytes / 1e9, "GB");
+        for (int i = 0; i < nb; i++) decode(&m, batches[i], ctx, quick ? 3 : iters);
+        if (!quick) prefill(&m, 512);
+        per_op(&m, 1, ctx);
+        if (!quick) per_op(&m, 8, ctx);
+        be->free(be, m.arena);
+    }
+    be->destroy(be);
+    return 0;
+}
