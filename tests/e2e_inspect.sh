@@ -115,6 +115,28 @@ assert d["totals"]["I8"]["count"] == 16 and d["config"]["n_head"] == 4
 ' <<<"$j"
 fi
 
+# ---- sets written by `pollen reshard` (when this build has it): values traced back to the source ----
+if "$POLLEN" reshard --help >/dev/null 2>&1 && [ -d "$FIX/bloom-4h" ]; then
+  R16=$TMP/r-fp16; R8=$TMP/r-int8; SRC=$FIX/bloom-4h/fp16-st
+  check "reshard fp16 tp2" "$POLLEN" reshard "$SRC" -o "$R16" --tp 2 --dtype fp16 --quiet
+  check "reshard int8 tp2" "$POLLEN" reshard "$SRC" -o "$R8" --tp 2 --dtype int8 --quiet
+  # Row-parallel dense: rank 1 holds columns 32..63, so its first 8 values are source values 32..39.
+  D=h.0.self_attention.dense.weight
+  src=$(head_vals "$SRC" --tensor $D --head 40 | tail -n 8)
+  r1=$(head_vals "$R16" --tensor $D --head 8 | tail -n 8)
+  check "fp16 rank 1 dense = source columns 32..39 exactly" [ -n "$src" -a "$src" = "$r1" ]
+  # Column-parallel qkv: rank 0 row 0 = source row 0; int8 within half a quantization step.
+  Q=h.0.self_attention.query_key_value.weight
+  src=$(head_vals "$SRC" --tensor $Q --head 8); q0=$(head_vals "$R8" --tensor $Q --head 8 | head -n 8)
+  d=$(paste <(echo "$src") <(echo "$q0") | awk 'BEGIN{m=0} {d=$1-$2; if(d<0)d=-d; if(d>m)m=d} END{print m}')
+  echo "int8 rank 0 qkv head vs source: max abs diff $d"
+  check "int8 dequantized values within half a step of the source (max $d)" lt "$d" 0.002
+  o=$(out "$R8" --stats)
+  check "stats show the converter's quantization error" has "$o" "^1 +$Q +I8 .*quant rel rms 0\.00[0-9]+"
+else
+  echo "SKIP: pollen reshard not in this build"
+fi
+
 # ---- known statistics: NaN, Inf, int8 with group scales -------------------------------------------
 SP=$TMP/special.pln
 check "helper writes the special file" "$HELPER" --write-special "$SP"

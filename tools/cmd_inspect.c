@@ -540,6 +540,11 @@ static int run(const char *path, bool want_stats, const char *only, int64_t head
                 else printf("  %11.4g %11.4g %11.4g %11.4g %11.4g %5llu %5llu", x->min, x->max, x->mean, x->std, x->absmax,
                             (unsigned long long)x->nan, (unsigned long long)x->inf);
                 if (x->ok && x->scaled) printf("  [%.4g, %.4g]", x->scale_min, x->scale_max);
+                /* What the converter recorded for this tensor (manifest "tensors"). */
+                json_t *m = json_object_get(json_object_get(s.manifest, "tensors"), r->name);
+                json_t *q = json_object_get(m, "quant_rel_rms"), *cl = json_object_get(m, "clamped");
+                if (json_is_number(q)) printf("  quant rel rms %.3g", json_number_value(q));
+                if (json_is_integer(cl) && json_integer_value(cl) > 0) printf("  clamped %lld", (long long)json_integer_value(cl));
             }
             if (!r->contiguous) printf("  (strided)");
             printf("\n");
