@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# reshard.sh — `pollen reshard` throughput against this machine's I/O floor, measured in the same
+# run: floor = reading the source (cat SRC/* > /dev/null) + writing the same number of output
+# bytes (dd ... conv=fsync, as reshard fsyncs before its rename). Warm cache (source in the page
+# cache) and cold cache (source evicted first with dd iflag=nocache). Also the peak RSS of a
+# reshard of a ~6 GB bf16 checkpoint (synth bloom-3b). Prints one table; figures go to
+# docs/BENCHMARKS.md with this command line.
+#
+#   tools/bench/reshard.sh                      # bloom-1b7 fp16 source, TP 2, then the 6 GB RSS run
+#   MODEL=bloom-3b TP=4 RSS_RUN=0 tools/bench/reshard.sh
+# Needs ~3x the model size free under BENCH_DIR (default /tmp/pln-bench-reshard, removed after).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+POLLEN=${POLLEN:-build/pollen}
+MODEL=${MODEL:-bloom-1b7}
+TP=${TP:-2}
+DIR=${BENCH_DIR:-/tmp/pln-bench-reshard}
+RSS_RUN=${RSS_RUN:-1}
+[ -x "$POLLEN" ] || { echo "build first: make" >&2; exit 1; }
+[ -x /usr/bin/time ] || { echo "needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
+rm -rf "$DIR"; mkdir -p "$DIR"
+trap 'rm -rf "$DIR"' EXIT
+
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", b-a}'; }
+size_of() { du -sb "$@" | awk '{s+=$1} END{print s}'; }
+evict() { sync; for f in "$@"; do dd if="$f" iflag=nocache count=0 status=none 2>/dev/null || true; done; }
+# floor_write BYTES: dd the same number of bytes to disk with fsync; prints seconds
+floor_write() {
+  local t0=$(now)
+  dd if=/dev/zero of="$DIR/floor.bin" bs=8M count=$(( ($1 + 8388607) / 8388608 )) conv=fsync status=none
+  local t1=$(now); rm -f "$DIR/floor.bin"; secs "$t0" "$t1"
+}
+floor_read() { local t0=$(now); cat "$@" > /dev/null; secs "$t0" "$(now)"; }
+# run_reshard NAME ARGS...: prints "seconds maxrss_kb out_bytes"
+run_reshard() {
+  local out="$DIR/out"; rm -rf "$out"
+  /usr/bin/time -v -o "$DIR/time.txt" "$POLLEN" reshard "$SRC" -o "$out" --quiet "$@"
+  local wall=$(awk -F': ' '/Elapsed \(wall clock\)/{n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$DIR/time.txt")
+  local rss=$(awk -F': ' '/Maximum resident set size/{print $2}' "$DIR/time.txt")
+  echo "$wall $rss $(size_of "$out")"
+  rm -rf "$out"
+}
+
+echo "# pollen reshard benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GB", $2/1e6}' /proc/meminfo) RAM, $(uname -r)"
+echo "# source: pollen synth --model $MODEL (fp16), TP $TP"
+t0=$(now); "$POLLEN" synth --model "$MODEL" -o "$DIR/src" --quiet; t1=$(now)
+SRC=$DIR/src
+SRC_FILES=("$SRC"/*.safetensors)
+IN=$(size_of "${SRC_FILES[@]}")
+echo "# synth: $(awk -v b="$IN" 'BEGIN{printf "%.2f GB", b/1e9}') in $(secs "$t0" "$t1") s"
+printf "%-14s %-5s %9s %9s %8s %8s %9s %7s %9s\n" case cache "in_GB" "out_GB" "time_s" "GB/s_in" "floor_s" ratio "maxRSS_MB"
+row() { # case cache in out t floor rss
+  awk -v c="$1" -v k="$2" -v i="$3" -v o="$4" -v t="$5" -v f="$6" -v r="$7" 'BEGIN{
+    printf "%-14s %-5s %9.2f %9.2f %8.2f %8.2f %9.2f %7.2f %9s\n", c, k, i/1e9, o/1e9, t, (t>0? i/1e9/t : 0), f, (f>0? t/f : 0), (r==""?"-":sprintf("%.0f", r/1024)) }'
+}
+# The write floor depends only on the byte count: measured once per output size.
+declare -A FW
+for cache in warm cold; do
+  for dt in fp16 int8; do
+    if [ $cache = warm ]; then cat "${SRC_FILES[@]}" > /dev/null; else evict "${SRC_FILES[@]}"; fi
+    read -r t rss out < <(run_reshard --tp "$TP" --dtype "$dt")
+    # the read floor in the same cache state
+    if [ $cache = warm ]; then cat "${SRC_FILES[@]}" > /dev/null; else evict "${SRC_FILES[@]}"; fi
+    fr=$(floor_read "${SRC_FILES[@]}")
+    [ -n "${FW[$dt]:-}" ] || FW[$dt]=$(floor_write "$out")
+    fw=${FW[$dt]}
+    fl=$(awk -v a="$fr" -v b="$fw" 'BEGIN{printf "%.2f", a+b}')
+    row "reshard-$dt" $cache "$IN" "$out" "$t" "$fl" "$rss"
+    echo "    floor = read $fr s (cat) + write $fw s (dd conv=fsync of $(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}'))"
+  done
+done
+rm -rf "$SRC"
+
+if [ "$RSS_RUN" = 1 ]; then
+  "$POLLEN" synth --model bloom-3b --dtype bf16 -o "$DIR/src3b" --quiet
+  SRC=$DIR/src3b
+  IN=$(size_of "$SRC"/*.safetensors)
+  # int8 (half the output bytes of fp16: the shared disk's time, not the memory bound, changes)
+  read -r t rss out < <(run_reshard --tp "$TP" --dtype int8)
+  echo "# peak RSS, bloom-3b bf16 ($(awk -v b="$IN" 'BEGIN{printf "%.2f GB", b/1e9}')) -> TP $TP int8 ($(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}')): $(awk -v r="$rss" 'BEGIN{printf "%.0f MB", r/1024}') max RSS, $t s"
+fi
