@@ -165,6 +165,19 @@ else
   echo "SKIP sparse 64 GiB file (filesystem refused)"; rm -f "$BIG"
 fi
 
+SPARSE=$TMP/huge.pln
+if "$HELPER" --write-sparse "$SPARSE" 2>/dev/null; then
+  t0=$(date +%s.%N); o=$(timeout 20 "$POLLEN" inspect "$SPARSE"); rc=$?; t1=$(date +%s.%N)
+  dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')
+  echo "inspect of a 64 GiB sparse rank file: ${dt}s"
+  check "64 GiB rank file lists" [ $rc = 0 ]
+  check "64 GiB rank file listing took ${dt}s (< 2 s: headers only)" lt "$dt" 2
+  check "64 GiB rank file tensor" has "$o" "^0 +huge +F16 +\[33554432, 1024\] +68719476736"
+  rm -f "$SPARSE"
+else
+  echo "SKIP sparse 64 GiB rank file (filesystem refused)"; rm -f "$SPARSE"
+fi
+
 # ---- bad input and usage ---------------------------------------------------------------------------
 check_fails "missing path" "$TMP/nope: no such file" "$POLLEN" inspect "$TMP/nope"
 check_fails "missing tensor" "no tensor \"nope\"" "$POLLEN" inspect "$S16" --tensor nope
@@ -176,6 +189,10 @@ cp -r "$S8" "$TMP/broken" && truncate -s 8192 "$TMP/broken/rank-1-of-2.pln"
 check_fails "set with a short rank file" "rank-1-of-2\.pln: file size 8192 differs from the manifest" "$POLLEN" inspect "$TMP/broken"
 printf 'PLNSHARD\x02\x00\x00\x00' >"$TMP/v2.pln"; head -c 200 /dev/zero >>"$TMP/v2.pln"
 check_fails "future version" "v2\.pln: rank file version 2 is not supported" "$POLLEN" inspect "$TMP/v2.pln"
+cp -r "$S8" "$TMP/swapped" && sed -i 's/"dtype": "int8"/"dtype": "fp16"/' "$TMP/swapped/manifest.json"
+o=$(out "$TMP/swapped"); rc=$?
+check "a set whose files disagree with the manifest is still listed" [ $rc = 0 ]
+check "... with a warning naming the file and the mismatch" has "$o" "^warning: .*rank-0-of-2\.pln: tensor #5 is \"h\.0\.self_attention\.query_key_value\.weight\" I8 \[96, 64\] but layout bloom-tp-v1 expects .* F16 \[96, 64\]"
 echo '{"format": "pollen-shards", "version": 1, "layout": "bloom-tp-v7"}' >"$TMP/broken/manifest.json"
 check_fails "unknown layout" "layout \"bloom-tp-v7\" is not known" "$POLLEN" inspect "$TMP/broken"
 e2e_done

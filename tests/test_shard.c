@@ -7,7 +7,9 @@
  * writes a small, valid bloom-tp-v1 shard set (random fp16 / int8 values from a fixed seed,
  * tokenizer.json copied from the fixtures when present) without needing the converter;
  *   test_shard --write-special FILE
- * writes one rank file with known values (NaN, Inf, int8 with group scales) for inspect --stats. */
+ * writes one rank file with known values (NaN, Inf, int8 with group scales) for inspect --stats;
+ *   test_shard --write-sparse FILE
+ * writes a sparse rank file declaring a 64 GiB tensor (listing must read headers only). */
 #include "formats/shard.h"
 #include "kernels/pln_math.h"
 #include "tests/test.h"
@@ -613,7 +615,36 @@ static int write_special(const char *path) {
     return pln_shard_writer_finish(w, NULL);
 }
 
+/* A rank file declaring one F16 tensor of 2^35 elements (64 GiB), stored sparse: proves that
+ * listing reads only the header. The data checksum is that of a small tensor, so verification
+ * would fail; nothing reads that far. */
+static int write_sparse(const char *path) {
+    pln_shard_spec sp = {"huge", PLN_DTYPE_F16, 2, {4, 1024}};
+    uint16_t z[4096] = {0};
+    pln_shard_writer *w = pln_shard_writer_create(path, "test-v1", 0, 1, &sp, 1);
+    if (!w || pln_shard_writer_put(w, "huge", z, sizeof z, NULL) || pln_shard_writer_finish(w, NULL)) {
+        pln_shard_writer_abort(w);
+        return -1;
+    }
+    size_t n = 0;
+    uint8_t *b = slurp(path, &n);
+    uint64_t rows = 1ull << 25, bytes = rows * 1024 * 2, doff = rd64(b + 56), size = doff + bytes;
+    wr64(b + 128 + 136, rows);
+    wr64(b + 128 + 208, bytes);
+    wr64(b + 64, bytes);
+    wr64(b + 72, size);
+    g_len = n;
+    rehash(b);
+    spew(path, b, n);
+    free(b);
+    return truncate(path, (off_t)size) ? pln_errorf("%s: cannot extend: %s", path, strerror(errno)) : 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--write-sparse")) {
+        if (write_sparse(argv[2])) pln_die("%s", pln_error());
+        return 0;
+    }
     if (argc == 3 && !strcmp(argv[1], "--write-special")) {
         if (write_special(argv[2])) pln_die("%s", pln_error());
         return 0;
