@@ -7,8 +7,10 @@
  *   FOLDER/data/KEY     raw little-endian storage bytes, one entry per storage
  *   FOLDER/version, FOLDER/byteorder, FOLDER/.data/serialization_id   (ignored)
  * Every entry read must be stored (compression method 0); its data is used in place from a
- * read-only mapping. Entries are enumerated with libarchive (central directory); the data offset
- * comes from the local header, checked against the file size.
+ * read-only mapping. Entries and sizes come from the central directory (libarchive, ZIP64
+ * included); each entry's data offset is where libarchive's zero-copy read of the entry starts
+ * (after the local header and its extra field), checked against the file size. CRCs are not
+ * computed: that would read every byte of every tensor.
  *
  * The unpickler is modelled on torch's weights-only loader: protocol 2 opcodes plus FRAME,
  * SHORT_BINUNICODE, MEMOIZE (protocol 4); persistent ids ('storage', StorageType, key, location,
