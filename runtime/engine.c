@@ -613,6 +613,9 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->max_seq_len = e->opts.max_seq_len;
     info->load_seconds = e->load_seconds;
     info->weight_bytes = e->ld ? pln_loader_weight_bytes(e->ld) : 0;
+    if (e->model)
+        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_head_local,
+                                                          e->model->head_dim);
 }
 
 const char *pln_engine_tokenizer_path(const pln_engine *e) { return pln_loader_tokenizer_path(e->ld); }

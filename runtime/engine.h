@@ -85,6 +85,7 @@ typedef struct {
     int32_t block_size, max_seqs, max_seq_len;
     double load_seconds;
     uint64_t weight_bytes;      /* this rank's */
+    uint64_t kv_bytes_per_token;/* this rank's KV cache bytes per token (all layers, K and V) */
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# cpu.sh — the CPU runtime benchmark behind docs/BENCHMARKS.md ("CPU runtime"): synthesizes
+# bloom-560m and bloom-1b7 checkpoints (random weights, real shapes; 1b7 cut to LAYERS_1B7 layers to
+# fit a small machine's time), reshards each to TP 1 fp16 and int8, and runs `pollen bench` on each:
+# prefill tokens/s for a 512-token prompt, decode ms/token at batch 1, 8 and 32, and MBU against a
+# STREAM copy measured in the same run. Scratch goes to $BENCH_DIR (default build/bench-cpu).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+POLLEN=$BUILD/pollen
+DIR=${BENCH_DIR:-$BUILD/bench-cpu}
+LAYERS_560M=${LAYERS_560M:-24}
+LAYERS_1B7=${LAYERS_1B7:-24}
+BATCHES=${BATCHES:-1,8,32}
+STEPS=${STEPS:-8}
+CONTEXT=${CONTEXT:-32}
+PROMPT_LEN=${PROMPT_LEN:-512}
+mkdir -p "$DIR"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GB"
+for spec in "bloom-560m $LAYERS_560M" "bloom-1b7 $LAYERS_1B7"; do
+  set -- $spec; model=$1; layers=$2
+  src=$DIR/$model-L$layers
+  [ -d "$src" ] || "$POLLEN" synth --model "$model" --layers "$layers" -o "$src" --quiet
+  for dtype in fp16 int8; do
+    set_dir=$DIR/$model-L$layers-tp1-$dtype
+    [ -d "$set_dir" ] || "$POLLEN" reshard "$src" -o "$set_dir" --tp 1 --dtype "$dtype" --quiet
+    echo "## $model ($layers layers) TP 1 $dtype"
+    echo "\$ pollen bench $set_dir --prompt-len $PROMPT_LEN --batch $BATCHES --context $CONTEXT --steps $STEPS"
+    "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch "$BATCHES" --context "$CONTEXT" --steps "$STEPS"
+  done
+done

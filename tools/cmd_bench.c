@@ -1,0 +1,213 @@
+/* cmd_bench.c — `pollen bench SHARDS`: prefill tokens/s for one long prompt, and decode ms/token at
+ * several batch sizes, each beside the memory-bandwidth ceiling measured in the same run (a
+ * STREAM-style copy) as model bandwidth utilisation:
+ *   MBU = (weight bytes + KV bytes read per step) / step time / copy bandwidth.
+ * Run under mpirun for TP > 1 (the copy bandwidth is then rank 0's share of the node). */
+#include "formats/common.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "tools/cmd.h"
+
+#include <jansson.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* STREAM "copy" (c[i] = a[i]) over arrays far larger than the caches; counts bytes read plus
+ * bytes written, as STREAM does. Best of several passes, in GB/s. */
+static double stream_copy_gbs(size_t mib) {
+    size_t n = mib * (1u << 20) / sizeof(double);
+    double *a = pln_xmalloc(n * sizeof(double)), *c = pln_xmalloc(n * sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { a[i] = (double)i; c[i] = 0; }
+    double best = 1e30;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = pln_now();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) c[i] = a[i];
+        double dt = pln_now() - t0;
+        if (rep > 0 && dt < best) best = dt;
+    }
+    volatile double sink = c[n / 2];
+    (void)sink;
+    free(a);
+    free(c);
+    return 2.0 * (double)n * sizeof(double) / best / 1e9;
+}
+
+static int64_t *parse_list(const char *s, int *n) {
+    int64_t *v = pln_xmalloc(64 * sizeof(int64_t));
+    *n = 0;
+    while (*s && *n < 64) {
+        char *end;
+        long long x = strtoll(s, &end, 10);
+        if (end == s || x < 1) pln_die("--batch: \"%s\" is not a list like 1,8,32", s);
+        v[(*n)++] = x;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return v;
+}
+
+static uint64_t g_lcg = 88172645463325252ull;
+static int32_t rand_token(int64_t vocab) {
+    g_lcg = g_lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)(4 + (g_lcg >> 33) % (uint64_t)(vocab - 4));
+}
+
+int cmd_bench(int argc, char **argv) {
+    pln_comm *comm = pln_comm_init(&argc, &argv);
+    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    const char *dir = NULL, *batches = "1,8,32";
+    int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
+    int threads = 0;
+    bool json = false;
+    pln_engine_opts eo;
+    pln_engine_opts_default(&eo);
+    eo.populate = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+#define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
+        if (!strcmp(a, "--prompt-len")) prompt_len = atoll(ARG());
+        else if (!strcmp(a, "--batch")) batches = ARG();
+        else if (!strcmp(a, "--context")) context = atoll(ARG());
+        else if (!strcmp(a, "--steps")) steps = atoll(ARG());
+        else if (!strcmp(a, "--stream-mib")) stream_mib = atoll(ARG());
+        else if (!strcmp(a, "--threads")) threads = atoi(ARG());
+        else if (!strcmp(a, "--backend")) eo.backend = ARG();
+        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            if (rank == 0)
+                printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
+                       "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda] [--json]\n"
+                       "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
+                       "  sequences of --context tokens for --steps steps. MBU uses a STREAM copy measured here.\n");
+            pln_comm_free(comm);
+            return 0;
+        }
+        else if (a[0] == '-') { if (rank == 0) fprintf(stderr, "pollen bench: unknown option %s\n", a); pln_comm_free(comm); return 2; }
+        else dir = a;
+#undef ARG
+    }
+    if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SHARDS [options] (--help)\n"); pln_comm_free(comm); return 2; }
+    int nb = 0;
+    int64_t *bs = parse_list(batches, &nb), maxb = 1;
+    for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
+    if (prompt_len < 1 || context < 1 || steps < 1) pln_die("--prompt-len, --context and --steps must be >= 1");
+    if (threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = ls ? atoi(ls) : size;
+        threads = (int)(cores / (local > 0 ? local : 1));
+        if (threads < 1) threads = 1;
+    }
+    omp_set_num_threads(threads);
+    double bw = rank == 0 ? stream_copy_gbs((size_t)stream_mib) : 0;
+
+    eo.shard_dir = dir;
+    eo.quiet = true;
+    eo.max_seqs = (int32_t)maxb;
+    eo.max_seq_len = (int32_t)((prompt_len > context + steps ? prompt_len : context + steps) + 1);
+    eo.kv_tokens = (prompt_len > maxb * (context + steps + eo.block_size) ? prompt_len : maxb * (context + steps + eo.block_size)) + eo.block_size;
+    double t0 = pln_now();
+    pln_engine *e = pln_engine_open(&eo, comm);
+    if (!e) { fprintf(stderr, "pollen: rank %d: %s\n", rank, pln_error()); pln_comm_free(comm); return 1; }
+    double t_load = pln_now() - t0;
+    if (rank != 0) {
+        int rc = pln_engine_worker_loop(e);
+        pln_engine_close(e);
+        pln_comm_free(comm);
+        free(bs);
+        return rc ? 1 : 0;
+    }
+    pln_engine_info info;
+    pln_engine_get_info(e, &info);
+    char hb[32];
+    if (!json)
+        printf("pollen bench %s: TP %d %s, %lld layers, hidden %lld, vocab %lld; %s of weights per rank; %d threads/rank\n"
+               "load %.2f s (populate); STREAM copy %.1f GB/s (%lld MiB arrays)\n",
+               dir, info.tp, info.dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
+               pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, bw, (long long)stream_mib);
+
+    pln_sample_params sp;
+    pln_sample_params_default(&sp);
+    int64_t maxtok = prompt_len > context ? prompt_len : context;
+    int32_t *toks = pln_xmalloc((size_t)(maxb * maxtok + maxb) * 4);
+    for (int64_t i = 0; i < maxb * maxtok + maxb; i++) toks[i] = rand_token(info.n_vocab);
+    pln_step_seq *seqs = pln_xcalloc((size_t)maxb, sizeof *seqs);
+    pln_step_out *outs = pln_xcalloc((size_t)maxb, sizeof *outs);
+    int32_t *rel = pln_xmalloc((size_t)maxb * 4), *last = pln_xmalloc((size_t)maxb * 4);
+    for (int64_t i = 0; i < maxb; i++) rel[i] = (int32_t)i;
+
+    /* Prefill: the best of two runs of one prompt_len-token prompt. */
+    double best_pf = 1e30;
+    for (int rep = 0; rep < 2; rep++) {
+        seqs[0] = (pln_step_seq){.slot = 0, .n_new = (int32_t)prompt_len, .tokens = toks, .sample = true, .params = sp};
+        pln_step_plan p = {.n_seqs = 1, .seqs = seqs, .n_release = 1, .release = rel};
+        double ts = pln_now();
+        if (pln_engine_step(e, &p, outs)) pln_die("prefill: %s", pln_error());
+        double dt = pln_now() - ts;
+        if (dt < best_pf) best_pf = dt;
+    }
+    pln_step_plan pr = {.n_release = 1, .release = rel};
+    pln_engine_step(e, &pr, NULL);
+    json_t *root = json_object(), *dec = json_array();
+    json_object_set_new(root, "decode", dec);
+    if (!json) printf("prefill %lld tokens: %.3f s, %.1f tokens/s\n", (long long)prompt_len, best_pf, prompt_len / best_pf);
+
+    for (int bi = 0; bi < nb; bi++) {
+        int64_t B = bs[bi];
+        for (int64_t b = 0; b < B; b++)
+            seqs[b] = (pln_step_seq){.slot = (int32_t)b, .n_new = (int32_t)context, .tokens = toks + b * context, .sample = true, .params = sp};
+        pln_step_plan p = {.n_seqs = (int32_t)B, .seqs = seqs};
+        if (pln_engine_step(e, &p, outs)) pln_die("batch %lld context: %s", (long long)B, pln_error());
+        for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
+        double tot = 0, best = 1e30;
+        for (int64_t s = 0; s < steps; s++) {
+            for (int64_t b = 0; b < B; b++)
+                seqs[b] = (pln_step_seq){.slot = (int32_t)b, .n_new = 1, .tokens = &last[b], .sample = true, .params = sp};
+            double ts = pln_now();
+            if (pln_engine_step(e, &p, outs)) pln_die("decode: %s", pln_error());
+            double dt = pln_now() - ts;
+            tot += dt;
+            if (dt < best) best = dt;
+            for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
+        }
+        double step = tot / (double)steps;
+        /* Bytes one decode step reads: every weight once, plus each sequence's keys and values
+         * (context + the steps so far, on average context + steps/2). */
+        double kv = (double)B * ((double)context + (double)steps / 2.0) * (double)info.kv_bytes_per_token;
+        double bytes = (double)info.weight_bytes + kv;
+        double mbu = bytes / step / (bw * 1e9);
+        if (!json)
+            printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, MBU %5.1f%% (%.2f GB/step incl. %.1f MB KV)\n",
+                   (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, 100 * mbu, bytes / 1e9, kv / 1e6);
+        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:f, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
+                                             "ms_per_token", step * 1e3 / (double)B, "tokens_per_s", (double)B / step,
+                                             "mbu", mbu, "best_ms_per_step", best * 1e3));
+        pln_step_plan rp = {.n_release = (int32_t)B, .release = rel};
+        pln_engine_step(e, &rp, NULL);
+    }
+    if (json) {
+        json_object_set_new(root, "shards", json_string(dir));
+        json_object_set_new(root, "tp", json_integer(info.tp));
+        json_object_set_new(root, "dtype", json_string(info.dtype));
+        json_object_set_new(root, "threads_per_rank", json_integer(threads));
+        json_object_set_new(root, "weight_bytes_per_rank", json_integer((json_int_t)info.weight_bytes));
+        json_object_set_new(root, "stream_copy_gbs", json_real(bw));
+        json_object_set_new(root, "load_s", json_real(t_load));
+        json_object_set_new(root, "prefill_tokens", json_integer(prompt_len));
+        json_object_set_new(root, "prefill_tokens_per_s", json_real(prompt_len / best_pf));
+        json_object_set_new(root, "context", json_integer(context));
+        char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        puts(s);
+        free(s);
+    }
+    json_decref(root);
+    pln_engine_shutdown(e);
+    pln_engine_close(e);
+    pln_comm_free(comm);
+    free(bs); free(toks); free(seqs); free(outs); free(rel); free(last);
+    return 0;
+}
