@@ -1,0 +1,69 @@
+/* fuzz_request.c — libFuzzer target: any bytes as a request body for every route's parser
+ * (TGI /generate, /tokenize, OpenAI /v1/completions), then the error serializer and the UTF-8
+ * helpers on the same bytes. Accepted requests must satisfy the ranges the scheduler relies on;
+ * rejected ones must carry a 4xx status and serialize to JSON. */
+#include "runtime/httpreq.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void check_request(const pln_gen_request *r, const pln_serve_limits *lim) {
+    if (r->n_prompts < 1 || r->n_prompts > lim->max_prompts) __builtin_trap();
+    for (int32_t i = 0; i < r->n_prompts; i++)
+        if (!r->prompts[i] || !r->prompts[i][0]) __builtin_trap();
+    if (r->max_new_tokens < 1 || r->max_new_tokens > lim->max_total_tokens) __builtin_trap();
+    const pln_sample_params *p = &r->sample;
+    if (!(p->temperature > 0) || !isfinite(p->temperature)) __builtin_trap();
+    if (!(p->top_p > 0 && p->top_p <= 1) || p->top_k < 0 || !(p->repetition_penalty > 0)) __builtin_trap();
+    if (r->n_stop > lim->max_stop_sequences) __builtin_trap();
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (!r->stop[i][0] || strlen(r->stop[i]) > (size_t)lim->max_stop_bytes) __builtin_trap();
+}
+
+static void check_error(const pln_req_error *e, pln_api api) {
+    if (e->status < 400 || e->status > 499 || !e->type) __builtin_trap();
+    char *js = pln_req_error_json(api, e);
+    json_t *o = json_loads(js, 0, NULL);
+    if (!o) __builtin_trap();
+    json_decref(o);
+    free(js);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    pln_serve_limits lim;
+    pln_serve_limits_default(&lim);
+    lim.max_body_bytes = 1 << 16;
+    const char *body = (const char *)data;
+    pln_gen_request r;
+    pln_req_error err;
+    if (pln_req_parse_generate(body, size, &lim, &r, &err) == 0) {
+        check_request(&r, &lim);
+        if (r.n_prompts != 1) __builtin_trap();
+        pln_gen_request_free(&r);
+    } else {
+        check_error(&err, PLN_API_TGI);
+    }
+    if (pln_req_parse_completions(body, size, &lim, &r, &err) == 0) {
+        check_request(&r, &lim);
+        pln_gen_request_free(&r);
+    } else {
+        check_error(&err, PLN_API_OPENAI);
+    }
+    char *text = NULL;
+    if (pln_req_parse_tokenize(body, size, &lim, &text, &err) == 0) {
+        if (!text || !text[0]) __builtin_trap();
+        free(text);
+    } else {
+        check_error(&err, PLN_API_TGI);
+    }
+    /* UTF-8: the sanitized copy is valid (complete to its end) and never shorter in characters */
+    size_t n = 0;
+    char *s = pln_utf8_sanitize(body, size, &n);
+    if (pln_utf8_complete_len(s, n) != n || strlen(s) > n) __builtin_trap();
+    free(s);
+    if (pln_utf8_complete_len(body, size) > size) __builtin_trap();
+    return 0;
+}
