@@ -396,21 +396,25 @@ int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens, 
 
 /* ---- UTF-8 -------------------------------------------------------------------------------- */
 
-/* Length of the valid sequence starting at s[i] (1..4), 0 if s[i] starts an invalid one, or -k
- * if it is a valid but incomplete prefix of k bytes running into the end. */
-static int utf8_seq(const unsigned char *s, size_t n, size_t i) {
+/* Classifies the sequence starting at s[i]: a valid one (returns its length 1..4), a valid
+ * prefix running into the end (returns -k, k bytes), or an invalid maximal subpart (sets *bad,
+ * returns its length: the lead byte plus the continuation bytes that were still acceptable).
+ * One U+FFFD per maximal subpart is the Unicode-recommended practice that Rust's
+ * String::from_utf8_lossy (and so Hugging Face tokenizers) follows. */
+static int utf8_seq(const unsigned char *s, size_t n, size_t i, bool *bad) {
     unsigned c = s[i];
     int need;
     unsigned lo = 0x80, hi = 0xBF;
+    *bad = false;
     if (c < 0x80) return 1;
     else if (c >= 0xC2 && c <= 0xDF) need = 1;
     else if (c >= 0xE0 && c <= 0xEF) { need = 2; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
     else if (c >= 0xF0 && c <= 0xF4) { need = 3; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return 0;
+    else { *bad = true; return 1; }
     for (int k = 1; k <= need; k++) {
         if (i + k >= n) return -k;
         unsigned d = s[i + k];
-        if (k == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return 0;
+        if (k == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) { *bad = true; return k; }
     }
     return need + 1;
 }
@@ -419,9 +423,10 @@ size_t pln_utf8_complete_len(const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
     while (i < n) {
-        int k = utf8_seq(s, n, i);
+        bool bad;
+        int k = utf8_seq(s, n, i, &bad);
         if (k < 0) return i;
-        i += k > 0 ? (size_t)k : 1;
+        i += (size_t)k;
     }
     return n;
 }
@@ -431,9 +436,12 @@ char *pln_utf8_sanitize(const char *str, size_t n, size_t *out_len) {
     char *out = pln_xmalloc(n * 3 + 1);
     size_t o = 0, i = 0;
     while (i < n) {
-        int k = utf8_seq(s, n, i);
-        if (k > 0) { memcpy(out + o, s + i, (size_t)k); o += (size_t)k; i += (size_t)k; }
-        else { memcpy(out + o, "\xEF\xBF\xBD", 3); o += 3; i++; }
+        bool bad;
+        int k = utf8_seq(s, n, i, &bad);
+        if (k < 0) { k = -k; bad = true; }   /* truncated at the very end: one U+FFFD */
+        if (bad) { memcpy(out + o, "\xEF\xBF\xBD", 3); o += 3; }
+        else { memcpy(out + o, s + i, (size_t)k); o += (size_t)k; }
+        i += (size_t)k;
     }
     out[o] = 0;
     if (out_len) *out_len = o;

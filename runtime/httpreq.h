@@ -86,7 +86,8 @@ char *pln_req_error_json(pln_api api, const pln_req_error *err);
 /* Length of the longest prefix of s[0..n) that does not end inside an incomplete but so far
  * valid multi-byte sequence. Invalid bytes count as complete (they become U+FFFD on output). */
 size_t pln_utf8_complete_len(const char *s, size_t n);
-/* Copy of s[0..n) with every byte that is not part of a valid sequence replaced by U+FFFD;
+/* Copy of s[0..n) with each maximal invalid subpart (e.g. a truncated sequence) replaced by one
+ * U+FFFD, as Rust's from_utf8_lossy and so Hugging Face decode do;
  * NUL-terminated, malloc'd; *out_len (if not NULL) gets its length. */
 char *pln_utf8_sanitize(const char *s, size_t n, size_t *out_len);
 

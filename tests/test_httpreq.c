@@ -216,7 +216,10 @@ int main(void) {
     CHECK(pln_utf8_complete_len("\xC3" "a", 2) == 2, "broken sequence counts as complete");
     size_t ol;
     char *sz = pln_utf8_sanitize("a\xC3\xA9\xFF" "b\xE2\x82", 7, &ol);
-    CHECK(!strcmp(sz, "a\xC3\xA9\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD") && ol == strlen(sz), "sanitize %s", sz);
+    CHECK(!strcmp(sz, "a\xC3\xA9\xEF\xBF\xBD" "b\xEF\xBF\xBD") && ol == strlen(sz), "sanitize %s", sz);
+    free(sz);
+    sz = pln_utf8_sanitize("\xE2\x80\xE2\x80" "A\xF0\x9F\x41", 8, &ol);   /* maximal subparts: one U+FFFD each */
+    CHECK(!strcmp(sz, "\xEF\xBF\xBD\xEF\xBF\xBD" "A\xEF\xBF\xBD" "A"), "maximal subparts %s", sz);
     free(sz);
     /* piecewise sanitizing at complete_len boundaries equals sanitizing the whole */
     const char *full = "x\xE2\x82\xAC\xC3" "A\xF0\x9F\x98\x80";

@@ -37,7 +37,8 @@ static void usage(FILE *f) {
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
             "  --populate, --verify, --quiet  as for generate\n"
-            "  --fail-at-step N               test only: make the Nth forward pass fail\n",
+            "  --fail-at-step N               test only: make the Nth forward pass fail\n"
+            "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
             l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
 }
@@ -78,7 +79,13 @@ static char *tok_decode(void *ctx, const int32_t *ids, int32_t n, bool skip_spec
 
 static bool tok_special(void *ctx, int32_t id) { return pln_tok_is_special(ctx, id); }
 
-static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) { return pln_engine_step(ctx, p, o); }
+/* --step-delay-ms (test only) stretches every step so tests can act while requests are running
+ * on a tiny model: disconnects, overload, draining. */
+static int g_step_delay_ms;
+static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
+    if (g_step_delay_ms && p->n_seqs) usleep((useconds_t)g_step_delay_ms * 1000);
+    return pln_engine_step(ctx, p, o);
+}
 static void eng_info(void *ctx, pln_engine_info *i) { pln_engine_get_info(ctx, i); }
 
 /* ---- signals: blocked everywhere, taken by one thread ------------------------------------- */
@@ -138,6 +145,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-batch-tokens")) so.lim.max_batch_tokens = int_arg(a, VAL(), 1, 1 << 20);
         else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
+        else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
@@ -190,9 +198,9 @@ int cmd_serve(int argc, char **argv) {
     if (!srv) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
-    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d]\n", so.model_id,
-            info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs, (long long)info.kv_blocks_total,
-            info.block_size);
+    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d] pid %d\n",
+            so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
+            (long long)info.kv_blocks_total, info.block_size, (int)getpid());
     if (port_file) {
         char buf[32];
         int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));

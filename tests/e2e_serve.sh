@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# e2e_serve.sh — `pollen serve` over real HTTP on 127.0.0.1 with the real engine on small shard
+# sets: answers match `pollen generate`, streamed == non-streamed, identical concurrent greedy
+# requests, validation codes, overload → 429, a client disconnect frees its slot and KV blocks,
+# an injected forward failure → error event + /health 503 + memory freed, SIGTERM drains and
+# every rank exits 0, and a TP-2 server under mpirun answers like a TP-1 server.
+# Ports are chosen by the kernel (--port 0 --port-file); every wait is bounded.
+source "$(dirname "$0")/e2e.sh"
+HELPER=${PLN_BUILD:-build}/tests/test_shard
+command -v curl >/dev/null || { echo "SKIP: curl not installed (make deps)"; e2e_done; exit; }
+[ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
+CURL="curl -s --max-time 30"
+
+# start_server NAME LAUNCH... : starts `LAUNCH serve ...` in the background; sets PORT, SRV_PID
+# (the launcher's pid), RANK0 (rank 0's pid, from its log line). Fails after 30 s.
+start_server() {
+  local name=$1; shift
+  rm -f "$TMP/$name.port"
+  "$@" --port 0 --port-file "$TMP/$name.port" --quiet >"$TMP/$name.log" 2>&1 &
+  SRV_PID=$!
+  for _ in $(seq 300); do [ -s "$TMP/$name.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
+  PORT=$(cat "$TMP/$name.port" 2>/dev/null)
+  RANK0=$(sed -n 's/.* pid \([0-9]*\)$/\1/p' "$TMP/$name.log" | head -n 1)
+  [ -n "$PORT" ] && [ -n "$RANK0" ]
+}
+# stop_server: SIGTERM to rank 0, wait (bounded) for the launcher; returns its exit status.
+stop_server() {
+  kill -TERM "$RANK0" 2>/dev/null
+  for _ in $(seq 150); do kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $SRV_PID 2>/dev/null; then kill -KILL $SRV_PID; wait $SRV_PID 2>/dev/null; return 99; fi
+  wait $SRV_PID
+}
+metric() { $CURL "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
+wait_metric() { # name value seconds
+  for _ in $(seq $(( $3 * 20 ))); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.05; done
+  echo "metric $1 = $(metric "$1"), want $2" >&2; return 1
+}
+ids_of() { grep -o '"id":[0-9]*' | sed 's/"id"://' | tr '\n' ',' ; }
+gen_text() { sed -n 's/.*"generated_text":"\(.*\)"[,}].*/\1/p' | sed 's/","details.*//' | tail -n 1; }
+post() { $CURL -X POST -H 'Content-Type: application/json' "http://127.0.0.1:$PORT$1" -d "$2"; }
+code() { $CURL -o "$TMP/body" -w '%{http_code}' -X POST "http://127.0.0.1:$PORT$1" -d "$2"; }
+
+S1=$TMP/s1; S2=$TMP/s2
+check "sample TP-1 set" "$HELPER" --write-sample "$S1" --tp 1
+check "sample TP-2 set" "$HELPER" --write-sample "$S2" --tp 2
+
+# ---- TP 1: routes, agreement with pollen generate, streaming, concurrency, validation ----------
+check "server starts (TP 1)" start_server a "$POLLEN" serve "$S1" --max-concurrent-requests 8
+check "GET /health 200" test "$($CURL -o /dev/null -w '%{http_code}' http://127.0.0.1:$PORT/health)" = 200
+check "/info reports tp 1 and limits" grep -q '"tp":1,.*"max_concurrent_requests":8' <<<"$($CURL http://127.0.0.1:$PORT/info)"
+check "/v1/models lists the set" grep -q '"id":"s1"' <<<"$($CURL http://127.0.0.1:$PORT/v1/models)"
+
+REQ='{"inputs":"Hello world","parameters":{"max_new_tokens":12,"details":true}}'
+SRV_IDS=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of)
+GEN_IDS=$("$POLLEN" generate "$S1" --prompt "Hello world" --max-new-tokens 12 --temperature 0 --json --quiet 2>/dev/null |
+          sed 's/.*"ids":\[\([0-9,]*\)\].*/\1/'),
+check "server tokens == pollen generate ($SRV_IDS vs $GEN_IDS)" test -n "$GEN_IDS" -a "$SRV_IDS" = "$GEN_IDS"
+
+for p in "Hello world" "The quick brown fox" "a"; do
+  B="{\"inputs\":\"$p\",\"parameters\":{\"max_new_tokens\":16}}"
+  T1=$(post /generate "$B" | gen_text)
+  T2=$(post /generate_stream "$B" | grep '^data:' | tail -n 1 | gen_text)
+  N=$(post /generate_stream "$B" | grep -c '^data:')
+  check "stream == non-stream for '$p'" test -n "$T1" -a "$T1" = "$T2"
+  check "one event per token ($N)" test "$N" = 16
+done
+O1=$(post /v1/completions '{"prompt":"Hello","max_tokens":10,"temperature":0}' | sed 's/.*"text":"\(.*\)","index".*/\1/')
+OS=$(post /v1/completions '{"prompt":"Hello","max_tokens":10,"temperature":0,"stream":true}')
+check "openai stream ends with [DONE]" test "$(grep '^data:' <<<"$OS" | tail -n 1)" = "data: [DONE]"
+O2=$(grep '^data: {' <<<"$OS" | sed 's/.*"text":"\(.*\)","index".*/\1/' | tr -d '\n')
+check "openai stream == non-stream" test -n "$O1" -a "$O1" = "$O2"
+
+pids=()
+for i in 1 2 3 4; do post /generate '{"inputs":"same","parameters":{"max_new_tokens":24}}' >"$TMP/c$i" & pids+=($!); done
+wait "${pids[@]}"
+check "4 concurrent greedy requests: identical text" bash -c "cmp -s $TMP/c1 $TMP/c2 && cmp -s $TMP/c1 $TMP/c3 && cmp -s $TMP/c1 $TMP/c4 && grep -q generated_text $TMP/c1"
+
+check "malformed JSON -> 422" test "$(code /generate '{oops')" = 422
+check "message names the problem" grep -q 'malformed JSON' "$TMP/body"
+check "max_new_tokens 0 -> 422" test "$(code /generate '{"inputs":"x","parameters":{"max_new_tokens":0}}')" = 422
+check "top_p NaN string -> 422" test "$(code /generate '{"inputs":"x","parameters":{"top_p":"NaN"}}')" = 422
+check "empty inputs -> 422" test "$(code /generate '{"inputs":""}')" = 422
+check "non-object body -> 422" test "$(code /generate '[1]')" = 422
+check "openai bad temperature -> 400" test "$(code /v1/completions '{"prompt":"x","temperature":9}')" = 400
+check "openai error shape" grep -q '"error":{"message":.*"type":"invalid_request_error","param":"temperature"' "$TMP/body"
+check "openai unknown model -> 404" test "$(code /v1/completions '{"prompt":"x","model":"nope"}')" = 404
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMP/big"
+check "oversized body -> 413" test "$($CURL -o /dev/null -w '%{http_code}' -X POST http://127.0.0.1:$PORT/generate --data-binary @"$TMP/big")" = 413
+check "still healthy after bad requests" test "$($CURL -o /dev/null -w '%{http_code}' http://127.0.0.1:$PORT/health)" = 200
+check "SIGTERM: clean exit (TP 1)" stop_server
+
+# ---- slow steps: disconnect, overload, drain ---------------------------------------------------
+check "server starts (slow steps)" start_server b "$POLLEN" serve "$S1" --max-concurrent-requests 2 --step-delay-ms 20
+TOTAL=$(metric pln_kv_blocks_total)
+curl -s -N --max-time 0.5 -X POST "http://127.0.0.1:$PORT/generate_stream" -d '{"inputs":"x","parameters":{"max_new_tokens":500}}' >"$TMP/cut" 2>/dev/null
+check "stream was cut mid-way" test "$(grep -c '^data:' "$TMP/cut")" -ge 3 -a "$(grep -c generated_text\":\" "$TMP/cut")" = 0
+check "disconnected sequence left the batch" wait_metric pln_running_sequences 0 2
+check "its KV blocks are free ($TOTAL)" wait_metric pln_kv_blocks_free "$TOTAL" 2
+check "counted as cancelled" test "$(metric 'pln_sequences_finished_total{reason="cancelled"}')" = 1
+pids=()
+for i in 1 2; do post /generate_stream '{"inputs":"busy","parameters":{"max_new_tokens":200}}' >"$TMP/busy$i" & pids+=($!); done
+check "two in flight" wait_metric pln_running_sequences 2 3
+for i in 1 2 3; do
+  t0=$(date +%s%N); c=$(code /generate '{"inputs":"extra"}'); t1=$(date +%s%N)
+  check "extra request $i -> 429 at once ($c, $(( (t1 - t0) / 1000000 )) ms)" test "$c" = 429 -a $(( (t1 - t0) / 1000000 )) -lt 1000
+done
+check "429 body is TGI overloaded" grep -q '"error_type":"overloaded"' "$TMP/body"
+kill -TERM "$RANK0"; sleep 0.3
+check "new request while draining -> 503" test "$(code /generate '{"inputs":"late"}')" = 503
+wait "${pids[@]}"
+check "in-flight streams ran to the end while draining" bash -c "grep -q 'generated_tokens\":200' $TMP/busy1 && grep -q 'generated_tokens\":200' $TMP/busy2"
+check "SIGTERM: clean exit after draining" stop_server
+
+# ---- fault injection ---------------------------------------------------------------------------
+check "server starts (--fail-at-step 4)" start_server c "$POLLEN" serve "$S1" --fail-at-step 4
+TOTAL=$(metric pln_kv_blocks_total)
+EV=$(post /generate_stream '{"inputs":"x","parameters":{"max_new_tokens":20}}')
+check "stream ends with an error event" grep -q '"error":".*injected.*","error_type":"generation"' <<<"$(grep '^data:' <<<"$EV" | tail -n 1)"
+check "/health 503 after the failure" test "$($CURL -o "$TMP/body" -w '%{http_code}' http://127.0.0.1:$PORT/health)" = 503
+check "health says why" grep -q injected "$TMP/body"
+check "KV memory freed" wait_metric pln_kv_blocks_free "$TOTAL" 2
+check "new requests refused while unhealthy" test "$(code /generate '{"inputs":"x"}')" = 503
+check "clean exit after a fault" stop_server
+
+# ---- TP 2 under mpirun ------------------------------------------------------------------------
+if command -v mpirun >/dev/null; then
+  MPI="mpirun -np 2"
+  check "server starts (TP 2, mpirun)" start_server d $MPI "$POLLEN" serve "$S2"
+  check "/info reports tp 2" grep -q '"tp":2' <<<"$($CURL http://127.0.0.1:$PORT/info)"
+  SRV_IDS=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of)
+  T1=$(post /generate '{"inputs":"Hello world","parameters":{"max_new_tokens":16}}' | gen_text)
+  T2=$(post /generate_stream '{"inputs":"Hello world","parameters":{"max_new_tokens":16}}' | grep '^data:' | tail -n 1 | gen_text)
+  check "TP 2: stream == non-stream" test -n "$T1" -a "$T1" = "$T2"
+  check "SIGTERM to rank 0: every rank exits 0" stop_server
+  GEN_IDS=$($MPI "$POLLEN" generate "$S2" --prompt "Hello world" --max-new-tokens 12 --temperature 0 --json --quiet 2>/dev/null |
+            sed -n 's/.*"ids":\[\([0-9,]*\)\].*/\1/p'),
+  check "TP 2 server tokens == TP 2 pollen generate" test -n "$GEN_IDS" -a "$SRV_IDS" = "$GEN_IDS"
+  # The same model at TP 1 and TP 2 (needs `pollen reshard` and the fixture checkpoint).
+  SRC=tests/fixtures/models/bloom-4h/fp16-st
+  if [ -d "$SRC" ] && "$POLLEN" reshard --help >/dev/null 2>&1; then
+    check "reshard TP 1" "$POLLEN" reshard "$SRC" -o "$TMP/r1" --tp 1 --dtype fp16 --quiet
+    check "reshard TP 2" "$POLLEN" reshard "$SRC" -o "$TMP/r2" --tp 2 --dtype fp16 --quiet
+    check "server starts (resharded TP 1)" start_server e "$POLLEN" serve "$TMP/r1"
+    A1=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of); stop_server
+    check "server starts (resharded TP 2)" start_server f $MPI "$POLLEN" serve "$TMP/r2"
+    A2=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of); stop_server
+    check "a TP-2 server answers like a TP-1 server ($A1)" test -n "$A1" -a "$A1" = "$A2"
+  else
+    echo "SKIP: TP-1 vs TP-2 of one model (pollen reshard or the fixture is missing)"
+  fi
+else
+  echo "SKIP: mpirun not installed"
+fi
+e2e_done
