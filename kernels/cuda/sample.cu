@@ -6,17 +6,24 @@
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <string.h>
 
-/* One block per row: the row's seen ids are distinct, so threads touch distinct logits. */
+/* One block per row. A seen id listed twice is still penalised once (HF gathers, changes and
+ * scatters back): a per-row bitmap in global scratch marks ids already done; atomicOr tells each
+ * thread whether it is the first to claim its id. */
 __global__ void penalty_kernel(float *logits, int64_t v0, int64_t vn, const float *penalty,
-                               const int32_t *off, const int32_t *seen)
+                               const int32_t *off, const int32_t *seen, uint32_t *bitmap, int64_t words)
 {
     const int s = blockIdx.x;
     const float pen = penalty[s];
     if (pen == 1.0f) return;
+    uint32_t *bm = bitmap + (int64_t)s * words;
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) bm[i] = 0;
+    __syncthreads();
     for (int i = off[s] + threadIdx.x; i < off[s + 1]; i += blockDim.x) {
-        int64_t id = seen[i];
-        if (id < v0 || id >= v0 + vn) continue;
-        float *l = logits + (int64_t)s * vn + (id - v0);
+        int64_t id = (int64_t)seen[i] - v0;
+        if (id < 0 || id >= vn) continue;
+        uint32_t bit = 1u << (id & 31);
+        if (atomicOr(&bm[id >> 5], bit) & bit) continue;
+        float *l = logits + (int64_t)s * vn + id;
         *l = *l > 0.0f ? *l / pen : *l * pen;
     }
 }
@@ -34,7 +41,11 @@ int pln_cuda_logit_process(pln_cuda_ctx *c, float *logits, int64_t v0, int64_t v
 {
     if (p->n_rows <= 0) return 0;
     if (p->penalty && p->seen_offsets && p->seen_ids) {
-        penalty_kernel<<<p->n_rows, 128, 0, c->stream>>>(logits, v0, vn, p->penalty, p->seen_offsets, p->seen_ids);
+        const int64_t words = (vn + 31) / 32;
+        uint32_t *bm = (uint32_t *)pln_cuda_scratch(c, (size_t)p->n_rows * words * 4);
+        if (!bm) return -1;
+        penalty_kernel<<<p->n_rows, 256, 0, c->stream>>>(logits, v0, vn, p->penalty, p->seen_offsets, p->seen_ids,
+                                                         bm, words);
         cudaCheckLaunch();
     }
     if (p->inv_temperature) {
@@ -45,10 +56,16 @@ int pln_cuda_logit_process(pln_cuda_ctx *c, float *logits, int64_t v0, int64_t v
     return 0;
 }
 
-__global__ void iota_kernel(int32_t *ids, int32_t *offsets, int S, int64_t vn)
+/* Sort keys as the CPU backend orders candidates: NaN ranks below everything (-inf) and -0.0
+ * ties with +0.0 (lower id first); ids 0..vn-1 per row; row offsets. */
+__global__ void prep_kernel(const float *logits, float *keys, int32_t *ids, int32_t *offsets, int S, int64_t vn)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (int64_t)S * vn) ids[i] = (int32_t)(i % vn);
+    if (i < (int64_t)S * vn) {
+        float v = logits[i];
+        keys[i] = v != v ? -INFINITY : (v == 0.0f ? 0.0f : v);
+        ids[i] = (int32_t)(i % vn);
+    }
     if (i <= S) offsets[i] = (int32_t)(i * vn);
 }
 
@@ -82,44 +99,48 @@ int pln_cuda_topk(pln_cuda_ctx *c, const float *logits, int32_t S, int64_t vn, i
                   float *vals, int32_t *ids, float *row_max, float *row_sumexp)
 {
     if (S <= 0) return 0;
-    if (k <= 0 || k > vn) return pln_errorf("topk: k = %d must be in 1..%lld", k, (long long)vn);
+    if (k < 0 || k > vn) return pln_errorf("topk: k = %d must be in 0..%lld", k, (long long)vn);
     if ((int64_t)S * vn > INT32_MAX) return pln_errorf("topk: %d rows of %lld logits is too many at once", S, (long long)vn);
     const int64_t n = (int64_t)S * vn;
-    /* scratch layout: ids_in, ids_out, keys_out, offsets, stats, packed results, cub temp */
+    const size_t nb = pln_align_up((size_t)n * 4, 256);
     size_t temp = 0;
-    cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-        nullptr, temp, (const float *)nullptr, (float *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
-        (int)n, S, (const int32_t *)nullptr, (const int32_t *)nullptr, 0, 32, c->stream));
-    size_t packed = (size_t)S * k * 8 + (size_t)S * 8;
-    size_t need = pln_align_up((size_t)n * 4, 256) * 3 + pln_align_up((size_t)(S + 1) * 4, 256) +
-                  pln_align_up(packed, 256) + temp;
+    if (k > 0)
+        cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            nullptr, temp, (const float *)nullptr, (float *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
+            (int)n, S, (const int32_t *)nullptr, (const int32_t *)nullptr, 0, 32, c->stream));
+    /* packed results (what crosses to the host): vals [S, k], ids [S, k], max [S], sumexp [S] */
+    const size_t packed = (size_t)S * k * 8 + (size_t)S * 8;
+    const size_t need = (k > 0 ? nb * 4 + pln_align_up((size_t)(S + 1) * 4, 256) + temp : 0) + pln_align_up(packed, 256);
     char *w = (char *)pln_cuda_scratch(c, need);
     if (!w) return -1;
-    int32_t *ids_in = (int32_t *)w; w += pln_align_up((size_t)n * 4, 256);
-    int32_t *ids_out = (int32_t *)w; w += pln_align_up((size_t)n * 4, 256);
-    float *keys_out = (float *)w; w += pln_align_up((size_t)n * 4, 256);
-    int32_t *offs = (int32_t *)w; w += pln_align_up((size_t)(S + 1) * 4, 256);
     char *pk = w; w += pln_align_up(packed, 256);
     float *pvals = (float *)pk;
     int32_t *pids = (int32_t *)(pk + (size_t)S * k * 4);
     float *pmax = (float *)(pk + (size_t)S * k * 8);
     float *psum = pmax + S;
-
-    iota_kernel<<<pln_cdiv(n + 1, 256), 256, 0, c->stream>>>(ids_in, offs, S, vn);
-    cudaCheckLaunch();
-    cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-        w, temp, logits, keys_out, ids_in, ids_out, (int)n, S, offs, offs + 1, 0, 32, c->stream));
     rowstat_kernel<<<S, 256, 0, c->stream>>>(logits, vn, pmax, psum);
     cudaCheckLaunch();
-    pack_kernel<<<S, 128, 0, c->stream>>>(keys_out, ids_out, vn, k, v0, pvals, pids);
-    cudaCheckLaunch();
+    if (k > 0) {
+        float *keys_in = (float *)w; w += nb;
+        float *keys_out = (float *)w; w += nb;
+        int32_t *ids_in = (int32_t *)w; w += nb;
+        int32_t *ids_out = (int32_t *)w; w += nb;
+        int32_t *offs = (int32_t *)w; w += pln_align_up((size_t)(S + 1) * 4, 256);
+        prep_kernel<<<pln_cdiv(n + 1, 256), 256, 0, c->stream>>>(logits, keys_in, ids_in, offs, S, vn);
+        cudaCheckLaunch();
+        /* Radix sort is stable: equal keys keep their input order, i.e. lower id first. */
+        cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            w, temp, keys_in, keys_out, ids_in, ids_out, (int)n, S, offs, offs + 1, 0, 32, c->stream));
+        pack_kernel<<<S, 128, 0, c->stream>>>(keys_out, ids_out, vn, k, v0, pvals, pids);
+        cudaCheckLaunch();
+    }
     char *h = (char *)pln_cuda_host_pinned(c, packed);
     if (!h) return -1;
     cudaCheck(cudaMemcpyAsync(h, pk, packed, cudaMemcpyDeviceToHost, c->stream));
     cudaCheck(cudaStreamSynchronize(c->stream));
-    memcpy(vals, h, (size_t)S * k * 4);
-    memcpy(ids, h + (size_t)S * k * 4, (size_t)S * k * 4);
-    memcpy(row_max, h + (size_t)S * k * 8, (size_t)S * 4);
-    memcpy(row_sumexp, h + (size_t)S * k * 8 + (size_t)S * 4, (size_t)S * 4);
+    if (vals) memcpy(vals, h, (size_t)S * k * 4);
+    if (ids) memcpy(ids, h + (size_t)S * k * 4, (size_t)S * k * 4);
+    if (row_max) memcpy(row_max, h + (size_t)S * k * 8, (size_t)S * 4);
+    if (row_sumexp) memcpy(row_sumexp, h + (size_t)S * k * 8 + (size_t)S * 4, (size_t)S * 4);
     return 0;
 }

@@ -300,7 +300,8 @@ static void test_sampling(int32_t S, int64_t vn, int64_t v0, int32_t k, bool tie
     for (int s = 0; s < S; s++) {
         pen[s] = s % 2 ? 1.3f : 1.0f;
         it[s] = s % 3 ? 1.0f / 0.7f : 1.0f;
-        for (int j = 0; j < 8; j++) seen[s * 8 + j] = (int32_t)(v0 - 2 + (int64_t)j * (vn / 7 + 1));   /* distinct, some outside */
+        for (int j = 0; j < 8; j++) seen[s * 8 + j] = (int32_t)(v0 - 2 + (int64_t)j * (vn / 7 + 1));   /* some outside the slice */
+        seen[s * 8 + 7] = seen[s * 8 + 1];   /* listed twice: still penalised once */
         off[s + 1] = off[s] + 8;
     }
     float *pw = pln_xmalloc(n * 4), *pg = pln_xmalloc(n * 4);
