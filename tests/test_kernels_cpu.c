@@ -5,7 +5,7 @@
  * top-k ties, vocab padding, the HF repetition-penalty rule.
  *
  *   build/tests/test_kernels_cpu            the checks (a few seconds)
- *   build/tests/test_kernels_cpu --bench    GEMV/GEMM bandwidth and FLOP/s against a STREAM-style
+ *   build/tests/test_kernels_cpu --bench [T...]   GEMV/GEMM bandwidth and FLOP/s against a STREAM-style
  *                                           copy measured in the same run (tools/bench/kernels_cpu.sh) */
 #include "tests/test.h"
 #include "kernels/backend.h"
@@ -476,11 +476,7 @@ static double bench_copy_gbs(size_t bytes) {
 
 /* Weights are cycled through copies totalling 256 MiB so that every call reads them from memory,
  * not from the last-level cache, as a real model's layers do. */
-static int run_bench(void) {
-    int64_t rows = 8192, cols = 2048;    /* bloom-1b7's dense_h_to_4h */
-    double copy = bench_copy_gbs((size_t)256 << 20);
-    printf("threads %d, isa %s\n", omp_get_max_threads(), pln_cpu_isa_name(pln_cpu_isa_best()));
-    printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
+static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, double copy) {
     for (int i8 = 0; i8 < 2; i8++) {
         test_weight tw = make_weight(rows, cols, i8, 0);
         size_t wbytes = (size_t)(rows * cols) * (i8 ? 1 : 2);
@@ -493,9 +489,8 @@ static int run_bench(void) {
             Ws[c].w = w;
         }
         double bytes = (double)wbytes + (i8 ? (double)rows * 2 : 0);
-        static const int Ts[] = {1, 8, 32, 128};
         double tok1 = 0;
-        for (int ti = 0; ti < 4; ti++) {
+        for (int ti = 0; ti < n_t; ti++) {
             int T = Ts[ti];
             float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
             int warm = n_copies / 2, reps = warm + (T == 1 ? 4 * n_copies : T <= 32 ? n_copies : n_copies / 2);
@@ -518,6 +513,49 @@ static int run_bench(void) {
         for (int c = 0; c < n_copies; c++) free((void *)Ws[c].w);
         free(Ws); free(tw.w); free(tw.scale);
     }
+}
+
+/* Attention over a paged cache: decode (one token per sequence at position ctx-1) and a prefill
+ * of ctx tokens, bloom-1b7's 16 heads of 128. */
+static void bench_attention(int ctx, int n_seq) {
+    int n_head = 16, hd = 128, bs = 16;
+    int32_t max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * n_seq;
+    size_t pool = (size_t)n_blocks * n_head * bs * hd;
+    float *kc = rnd_vec(pool, -1, 1), *vc = rnd_vec(pool, -1, 1);
+    int32_t *table = malloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) table[i] = (i * 7919) % n_blocks;   /* scattered */
+    float slopes[16];
+    for (int h = 0; h < n_head; h++) slopes[h] = pln_alibi_slope(h, n_head);
+    for (int prefill = 0; prefill < 2; prefill++) {
+        int T = prefill ? ctx : n_seq;
+        int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
+        for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
+        float *qkv = rnd_vec((size_t)T * n_head * 3 * hd, -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
+        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table};
+        g_be->attention(g_be, out, qkv, kc, vc, &m, slopes, n_head, hd);
+        double best = 1e30;
+        for (int r = 0; r < 5; r++) {
+            double t0 = pln_now();
+            g_be->attention(g_be, out, qkv, kc, vc, &m, slopes, n_head, hd);
+            best = fmin(best, pln_now() - t0);
+        }
+        double keys = prefill ? (double)ctx * (ctx + 1) / 2 : (double)ctx * n_seq;
+        double flops = keys * n_head * hd * 4;
+        printf("attention %s ctx %d, %d seq, 16x128 heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
+               prefill ? "prefill" : "decode ", ctx, prefill ? 1 : n_seq, best * 1e3, flops / best / 1e9,
+               prefill ? 0.0 : keys * n_head * hd * 8 / best / 1e9);
+        free(seq); free(pos); free(qkv); free(out);
+    }
+    free(kc); free(vc); free(table);
+}
+
+static int run_bench(int n_t, const int *Ts) {
+    double copy = bench_copy_gbs((size_t)256 << 20);
+    printf("threads %d, isa %s\n", omp_get_max_threads(), pln_cpu_isa_name(pln_cpu_isa_best()));
+    printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
+    bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
+    bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
+    bench_attention(512, 8);
     /* GeLU epilogue cost beside the GEMM it follows */
     {
         int64_t n = 32 * 8192;
@@ -535,7 +573,12 @@ int main(int argc, char **argv) {
     test_begin("test_kernels_cpu");
     g_be = pln_backend_create("cpu", 0);
     if (!g_be) { fprintf(stderr, "cpu backend: %s\n", pln_error()); return 1; }
-    if (argc > 1 && !strcmp(argv[1], "--bench")) return run_bench();
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        /* token counts to time: the arguments after --bench, else 1 8 32 128 */
+        int Ts[16] = {1, 8, 32, 128}, n_t = argc > 2 ? 0 : 4;
+        for (int i = 2; i < argc && n_t < 16; i++) if (atoi(argv[i]) > 0) Ts[n_t++] = atoi(argv[i]);
+        return run_bench(n_t, Ts);
+    }
     printf("instruction sets:");
     for (int i = 0; i < PLN_CPU_ISA_COUNT; i++)
         if (pln_cpu_isa_supported((pln_cpu_isa)i)) printf(" %s", pln_cpu_isa_name((pln_cpu_isa)i));

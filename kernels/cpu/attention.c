@@ -67,8 +67,9 @@ static void attend_ref(float *o, const float *q, const float *k_cache, const flo
 /* Keys scored at a time: a stretch of one block's contiguous rows. */
 #define KCHUNK 64
 
-/* The fast path: one pass over the keys with an online softmax (running max m and sum l; the
- * output accumulator is rescaled when the max grows), walking each block's contiguous rows. */
+/* The fast path: one pass over the keys with an online softmax. Per stretch of keys: scores,
+ * the stretch's max, then the running state (max m, sum l) and the unnormalised output are
+ * rescaled by exp(m_old - m_new) as the stretch's weighted values are added. */
 static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, const float *k_cache,
                           const float *v_cache, const pln_attn_meta *m, int32_t s, int32_t pos,
                           int32_t h, float slope, int32_t n_head, int32_t head_dim) {
@@ -82,20 +83,17 @@ static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, co
         if (n > in_block) n = in_block;
         if (n > KCHUNK) n = KCHUNK;
         int64_t off = kv_offset(m, s, j0, h, n_head, head_dim);
-        const float *kb = k_cache + off, *vb = v_cache + off;
+        k->dots(sc, q, k_cache + off, n, head_dim);
         float bm = -INFINITY;
         for (int32_t i = 0; i < n; i++) {
-            sc[i] = k->dot(q, kb + (int64_t)i * head_dim, head_dim) * scale + slope * (float)(j0 + i);
+            sc[i] = sc[i] * scale + slope * (float)(j0 + i);
             if (sc[i] > bm) bm = sc[i];
         }
         float m_new = st.m > bm ? st.m : bm;
         float c = st.m == -INFINITY ? 0.0f : expf(st.m - m_new);
         float l = st.s * c;
-        for (int32_t i = 0; i < n; i++) {
-            float p = expf(sc[i] - m_new);
-            l += p;
-            k->axpby(o, i == 0 ? c : 1.0f, p, vb + (int64_t)i * head_dim, head_dim);
-        }
+        for (int32_t i = 0; i < n; i++) { sc[i] = expf(sc[i] - m_new); l += sc[i]; }
+        k->weighted_sum(o, c, sc, v_cache + off, n, head_dim);
         st.m = m_new; st.s = l;
         j0 += n;
     }

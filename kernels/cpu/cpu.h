@@ -40,13 +40,14 @@ typedef struct {
                      const uint16_t *w, int64_t nr, int64_t K);
     void (*gemm_i8)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
-    float (*dot)(const float *a, const float *b, int64_t n);
+    /* Attention over n contiguous cache rows of length d (one block's stretch, one head):
+     * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
+    void (*dots)(float *scores, const float *q, const float *k, int64_t n, int64_t d);
+    void (*weighted_sum)(float *o, float c, const float *p, const float *v, int64_t n, int64_t d);
     /* The linear epilogue on one output row: o += bias (F16, may be NULL), then GeLU if gelu.
      * The SIMD GeLU is x / (1 + exp(-2u)), u = 0.79788456 x (1 + 0.044715 x²): the same function
      * as pln_gelu's tanh form, within a few ulp. */
     void (*bias_gelu)(float *o, const uint16_t *bias, int64_t n, bool gelu);
-    /* y = y * c + a * x (c = 1 to accumulate; the online-softmax rescale uses c < 1). */
-    void (*axpby)(float *y, float c, float a, const float *x, int64_t n);
 } pln_cpu_kernels;
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;

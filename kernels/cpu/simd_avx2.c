@@ -136,21 +136,50 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
     }
 }
 
-static TGT float dot_avx2(const float *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
+/* Four keys at a time share each load of q. */
+static TGT void dots_avx2(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    for (; i + 4 <= n; i += 4) {
+        const float *k0 = k + i * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        int64_t e = 0;
+        for (; e + 8 <= d; e += 8) {
+            __m256 qv = _mm256_loadu_ps(q + e);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + e), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d + e), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * d + e), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * d + e), a3);
+        }
+        float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+        for (; e < d; e++) {
+            s0 += q[e] * k0[e]; s1 += q[e] * k0[d + e]; s2 += q[e] * k0[2 * d + e]; s3 += q[e] * k0[3 * d + e];
+        }
+        scores[i] = s0; scores[i + 1] = s1; scores[i + 2] = s2; scores[i + 3] = s3;
+    }
+    for (; i < n; i++) {
+        __m256 a0 = _mm256_setzero_ps();
+        int64_t e = 0;
+        for (; e + 8 <= d; e += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(k + i * d + e), a0);
+        float s0 = hsum(a0);
+        for (; e < d; e++) s0 += q[e] * k[i * d + e];
+        scores[i] = s0;
+    }
 }
 
-static TGT void axpby_avx2(float *y, float c, float a, const float *x, int64_t n) {
-    __m256 cv = _mm256_set1_ps(c), av = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_mul_ps(cv, _mm256_loadu_ps(y + i))));
-    for (; i < n; i++) y[i] = y[i] * c + a * x[i];
+/* Each vector of o is loaded and stored once per stretch of keys, not once per key. */
+static TGT void weighted_sum_avx2(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+    __m256 cv = _mm256_set1_ps(c);
+    int64_t e = 0;
+    for (; e + 8 <= d; e += 8) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + e), cv);
+        for (int64_t i = 0; i < n; i++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v + i * d + e), acc);
+        _mm256_storeu_ps(o + e, acc);
+    }
+    for (; e < d; e++) {
+        float acc = o[e] * c;
+        for (int64_t i = 0; i < n; i++) acc += p[i] * v[i * d + e];
+        o[e] = acc;
+    }
 }
 
 /* exp(x): 2^n * e^r with |r| <= ln2/2 and Cephes' expf polynomial (about 1 ulp); x is clamped
@@ -197,6 +226,6 @@ static TGT void bias_gelu_avx2(float *o, const uint16_t *bias, int64_t n, bool g
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2,
-    .dot = dot_avx2, .axpby = axpby_avx2, .bias_gelu = bias_gelu_avx2,
+    .dots = dots_avx2, .weighted_sum = weighted_sum_avx2, .bias_gelu = bias_gelu_avx2,
 };
 #endif

@@ -130,21 +130,50 @@ static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t 
     }
 }
 
-static TGT float dot_avx512(const float *a, const float *b, int64_t n) {
-    __m512 acc = _mm512_setzero_ps();
+/* Four keys at a time share each load of q. */
+static TGT void dots_avx512(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    float s = _mm512_reduce_add_ps(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    for (; i + 4 <= n; i += 4) {
+        const float *k0 = k + i * d;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        int64_t e = 0;
+        for (; e + 16 <= d; e += 16) {
+            __m512 qv = _mm512_loadu_ps(q + e);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + e), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + d + e), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * d + e), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * d + e), a3);
+        }
+        float s0 = _mm512_reduce_add_ps(a0), s1 = _mm512_reduce_add_ps(a1), s2 = _mm512_reduce_add_ps(a2), s3 = _mm512_reduce_add_ps(a3);
+        for (; e < d; e++) {
+            s0 += q[e] * k0[e]; s1 += q[e] * k0[d + e]; s2 += q[e] * k0[2 * d + e]; s3 += q[e] * k0[3 * d + e];
+        }
+        scores[i] = s0; scores[i + 1] = s1; scores[i + 2] = s2; scores[i + 3] = s3;
+    }
+    for (; i < n; i++) {
+        __m512 a0 = _mm512_setzero_ps();
+        int64_t e = 0;
+        for (; e + 16 <= d; e += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(k + i * d + e), a0);
+        float s0 = _mm512_reduce_add_ps(a0);
+        for (; e < d; e++) s0 += q[e] * k[i * d + e];
+        scores[i] = s0;
+    }
 }
 
-static TGT void axpby_avx512(float *y, float c, float a, const float *x, int64_t n) {
-    __m512 cv = _mm512_set1_ps(c), av = _mm512_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_mul_ps(cv, _mm512_loadu_ps(y + i))));
-    for (; i < n; i++) y[i] = y[i] * c + a * x[i];
+/* Each vector of o is loaded and stored once per stretch of keys, not once per key. */
+static TGT void weighted_sum_avx512(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+    __m512 cv = _mm512_set1_ps(c);
+    int64_t e = 0;
+    for (; e + 16 <= d; e += 16) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(o + e), cv);
+        for (int64_t i = 0; i < n; i++) acc = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), _mm512_loadu_ps(v + i * d + e), acc);
+        _mm512_storeu_ps(o + e, acc);
+    }
+    for (; e < d; e++) {
+        float acc = o[e] * c;
+        for (int64_t i = 0; i < n; i++) acc += p[i] * v[i * d + e];
+        o[e] = acc;
+    }
 }
 
 /* exp(x) for x <= 88: 2^n * e^r with |r| <= ln2/2 and Cephes' expf polynomial (about 1 ulp);
@@ -189,6 +218,6 @@ static TGT void bias_gelu_avx512(float *o, const uint16_t *bias, int64_t n, bool
 
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512,
-    .dot = dot_avx512, .axpby = axpby_avx512, .bias_gelu = bias_gelu_avx512,
+    .dots = dots_avx512, .weighted_sum = weighted_sum_avx512, .bias_gelu = bias_gelu_avx512,
 };
 #endif

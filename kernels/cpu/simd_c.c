@@ -49,14 +49,18 @@ static void gemm_i8_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
     }
 }
 
-static float dot_c(const float *a, const float *b, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+static void dots_c(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (int64_t e = 0; e < d; e++) s += q[e] * k[i * d + e];
+        scores[i] = s;
+    }
 }
 
-static void axpby_c(float *y, float c, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = y[i] * c + a * x[i];
+static void weighted_sum_c(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+    for (int64_t e = 0; e < d; e++) o[e] *= c;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < d; e++) o[e] += p[i] * v[i * d + e];
 }
 
 static void bias_gelu_c(float *o, const uint16_t *bias, int64_t n, bool gelu) {
@@ -65,6 +69,7 @@ static void bias_gelu_c(float *o, const uint16_t *bias, int64_t n, bool gelu) {
 }
 
 const pln_cpu_kernels pln_cpu_kernels_c = {
-    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dot = dot_c, .axpby = axpby_c,
+    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dots = dots_c,
+    .weighted_sum = weighted_sum_c,
     .bias_gelu = bias_gelu_c,
 };
