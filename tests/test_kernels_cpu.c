@@ -217,6 +217,13 @@ static void test_linear(void) {
     test_linear_case(203, 512, 9, false, 0, true, true);
     test_linear_case(203, 512, 9, true, 64, true, false);
     test_linear_case(203, 512, 1, true, 0, false, false);
+    /* long rows: several passes over the columns for a block of tokens (groups below and above
+     * a pass, and not a multiple of the vector width) */
+    test_linear_case(37, 2100, 9, false, 0, true, false);
+    test_linear_case(37, 2100, 9, true, 0, false, true);
+    test_linear_case(37, 2100, 9, true, 700, true, false);
+    test_linear_case(37, 2100, 70, true, 12, false, false);
+    test_linear_case(6, 3000, 5, true, 1500, true, true);
 }
 
 static void test_logits(void) {
@@ -505,9 +512,11 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
             double mean = total / (reps - warm);
             double gbs = bytes / mean / 1e9, gflops = 2.0 * rows * cols * T / mean / 1e9;
             if (T == 1) tok1 = T / mean;
-            printf("linear %s [%lld, %lld] T=%-3d mean %7.3f ms (best %7.3f)  %5.1f GB/s of weights = %3.0f%% of copy  %6.1f GFLOP/s  %7.0f tokens/s (%.1fx T=1)\n",
+            printf("linear %s [%lld, %lld] T=%-3d mean %7.3f ms (best %7.3f)  %5.1f GB/s of weights = %3.0f%% of copy  %6.1f GFLOP/s  %7.0f tokens/s",
                    i8 ? "I8 " : "F16", (long long)rows, (long long)cols, T, mean * 1e3, best * 1e3, gbs,
-                   100 * gbs / copy, gflops, T / mean, T / mean / tok1);
+                   100 * gbs / copy, gflops, T / mean);
+            if (tok1 > 0) printf(" (%.1fx T=1)", T / mean / tok1);
+            printf("\n");
             free(x); free(o);
         }
         for (int c = 0; c < n_copies; c++) free((void *)Ws[c].w);

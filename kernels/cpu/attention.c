@@ -72,7 +72,7 @@ static void attend_ref(float *o, const float *q, const float *k_cache, const flo
  * rescaled by exp(m_old - m_new) as the stretch's weighted values are added. */
 static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, const float *k_cache,
                           const float *v_cache, const pln_attn_meta *m, int32_t s, int32_t pos,
-                          int32_t h, float slope, int32_t n_head, int32_t head_dim) {
+                          int32_t h, float slope, int32_t n_head, int32_t head_dim, bool prefetch) {
     float scale = 1.0f / sqrtf((float)head_dim);
     float sc[KCHUNK];
     pln_softmax_state st = {-INFINITY, 0.0f};
@@ -83,6 +83,20 @@ static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, co
         if (n > in_block) n = in_block;
         if (n > KCHUNK) n = KCHUNK;
         int64_t off = kv_offset(m, s, j0, h, n_head, head_dim);
+        if (prefetch && j0 + n <= pos) {
+            /* the next stretch usually lives in another block, where the hardware prefetcher
+             * would start cold: ask for its rows while this stretch is computed (decode only:
+             * a prefill's keys are already in cache, read by the previous token) */
+            int32_t j1 = j0 + n, n1 = m->block_size - j1 % m->block_size;
+            if (n1 > pos + 1 - j1) n1 = pos + 1 - j1;
+            if (n1 > KCHUNK) n1 = KCHUNK;
+            int64_t off1 = kv_offset(m, s, j1, h, n_head, head_dim);
+            const char *kp = (const char *)(k_cache + off1), *vp = (const char *)(v_cache + off1);
+            for (int64_t b = 0; b < (int64_t)n1 * head_dim * 4; b += 64) {
+                __builtin_prefetch(kp + b);
+                __builtin_prefetch(vp + b);
+            }
+        }
         k->dots(sc, q, k_cache + off, n, head_dim);
         float bm = -INFINITY;
         for (int32_t i = 0; i < n; i++) {
@@ -119,12 +133,15 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_c
     }
     const pln_cpu_kernels *k = c->k;
     int64_t n_work = (int64_t)T * n_head;
+    bool decode = T <= m->n_seqs;
     #pragma omp parallel for schedule(dynamic, 1) if (n_work > 1 && (int64_t)m->max_pos * n_work * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
-        int32_t t = (int32_t)(w / n_head), h = (int32_t)(w % n_head);
+        /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
+         * read the same keys and values while they are still in cache */
+        int32_t h = (int32_t)(w / T), t = (int32_t)(w % T);
         attend_online(k, out + t * out_stride + (int64_t)h * head_dim,
                       qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
-                      m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim);
+                      m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, decode);
     }
     return 0;
 }

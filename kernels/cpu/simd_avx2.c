@@ -26,15 +26,16 @@ INL float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* NR rows x NT tokens of F16 dot products over K columns (NR, NT compile-time after inlining). */
+/* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
+ * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
 INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
-                  const uint16_t *w, int64_t K) {
+                  const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add) {
     __m256 acc[4][2];
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
     }
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
+    int64_t k = k0;
+    for (; k + 8 <= k1; k += 8) {
         __m256 wv[4];
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
         UNROLL for (int j = 0; j < NT; j++) {
@@ -45,40 +46,48 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) {
             float s = hsum(acc[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += pln_f16_to_f32(w[i * K + kk]) * x[j * ldx + kk];
-            out[j * ldo + i] = s;
+            for (int64_t kk = k; kk < k1; kk++) s += pln_f16_to_f32(w[i * K + kk]) * x[j * ldx + kk];
+            out[j * ldo + i] = add ? out[j * ldo + i] + s : s;
         }
     }
 }
 
-/* I8 with one scale per group of columns. Per-channel weights (one group) multiply the scale once
- * at the end; grouped ones scale each widened weight vector (shared by the NT tokens). */
+/* I8 with one scale per group of columns; [k0, k1) covers whole groups. Per-channel weights (one
+ * group) multiply the scale once at the end; grouped ones scale each widened weight vector
+ * (shared by the NT tokens). */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
-                 const int8_t *w, const uint16_t *scale, int64_t group, int64_t K) {
+                 const int8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
+                 int64_t k1, bool add) {
     int64_t ng = K / group;
     __m256 acc[4][2];
     float tail[4][2];
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) { acc[i][j] = _mm256_setzero_ps(); tail[i][j] = 0.0f; }
     }
-    for (int64_t g = 0; g < ng; g++) {
-        float sf[4];
-        __m256 sv[4];
-        UNROLL for (int i = 0; i < NR; i++) {
-            sf[i] = ng == 1 ? 1.0f : pln_f16_to_f32(scale[i * ng + g]);
-            sv[i] = _mm256_set1_ps(sf[i]);
-        }
-        int64_t k = g * group, kend = k + group;
-        if (ng == 1) {
-            for (; k + 8 <= kend; k += 8) {
-                __m256 wv[4];
-                UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
-                UNROLL for (int j = 0; j < NT; j++) {
-                    __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
-                    UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-                }
+    if (ng == 1) {
+        int64_t k = k0;
+        for (; k + 8 <= k1; k += 8) {
+            __m256 wv[4];
+            UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
+            UNROLL for (int j = 0; j < NT; j++) {
+                __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
+                UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
             }
-        } else {
+        }
+        for (; k < k1; k++) {
+            UNROLL for (int i = 0; i < NR; i++) {
+                UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * x[j * ldx + k];
+            }
+        }
+    } else {
+        for (int64_t g = k0 / group; g < k1 / group; g++) {
+            float sf[4];
+            __m256 sv[4];
+            UNROLL for (int i = 0; i < NR; i++) {
+                sf[i] = pln_f16_to_f32(scale[i * ng + g]);
+                sv[i] = _mm256_set1_ps(sf[i]);
+            }
+            int64_t k = g * group, kend = k + group;
             for (; k + 8 <= kend; k += 8) {
                 __m256 wv[4];
                 UNROLL for (int i = 0; i < NR; i++) wv[i] = _mm256_mul_ps(load_i8(w + i * K + k), sv[i]);
@@ -87,52 +96,72 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
                     UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
                 }
             }
-        }
-        for (; k < kend; k++) {
-            UNROLL for (int i = 0; i < NR; i++) {
-                UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * sf[i] * x[j * ldx + k];
+            for (; k < kend; k++) {
+                UNROLL for (int i = 0; i < NR; i++) {
+                    UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * sf[i] * x[j * ldx + k];
+                }
             }
         }
     }
     UNROLL for (int i = 0; i < NR; i++) {
         float s_end = ng == 1 ? pln_f16_to_f32(scale[i]) : 1.0f;
-        UNROLL for (int j = 0; j < NT; j++)
-            out[j * ldo + i] = (hsum(acc[i][j]) + tail[i][j]) * s_end;
+        UNROLL for (int j = 0; j < NT; j++) {
+            float s = (hsum(acc[i][j]) + tail[i][j]) * s_end;
+            out[j * ldo + i] = add ? out[j * ldo + i] + s : s;
+        }
     }
 }
 
+/* Columns per pass when a block of tokens shares the weights: a tile's 4 rows of KSTEP columns
+ * stay in L1 and the block's activations (PLN_CPU_TCHUNK x KSTEP floats) in L2 while every token
+ * tile reuses them. One pass when there are too few tokens to reuse anything. */
+#define KSTEP 1024
+
 static TGT void gemm_f16_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                 const uint16_t *w, int64_t nr, int64_t K) {
-    int64_t r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        int64_t t = 0;
-        for (; t + 2 <= nt; t += 2) tile_f16(4, 2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-        for (; t < nt; t++) tile_f16(4, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-    }
-    for (; r < nr; r++) {
-        int64_t t = 0;
-        for (; t + 2 <= nt; t += 2) tile_f16(1, 2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-        for (; t < nt; t++) tile_f16(1, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+    int64_t ks = nt > 2 ? KSTEP : K;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const uint16_t *wr = w + r * K;
+        float *o = out + r;
+        for (int64_t k0 = 0; k0 < K; k0 += ks) {
+            int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
+            bool add = k0 > 0;
+            if (nr - r >= 4) {
+                for (; t + 2 <= nt; t += 2) tile_f16(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+                for (; t < nt; t++) tile_f16(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+            } else {
+                for (int64_t i = 0; i < nr - r; i++) {
+                    for (t = 0; t + 2 <= nt; t += 2) tile_f16(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add);
+                    for (; t < nt; t++) tile_f16(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add);
+                }
+            }
+        }
     }
 }
 
 static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
                                int64_t K) {
-    int64_t ng = K / group, r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        int64_t t = 0;
-        for (; t + 2 <= nt; t += 2)
-            tile_i8(4, 2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
-        for (; t < nt; t++)
-            tile_i8(4, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
-    }
-    for (; r < nr; r++) {
-        int64_t t = 0;
-        for (; t + 2 <= nt; t += 2)
-            tile_i8(1, 2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
-        for (; t < nt; t++)
-            tile_i8(1, 1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, scale + r * ng, group, K);
+    int64_t ng = K / group;
+    /* passes cover whole groups */
+    int64_t ks = nt <= 2 ? K : ng == 1 ? KSTEP : group * (KSTEP / group > 0 ? KSTEP / group : 1);
+    for (int64_t r = 0; r < nr; r += 4) {
+        const int8_t *wr = w + r * K;
+        const uint16_t *sr = scale + r * ng;
+        float *o = out + r;
+        for (int64_t k0 = 0; k0 < K; k0 += ks) {
+            int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
+            bool add = k0 > 0;
+            if (nr - r >= 4) {
+                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+            } else {
+                for (int64_t i = 0; i < nr - r; i++) {
+                    for (t = 0; t + 2 <= nt; t += 2) tile_i8(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add);
+                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add);
+                }
+            }
+        }
     }
 }
 
@@ -166,10 +195,25 @@ static TGT void dots_avx2(float *scores, const float *q, const float *k, int64_t
     }
 }
 
-/* Each vector of o is loaded and stored once per stretch of keys, not once per key. */
+/* o is held in registers four vectors at a time (four independent FMA chains) while the
+ * stretch's keys stream past: each vector of o is loaded and stored once per stretch. */
 static TGT void weighted_sum_avx2(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
     __m256 cv = _mm256_set1_ps(c);
     int64_t e = 0;
+    for (; e + 4 * 8 <= d; e += 4 * 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + e), cv), a1 = _mm256_mul_ps(_mm256_loadu_ps(o + e + 8), cv);
+        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(o + e + 2 * 8), cv), a3 = _mm256_mul_ps(_mm256_loadu_ps(o + e + 3 * 8), cv);
+        for (int64_t i = 0; i < n; i++) {
+            const float *vi = v + i * d + e;
+            __m256 pv = _mm256_set1_ps(p[i]);
+            a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi), a0);
+            a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 8), a1);
+            a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 2 * 8), a2);
+            a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 3 * 8), a3);
+        }
+        _mm256_storeu_ps(o + e, a0); _mm256_storeu_ps(o + e + 8, a1);
+        _mm256_storeu_ps(o + e + 2 * 8, a2); _mm256_storeu_ps(o + e + 3 * 8, a3);
+    }
     for (; e + 8 <= d; e += 8) {
         __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + e), cv);
         for (int64_t i = 0; i < n; i++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v + i * d + e), acc);
