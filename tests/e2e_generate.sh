@@ -3,7 +3,7 @@
 # fp16 shards made by `pollen reshard` from the transformers fixtures: prefill logits of a batch of
 # four prompts of different lengths within 1e-3 of transformers, the 20-step greedy continuations
 # and their log-probs identical, TP>1 logits equal to TP 1 within 1e-5 (every prefill and decode
-# row), int8 at TP 2 within the bound derived from its recorded quantization error, and a clear
+# row), int8 at TP 2 (per channel; and grouped with an int8 embedding) within the bound derived from its recorded quantization error, and a clear
 # error when the rank count does not match the set.
 source "$(dirname "$0")/e2e.sh"
 CMP=${PLN_BUILD:-build}/tests/test_engine
@@ -40,6 +40,12 @@ check "int8 TP 2: generate" run_np 2 "$TMP/i8" $ids --max-new-tokens 1 --quiet -
 # shellcheck disable=SC2086
 check "fp16 TP 1: generate" run_np 1 "$TMP/bloom-4h-tp1" $ids --max-new-tokens 1 --quiet --dump-logits "$TMP/f16.st"
 check "int8 TP 2 within the quantization bound" "$CMP" --cmp-int8 "$TMP/i8.st" "$TMP/f16.st" "$TMP/i8"
+# Grouped scales and an int8 embedding (looked up on the host, tied lm head in int8).
+check "int8 g16+emb: reshard" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/i8g" --tp 2 --dtype int8 \
+  --group-size 16 --quantize-embedding --quiet
+# shellcheck disable=SC2086
+check "int8 g16+emb TP 2: generate" run_np 2 "$TMP/i8g" $ids --max-new-tokens 1 --quiet --dump-logits "$TMP/i8g.st"
+check "int8 g16+emb TP 2 within the quantization bound" "$CMP" --cmp-int8 "$TMP/i8g.st" "$TMP/f16.st" "$TMP/i8g"
 # Text prompts through the tokenizer, streaming, and a wrong rank count.
 out=$(mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt "Hello world" --max-new-tokens 5 2>/dev/null)
 check "text prompt streams the prompt and continuation" test "${out#Hello world}" != "$out"
