@@ -557,7 +557,21 @@ fail:
 int pln_engine_step(pln_engine *e, const pln_step_plan *plan, pln_step_out *out) {
     if (e->rank != 0) return pln_errorf("pln_engine_step: only rank 0 drives steps (rank %d)", e->rank);
     if (e->shut_down) return pln_errorf("pln_engine_step: engine was shut down");
-    if (validate(e, plan)) return -1;
+    if (validate(e, plan)) {
+        /* The plan's releases still take effect (the scheduler counts those slots free again),
+         * provided the release list itself is valid. */
+        bool rel_ok = plan->n_release > 0 && plan->release && plan->n_release <= e->opts.max_seqs;
+        for (int32_t i = 0; rel_ok && i < plan->n_release; i++)
+            if (plan->release[i] < 0 || plan->release[i] >= e->opts.max_seqs) rel_ok = false;
+        if (rel_ok) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", pln_error());
+            pln_step_plan rp = {.n_release = plan->n_release, .release = plan->release};
+            pln_engine_step(e, &rp, NULL);
+            pln_errorf("%s", msg);
+        }
+        return -1;
+    }
     if (e->tp > 1) {
         wire_head h;
         size_t n = pack(e, plan, &h);

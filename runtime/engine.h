@@ -67,7 +67,9 @@ typedef struct {
 
 /* Rank 0 only. Runs one step; out has plan->n_seqs entries. -1 + error when the plan is invalid
  * (unknown slot, over max_seq_len, out of KV blocks) or the forward pass fails; after a forward
- * failure every slot in the plan is released and the engine stays usable. */
+ * failure every slot in the plan is released and the engine stays usable. The plan's releases
+ * take effect in every case (an invalid plan changes nothing else), unless the release list
+ * itself names an unknown slot. */
 int pln_engine_step(pln_engine *e, const pln_step_plan *plan, pln_step_out *out);
 /* Ranks != 0: serve steps until shutdown. Returns 0 on a clean shutdown. */
 int pln_engine_worker_loop(pln_engine *e);

@@ -396,6 +396,19 @@ static void check_errors(const char *dir, const ref_t *r, const float *alone0) {
     int rc = pln_engine_step(e, &p3, o);
     CHECK(rc == 0, "step after the failure runs: %s", pln_error());
     if (rc == 0) CHECK(test_rel_l2(o[0].logits, alone0, (size_t)r->n[0] * V) <= 1e-6, "logits after the failure equal before");
+    /* An invalid plan's releases still happen: slot 2 holds blocks, then is released by a plan
+     * whose sequence is invalid. */
+    s = seq_of(2, r->ids[0], r->n[0], false);
+    int32_t zero = 0;
+    pln_step_plan p4 = {.n_seqs = 1, .seqs = &s, .n_release = 1, .release = &zero};
+    CHECK(pln_engine_step(e, &p4, o) == 0, "slot 2 prefill");
+    int32_t two_rel = 2;
+    pln_step_seq badseq = seq_of(99, r->ids[0], 1, false);
+    pln_step_plan pb = {.n_seqs = 1, .seqs = &badseq, .n_release = 1, .release = &two_rel};
+    CHECK(pln_engine_step(e, &pb, o) == -1 && strstr(pln_error(), "slot 99"), "invalid plan rejected: %s", pln_error());
+    pln_engine_get_info(e, &info);
+    CHECK(info.kv_blocks_free == free0, "its release happened anyway (%lld of %lld free)", (long long)info.kv_blocks_free,
+          (long long)free0);
     pln_engine_close(e);
 }
 
