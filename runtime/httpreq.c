@@ -153,8 +153,9 @@ static int get_num(pln_api api, json_t *obj, const char *key, double lo, bool lo
     if (!v) return 0;
     if (!json_is_number(v)) return pln_req_fail(err, api, bad, key, "`%s` must be a number", key);
     double x = json_number_value(v);
-    if (!isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi) {
-        if (lo_open && lo == 0 && x <= 0)
+    /* The value is used as a float: a positive double that rounds to 0.0f is not positive. */
+    if (!isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi || (lo_open && lo == 0 && (float)x <= 0.0f)) {
+        if (lo_open && lo == 0 && (float)x <= 0.0f)
             return pln_req_fail(err, api, bad, key, "`%s` must be strictly positive (got %g)", key, x);
         return pln_req_fail(err, api, bad, key, "`%s` must be in %s%g, %g] (got %g)", key, lo_open ? "(" : "[", lo, hi, x);
     }
@@ -341,7 +342,7 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     if (get_num(api, root, "repetition_penalty", 0, true, 100, &dv, &have, err)) goto fail;
     if (have) r->sample.repetition_penalty = (float)dv;
     /* OpenAI: temperature 0 is greedy; anything else samples. */
-    if (temperature == 0) {
+    if ((float)temperature == 0.0f) {
         r->sample.do_sample = false;
     } else {
         r->sample.do_sample = true;

@@ -221,6 +221,17 @@ static int64_t blocks_for(const pln_sched *s, int64_t tokens) {
 
 int pln_sched_submit(pln_sched *s, pln_job *j, pln_req_error *err) {
     pln_api api = j->api;
+    /* The engine refuses a whole step over one bad parameter set; refuse the request instead. */
+    pln_sample_params sp = j->sample;
+    sp.do_sample = j->do_sample;
+    if (pln_sample_params_check(&sp))
+        return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, NULL, "%s", pln_error());
+    for (int32_t i = 0; i < j->n_seqs; i++)
+        for (int32_t k = 0; k < j->seqs[i].n_prompt; k++)
+            if (j->seqs[i].prompt_ids[k] < 0 || j->seqs[i].prompt_ids[k] >= s->info.n_vocab)
+                return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, NULL,
+                                    "prompt token id %d is outside the model's vocabulary (%lld): the tokenizer does not match the shards",
+                                    j->seqs[i].prompt_ids[k], (long long)s->info.n_vocab);
     for (int32_t i = 0; i < j->n_seqs; i++) {
         int64_t need = blocks_for(s, (int64_t)j->seqs[i].n_prompt + j->max_new_tokens);
         if (need > s->info.kv_blocks_total)

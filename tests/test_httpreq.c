@@ -89,6 +89,8 @@ int main(void) {
         {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":0}}", 422, "`top_p` must be strictly positive"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":-1}}", 422, "`top_p` must be strictly positive"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":1.0001}}", 422, "`top_p` must be in (0, 1]"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":1e-300}}", 422, "`top_p` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"temperature\":1e-60}}", 422, "`temperature` must be strictly positive"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"top_p\":[0.5]}}", 422, "`top_p` must be a number"},
         /* repetition_penalty */
         {"{\"inputs\":\"hi\",\"parameters\":{\"repetition_penalty\":0}}", 422, "`repetition_penalty` must be strictly positive"},
