@@ -16,9 +16,9 @@
  *
  * Memory: the source is mmapped; a chunk's pages are prefetched (MADV_WILLNEED) two chunks
  * ahead and dropped from this process (MADV_DONTNEED: the page cache keeps them, RSS does not)
- * once converted. Output goes through a fixed pool of 8 MiB buffers to a writer thread that
- * appends them to the rank files (checksumming as it goes) while the next chunk is converted on
- * all cores. Peak memory is the pool plus per-tensor int8 scales, whatever the model size. */
+ * once converted. Output goes through a fixed pool of 8 MiB buffers to writer threads (one per
+ * rank file, up to 8) that append them (checksumming as they go) while the next chunk is converted
+ * on all cores. Peak memory is the pool plus per-tensor int8 scales, whatever the model size. */
 #include "formats/common.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
@@ -39,7 +39,8 @@
 #include <unistd.h>
 
 #define RS_BUF_BYTES (8u << 20)   /* one output chunk; a row of the largest allowed tensor fits */
-#define RS_N_BUFS 6                /* converting one while the writer drains the others */
+#define RS_MAX_WRITERS 8           /* writer threads (one per rank file, up to this many) */
+#define RS_MAX_BUFS (4 + 2 * RS_MAX_WRITERS)  /* converting some while the writers drain others */
 #define RS_SCALE_LIMIT (512ull << 20)  /* int8 scales kept for one tensor, all ranks */
 
 /* ---- the writer thread ---- */
@@ -60,18 +61,27 @@ typedef struct rs_op {
     struct rs_op *next;
 } rs_op;
 
+/* One writer thread per rank file (up to RS_MAX_WRITERS; rank r goes to writer r % n): page-cache
+ * copies and checksums of different files proceed in parallel, each file's appends stay in order. */
 typedef struct {
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv_op, cv_buf;
+    pthread_cond_t cv;
     rs_op *head, *tail;
-    rs_buf bufs[RS_N_BUFS];
-    rs_buf *free_bufs[RS_N_BUFS];
-    int n_free;
+    struct rs_pipe *pipe;
+} rs_writer;
+
+typedef struct rs_pipe {
+    pthread_mutex_t mu;            /* guards the queues, the pool and the failure state */
+    pthread_cond_t cv_buf;
+    rs_writer thr[RS_MAX_WRITERS];
+    int n_thr;
+    rs_buf bufs[RS_MAX_BUFS];
+    rs_buf *free_bufs[RS_MAX_BUFS];
+    int n_bufs, n_free;
     pln_shard_writer **writers;
     bool failed;
     char err[1024];
-    uint64_t written, fail_after;   /* fault injection: PLN_FAULT_ENOSPC_AFTER bytes */
+    uint64_t written, fail_after;   /* fault injection: PLN_FAULT_ENOSPC_AFTER bytes (all files) */
     unsigned delay_ms;              /* fault injection: PLN_FAULT_DELAY_MS per write (a slow disk) */
 } rs_pipe;
 
@@ -93,13 +103,14 @@ static void pipe_fail(rs_pipe *p, const char *msg) {
 }
 
 static void *writer_main(void *arg) {
-    rs_pipe *p = arg;
+    rs_writer *t = arg;
+    rs_pipe *p = t->pipe;
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        while (!p->head) pthread_cond_wait(&p->cv_op, &p->mu);
-        rs_op *op = p->head;
-        p->head = op->next;
-        if (!p->head) p->tail = NULL;
+        while (!t->head) pthread_cond_wait(&t->cv, &p->mu);
+        rs_op *op = t->head;
+        t->head = op->next;
+        if (!t->head) t->tail = NULL;
         bool failed = p->failed;
         pthread_mutex_unlock(&p->mu);
         if (op->kind == RS_OP_STOP) { free(op); return NULL; }
@@ -111,11 +122,11 @@ static void *writer_main(void *arg) {
             else {
                 const void *d = op->buf ? (const void *)op->buf->data : op->owned;
                 if (p->delay_ms) usleep(p->delay_ms * 1000u);
-                if (p->fail_after && p->written + op->n > p->fail_after)
+                uint64_t before = __atomic_fetch_add(&p->written, (uint64_t)op->n, __ATOMIC_RELAXED);
+                if (p->fail_after && before + op->n > p->fail_after)
                     rc = pln_errorf("rank-%d: write failed: %s (PLN_FAULT_ENOSPC_AFTER)", op->rank, strerror(ENOSPC));
                 else
                     rc = pln_shard_writer_write(w, d, op->n);
-                p->written += op->n;
             }
             if (rc) pipe_fail(p, pln_error());
         }
@@ -128,14 +139,15 @@ static void *writer_main(void *arg) {
 static void pipe_push(rs_pipe *p, rs_op_kind kind, int rank, const char *name, rs_buf *buf, void *owned, size_t n) {
     rs_op *op = pln_xcalloc(1, sizeof *op);
     op->kind = kind; op->rank = rank; op->name = name; op->buf = buf; op->owned = owned; op->n = n;
+    rs_writer *t = &p->thr[rank % p->n_thr];
     pthread_mutex_lock(&p->mu);
-    if (p->tail) p->tail->next = op; else p->head = op;
-    p->tail = op;
-    pthread_cond_signal(&p->cv_op);
+    if (t->tail) t->tail->next = op; else t->head = op;
+    t->tail = op;
+    pthread_cond_signal(&t->cv);
     pthread_mutex_unlock(&p->mu);
 }
 
-/* A free pool buffer with refs references, or NULL once the writer has failed. */
+/* A free pool buffer with refs references, or NULL once a writer has failed. */
 static rs_buf *pipe_acquire(rs_pipe *p, int refs) {
     pthread_mutex_lock(&p->mu);
     while (!p->n_free && !p->failed) pthread_cond_wait(&p->cv_buf, &p->mu);
@@ -152,12 +164,13 @@ static bool pipe_failed(rs_pipe *p) {
     return f;
 }
 
-static void pipe_start(rs_pipe *p, pln_shard_writer **writers) {
+static void pipe_start(rs_pipe *p, pln_shard_writer **writers, int tp) {
     memset(p, 0, sizeof *p);
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv_op, NULL);
     pthread_cond_init(&p->cv_buf, NULL);
-    for (int i = 0; i < RS_N_BUFS; i++) {
+    p->n_thr = tp < RS_MAX_WRITERS ? tp : RS_MAX_WRITERS;
+    p->n_bufs = 4 + 2 * p->n_thr;
+    for (int i = 0; i < p->n_bufs; i++) {
         p->bufs[i].data = pln_xmalloc(RS_BUF_BYTES);
         p->free_bufs[p->n_free++] = &p->bufs[i];
     }
@@ -166,16 +179,22 @@ static void pipe_start(rs_pipe *p, pln_shard_writer **writers) {
     if (f) p->fail_after = strtoull(f, NULL, 10);
     const char *dl = getenv("PLN_FAULT_DELAY_MS");
     if (dl) p->delay_ms = (unsigned)strtoul(dl, NULL, 10);
-    if (pthread_create(&p->thread, NULL, writer_main, p)) pln_die("cannot start the writer thread");
+    for (int i = 0; i < p->n_thr; i++) {
+        p->thr[i].pipe = p;
+        pthread_cond_init(&p->thr[i].cv, NULL);
+        if (pthread_create(&p->thr[i].thread, NULL, writer_main, &p->thr[i])) pln_die("cannot start a writer thread");
+    }
 }
 
-/* Drains the queue and joins; returns -1 with the writer's error if it failed. */
+/* Drains the queues and joins; returns -1 with the first writer error if one failed. */
 static int pipe_stop(rs_pipe *p) {
-    pipe_push(p, RS_OP_STOP, 0, NULL, NULL, NULL, 0);
-    pthread_join(p->thread, NULL);
-    for (int i = 0; i < RS_N_BUFS; i++) free(p->bufs[i].data);
+    for (int i = 0; i < p->n_thr; i++) pipe_push(p, RS_OP_STOP, i, NULL, NULL, NULL, 0);
+    for (int i = 0; i < p->n_thr; i++) {
+        pthread_join(p->thr[i].thread, NULL);
+        pthread_cond_destroy(&p->thr[i].cv);
+    }
+    for (int i = 0; i < p->n_bufs; i++) free(p->bufs[i].data);
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv_op);
     pthread_cond_destroy(&p->cv_buf);
     if (p->failed) return pln_errorf("%s", p->err);
     return 0;
@@ -453,6 +472,20 @@ static json_t *tensors_json(const rs_ctx *c) {
     return o;
 }
 
+/* OpenMP's idle threads spin between parallel regions unless OMP_WAIT_POLICY is passive, and on a
+ * machine with few cores that spinning takes the core the writer (and the kernel's page copying)
+ * needs: measured on 2 cores, 5x the CPU time for the same conversion. libgomp reads the policy
+ * only at start-up, so restart once with it set (the same process: exec keeps the PID). */
+static void restart_with_passive_omp(int argc, char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    char **av = pln_xcalloc((size_t)argc + 2, sizeof *av);
+    av[0] = (char *)"pollen";
+    for (int i = 0; i < argc; i++) av[i + 1] = argv[i];
+    execv("/proc/self/exe", av);
+    free(av);  /* exec failed: carry on with spinning threads */
+}
+
 /* ---- command ---- */
 static void usage(FILE *f) {
     fprintf(f,
@@ -479,6 +512,7 @@ int cmd_reshard(int argc, char **argv) {
     pln_tp_opts o = {.tp = 0};
     bool force = false, quiet = false;
     int threads = 0, ch;
+    restart_with_passive_omp(argc, argv);
     optind = 1;
     while ((ch = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         char *end = NULL;
@@ -559,7 +593,7 @@ int cmd_reshard(int argc, char **argv) {
     }
     if (!rc) {
         pln_progress_init(&c.progress, "reshard", total_in, quiet);
-        pipe_start(&c.pipe, writers);
+        pipe_start(&c.pipe, writers, o.tp);
         for (size_t i = 0; i < c.n && !rc; i++) {
             if (c.plans[0][i].transform == PLN_TP_QUANT_SCALE) continue;
             rc = convert_tensor(&c, i);

@@ -23,7 +23,7 @@ trap 'rm -rf "$DIR"' EXIT
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", b-a}'; }
-size_of() { du -sb "$@" | awk '{s+=$1} END{print s}'; }
+size_of() { du -cb "$@" | tail -n 1 | cut -f 1; }
 evict() { sync; for f in "$@"; do dd if="$f" iflag=nocache count=0 status=none 2>/dev/null || true; done; }
 # floor_write BYTES: dd the same number of bytes to disk with fsync; prints seconds
 floor_write() {
@@ -32,13 +32,14 @@ floor_write() {
   local t1=$(now); rm -f "$DIR/floor.bin"; secs "$t0" "$t1"
 }
 floor_read() { local t0=$(now); cat "$@" > /dev/null; secs "$t0" "$(now)"; }
-# run_reshard NAME ARGS...: prints "seconds maxrss_kb out_bytes"
+# run_reshard ARGS...: prints "seconds maxrss_kb out_bytes cpu_seconds"
 run_reshard() {
   local out="$DIR/out"; rm -rf "$out"
   /usr/bin/time -v -o "$DIR/time.txt" "$POLLEN" reshard "$SRC" -o "$out" --quiet "$@"
   local wall=$(awk -F': ' '/Elapsed \(wall clock\)/{n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$DIR/time.txt")
   local rss=$(awk -F': ' '/Maximum resident set size/{print $2}' "$DIR/time.txt")
-  echo "$wall $rss $(size_of "$out")"
+  local cpu=$(awk -F': ' '/User time|System time/{s+=$2} END{printf "%.1f", s}' "$DIR/time.txt")
+  echo "$wall $rss $(size_of "$out") $cpu"
   rm -rf "$out"
 }
 
@@ -49,34 +50,47 @@ SRC=$DIR/src
 SRC_FILES=("$SRC"/*.safetensors)
 IN=$(size_of "${SRC_FILES[@]}")
 echo "# synth: $(awk -v b="$IN" 'BEGIN{printf "%.2f GB", b/1e9}') in $(secs "$t0" "$t1") s"
-printf "%-14s %-5s %9s %9s %8s %8s %9s %7s %9s\n" case cache "in_GB" "out_GB" "time_s" "GB/s_in" "floor_s" ratio "maxRSS_MB"
-row() { # case cache in out t floor rss
-  awk -v c="$1" -v k="$2" -v i="$3" -v o="$4" -v t="$5" -v f="$6" -v r="$7" 'BEGIN{
-    printf "%-14s %-5s %9.2f %9.2f %8.2f %8.2f %9.2f %7.2f %9s\n", c, k, i/1e9, o/1e9, t, (t>0? i/1e9/t : 0), f, (f>0? t/f : 0), (r==""?"-":sprintf("%.0f", r/1024)) }'
+printf "%-14s %-5s %7s %7s %8s %8s %8s %7s %9s %6s\n" case cache "in_GB" "out_GB" "time_s" "GB/s_in" "floor_s" ratio "maxRSS_MB" "cpu_s"
+row() { # case cache in out t floor rss cpu
+  awk -v c="$1" -v k="$2" -v i="$3" -v o="$4" -v t="$5" -v f="$6" -v r="$7" -v u="$8" 'BEGIN{
+    printf "%-14s %-5s %7.2f %7.2f %8.2f %8.2f %8.2f %7.2f %9.0f %6s\n", c, k, i/1e9, o/1e9, t, (t>0? i/1e9/t : 0), f, (f>0? t/f : 0), r/1024, u }'
 }
 # The write floor depends only on the byte count: measured once per output size.
 declare -A FW
 for cache in warm cold; do
   for dt in fp16 int8; do
     if [ $cache = warm ]; then cat "${SRC_FILES[@]}" > /dev/null; else evict "${SRC_FILES[@]}"; fi
-    read -r t rss out < <(run_reshard --tp "$TP" --dtype "$dt")
+    read -r t rss out cpu < <(run_reshard --tp "$TP" --dtype "$dt")
     # the read floor in the same cache state
     if [ $cache = warm ]; then cat "${SRC_FILES[@]}" > /dev/null; else evict "${SRC_FILES[@]}"; fi
     fr=$(floor_read "${SRC_FILES[@]}")
     [ -n "${FW[$dt]:-}" ] || FW[$dt]=$(floor_write "$out")
     fw=${FW[$dt]}
     fl=$(awk -v a="$fr" -v b="$fw" 'BEGIN{printf "%.2f", a+b}')
-    row "reshard-$dt" $cache "$IN" "$out" "$t" "$fl" "$rss"
+    row "reshard-$dt" $cache "$IN" "$out" "$t" "$fl" "$rss" "$cpu"
     echo "    floor = read $fr s (cat) + write $fw s (dd conv=fsync of $(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}'))"
   done
 done
 rm -rf "$SRC"
 
+# Peak RSS on a ~6 GB checkpoint (bloom-3b in bf16), and the conversion's own speed: source and
+# output in RAM (/dev/shm, when it has room) so no disk is involved — tmpfs pages a process maps
+# count in its RSS, so this is the strictest place to measure memory.
 if [ "$RSS_RUN" = 1 ]; then
-  "$POLLEN" synth --model bloom-3b --dtype bf16 -o "$DIR/src3b" --quiet
-  SRC=$DIR/src3b
+  SHM=${SHM_DIR:-/dev/shm/pln-bench-reshard}
+  if [ "$(df -B1 --output=avail /dev/shm 2>/dev/null | tail -n 1)" -gt 11000000000 ] 2>/dev/null; then base=$SHM; else base=$DIR; fi
+  mkdir -p "$base"; trap 'rm -rf "$DIR" "$SHM"' EXIT
+  "$POLLEN" synth --model "${RSS_MODEL:-bloom-3b}" --dtype bf16 -o "$base/src3b" --quiet
+  SRC=$base/src3b
   IN=$(size_of "$SRC"/*.safetensors)
-  # int8 (half the output bytes of fp16: the shared disk's time, not the memory bound, changes)
-  read -r t rss out < <(run_reshard --tp "$TP" --dtype int8)
-  echo "# peak RSS, bloom-3b bf16 ($(awk -v b="$IN" 'BEGIN{printf "%.2f GB", b/1e9}')) -> TP $TP int8 ($(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}')): $(awk -v r="$rss" 'BEGIN{printf "%.0f MB", r/1024}') max RSS, $t s"
+  for dt in fp16 int8; do
+    rm -rf "$base/out"
+    /usr/bin/time -v -o "$DIR/time.txt" "$POLLEN" reshard "$SRC" -o "$base/out" --tp "$TP" --dtype $dt --quiet
+    wall=$(awk -F': ' '/Elapsed \(wall clock\)/{n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$DIR/time.txt")
+    rss=$(awk -F': ' '/Maximum resident set size/{print $2}' "$DIR/time.txt")
+    cpu=$(awk -F': ' '/User time|System time/{s+=$2} END{printf "%.1f", s}' "$DIR/time.txt")
+    out=$(size_of "$base/out")
+    echo "# ${RSS_MODEL:-bloom-3b} bf16 $(awk -v b="$IN" 'BEGIN{printf "%.2f GB", b/1e9}') -> TP $TP $dt $(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}') in $base: $wall s ($(awk -v b="$IN" -v t="$wall" 'BEGIN{printf "%.2f GB/s in", b/1e9/t}')), cpu $cpu s, max RSS $(awk -v r="$rss" 'BEGIN{printf "%.0f MB", r/1024}')"
+  done
+  rm -rf "$base/out" "$SRC"
 fi
