@@ -101,20 +101,27 @@ int pln_dtype_from_name(const char *name, pln_dtype *out) {
     return pln_errorf("unknown dtype \"%s\" (known: F32 F16 BF16 F64 I8 U8 I16 I32 I64 BOOL)", name);
 }
 
+/* Checkpoint data need not be aligned (safetensors makes no promise), so every element is loaded
+ * with memcpy, which compiles to a plain load where the target allows unaligned access. */
+#define PLN_CONVERT(T, EXPR) do { const uint8_t *s = src; \
+        for (uint64_t i = 0; i < n; i++) { T v; memcpy(&v, s + i * sizeof(T), sizeof(T)); dst[i] = (EXPR); } \
+        return 0; } while (0)
+
 int pln_to_f32(pln_dtype dt, const void *src, float *dst, uint64_t n) {
     switch (dt) {
     case PLN_DTYPE_F32: memcpy(dst, src, n * 4); return 0;
-    case PLN_DTYPE_F16: { const uint16_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = pln_f16_to_f32(s[i]); return 0; }
-    case PLN_DTYPE_BF16: { const uint16_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = pln_bf16_to_f32(s[i]); return 0; }
-    case PLN_DTYPE_F64: { const double *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = (float)s[i]; return 0; }
-    case PLN_DTYPE_I8: { const int8_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = s[i]; return 0; }
-    case PLN_DTYPE_U8: case PLN_DTYPE_BOOL: { const uint8_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = s[i]; return 0; }
-    case PLN_DTYPE_I16: { const int16_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = s[i]; return 0; }
-    case PLN_DTYPE_I32: { const int32_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = (float)s[i]; return 0; }
-    case PLN_DTYPE_I64: { const int64_t *s = src; for (uint64_t i = 0; i < n; i++) dst[i] = (float)s[i]; return 0; }
+    case PLN_DTYPE_F16: PLN_CONVERT(uint16_t, pln_f16_to_f32(v));
+    case PLN_DTYPE_BF16: PLN_CONVERT(uint16_t, pln_bf16_to_f32(v));
+    case PLN_DTYPE_F64: PLN_CONVERT(double, (float)v);
+    case PLN_DTYPE_I8: PLN_CONVERT(int8_t, (float)v);
+    case PLN_DTYPE_U8: case PLN_DTYPE_BOOL: PLN_CONVERT(uint8_t, (float)v);
+    case PLN_DTYPE_I16: PLN_CONVERT(int16_t, (float)v);
+    case PLN_DTYPE_I32: PLN_CONVERT(int32_t, (float)v);
+    case PLN_DTYPE_I64: PLN_CONVERT(int64_t, (float)v);
     default: return pln_errorf("cannot convert dtype %d to F32", (int)dt);
     }
 }
+#undef PLN_CONVERT
 
 uint64_t pln_tensor_numel(const pln_tensor *t) {
     uint64_t n = 1;
