@@ -38,6 +38,7 @@ typedef struct {
     int64_t fail_at;
     int delay_us;
     int max_batch_seen;
+    int max_tokens_seen;       /* tokens fed in one step */
 } fake_engine;
 
 static void fe_release(fake_engine *f, int32_t s) {
@@ -64,6 +65,9 @@ static int fe_step(void *ctx, const pln_step_plan *plan, pln_step_out *out) {
     if (plan->n_seqs == 0) { pthread_mutex_unlock(&f->mu); return 0; }
     f->step_no++;
     if (plan->n_seqs > f->max_batch_seen) f->max_batch_seen = plan->n_seqs;
+    int ntok = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++) ntok += plan->seqs[i].n_new;
+    if (ntok > f->max_tokens_seen) f->max_tokens_seen = ntok;
     if (f->fail_at && f->step_no == f->fail_at) {
         for (int32_t i = 0; i < plan->n_seqs; i++) fe_release(f, plan->seqs[i].slot);
         pthread_mutex_unlock(&f->mu);
@@ -447,6 +451,16 @@ int main(void) {
     o = jparse(r.body);
     CHECK(r.status == 200 && json_array_size(o) == 3 && json_integer_value(json_object_get(json_array_get(o, 1), "id")) == 'e' + 4 &&
               json_integer_value(json_object_get(json_array_get(o, 2), "start")) == 2, "tokenize %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    /* ---- a prompt longer than the step budget (16) is prefilled in chunks ---- */
+    r = http(port, "POST", "/generate", "{\"inputs\":\"abxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\",\"parameters\":{\"max_new_tokens\":4}}");
+    o = jparse(r.body);
+    for (int p = 40; p < 44; p++) want[p - 40] = (char)('a' + (101 + p) % 26);
+    want[4] = 0;
+    CHECK(r.status == 200 && !strcmp(jstr(o, "generated_text"), want), "chunked prefill text %s want %s", r.body, want);
+    CHECK(A.fe.max_tokens_seen <= 16, "no step over --max-batch-tokens (%d)", A.fe.max_tokens_seen);
     json_decref(o);
     free(r.body);
 
