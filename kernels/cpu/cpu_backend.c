@@ -13,14 +13,23 @@ const char *pln_cpu_isa_name(pln_cpu_isa isa) {
     return (unsigned)isa < PLN_CPU_ISA_COUNT ? g_isa_names[isa] : "?";
 }
 
+#ifdef PLN_CPU_X86
+#include <cpuid.h>
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". The
+ * builtin's "avx2" already includes the OS's consent to save ymm state. */
+static bool has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 bool pln_cpu_isa_supported(pln_cpu_isa isa) {
     switch (isa) {
     case PLN_CPU_ISA_REF: case PLN_CPU_ISA_C: return true;
 #ifdef PLN_CPU_X86
     case PLN_CPU_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case PLN_CPU_ISA_AVX512:
         __builtin_cpu_init();
         return pln_cpu_isa_supported(PLN_CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f");
