@@ -46,6 +46,16 @@ check "int8 g16+emb: reshard" "$POLLEN" reshard tests/fixtures/models/bloom-4h/f
 # shellcheck disable=SC2086
 check "int8 g16+emb TP 2: generate" run_np 2 "$TMP/i8g" $ids --max-new-tokens 1 --quiet --dump-logits "$TMP/i8g.st"
 check "int8 g16+emb TP 2 within the quantization bound" "$CMP" --cmp-int8 "$TMP/i8g.st" "$TMP/f16.st" "$TMP/i8g"
+# Seeded sampling (temperature, top-k, top-p, repetition penalty) gives the same tokens at every TP.
+samp="--temperature 1.3 --top-k 40 --top-p 0.9 --repetition-penalty 1.2 --seed 7 --max-new-tokens 12 --json --quiet"
+# shellcheck disable=SC2086
+for tp in 1 2 4; do run_np $tp "$TMP/bloom-4h-tp$tp" $ids $samp | grep -o '"ids":\[[0-9,]*\]' >"$TMP/samp$tp.txt"; done
+check "sampled ids are non-trivial" test "$(wc -l <"$TMP/samp1.txt")" = 4
+check "same seed, same tokens at TP 2" cmp -s "$TMP/samp1.txt" "$TMP/samp2.txt"
+check "same seed, same tokens at TP 4" cmp -s "$TMP/samp1.txt" "$TMP/samp4.txt"
+# Stop strings end a sequence with finish_reason "stop" and the text cut before the match.
+out=$("$POLLEN" generate "$TMP/bloom-4h-tp1" --prompt "Hello world" --max-new-tokens 8 --stop "world world" --json --quiet)
+check "stop string" grep -q '"text":" ","finish_reason":"stop"' <<<"$out"
 # Text prompts through the tokenizer, streaming, and a wrong rank count.
 out=$(mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt "Hello world" --max-new-tokens 5 2>/dev/null)
 check "text prompt streams the prompt and continuation" test "${out#Hello world}" != "$out"

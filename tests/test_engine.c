@@ -232,6 +232,27 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
         int32_t rel[NPROMPT] = {4, 5, 6, 7};
         pln_step_plan pr = {.n_release = NPROMPT, .release = rel};
         CHECK(pln_engine_step(e, &pr, NULL) == 0, "%s: release", label);
+        /* Each sequence decoded alone gives what it gave inside the mixed batch. */
+        for (int i = 0; i < NPROMPT && !fail; i++) {
+            int32_t lt = 0;
+            double maxd = 0;
+            int same = 1;
+            for (int t = 0; t < 20; t++) {
+                pln_step_seq s1 = t == 0 ? seq_of(6, r->ids[i], r->n[i], true) : seq_of(6, &lt, 1, true);
+                int32_t six = 6;
+                pln_step_plan p1 = {.n_seqs = 1, .seqs = &s1, .n_release = t == 0, .release = &six};
+                pln_step_out o1;
+                if (pln_engine_step(e, &p1, &o1)) { same = 0; break; }
+                if (o1.token != gen[i][t]) same = 0;
+                if (fabs(o1.logprob - lp[i][t]) > maxd) maxd = fabs(o1.logprob - lp[i][t]);
+                lt = o1.token;
+            }
+            CHECK(same && maxd <= 1e-5, "%s: seq %d alone vs in the batch: ids %s, logprob diff %.3g", label, i,
+                  same ? "same" : "DIFFER", maxd);
+        }
+        int32_t six = 6;
+        pln_step_plan p6 = {.n_release = 1, .release = &six};
+        pln_engine_step(e, &p6, NULL);
     }
 
     /* The left-padded batch reference, at its real positions. */
