@@ -1,7 +1,7 @@
 /* attention.cuh — attention over the paged KV cache for decode and prefill alike:
  * softmax(q·kᵀ/sqrt(d) + slope·j, causal) · v with scale, ALiBi and the causal mask fused and an
  * fp32 online softmax. Each (token, head) is split along the keys into chunks of
- * PLN_ATTN_CHUNK (flash-decoding), so long contexts fill the GPU; the partial states are merged
+ * PLN_ATTN_CHUNK keys (flash-decoding), so long contexts fill the GPU; the partial states are merged
  * with pln_softmax_merge. Scores exist only per chunk in shared memory: the full score matrix of
  * a long prompt is never materialized. head_dim must be a multiple of 8, at most 256. */
 #ifndef PLN_CUDA_ATTENTION_CUH
@@ -9,7 +9,7 @@
 
 #include "kernels/cuda/common.cuh"
 
-#define PLN_ATTN_CHUNK 256
+#define PLN_ATTN_CHUNK 128
 
 int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache,
                        const void *v_cache, const pln_attn_meta *m, const float *slopes,

@@ -1,5 +1,5 @@
-/* layernorm.cu — one block per token row; the row is read from global memory (L1-resident after
- * the first pass), statistics in fp32. The residual variant writes the fp16-rounded sum back to
+/* layernorm.cu — one block per token row, statistics in fp32. Rows of up to 32768 halves are
+ * held in registers and read once; others are read in three passes (L1-resident after the first). The residual variant writes the fp16-rounded sum back to
  * x and normalizes that rounded value, as a fp16 model does. */
 #include "kernels/cuda/layernorm.cuh"
 
@@ -81,6 +81,58 @@ residual_ln_kernel(__half *x, const __half *y, const __half *bias, const __half 
     }
 }
 
+/* The fast path: the whole row held in registers (V 16-byte vectors per thread, up to 1024
+ * threads, so H <= 32768), read once from global memory: one pass instead of three, which
+ * matters at decode where one row is one block and the kernel is latency bound. */
+template <int V>
+__global__ void __launch_bounds__(1024)
+residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __half *gamma,
+                       const __half *beta, __half *out, const __half *in, int64_t H, float eps)
+{
+    __shared__ float scratch[32];
+    const int64_t r = blockIdx.x;
+    const int64_t nv = H / 8;
+    float a[V][8];
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+        const int64_t v = threadIdx.x + (int64_t)u * blockDim.x;
+        if (v < nv) {
+            pln_h8_to_f(((const pln_h8 *)((in ? in : x) + r * H))[v], a[u]);
+            if (!in) {
+                float b[8];
+                if (y) { pln_h8_to_f(((const pln_h8 *)(y + r * H))[v], b); for (int j = 0; j < 8; j++) a[u][j] += b[j]; }
+                if (bias) { pln_h8_to_f(((const pln_h8 *)bias)[v], b); for (int j = 0; j < 8; j++) a[u][j] += b[j]; }
+                pln_h8 h = pln_f_to_h8(a[u]);
+                ((pln_h8 *)(x + r * H))[v] = h;
+                pln_h8_to_f(h, a[u]);   /* normalize the fp16-rounded sum, as a fp16 model does */
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) s += a[u][j];
+        }
+    }
+    const float mean = pln_block_sum(s, scratch) / (float)H;
+    float v2 = 0.0f;
+#pragma unroll
+    for (int u = 0; u < V; u++)
+        if (threadIdx.x + (int64_t)u * blockDim.x < nv)
+#pragma unroll
+            for (int j = 0; j < 8; j++) { float d = a[u][j] - mean; v2 += d * d; }
+    const float rstd = rsqrtf(pln_block_sum(v2, scratch) / (float)H + eps);
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+        const int64_t v = threadIdx.x + (int64_t)u * blockDim.x;
+        if (v < nv) {
+            float gm[8], bt[8];
+            pln_h8_to_f(((const pln_h8 *)gamma)[v], gm);
+            pln_h8_to_f(((const pln_h8 *)beta)[v], bt);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a[u][j] = (a[u][j] - mean) * rstd * gm[j] + bt[j];
+            ((pln_h8 *)(out + r * H))[v] = pln_f_to_h8(a[u]);
+        }
+    }
+}
+
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 static int launch(pln_cuda_ctx *c, __half *x, const __half *y, const __half *bias, const __half *gamma,
@@ -89,7 +141,14 @@ static int launch(pln_cuda_ctx *c, __half *x, const __half *y, const __half *bia
     if (T <= 0) return 0;
     bool vec = H % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(bias) && aligned16(gamma) &&
                aligned16(beta) && aligned16(out) && aligned16(in);
-    if (vec) residual_ln_kernel<true><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+    const int64_t nv = H / 8;
+    if (vec && nv <= 4 * 1024) {
+        int threads = (int)(nv < 1024 ? (nv + 31) / 32 * 32 : 1024);
+        int V = (int)((nv + threads - 1) / threads);
+        if (V == 1) residual_ln_reg_kernel<1><<<T, threads, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+        else if (V == 2) residual_ln_reg_kernel<2><<<T, threads, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+        else residual_ln_reg_kernel<4><<<T, threads, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+    } else if (vec) residual_ln_kernel<true><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
     else residual_ln_kernel<false><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
     cudaCheckLaunch();
     return 0;

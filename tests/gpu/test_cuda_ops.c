@@ -491,6 +491,7 @@ int main(int argc, char **argv)
     test_embed(37, 13, 3, 4);                         /* H not a multiple of 8: element path */
     test_layernorm(3, 64);
     test_layernorm(5, 13);
+    test_layernorm(2, 40000);                         /* too long for the register path */
     for (int T = 1; T <= 40; T += 13) {
         test_linear(PLN_DTYPE_F16, 192, 64, 0, T, true, false);
         test_linear(PLN_DTYPE_F16, 256, 64, 0, T, true, true);
