@@ -48,7 +48,7 @@ for c in $CLIENTS; do
     "$(field tpot_p99_s <<<"$line")"
 done
 if [ -n "${TPS[1]:-}" ] && [ -n "${TPS[32]:-}" ]; then
-  awk -v a="${TPS[1]}" -v b="${TPS[32]}" 'BEGIN { r = b / a; printf "\nthroughput 32 clients / 1 client: %.1fx (%s)\n", r, r >= 8 ? "continuous batching pays: >= 8x" : "BELOW the 8x target" }'
+  awk -v a="${TPS[1]}" -v b="${TPS[32]}" 'BEGIN { r = b / a; printf "\nthroughput 32 clients / 1 client: %.1fx (%s)\n", r, (r >= 8 ? "continuous batching pays: >= 8x" : "BELOW the 8x target") }'
 fi
 sbl=$("$WORK/loadgen" --port "$PORT" --short-behind-long 64 4 --label sbl || true)
 printf "short request (4 tokens): alone %s s, behind a running 64-token request %s s (the long one took %s s)\n" \
