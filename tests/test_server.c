@@ -664,5 +664,31 @@ int main(void) {
     CHECK(r.status == 503, "new request on an unhealthy server -> %d", r.status);
     free(r.body);
     inst_stop(&B);
+
+    /* ---- connection limit and idle timeout ---- */
+    pln_serve_limits lc = lim;
+    lc.max_connections = 2;
+    lc.timeout_s = 1;
+    inst C;
+    inst_start(&C, &lc, 0, 0);
+    int idle[2] = {connect_to(C.port), connect_to(C.port)};
+    usleep(100000);
+    r = http(C.port, "GET", "/health", NULL);
+    CHECK(r.status == 0, "a third connection over --max-connections 2 gets no answer (%d)", r.status);
+    free(r.body);
+    char byte;
+    struct timeval tv1 = {3, 0};
+    setsockopt(idle[0], SOL_SOCKET, SO_RCVTIMEO, &tv1, sizeof tv1);
+    t0 = pln_now();
+    ssize_t got = read(idle[0], &byte, 1);
+    double idle_s = pln_now() - t0;
+    CHECK(got == 0 && idle_s < 2.5, "idle connection closed by --timeout 1 (read %zd after %.2f s)", got, idle_s);
+    close(idle[0]);
+    close(idle[1]);
+    usleep(1200000);   /* the second idle one has timed out as well */
+    r = http(C.port, "GET", "/health", NULL);
+    CHECK(r.status == 200, "served again once idle connections are gone (%d)", r.status);
+    free(r.body);
+    inst_stop(&C);
     return test_done();
 }
