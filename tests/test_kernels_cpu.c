@@ -226,6 +226,21 @@ static void test_linear(void) {
     test_linear_case(6, 3000, 5, true, 1500, true, true);
 }
 
+/* Threads split whole output rows: one thread or several give the very same bits. */
+static void test_threads(void) {
+    test_weight tw = make_weight(301, 700, true, 0);
+    float *x = rnd_vec(9 * 700, -1, 1), *a = malloc(9 * 301 * 4), *b = malloc(9 * 301 * 4);
+    pln_cpu_set_threads(g_be, 1);
+    CHECK(pln_cpu_threads(pln_cpu_of(g_be)) == 1, "set_threads(1)");
+    g_be->linear(g_be, a, x, &tw.W, NULL, 9, true);
+    pln_cpu_set_threads(g_be, 3);
+    g_be->linear(g_be, b, x, &tw.W, NULL, 9, true);
+    CHECK(!memcmp(a, b, 9 * 301 * 4), "linear: 1 thread and 3 threads differ");
+    pln_cpu_set_threads(g_be, 0);
+    CHECK(pln_cpu_threads(pln_cpu_of(g_be)) == omp_get_max_threads(), "set_threads(0): OpenMP's default");
+    free(tw.w); free(tw.scale); free(x); free(a); free(b);
+}
+
 static void test_logits(void) {
     for (int i8 = 0; i8 < 2; i8++) {
         int64_t vn = 29, H = 40, n_valid = 23;
@@ -560,7 +575,7 @@ static void bench_attention(int ctx, int n_seq) {
 
 static int run_bench(int n_t, const int *Ts) {
     double copy = bench_copy_gbs((size_t)256 << 20);
-    printf("threads %d, isa %s\n", omp_get_max_threads(), pln_cpu_isa_name(pln_cpu_isa_best()));
+    printf("threads %d (backend), isa %s\n", pln_cpu_threads(pln_cpu_of(g_be)), pln_cpu_isa_name(pln_cpu_isa_best()));
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
@@ -596,6 +611,7 @@ int main(int argc, char **argv) {
     test_layernorm();
     test_linear();
     test_logits();
+    test_threads();
     test_attention();
     test_logit_process();
     test_topk();

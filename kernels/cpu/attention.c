@@ -37,7 +37,7 @@ void pln_cpu_kv_append(pln_cpu *c, const float *qkv, float *k_cache, float *v_ca
         for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim);
         return;
     }
-    #pragma omp parallel for schedule(static) if (T > 8)
+    #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (T > 8)
     for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim);
 }
 
@@ -134,7 +134,7 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_c
     const pln_cpu_kernels *k = c->k;
     int64_t n_work = (int64_t)T * n_head;
     bool decode = T <= m->n_seqs;
-    #pragma omp parallel for schedule(dynamic, 1) if (n_work > 1 && (int64_t)m->max_pos * n_work * head_dim > 32768)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)m->max_pos * n_work * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
         /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
          * read the same keys and values while they are still in cache */

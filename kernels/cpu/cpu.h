@@ -6,9 +6,12 @@
  *     fast paths and the CUDA kernels are checked against;
  *   - the fast path: OpenMP across output rows / heads / tokens, with the inner loops ("micro
  *     kernels") taken from a table chosen at run time for the CPU (portable C, AVX2+FMA+F16C,
- *     AVX-512). Threads: OpenMP's default team (OMP_NUM_THREADS or omp_set_num_threads by the
- *     caller); the backend sets nothing process-wide, so several MPI ranks on one machine can
- *     each be given their share of the cores.
+ *     AVX-512).
+ * Threads: each backend has its own team size, used by every parallel region it runs (nothing
+ * process-wide is set). Default: OpenMP's (OMP_NUM_THREADS, else the cores this process may run
+ * on), except that several MPI ranks on one unbound machine (OMPI_COMM_WORLD_LOCAL_SIZE or
+ * MPI_LOCALNRANKS > 1, no OMP_NUM_THREADS, affinity = all CPUs) split its cores between them
+ * instead of each starting a thread per core. pln_cpu_set_threads overrides.
  * Activations and the KV cache are F32 (kv_size 4). */
 #ifndef PLN_CPU_H
 #define PLN_CPU_H
@@ -60,6 +63,7 @@ extern const pln_cpu_kernels pln_cpu_kernels_avx512;
 typedef struct {
     pln_cpu_isa isa;
     const pln_cpu_kernels *k;    /* NULL for PLN_CPU_ISA_REF */
+    int n_threads;               /* 0: OpenMP's default team */
 } pln_cpu;
 
 static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
@@ -69,6 +73,10 @@ static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl;
 pln_cpu_isa pln_cpu_isa_best(void);
 bool pln_cpu_isa_supported(pln_cpu_isa isa);
 const char *pln_cpu_isa_name(pln_cpu_isa isa);
+/* Threads of this backend's parallel regions (n <= 0: OpenMP's default). */
+void pln_cpu_set_threads(pln_backend *be, int n);
+int pln_cpu_threads(const pln_cpu *c);
+
 /* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
 int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
 

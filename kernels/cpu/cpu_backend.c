@@ -3,8 +3,11 @@
 #include "kernels/cpu/cpu.h"
 
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- instruction sets ---------------------------------------------------------------------- */
 static const char *const g_isa_names[PLN_CPU_ISA_COUNT] = {"ref", "c", "avx2", "avx512"};
@@ -69,6 +72,30 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa) {
     c->isa = isa;
     c->k = kernels_of(isa);
     return 0;
+}
+
+/* ---- threads ----------------------------------------------------------------------------- */
+/* Ranks launched together on one machine without binding would each start a thread per core
+ * (2 ranks on 16 cores: 32 spinning threads); give each rank its share instead. A launcher that
+ * bound the rank to some cores, or an explicit OMP_NUM_THREADS, already says what to use. */
+static int default_threads(void) {
+    if (getenv("OMP_NUM_THREADS")) return 0;
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!ls) ls = getenv("MPI_LOCALNRANKS");
+    int local = ls ? atoi(ls) : 1;
+    if (local <= 1) return 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online <= 0 || CPU_COUNT(&set) < online) return 0;
+    long n = online / local;
+    return n < 1 ? 1 : (int)n;
+}
+
+void pln_cpu_set_threads(pln_backend *be, int n) { pln_cpu_of(be)->n_threads = n > 0 ? n : 0; }
+
+int pln_cpu_threads(const pln_cpu *c) {
+    return c->n_threads > 0 ? c->n_threads : omp_get_max_threads();
 }
 
 /* ---- memory ---------------------------------------------------------------------------------- */
@@ -261,5 +288,6 @@ pln_backend *pln_backend_cpu_create(void) {
     be->logit_process = cpu_logit_process; be->topk = cpu_topk;
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());
+    c->n_threads = default_threads();
     return be;
 }

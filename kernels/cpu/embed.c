@@ -19,7 +19,7 @@ void pln_cpu_embed(pln_cpu *c, float *out, const int32_t *ids, int32_t T, const 
         for (int32_t t = 0; t < T; t++) embed_row(out + t * H, ids[t], table, v0, vn, H);
         return;
     }
-    #pragma omp parallel for schedule(static) if (T > 1 && (int64_t)T * H > 65536)
+    #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (T > 1 && (int64_t)T * H > 65536)
     for (int32_t t = 0; t < T; t++) embed_row(out + t * H, ids[t], table, v0, vn, H);
 }
 

@@ -73,7 +73,7 @@ void pln_cpu_layernorm(pln_cpu *c, float *out, const float *in, const uint16_t *
         for (int32_t t = 0; t < T; t++) layernorm_row(out + t * H, in + t * H, gamma, beta, H, eps);
         return;
     }
-    #pragma omp parallel for schedule(static) if (T > 1 && (int64_t)T * H > 32768)
+    #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (T > 1 && (int64_t)T * H > 32768)
     for (int32_t t = 0; t < T; t++) layernorm_row_fast(out + t * H, in + t * H, gb, H, eps);
     free(gb);
 }
@@ -91,7 +91,7 @@ void pln_cpu_residual_layernorm(pln_cpu *c, float *x, const float *y, const uint
     float *bf = NULL;
     if (bias && (bf = malloc((size_t)H * sizeof *bf)))
         for (int64_t i = 0; i < H; i++) bf[i] = pln_f16_to_f32(bias[i]);
-    #pragma omp parallel for schedule(static) if (T > 1 && (int64_t)T * H > 32768)
+    #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (T > 1 && (int64_t)T * H > 32768)
     for (int32_t t = 0; t < T; t++) {
         float *xr = x + t * H;
         const float *yr = y ? y + t * H : NULL;

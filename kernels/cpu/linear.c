@@ -44,7 +44,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         float *o = out + t0 * ldo;
         /* dynamic: when ranks or other work share the cores, a descheduled thread's rows are
          * taken by the others instead of stalling the whole step */
-        #pragma omp parallel for schedule(dynamic, 4) if (n_rows * K * nt > 65536)
+        #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
         for (int64_t ch = 0; ch < n_chunks; ch++) {
             int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
             if (W->dtype == PLN_DTYPE_F16)

@@ -100,7 +100,7 @@ void pln_cpu_topk(pln_cpu *c, const float *logits, int32_t S, int64_t vn, int64_
                      ids ? ids + (int64_t)s * k : NULL, row_max + s, row_sumexp + s);
         return;
     }
-    #pragma omp parallel for schedule(dynamic, 1) if (S > 1)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (S > 1)
     for (int32_t s = 0; s < S; s++)
         topk_row(logits + s * vn, vn, v0, k, vals ? vals + (int64_t)s * k : NULL,
                  ids ? ids + (int64_t)s * k : NULL, row_max + s, row_sumexp + s);
