@@ -142,10 +142,12 @@ static int cu_sync(pln_backend *be)
     return 0;
 }
 
+/* dst NULL: allocates the device copy (the caller frees it with be->free). */
 static const void *cu_weights_from_host(pln_backend *be, void *dst, const void *src, size_t n)
 {
     pln_cuda_ctx *c = (pln_cuda_ctx *)be->impl;
     if (pln_cuda_check(cudaSetDevice(c->device), "cudaSetDevice", __FILE__, __LINE__)) return NULL;
+    if (!dst && !(dst = cu_alloc(be, n))) return NULL;
     if (pln_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream), "cudaMemcpyAsync(weights)",
                        __FILE__, __LINE__))
         return NULL;
