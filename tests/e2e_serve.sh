@@ -132,6 +132,11 @@ if command -v mpirun >/dev/null; then
   T2=$(post /generate_stream '{"inputs":"Hello world","parameters":{"max_new_tokens":16}}' | grep '^data:' | tail -n 1 | gen_text)
   check "TP 2: stream == non-stream" test -n "$T1" -a "$T1" = "$T2"
   check "SIGTERM to rank 0: every rank exits 0" stop_server
+  check "server starts (TP 2, --fail-at-step 3)" start_server g $MPI "$POLLEN" serve "$S2" --fail-at-step 3
+  EV=$(post /generate_stream '{"inputs":"x","parameters":{"max_new_tokens":20}}')
+  check "TP 2: stream ends with an error event" grep -q '"error_type":"generation"' <<<"$(grep '^data:' <<<"$EV" | tail -n 1)"
+  check "TP 2: /health 503 after the failure" test "$($CURL -o /dev/null -w '%{http_code}' http://127.0.0.1:$PORT/health)" = 503
+  check "TP 2: every rank exits 0 after a fault" stop_server
   GEN_IDS=$($MPI "$POLLEN" generate "$S2" --prompt "Hello world" --max-new-tokens 12 --temperature 0 --json --quiet 2>/dev/null |
             sed -n 's/.*"ids":\[\([0-9,]*\)\].*/\1/p'),
   check "TP 2 server tokens == TP 2 pollen generate" test -n "$GEN_IDS" -a "$SRV_IDS" = "$GEN_IDS"
