@@ -122,6 +122,7 @@ int cmd_serve(int argc, char **argv) {
     pln_server_opts so = {.host = "127.0.0.1", .port = 8080};
     pln_serve_limits_default(&so.lim);
     const char *port_file = NULL;
+    bool input_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -137,7 +138,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--kv-tokens")) eo.kv_tokens = int_arg(a, VAL(), 1, INT32_MAX);
         else if (!strcmp(a, "--block-size")) eo.block_size = int_arg(a, VAL(), 1, 1024);
         else if (!strcmp(a, "--max-concurrent-requests")) so.lim.max_concurrent_requests = int_arg(a, VAL(), 1, 1000000);
-        else if (!strcmp(a, "--max-input-tokens")) so.lim.max_input_tokens = int_arg(a, VAL(), 1, 1 << 24);
+        else if (!strcmp(a, "--max-input-tokens")) { so.lim.max_input_tokens = int_arg(a, VAL(), 1, 1 << 24); input_set = true; }
         else if (!strcmp(a, "--max-total-tokens")) so.lim.max_total_tokens = int_arg(a, VAL(), 2, 1 << 24);
         else if (!strcmp(a, "--max-body-bytes")) so.lim.max_body_bytes = int_arg(a, VAL(), 64, INT32_MAX);
         else if (!strcmp(a, "--max-connections")) so.lim.max_connections = int_arg(a, VAL(), 1, 100000);
@@ -155,6 +156,7 @@ int cmd_serve(int argc, char **argv) {
 #undef VAL
     }
     if (!eo.shard_dir) { usage(stderr); return 2; }
+    if (!input_set && so.lim.max_input_tokens >= so.lim.max_total_tokens) so.lim.max_input_tokens = so.lim.max_total_tokens - 1;
     if (so.lim.max_input_tokens >= so.lim.max_total_tokens)
         pln_die("--max-input-tokens (%d) must be below --max-total-tokens (%d)", so.lim.max_input_tokens, so.lim.max_total_tokens);
     eo.max_seq_len = so.lim.max_total_tokens;
