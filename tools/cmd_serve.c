@@ -9,6 +9,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cmd.h"
 
+#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@ static void usage(FILE *f) {
             "  --timeout S                    idle connection timeout in seconds (default %d)\n"
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
+            "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
             "  --populate, --verify, --quiet  as for generate\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
             "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
@@ -123,6 +125,7 @@ int cmd_serve(int argc, char **argv) {
     pln_serve_limits_default(&so.lim);
     const char *port_file = NULL;
     bool input_set = false;
+    int threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -147,6 +150,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
+        else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
@@ -164,6 +168,14 @@ int cmd_serve(int argc, char **argv) {
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
+    if (threads <= 0) {   /* ranks on one node share its cores instead of oversubscribing them */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = ls ? atoi(ls) : pln_comm_size(comm);
+        threads = (int)(cores / (local > 0 ? local : 1));
+        if (threads < 1) threads = 1;
+    }
+    omp_set_num_threads(threads);
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
