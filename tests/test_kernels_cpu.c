@@ -226,6 +226,33 @@ static void test_linear(void) {
     test_linear_case(6, 3000, 5, true, 1500, true, true);
 }
 
+/* The SIMD epilogue's GeLU (exp form) against the tanh form in double, over the whole range,
+ * including the saturated tails and signed zero. */
+static void test_gelu(void) {
+    enum { N = 2003 };
+    float x[N], o[N];
+    uint16_t bias[N];
+    for (int i = 0; i < N; i++) { x[i] = -15.0f + 30.0f * (float)i / (N - 1); bias[i] = pln_f32_to_f16(i % 2 ? 0.25f : -0.5f); }
+    x[0] = -100.0f; x[1] = 100.0f; x[2] = 0.0f; x[3] = -0.0f; x[4] = 1e-30f; x[5] = -88.5f;
+    for (int isa = PLN_CPU_ISA_C; isa < PLN_CPU_ISA_COUNT; isa++) {
+        if (!pln_cpu_isa_supported((pln_cpu_isa)isa)) continue;
+        pln_cpu_set_isa(g_be, (pln_cpu_isa)isa);
+        const pln_cpu_kernels *k = pln_cpu_of(g_be)->k;
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            memcpy(o, x, sizeof o);
+            k->bias_gelu(o, with_bias ? bias : NULL, N, true);
+            int bad = 0; double worst = 0;
+            for (int i = 0; i < N; i++) {
+                double v = (double)x[i] + (with_bias ? h2d(bias[i]) : 0.0), want = gelu_d(v);
+                double d = fabs(o[i] - want), tol = 4e-7 * fabs(v) + 1e-30;
+                if (!(d <= tol)) bad++;
+                worst = fmax(worst, d / (fabs(v) + 1e-30));
+            }
+            CHECK(bad == 0, "bias_gelu [%s] bias=%d: %d outside 4e-7*|x|, worst %g", k->name, with_bias, bad, worst);
+        }
+    }
+}
+
 /* Threads split whole output rows: one thread or several give the very same bits. */
 static void test_threads(void) {
     test_weight tw = make_weight(301, 700, true, 0);
@@ -612,6 +639,7 @@ int main(int argc, char **argv) {
     test_linear();
     test_logits();
     test_threads();
+    test_gelu();
     test_attention();
     test_logit_process();
     test_topk();
