@@ -3,6 +3,7 @@
 #include "kernels/pln_math.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -240,10 +241,13 @@ void pln_tp_to_f16(pln_dtype src_dt, const void *src, uint16_t *dst, size_t n,
                    uint64_t *clamps, uint64_t *nonfinite) {
     uint64_t c = 0, nf = 0;
     switch (src_dt) {
-    case PLN_DTYPE_F16: {
+    case PLN_DTYPE_F16: { /* copy and look for inf/NaN in one pass */
         const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) nf += (s[i] & 0x7c00) == 0x7c00;
-        memcpy(dst, src, n * 2);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v = s[i];
+            nf += (v & 0x7c00) == 0x7c00;
+            dst[i] = v;
+        }
         break;
     }
     case PLN_DTYPE_BF16: {
@@ -265,15 +269,29 @@ void pln_tp_to_f16(pln_dtype src_dt, const void *src, uint16_t *dst, size_t n,
     *nonfinite += nf;
 }
 
+/* fp16 -> f32 by table (256 KB, L2-resident): the exact pln_f16_to_f32 without its branches. */
+static float g_f16_table[65536];
+static pthread_once_t g_f16_once = PTHREAD_ONCE_INIT;
+static void f16_table_init(void) {
+    for (uint32_t i = 0; i < 65536; i++) g_f16_table[i] = pln_f16_to_f32((uint16_t)i);
+}
+
 void pln_tp_to_f32(pln_dtype src_dt, const void *src, float *dst, size_t n, uint64_t *nonfinite) {
     uint64_t nf = 0;
     switch (src_dt) {
-    case PLN_DTYPE_F16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = pln_f16_to_f32(s[i]); break; }
+    case PLN_DTYPE_F16: {
+        pthread_once(&g_f16_once, f16_table_init);
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = g_f16_table[s[i]];
+        break;
+    }
     case PLN_DTYPE_BF16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = pln_bf16_to_f32(s[i]); break; }
     case PLN_DTYPE_F32: memcpy(dst, src, n * 4); break;
     default: memset(dst, 0, n * 4); *nonfinite += n; return;
     }
-    for (size_t i = 0; i < n; i++) nf += !isfinite(dst[i]);
+    /* on the bits: an integer compare vectorizes, isfinite() does not */
+    const uint32_t *b = (const uint32_t *)dst;
+    for (size_t i = 0; i < n; i++) nf += (b[i] & 0x7f800000u) == 0x7f800000u;
     *nonfinite += nf;
 }
 
@@ -298,26 +316,48 @@ uint16_t pln_tp_scale_f16(float absmax) {
     return h;
 }
 
-void pln_tp_quant_row(const float *w, int64_t cols, int64_t group, int8_t *q, uint16_t *scales,
-                      pln_tp_qerr *err) {
-    double e2 = 0, r2 = 0, mx = 0;
+/* pln_quant_i8 without the libm call: x86-64's baseline has no packed round instruction, so
+ * roundf() is a function call per element (most of int8 conversion's time). Clamping first keeps
+ * the float->int conversion defined (NaN clamps too), and for |v| <= 127 the fraction v - (int)v
+ * is exact, so "add one step away from zero when |fraction| >= 0.5" is exactly roundf's tie rule.
+ * test_tp checks it against pln_quant_i8. */
+static inline int8_t quant_fast(float x, float inv) {
+    float v = x * inv;
+    v = v == v ? v : 0.0f;               /* NaN (a rejected tensor anyway): keep the cast defined */
+    v = v < 127.0f ? v : 127.0f;         /* ternaries, not fminf: these vectorize (minps/maxps) */
+    v = v > -127.0f ? v : -127.0f;
+    int t = (int)v;
+    float frac = v - (float)t;
+    t += (frac >= 0.5f) - (frac <= -0.5f);
+    return (int8_t)t;
+}
+
+int8_t pln_tp_quant_one(float x, float inv_scale) { return quant_fast(x, inv_scale); }
+
+/* Scalar on purpose: with double sums in one fixed order the recorded error is the same on every
+ * machine and build. Vectorized float variants measured no faster here (memory-bound: the
+ * source row is read once from memory either way), so they did not earn the complexity. */
+void pln_tp_quant_row(const float *restrict w, int64_t cols, int64_t group, int8_t *restrict q,
+                      uint16_t *restrict scales, pln_tp_qerr *err) {
+    double se = 0, sr = 0, m = 0;
     for (int64_t g0 = 0, gi = 0; g0 < cols; g0 += group, gi++) {
+        int64_t end = g0 + group;
         float amax = 0;
-        for (int64_t j = g0; j < g0 + group; j++) { float a = fabsf(w[j]); if (a > amax) amax = a; }
+        for (int64_t j = g0; j < end; j++) { float a = fabsf(w[j]); amax = a > amax ? a : amax; }
         uint16_t sh = pln_tp_scale_f16(amax);
         scales[gi] = sh;
-        float s = pln_f16_to_f32(sh), inv = 1.0f / s;
-        for (int64_t j = g0; j < g0 + group; j++) {
-            int8_t v = pln_quant_i8(w[j], inv);
+        float sc = pln_f16_to_f32(sh), inv = 1.0f / sc;
+        for (int64_t j = g0; j < end; j++) {
+            int8_t v = quant_fast(w[j], inv);
             q[j] = v;
-            double d = (double)w[j] - (double)pln_dequant_i8(v, s);
-            e2 += d * d;
-            r2 += (double)w[j] * w[j];
-            if (fabs(d) > mx) mx = fabs(d);
+            double d = (double)w[j] - (double)pln_dequant_i8(v, sc);
+            se += d * d;
+            sr += (double)w[j] * w[j];
+            m = fabs(d) > m ? fabs(d) : m;
         }
     }
-    err->err2 += e2;
-    err->ref2 += r2;
-    if (mx > err->max_abs) err->max_abs = mx;
+    err->err2 += se;
+    err->ref2 += sr;
+    if (m > err->max_abs) err->max_abs = m;
     err->n += (uint64_t)cols;
 }

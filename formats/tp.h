@@ -119,4 +119,8 @@ uint16_t pln_tp_scale_f16(float absmax);
 void pln_tp_quant_row(const float *w, int64_t cols, int64_t group, int8_t *q, uint16_t *scales,
                       pln_tp_qerr *err);
 
+/* The rounding pln_tp_quant_row uses: identical to pln_quant_i8 (kernels/pln_math.h) for every
+ * input, without a libm call. Exposed for the test that proves it. */
+int8_t pln_tp_quant_one(float x, float inv_scale);
+
 #endif

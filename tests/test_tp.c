@@ -243,6 +243,26 @@ static void test_quant(void) {
     int worst = 0;
     for (int j = 0; j < 256; j++) worst |= fabsf(row[j] - qq[j] * sc) > sc * 0.5f * 1.0001f;
     CHECK(!worst && pln_tp_qerr_rel_rms(&e3) < 0.01, "per-channel error bound (rel rms %.4g)", pln_tp_qerr_rel_rms(&e3));
+    /* the fast rounding equals pln_quant_i8 everywhere: ties, near-ties, clamps, NaN-free extremes */
+    int diff = 0;
+    float invs[] = {1.0f, 3.0f, 0.37f, 100.0f, 12345.0f};
+    for (int k = 0; k < 5; k++)
+        for (int32_t i = -300000; i <= 300000; i++) {
+            float v = (float)i / 1024.0f;                 /* hits exact .5 ties at many scales */
+            diff += pln_tp_quant_one(v, invs[k]) != pln_quant_i8(v, invs[k]);
+            float y = nextafterf(v, 1e9f), z = nextafterf(v, -1e9f);
+            diff += pln_tp_quant_one(y, invs[k]) != pln_quant_i8(y, invs[k]);
+            diff += pln_tp_quant_one(z, invs[k]) != pln_quant_i8(z, invs[k]);
+        }
+    uint32_t st = 7;
+    for (int i = 0; i < 1000000; i++) {
+        st = st * 1664525u + 1013904223u;
+        float v = pln_bits_f32(st & 0xbfffffffu);       /* random finite floats of every exponent */
+        if (!isfinite(v)) continue;
+        diff += pln_tp_quant_one(v, 1.0f) != pln_quant_i8(v, 1.0f);
+    }
+    diff += pln_tp_quant_one(1e30f, 1.0f) != 127 || pln_tp_quant_one(-1e30f, 1.0f) != -127;
+    CHECK(diff == 0, "fast int8 rounding differs from pln_quant_i8 in %d cases", diff);
     pln_tp_qerr a = {1, 4, 0.5, 2}, b = {3, 12, 0.25, 3};
     pln_tp_qerr_merge(&a, &b);
     CHECK(a.err2 == 4 && a.ref2 == 16 && a.max_abs == 0.5 && a.n == 5 && pln_tp_qerr_rel_rms(&a) == 0.5, "merge");

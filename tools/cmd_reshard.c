@@ -148,12 +148,15 @@ static void pipe_push(rs_pipe *p, rs_op_kind kind, int rank, const char *name, r
 }
 
 /* A free pool buffer with refs references, or NULL once a writer has failed. */
+static double g_wait_s;  /* time the converter waited for a free buffer (PLN_RESHARD_TIMING) */
 static rs_buf *pipe_acquire(rs_pipe *p, int refs) {
+    double t0 = pln_now();
     pthread_mutex_lock(&p->mu);
     while (!p->n_free && !p->failed) pthread_cond_wait(&p->cv_buf, &p->mu);
     rs_buf *b = p->failed ? NULL : p->free_bufs[--p->n_free];
     if (b) b->refs = refs;
     pthread_mutex_unlock(&p->mu);
+    g_wait_s += pln_now() - t0;
     return b;
 }
 
@@ -574,6 +577,7 @@ int cmd_reshard(int argc, char **argv) {
     pln_shard_writer **writers = pln_xcalloc((size_t)o.tp, sizeof *writers);
     pln_manifest_file *files = pln_xcalloc((size_t)o.tp, sizeof *files);
     int rc = 0;
+    double t_loop = pln_now();
     for (int r = 0; r < o.tp && !rc; r++) {
         pln_shard_spec *specs = pln_xcalloc(c.n, sizeof *specs);
         for (size_t i = 0; i < c.n; i++) {
@@ -592,6 +596,7 @@ int cmd_reshard(int argc, char **argv) {
         free(specs);
     }
     if (!rc) {
+        t_loop = pln_now();
         pln_progress_init(&c.progress, "reshard", total_in, quiet);
         pipe_start(&c.pipe, writers, o.tp);
         for (size_t i = 0; i < c.n && !rc; i++) {
@@ -601,7 +606,11 @@ int cmd_reshard(int argc, char **argv) {
         }
         char saved[1024];
         snprintf(saved, sizeof saved, "%s", pln_error());
-        int prc = pipe_stop(&c.pipe);  /* the writer's error, if it failed, is the reason */
+        double t_conv = pln_now();
+        int prc = pipe_stop(&c.pipe);
+        if (getenv("PLN_RESHARD_TIMING"))
+            fprintf(stderr, "timing: open+plan %.2f s, convert %.2f s (waiting for buffers %.2f s), drain %.2f s\n",
+                    t_loop - t0, t_conv - t_loop, g_wait_s, pln_now() - t_conv);  /* the writer's error, if it failed, is the reason */
         if (rc && !prc) pln_errorf("%s", saved);
         if (prc) rc = -1;
         pln_progress_done(&c.progress);
@@ -645,7 +654,9 @@ int cmd_reshard(int argc, char **argv) {
         json_decref(extra);
     }
     if (!rc && g_stop) rc = pln_errorf("interrupted");
+    double t_commit = pln_now();
     if (!rc && pln_outdir_commit(tmp, out)) rc = -1;
+    if (getenv("PLN_RESHARD_TIMING")) fprintf(stderr, "timing: finish+manifest %.2f s, commit (fsync, rename) %.2f s\n", t_commit - t_loop, pln_now() - t_commit);
     if (rc) {
         char reason[1024];
         snprintf(reason, sizeof reason, "%s", pln_error());
