@@ -109,6 +109,108 @@ __global__ void attn_merge_kernel(__half *out, const float *pm, const float *ps,
     }
 }
 
+/* ---- query-tiled prefill: PREFILL_QT consecutive tokens of one sequence share each K/V chunk
+ * staged in shared memory, instead of every token re-reading its keys from L2. One warp per
+ * query (4 in flight), lane = 2 keys for the scores and DPL dimensions for p·V, online softmax in
+ * registers. Runs of tokens of different sequences inside a tile are processed one after another. */
+#define PREFILL_QT 16
+#define PREFILL_KC 64
+
+template <int DPL>   /* dimensions per lane for p·V: D / 32, or 1 for D < 32 (lanes past D idle) */
+__global__ void __launch_bounds__(128)
+attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc, const int32_t *tok_seq,
+                    const int32_t *tok_pos, const int32_t *block_table, int bs, int max_blocks, const float *slopes,
+                    int nh, int D, int T)
+{
+    __shared__ __align__(16) __half ks[PREFILL_KC * (128 + 8)];
+    __shared__ __align__(16) __half vs[PREFILL_KC * (128 + 8)];
+    __shared__ float qs[PREFILL_QT * 128];
+    const int h = blockIdx.y, t0 = blockIdx.x * PREFILL_QT;
+    const int nq = min(PREFILL_QT, T - t0);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int RS = D + 8;   /* staged row stride in halves: conflict-free 16-byte reads */
+    const float slope = slopes[h], inv_norm = rsqrtf((float)D);
+    for (int sub = 0; sub < nq;) {
+        const int seq = tok_seq[t0 + sub];
+        int e = sub + 1, maxpos = tok_pos[t0 + sub];
+        while (e < nq && tok_seq[t0 + e] == seq) { maxpos = max(maxpos, tok_pos[t0 + e]); e++; }
+        const int run = e - sub;
+        const int32_t *bt = block_table + (int64_t)seq * max_blocks;
+        __syncthreads();   /* the previous run is done with qs */
+        for (int i = threadIdx.x; i < run * D; i += blockDim.x) {
+            int qi = i / D, d = i % D;
+            qs[qi * D + d] = __half2float(qkv[((int64_t)(t0 + sub + qi) * nh * 3 + (int64_t)h * 3) * D + d]) * inv_norm;
+        }
+        float m[4], l[4], acc[4][DPL];
+        int pos[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            m[w] = -INFINITY; l[w] = 0.0f;
+            pos[w] = warp + 4 * w < run ? tok_pos[t0 + sub + warp + 4 * w] : -1;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[w][i] = 0.0f;
+        }
+        for (int k0 = 0; k0 <= maxpos; k0 += PREFILL_KC) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < PREFILL_KC * (D / 8); i += blockDim.x) {
+                int r = i / (D / 8), c = i % (D / 8), j = k0 + r;
+                int4 kv = make_int4(0, 0, 0, 0), vv = kv;
+                if (j <= maxpos) {
+                    kv = ((const int4 *)kv_row(kc, bt, j, bs, nh, h, D))[c];
+                    vv = ((const int4 *)kv_row(vc, bt, j, bs, nh, h, D))[c];
+                }
+                *(int4 *)&ks[r * RS + c * 8] = kv;
+                *(int4 *)&vs[r * RS + c * 8] = vv;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const int p = pos[w];
+                if (k0 > p) continue;   /* warp-uniform: this query has no keys in the chunk */
+                const float *q = qs + (warp + 4 * w) * D;
+                float sc[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int jj = lane + 32 * u, j = k0 + jj;
+                    float a = 0.0f;
+                    for (int d8 = 0; d8 < D / 8; d8++) {
+                        float kf[8];
+                        pln_h8_to_f(*(const pln_h8 *)&ks[jj * RS + d8 * 8], kf);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) a += q[d8 * 8 + i] * kf[i];
+                    }
+                    sc[u] = j <= p ? a + slope * (float)j : -INFINITY;
+                }
+                const float cm = pln_warp_max(fmaxf(sc[0], sc[1]));
+                const float mn = fmaxf(m[w], cm);
+                const float corr = __expf(m[w] - mn);
+                const float p0 = __expf(sc[0] - mn), p1 = __expf(sc[1] - mn);
+                l[w] = l[w] * corr + pln_warp_sum(p0 + p1);
+                m[w] = mn;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[w][i] *= corr;
+                const int jmax = min(PREFILL_KC, p - k0 + 1);
+                for (int jj = 0; jj < jmax; jj++) {
+                    const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p0 : p1, jj & 31);
+                    if (lane * DPL < D) {
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[w][i] += pj * __half2float(vs[jj * RS + lane * DPL + i]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            if (pos[w] < 0 || lane * DPL >= D) continue;
+            const int t = t0 + sub + warp + 4 * w;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                out[(int64_t)t * nh * D + (int64_t)h * D + lane * DPL + i] = __float2half_rn(acc[w][i] / l[w]);
+        }
+        sub = e;
+    }
+}
+
 int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache,
                        const void *v_cache, const pln_attn_meta *m, const float *slopes,
                        int32_t n_head_local, int32_t head_dim)
@@ -120,6 +222,23 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     if (((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)
         return pln_errorf("attention: qkv and the KV cache must be 16-byte aligned");
     if (m->max_pos <= 0) return pln_errorf("attention: max_pos %d must be positive", m->max_pos);
+    /* Prefill-heavy steps (on average 4+ tokens per sequence) on the query-tiled kernel when
+     * enabled; decode and mixed steps on the split-key kernel. */
+    if (c->attn_tiled && (D == 8 || D == 16 || D == 32 || D == 64 || D == 128) && T >= 4 * m->n_seqs) {
+        dim3 grid((unsigned)pln_cdiv(T, PREFILL_QT), (unsigned)nh);
+        const __half *q = (const __half *)qkv, *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
+        if (D == 128)
+            attn_prefill_kernel<4><<<grid, 128, 0, c->stream>>>((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
+                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+        else if (D == 64)
+            attn_prefill_kernel<2><<<grid, 128, 0, c->stream>>>((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
+                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+        else
+            attn_prefill_kernel<1><<<grid, 128, 0, c->stream>>>((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
+                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+        cudaCheckLaunch();
+        return 0;
+    }
     const int nsplit = pln_cdiv(m->max_pos, PLN_ATTN_CHUNK);
     float *pm = nullptr, *ps = nullptr, *pacc = nullptr;
     if (nsplit > 1) {

@@ -3,7 +3,10 @@
  * fp32 online softmax. Each (token, head) is split along the keys into chunks of
  * PLN_ATTN_CHUNK keys (flash-decoding), so long contexts fill the GPU; the partial states are merged
  * with pln_softmax_merge. Scores exist only per chunk in shared memory: the full score matrix of
- * a long prompt is never materialized. head_dim must be a multiple of 8, at most 256. */
+ * a long prompt is never materialized. head_dim must be a multiple of 8, at most 256.
+ * Optionally (ctx->attn_tiled), prefill-heavy steps run a query-tiled kernel instead, where 16
+ * consecutive tokens of a sequence share each K/V chunk staged in shared memory (head_dim 8, 16,
+ * 32, 64 or 128). */
 #ifndef PLN_CUDA_ATTENTION_CUH
 #define PLN_CUDA_ATTENTION_CUH
 

@@ -88,6 +88,7 @@ typedef struct pln_cuda_ctx {
     size_t scratch_size;
     pln_linear_path linear_path;
     bool gelu_epilogue;          /* false: cuBLASLt adds the bias only and GeLU runs as its own pass */
+    bool attn_tiled;             /* prefill-heavy steps on the query-tiled attention kernel */
     void *host_pinned;           /* small pinned buffer for top-k results */
     size_t host_pinned_size;
 } pln_cuda_ctx;

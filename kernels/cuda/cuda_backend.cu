@@ -45,6 +45,15 @@ extern "C" int pln_cuda_set_linear_path(pln_backend *be, int path)
     return old;
 }
 
+extern "C" int pln_cuda_set_prefill_tiled(pln_backend *be, int on)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    int old = c->attn_tiled ? 1 : 0;
+    c->attn_tiled = on != 0;
+    return old;
+}
+
 static bool capturing(pln_cuda_ctx *c)
 {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -287,6 +296,7 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     c->cc_major = prop.major;
     c->cc_minor = prop.minor;
     c->gelu_epilogue = getenv("PLN_CUDA_NO_GELU_EPILOGUE") == NULL;
+    c->attn_tiled = getenv("PLN_CUDA_PREFILL_TILED") && atoi(getenv("PLN_CUDA_PREFILL_TILED")) != 0;
     c->lt_ws_size = LT_WORKSPACE;
     be->destroy = cu_destroy;
     if (pln_cuda_check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__) ||

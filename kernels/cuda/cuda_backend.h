@@ -19,6 +19,10 @@ void *pln_cuda_stream(pln_backend *be);
 /* Forces the linear kernel (0 auto, 1 GEMV, 2 GEMM/cuBLASLt, 3 plain) — for benchmarks and
  * tests; the backend starts on auto. Returns the previous value, or -1 if be is not cuda. */
 int pln_cuda_set_linear_path(pln_backend *be, int path);
+/* Prefill-heavy steps on the query-tiled attention kernel (1) or the split-key kernel (0, the
+ * default until the GPU check has compared them; PLN_CUDA_PREFILL_TILED=1 also turns it on).
+ * Returns the previous value, or -1 if be is not cuda. */
+int pln_cuda_set_prefill_tiled(pln_backend *be, int on);
 
 /* Fills n elements of dt in device memory with seeded random values (F16/F32 uniform in
  * [lo, hi), I8 uniform in [-127, 127], I32 integers in [lo, hi)), on the backend's stream. */

@@ -312,19 +312,21 @@ static void decode(model_t *m, int32_t B, int32_t ctx, int iters)
     state_free(&s);
 }
 
-static void prefill(model_t *m, int32_t T)
+static void prefill(model_t *m, int32_t T, bool tiled)
 {
     state_t s;
     state_make(&s, T, 1, T, true);
     step_arg a = {m, &s, NULL};
+    pln_cuda_set_prefill_tiled(be, tiled);
     double ms = time_ms(do_step, &a, 1, 3);
+    pln_cuda_set_prefill_tiled(be, 0);
     double flops = 2.0 * (double)(m->weight_bytes / (m->int8 ? 1 : 2)) * T;
-    const char *dt = m->int8 ? "int8" : "fp16";
-    printf("prefill %s %d tokens: %.1f ms, %.0f tokens/s, %.0f TFLOP/s in the linears\n", dt, T, ms, T / (ms * 1e-3),
-           flops / (ms * 1e-3) / 1e12);
+    const char *dt = m->int8 ? "int8" : "fp16", *att = tiled ? "_tiled" : "";
+    printf("prefill %s %d tokens (%s attention): %.1f ms, %.0f tokens/s, %.0f TFLOP/s in the linears\n", dt, T,
+           tiled ? "query-tiled" : "split-key", ms, T / (ms * 1e-3), flops / (ms * 1e-3) / 1e12);
     char key[96];
-    snprintf(key, sizeof key, "prefill_%s_%d_tokens_s", dt, T); result(key, T / (ms * 1e-3), "tokens/s");
-    snprintf(key, sizeof key, "prefill_%s_%d_ms", dt, T); result(key, ms, "ms");
+    snprintf(key, sizeof key, "prefill_%s_%d%s_tokens_s", dt, T, att); result(key, T / (ms * 1e-3), "tokens/s");
+    snprintf(key, sizeof key, "prefill_%s_%d%s_ms", dt, T, att); result(key, ms, "ms");
     state_free(&s);
 }
 
@@ -452,7 +454,10 @@ int main(int argc, char **argv)
         printf("%s weights: %.2f GB per step\n", q ? "int8" : "fp16", m.weight_bytes / 1e9);
         result(q ? "weights_int8_gb" : "weights_fp16_gb", m.weight_bytes / 1e9, "GB");
         for (int i = 0; i < nb; i++) decode(&m, batches[i], ctx, quick ? 3 : iters);
-        if (!quick) prefill(&m, 512);
+        if (!quick) {
+            prefill(&m, 512, false);
+            prefill(&m, 512, true);
+        }
         per_op(&m, 1, ctx);
         if (!quick) per_op(&m, 8, ctx);
         be->free(be, m.arena);

@@ -124,7 +124,8 @@ f() { local x; x=$(v "$1"); [ -n "$x" ] && printf "%.${2:-2}f" "$x" || printf --
     printf "%-6s %6s %12s %12s %12s %8s\n" $dt $b "$(f decode_${dt}_b${b}_ms_step)" "$(f decode_${dt}_b${b}_ms_token 3)" \
       "$(f decode_${dt}_b${b}_tokens_s 0)" "$(f decode_${dt}_b${b}_mbu 0)"
   done; done
-  echo "prefill 512 tokens: fp16 $(f prefill_fp16_512_tokens_s 0) tokens/s, int8 $(f prefill_int8_512_tokens_s 0) tokens/s"
+  echo "prefill 512 tokens: fp16 $(f prefill_fp16_512_tokens_s 0) tokens/s, int8 $(f prefill_int8_512_tokens_s 0) tokens/s;" \
+       "with query-tiled attention: fp16 $(f prefill_fp16_512_tiled_tokens_s 0), int8 $(f prefill_int8_512_tiled_tokens_s 0)"
   a=$(v decode_fp16_b1_ms_step); b=$(v decode_int8_b1_ms_step); t1=$(v decode_fp16_b1_tokens_s); t128=$(v decode_fp16_b128_tokens_s)
   [ -n "$a" ] && [ -n "$b" ] && echo "int8/fp16 batch-1 time: $(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.2f", b/a}') (target <= 0.6)"
   [ -n "$t1" ] && [ -n "$t128" ] && echo "batch 128 / batch 1 tokens/s (fp16): $(awk -v a="$t1" -v b="$t128" 'BEGIN{printf "%.1f", b/a}') (target >= 60)"
