@@ -479,6 +479,33 @@ static void test_topk(void) {
     }
     CHECK(g_be->topk(g_be, l, S, vn, v0, (int32_t)vn + 1, vals, ids, rmax, rsum) == -1, "topk with k > vn must fail");
     free(l);
+
+    /* a real vocabulary slice: the softmax sum over 250880 entries, padding included */
+    int64_t big = 250880, valid = 250680;
+    float *row = malloc((size_t)big * 4);
+    for (int64_t i = 0; i < big; i++) row[i] = i >= valid ? -INFINITY : rnd_f(-20, 12);
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < big; i++) mx = fmax(mx, row[i]);
+    for (int64_t i = 0; i < big; i++) sum += exp(row[i] - mx);
+    int32_t top[8];
+    for (int j = 0; j < 8; j++) {   /* selection: the j-th best by (value desc, id asc) */
+        int64_t b = -1;
+        for (int64_t i = 0; i < big; i++) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= top[q] == i;
+            if (!taken && (b < 0 || row[i] > row[b])) b = i;
+        }
+        top[j] = (int32_t)b;
+    }
+    FOR_EACH_ISA(isa) {
+        float v8[8], m1, s1; int32_t i8[8];
+        CHECK(g_be->topk(g_be, row, 1, big, 0, 8, v8, i8, &m1, &s1) == 0, "topk: %s", pln_error());
+        CHECK(m1 == (float)mx && fabs(s1 - sum) <= 1e-5 * sum, "topk [%s] 250880: max %g sumexp %.7g want %g %.7g", g_isa, m1, s1, mx, sum);
+        int bad = 0;
+        for (int j = 0; j < 8; j++) bad += i8[j] != top[j];
+        CHECK(bad == 0, "topk [%s] 250880: %d of the top 8 wrong", g_isa, bad);
+    }
+    free(row);
 }
 
 /* ---- errors -------------------------------------------------------------------------------- */

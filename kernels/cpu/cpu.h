@@ -51,6 +51,9 @@ typedef struct {
      * The SIMD GeLU is x / (1 + exp(-2u)), u = 0.79788456 x (1 + 0.044715 x²): the same function
      * as pln_gelu's tanh form, within a few ulp. */
     void (*bias_gelu)(float *o, const uint16_t *bias, int64_t n, bool gelu);
+    /* sum_i exp(x[i] - mx) for a row whose max is mx (finite); -inf entries add nothing
+     * (the SIMD versions: below 1e-37 each). */
+    float (*sum_exp)(const float *x, int64_t n, float mx);
 } pln_cpu_kernels;
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;

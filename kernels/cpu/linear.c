@@ -1,10 +1,10 @@
 /* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16 or I8 weights, fp32 accumulation; also
  * the logits (the tied embedding slice, rows beyond n_valid left to the caller).
  *
- * Fast path: the weight is read from memory once per PLN_CPU_TCHUNK tokens. Threads split the
- * output rows (each streams its own contiguous part of W), the micro kernel reuses each weight
- * vector for a block of tokens held in registers, and the epilogue (bias, GeLU) runs on the
- * tile while it is still in cache. */
+ * Fast path: the weight is read from memory once per PLN_CPU_TCHUNK tokens. Threads take the
+ * output rows 64 at a time (a contiguous 64-row stretch of W each), the micro kernel reuses each
+ * weight vector for a block of tokens held in registers, and the epilogue (bias, GeLU) runs on
+ * the tile while it is still in cache. */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -30,7 +30,6 @@ static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weigh
             out[t * ldo + r] = gelu ? pln_gelu(acc) : acc;
         }
 }
-
 
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {

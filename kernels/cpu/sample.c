@@ -61,12 +61,15 @@ static void sift_down(float *hv, int32_t *hi, int32_t n, int32_t i) {
     }
 }
 
-static void topk_row(const float *row, int64_t vn, int64_t v0, int32_t k, float *vals,
-                     int32_t *ids, float *row_max, float *row_sumexp) {
+/* k: the SIMD kernels for the softmax sum, NULL for the reference loop. */
+static void topk_row(const pln_cpu_kernels *kern, const float *row, int64_t vn, int64_t v0,
+                     int32_t k, float *vals, int32_t *ids, float *row_max, float *row_sumexp) {
     float mx = -INFINITY;
     for (int64_t i = 0; i < vn; i++) if (row[i] > mx) mx = row[i];
     double sum = 0.0;
-    if (mx != -INFINITY)
+    if (mx != -INFINITY && kern)
+        sum = kern->sum_exp(row, vn, mx);
+    else if (mx != -INFINITY)
         for (int64_t i = 0; i < vn; i++) sum += expf(row[i] - mx);
     *row_max = mx;
     *row_sumexp = (float)sum;
@@ -96,12 +99,12 @@ void pln_cpu_topk(pln_cpu *c, const float *logits, int32_t S, int64_t vn, int64_
                   float *vals, int32_t *ids, float *row_max, float *row_sumexp) {
     if (c->isa == PLN_CPU_ISA_REF) {
         for (int32_t s = 0; s < S; s++)
-            topk_row(logits + s * vn, vn, v0, k, vals ? vals + (int64_t)s * k : NULL,
+            topk_row(NULL, logits + s * vn, vn, v0, k, vals ? vals + (int64_t)s * k : NULL,
                      ids ? ids + (int64_t)s * k : NULL, row_max + s, row_sumexp + s);
         return;
     }
     #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (S > 1)
     for (int32_t s = 0; s < S; s++)
-        topk_row(logits + s * vn, vn, v0, k, vals ? vals + (int64_t)s * k : NULL,
+        topk_row(c->k, logits + s * vn, vn, v0, k, vals ? vals + (int64_t)s * k : NULL,
                  ids ? ids + (int64_t)s * k : NULL, row_max + s, row_sumexp + s);
 }

@@ -4,6 +4,8 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
+#include <math.h>
+
 /* Columns converted at a time: 1 KiB of fp32, stays in L1 beside the tokens' activations. */
 #define KSTEP 256
 
@@ -68,8 +70,14 @@ static void bias_gelu_c(float *o, const uint16_t *bias, int64_t n, bool gelu) {
     if (gelu) for (int64_t i = 0; i < n; i++) o[i] = pln_gelu(o[i]);
 }
 
+static float sum_exp_c(const float *x, int64_t n, float mx) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += expf(x[i] - mx);
+    return (float)s;
+}
+
 const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dots = dots_c,
     .weighted_sum = weighted_sum_c,
-    .bias_gelu = bias_gelu_c,
+    .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c,
 };
