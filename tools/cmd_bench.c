@@ -95,7 +95,15 @@ int cmd_bench(int argc, char **argv) {
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
     if (prompt_len < 1 || context < 1 || steps < 1) pln_die("--prompt-len, --context and --steps must be >= 1");
-    if (threads <= 0) {
+    /* --threads wins (the CPU backend honours OMP_NUM_THREADS); else OMP_NUM_THREADS; else the
+     * node's cores split between its ranks, as the CPU backend does by default. */
+    if (threads > 0) {
+        char tb[16];
+        snprintf(tb, sizeof tb, "%d", threads);
+        setenv("OMP_NUM_THREADS", tb, 1);
+    } else if (getenv("OMP_NUM_THREADS")) {
+        threads = omp_get_max_threads();
+    } else {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         int local = ls ? atoi(ls) : size;

@@ -122,7 +122,15 @@ int cmd_generate(int argc, char **argv) {
     sp.do_sample = do_sample;
     if (pln_sample_params_check(&sp)) pln_die("%s", pln_error());
     if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
-    if (threads <= 0) {
+    /* --threads wins (the CPU backend honours OMP_NUM_THREADS); else OMP_NUM_THREADS; else the
+     * node's cores split between its ranks, as the CPU backend does by default. */
+    if (threads > 0) {
+        char tb[16];
+        snprintf(tb, sizeof tb, "%d", threads);
+        setenv("OMP_NUM_THREADS", tb, 1);
+    } else if (getenv("OMP_NUM_THREADS")) {
+        threads = omp_get_max_threads();
+    } else {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         int local = ls ? atoi(ls) : size;
