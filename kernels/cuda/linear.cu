@@ -254,13 +254,14 @@ __global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bo
 
 /* ---- GeLU/-inf pass for the cuBLASLt path when an epilogue cannot do it ------------------- */
 template <typename OT>
-__global__ void post_kernel(OT *out, int T, int64_t N, int gelu, int64_t n_valid)
+__global__ void post_kernel(OT *out, int T, int64_t N, const __half *bias, int gelu, int64_t n_valid)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * N) return;
     int64_t row = i % N;
     float v;
     if constexpr (sizeof(OT) == 2) v = __half2float(out[i]); else v = out[i];
+    if (bias) v += __half2float(bias[row]);
     if (gelu) v = pln_gelu(v);
     if (row >= n_valid) v = -INFINITY;
     store_out(out + i, v);
@@ -271,6 +272,7 @@ __global__ void post_kernel(OT *out, int T, int64_t N, int gelu, int64_t n_valid
  * per shape: heuristics cost tens of microseconds of host time, a decode step has ~300 calls. */
 typedef struct {
     int64_t N, K; int T; int epi; bool f32; bool used;
+    uint32_t align;   /* packed pointer alignments A|B|D|bias, each log2 of bytes (<= 8: 256) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -296,7 +298,17 @@ void pln_cuda_linear_release(void)
     pthread_mutex_unlock(&lt_lock);
 }
 
-static int lt_plan_make(pln_cuda_ctx *c, lt_plan *p, int64_t N, int64_t K, int T, int epi, bool f32)
+/* log2 of the largest power of two (at most 256) dividing the address: cuBLASLt's heuristics
+ * assume 256-byte aligned operands unless told otherwise, and pick kernels that rely on it. */
+static uint32_t align_log2(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t l = 0;
+    while (l < 8 && !(a & ((uintptr_t)1 << l))) l++;
+    return l;
+}
+
+static int lt_plan_make(pln_cuda_ctx *c, lt_plan *p, int64_t N, int64_t K, int T, int epi, bool f32, uint32_t align)
 {
     cublasLtEpilogue_t e = (cublasLtEpilogue_t)epi;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -315,6 +327,11 @@ static int lt_plan_make(pln_cuda_ctx *c, lt_plan *p, int64_t N, int64_t K, int T
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = c->lt_ws_size;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t al[4] = {1u << (align & 15), 1u << ((align >> 4) & 15), 1u << ((align >> 8) & 15), 1u << ((align >> 12) & 15)};
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &h, &found);
@@ -326,7 +343,7 @@ static int lt_plan_make(pln_cuda_ctx *c, lt_plan *p, int64_t N, int64_t K, int T
         return pln_error_context("linear [%lld x %lld] for %d tokens", (long long)N, (long long)K, T);
     }
     p->algo = h.algo;
-    p->N = N; p->K = K; p->T = T; p->epi = epi; p->f32 = f32;
+    p->N = N; p->K = K; p->T = T; p->epi = epi; p->f32 = f32; p->align = align;
     return 0;
 }
 
@@ -338,14 +355,17 @@ static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in,
     else if (gelu && c->gelu_epilogue) epi = CUBLASLT_EPILOGUE_GELU;
     pthread_mutex_lock(&lt_lock);
     lt_plan *p = NULL;
-    unsigned hsh = (unsigned)(W->rows * 31 + W->cols * 17 + T * 7 + epi * 3 + f32);
+    const uint32_t align = align_log2(W->w) | align_log2(in) << 4 | align_log2(out) << 8 |
+                           (bias ? align_log2(bias) : 8u) << 12;
+    unsigned hsh = (unsigned)(W->rows * 31 + W->cols * 17 + T * 7 + epi * 3 + f32 + align);
     for (int i = 0; i < LT_PLANS; i++) {
         lt_plan *e = &lt_plans[(hsh + i) % LT_PLANS];
-        if (e->used && e->N == W->rows && e->K == W->cols && e->T == T && e->epi == epi && e->f32 == f32) { p = e; break; }
+        if (e->used && e->N == W->rows && e->K == W->cols && e->T == T && e->epi == epi && e->f32 == f32 &&
+            e->align == align) { p = e; break; }
         if (!e->used) { p = e; break; }
     }
     if (!p) { p = &lt_plans[hsh % LT_PLANS]; lt_plan_free(p); }
-    if (!p->used && lt_plan_make(c, p, W->rows, W->cols, T, epi, f32)) {
+    if (!p->used && lt_plan_make(c, p, W->rows, W->cols, T, epi, f32, align)) {
         pthread_mutex_unlock(&lt_lock);
         return -1;
     }
@@ -415,11 +435,16 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         return 0;
     }
     if (path == PLN_LINEAR_GEMM) {
-        if (linear_cublaslt(c, out, sizeof(OT) == 4, in, W, bias, T, gelu)) return -1;
-        bool need_gelu = gelu && !c->gelu_epilogue;
-        if (need_gelu || n_valid < W->rows) {
+        /* The epilogue does bias (+ GeLU) when it can; a bias that is not 16-byte aligned, GeLU
+         * when the epilogue is turned off, and the -inf padding rows go through post_kernel. */
+        const bool lt_bias = bias && ((uintptr_t)bias & 15) == 0;
+        const bool lt_gelu = gelu && c->gelu_epilogue && (lt_bias || !bias);
+        if (linear_cublaslt(c, out, sizeof(OT) == 4, in, W, lt_bias ? bias : NULL, T, lt_gelu)) return -1;
+        const __half *pb = lt_bias ? nullptr : b;
+        const bool pg = gelu && !lt_gelu;
+        if (pb || pg || n_valid < W->rows) {
             int64_t n = (int64_t)T * W->rows;
-            post_kernel<OT><<<pln_cdiv(n, 256), 256, 0, c->stream>>>(out, T, W->rows, need_gelu ? 1 : 0, n_valid);
+            post_kernel<OT><<<pln_cdiv(n, 256), 256, 0, c->stream>>>(out, T, W->rows, pb, pg ? 1 : 0, n_valid);
             cudaCheckLaunch();
         }
         return 0;

@@ -228,12 +228,21 @@ static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
 
 static const char *path_name[] = {"auto", "gemv", "gemm", "plain"};
 
+static void test_linear_off(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
+                            int bias_off);
 static void test_linear(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu)
+{
+    test_linear_off(dt, rows, cols, group, T, bias, gelu, 0);
+}
+
+/* bias_off > 0: the device bias starts bias_off halves into its allocation (not 16-byte aligned). */
+static void test_linear_off(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
+                            int bias_off)
 {
     char shape[128];
     snprintf(shape, sizeof shape, "%s%s [%lld x %lld] T %d%s%s", dt == PLN_DTYPE_F16 ? "f16" : "i8",
              dt == PLN_DTYPE_I8 ? (group > 0 && group != cols ? "/g" : "/ch") : "", (long long)rows, (long long)cols, T,
-             bias ? " +bias" : "", gelu ? " +gelu" : "");
+             bias ? (bias_off ? " +bias(unaligned)" : " +bias") : "", gelu ? " +gelu" : "");
     if (dt == PLN_DTYPE_I8 && group > 0 && group != cols) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " G%lld", (long long)group);
     host_weight hw = make_weight(dt, rows, cols, group);
     uint16_t *hb = rnd_f16((size_t)rows, -0.5f, 0.5f);
@@ -250,7 +259,12 @@ static void test_linear(pln_dtype dt, int64_t rows, int64_t cols, int64_t group,
 
     void *gb[2];
     pln_weight gw = up_weight(g_gpu, &hw, gb);
-    void *gx = up_act(g_gpu, x, nin), *gbias = bias ? up(g_gpu, hb, (size_t)rows * 2) : NULL;
+    void *gx = up_act(g_gpu, x, nin), *gbias_buf = NULL, *gbias = NULL;
+    if (bias) {
+        gbias_buf = dalloc(g_gpu, (size_t)(rows + bias_off) * 2);
+        gbias = (uint16_t *)gbias_buf + bias_off;
+        g_gpu->upload(g_gpu, gbias, hb, (size_t)rows * 2);
+    }
     void *go = dalloc(g_gpu, nout * g_gpu->act_size);
     for (int path = 0; path < 4; path++) {
         if (path == 1 && T > 16) continue;
@@ -266,7 +280,7 @@ static void test_linear(pln_dtype dt, int64_t rows, int64_t cols, int64_t group,
     }
     set_path(0);
     g_cpu->free(g_cpu, cb[0]); g_cpu->free(g_cpu, cb[1]); g_cpu->free(g_cpu, cx); g_cpu->free(g_cpu, cbias); g_cpu->free(g_cpu, co);
-    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx); g_gpu->free(g_gpu, gbias); g_gpu->free(g_gpu, go);
+    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx); g_gpu->free(g_gpu, gbias_buf); g_gpu->free(g_gpu, go);
     free_host_weight(&hw); free(hb); free(x); free(want); free(got);
 }
 
@@ -521,6 +535,8 @@ int main(int argc, char **argv)
         test_linear(PLN_DTYPE_I8, 96, 384, 0, T, true, false);
         test_linear(PLN_DTYPE_I8, 50, 72, 8, T, false, false);   /* odd group: plain kernel */
     }
+    test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 33, true, true, 1);   /* cuBLASLt with a misaligned bias */
+    test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 3, true, false, 3);
     test_logits(PLN_DTYPE_F16, 1003, 64, 3, 1000);
     test_logits(PLN_DTYPE_I8, 502, 96, 2, 500);
     int32_t ctx_small[3] = {1, 7, 30};
