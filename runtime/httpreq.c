@@ -261,6 +261,7 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
         if (get_int(api, p, "seed", 0, INT64_MAX, &iv, &have, err)) goto fail;
         if (have) { r->sample.seed = (uint64_t)iv; r->seed_set = true; }
         if (get_bool(api, p, "details", &r->details, NULL, err)) goto fail;
+        if (get_bool(api, p, "return_full_text", &r->return_full_text, NULL, err)) goto fail;
         if (get_stop(api, p, lim, r, err)) goto fail;
         if (get_int(api, p, "best_of", 1, 1, &iv, NULL, err)) {
             pln_req_fail(err, api, 422, "best_of", "`best_of` other than 1 is not supported");
@@ -351,6 +352,11 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     if (get_int(api, root, "seed", 0, INT64_MAX, &iv, &have, err)) goto fail;
     if (have) { r->sample.seed = (uint64_t)iv; r->seed_set = true; }
     if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
+    json_t *so = opt(root, "stream_options");
+    if (so) {
+        if (!json_is_object(so)) { pln_req_fail(err, api, 400, "stream_options", "`stream_options` must be an object"); goto fail; }
+        if (get_bool(api, so, "include_usage", &r->include_usage, NULL, err)) goto fail;
+    }
     if (get_stop(api, root, lim, r, err)) goto fail;
     if (get_int(api, root, "n", 1, 1, &iv, NULL, err)) {
         pln_req_fail(err, api, 400, "n", "`n` other than 1 is not supported");

@@ -57,6 +57,8 @@ typedef struct {
     int32_t n_stop;
     bool details;            /* TGI details / per-token info */
     bool stream;             /* OpenAI "stream" (TGI streams by route) */
+    bool return_full_text;   /* TGI: generated_text starts with the prompt */
+    bool include_usage;      /* OpenAI stream_options.include_usage: a last chunk with usage */
     char *model;             /* OpenAI "model" (NULL if absent) */
 } pln_gen_request;
 

@@ -54,6 +54,8 @@ typedef struct {
     int fd;
     pln_job *job;
     bool details;
+    bool include_usage;
+    char *full_prefix;              /* TGI return_full_text: the prompt, put before the text */
     bool openai_stream;
     char id[40];
     time_t created;
@@ -71,6 +73,7 @@ static void ctx_unref(conn_ctx *c) {
     if (c->job) pln_job_unref(c->job);
     atomic_fetch_sub(&c->srv->open, 1);
     free(c->body);
+    free(c->full_prefix);
     free(c->consumed);
     free(c->seq_closed);
     free(c->out);
@@ -148,6 +151,15 @@ static json_t *openai_envelope(conn_ctx *c, const char *object) {
                      "model", c->srv->model_id);
 }
 
+/* generated_text as TGI returns it (with the prompt first when return_full_text). */
+static json_t *generated_text_json(const conn_ctx *c, const pln_seq *q) {
+    if (!c->full_prefix) return json_string(q->text);
+    char *t = pln_xasprintf("%s%s", c->full_prefix, q->text);
+    json_t *v = json_string(t);
+    free(t);
+    return v;
+}
+
 /* ---- non-streaming generation ------------------------------------------------------------- */
 
 static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) {
@@ -178,7 +190,7 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
     c->answered = true;
     if (c->api == PLN_API_TGI) {
         pln_seq *q = &j->seqs[0];
-        json_t *o = json_pack("{s:s}", "generated_text", q->text);
+        json_t *o = json_pack("{s:o}", "generated_text", generated_text_json(c, q));
         if (c->details) {
             json_t *toks = json_array();
             for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
@@ -243,7 +255,7 @@ static bool format_new(conn_ctx *c) {
             if (c->api == PLN_API_TGI) {
                 json_t *o = json_pack("{s:i, s:o}", "index", (json_int_t)k + 1, "token", token_json(e));
                 if (last) {
-                    json_object_set_new(o, "generated_text", json_string(q->text));
+                    json_object_set_new(o, "generated_text", generated_text_json(c, q));
                     json_object_set_new(o, "details", json_pack("{s:s, s:i, s:o}", "finish_reason", pln_finish_name(q->finish),
                                                                 "generated_tokens", (json_int_t)q->n_gen, "seed", seed_json(j, q)));
                 } else {
@@ -280,6 +292,15 @@ static bool format_new(conn_ctx *c) {
         bool all_closed = true;
         for (int32_t i = 0; i < j->n_seqs; i++) all_closed &= c->seq_closed[i];
         if (all_closed && !c->stream_done) {
+            if (c->api == PLN_API_OPENAI && c->include_usage) {
+                json_int_t pt = 0, ct = 0;
+                for (int32_t i = 0; i < j->n_seqs; i++) { pt += j->seqs[i].n_prompt; ct += j->seqs[i].n_gen; }
+                json_t *o = openai_envelope(c, "text_completion");
+                json_object_set_new(o, "choices", json_array());
+                json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
+                                                          "total_tokens", pt + ct));
+                out_event(c, o);
+            }
             if (c->api == PLN_API_OPENAI) out_append(c, "data: [DONE]\n\n", 14);
             c->stream_done = true;
             if (c->outcome != O_GENERATION) c->outcome = O_SUCCESS;
@@ -358,6 +379,8 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     free(ids);
     free(n_ids);
     c->details = req.details;
+    c->include_usage = req.include_usage;
+    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(req.prompts[0]);
     pln_gen_request_free(&req);
     if (rc) {
         pln_job_unref(job);

@@ -101,6 +101,7 @@ int main(void) {
         {"{\"inputs\":\"hi\",\"parameters\":{\"do_sample\":1}}", 422, "`do_sample` must be true or false"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"do_sample\":\"yes\"}}", 422, "`do_sample` must be true or false"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"details\":0}}", 422, "`details` must be true or false"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"return_full_text\":\"yes\"}}", 422, "`return_full_text` must be true or false"},
         /* seed */
         {"{\"inputs\":\"hi\",\"parameters\":{\"seed\":-1}}", 422, "`seed` must be between 0"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"seed\":1.5}}", 422, "`seed` must be an integer"},
@@ -139,6 +140,8 @@ int main(void) {
         {"{\"prompt\":\"hi\",\"stop\":5}", 400, "`stop` must be a string or an array"},
         {"{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "`stream` must be true or false"},
         {"{\"prompt\":\"hi\",\"n\":2}", 400, "`n` other than 1"},
+        {"{\"prompt\":\"hi\",\"stream_options\":true}", 400, "`stream_options` must be an object"},
+        {"{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":1}}", 400, "`include_usage` must be true or false"},
         {"{\"prompt\":\"hi\",\"echo\":true}", 400, "`echo` is not supported"},
         {"{\"prompt\":\"hi\",\"model\":5}", 400, "`model` must be a string"},
         {"{\"prompt\":\"hi\",\"frequency_penalty\":1}", 400, "`frequency_penalty` is not supported"},

@@ -454,6 +454,27 @@ int main(void) {
     json_decref(o);
     free(r.body);
 
+    /* ---- TGI return_full_text, OpenAI stream_options.include_usage ---- */
+    r = http(port, "POST", "/generate", "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":5,\"return_full_text\":true}}");
+    o = jparse(r.body);
+    char full_want[16];
+    snprintf(full_want, sizeof full_want, "ab%s", want);
+    CHECK(o && !strcmp(jstr(o, "generated_text"), full_want), "return_full_text %s want %s", r.body, full_want);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "POST", "/v1/completions", "{\"prompt\":\"ab\",\"max_tokens\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+    {
+        char *ev[64];
+        int nev = sse_events(r.body, ev, 64);
+        json_t *u = nev >= 2 ? jparse(ev[nev - 2]) : NULL;
+        json_t *us = json_object_get(u, "usage");
+        CHECK(nev >= 2 && !strcmp(ev[nev - 1], "[DONE]") && json_array_size(json_object_get(u, "choices")) == 0 &&
+                  json_integer_value(json_object_get(us, "completion_tokens")) == 3 &&
+                  json_integer_value(json_object_get(us, "prompt_tokens")) == 2, "include_usage chunk");
+        json_decref(u);
+    }
+    free(r.body);
+
     /* ---- a prompt longer than the step budget (16) is prefilled in chunks ---- */
     r = http(port, "POST", "/generate", "{\"inputs\":\"abxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\",\"parameters\":{\"max_new_tokens\":4}}");
     o = jparse(r.body);
