@@ -4,7 +4,8 @@
  * one step, so decode attention runs at several positions at once) and int8 sets against the CPU
  * engine on the same set. Shard sets are made with `pollen reshard` from tests/fixtures.
  *
- *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`) */
+ *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`)
+ *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda" */
 #include "tests/test.h"
 #include "formats/safetensors.h"
 #include "kernels/backend.h"
@@ -17,6 +18,7 @@
 
 static const char *g_build;
 static pln_comm *g_comm;
+static const char *g_gpu = "cuda";   /* the backend under test */
 
 static char *reshard(const char *model, const char *src, const char *dtype)
 {
@@ -138,8 +140,8 @@ static int greedy(pln_engine *e, const ref_t *r, int32_t gen[NPROMPT][NGEN])
 
 static void check_fp16(const char *label, const char *dir, const ref_t *r)
 {
-    pln_engine *e = open_set(dir, "cuda");
-    CHECK(e != NULL, "%s: engine opens on cuda", label);
+    pln_engine *e = open_set(dir, g_gpu);
+    CHECK(e != NULL, "%s: engine opens on %s", label, g_gpu);
     if (!e) return;
     float *got[NPROMPT];
     for (int i = 0; i < NPROMPT; i++) got[i] = pln_xmalloc((size_t)r->n[i] * V * 4);
@@ -147,7 +149,7 @@ static void check_fp16(const char *label, const char *dir, const ref_t *r)
     CHECK(rc == 0, "%s: prefills", label);
     for (int i = 0; i < NPROMPT && rc == 0; i++) {
         double rel = test_rel_l2(got[i], r->logits[i], (size_t)r->n[i] * V);
-        printf("%s cuda fp16 prompt%d logits vs transformers: rel L2 %.3g %s\n", label, i, rel, rel <= 1e-2 ? "OK" : "NOT OK");
+        printf("%s %s fp16 prompt%d logits vs transformers: rel L2 %.3g %s\n", label, g_gpu, i, rel, rel <= 1e-2 ? "OK" : "NOT OK");
         CHECK(rel <= 1e-2, "%s: prompt%d rel L2 %.3g > 1e-2", label, i, rel);
     }
     int32_t gen[NPROMPT][NGEN];
@@ -156,46 +158,55 @@ static void check_fp16(const char *label, const char *dir, const ref_t *r)
     for (int i = 0; i < NPROMPT && rc == 0; i++) {
         int same = r->gn[i] >= r->n[i] + NGEN;
         for (int t = 0; t < NGEN && same; t++) same = gen[i][t] == r->gids[i][r->n[i] + t];
-        printf("%s cuda fp16 greedy%d: ids %s %s\n", label, i, same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
+        printf("%s %s fp16 greedy%d: ids %s %s\n", label, g_gpu, i, same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
         CHECK(same, "%s: greedy%d ids differ from transformers", label, i);
     }
     for (int i = 0; i < NPROMPT; i++) free(got[i]);
     pln_engine_close(e);
 }
 
-/* int8 on cuda against int8 on cpu (the same quantized weights): rel L2 <= 1e-2, same greedy ids. */
+/* int8 on cuda against int8 on cpu (the same quantized weights): rel L2 <= 1e-2, same greedy ids.
+ * One engine at a time: both would attach to the one comm. */
+static int run_int8(const char *dir, const char *backend, const ref_t *r, float *lg[NPROMPT], int32_t gen[NPROMPT][NGEN])
+{
+    pln_engine *e = open_set(dir, backend);
+    if (!e) return -1;
+    int rc = prefills(e, r, lg);
+    if (!rc) rc = greedy(e, r, gen);
+    pln_engine_close(e);
+    return rc;
+}
+
 static void check_int8(const char *label, const char *dir, const ref_t *r)
 {
-    pln_engine *ec = open_set(dir, "cpu");
-    pln_engine *eg = open_set(dir, "cuda");
-    CHECK(ec && eg, "%s: int8 engines open", label);
-    if (ec && eg) {
-        float *a[NPROMPT], *b[NPROMPT];
-        for (int i = 0; i < NPROMPT; i++) { a[i] = pln_xmalloc((size_t)r->n[i] * V * 4); b[i] = pln_xmalloc((size_t)r->n[i] * V * 4); }
-        int rc = prefills(ec, r, a) | prefills(eg, r, b);
-        CHECK(rc == 0, "%s: int8 prefills", label);
-        for (int i = 0; i < NPROMPT && rc == 0; i++) {
-            double rel = test_rel_l2(b[i], a[i], (size_t)r->n[i] * V);
-            printf("%s cuda int8 prompt%d logits vs cpu int8: rel L2 %.3g %s\n", label, i, rel, rel <= 1e-2 ? "OK" : "NOT OK");
-            CHECK(rel <= 1e-2, "%s: int8 prompt%d rel L2 %.3g > 1e-2", label, i, rel);
-        }
-        int32_t ga[NPROMPT][NGEN], gb[NPROMPT][NGEN];
-        rc = greedy(ec, r, ga) | greedy(eg, r, gb);
-        CHECK(rc == 0, "%s: int8 greedy", label);
-        int same = rc == 0 && memcmp(ga, gb, sizeof ga) == 0;
-        printf("%s cuda int8 greedy ids vs cpu int8: %s %s\n", label, same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
-        CHECK(same, "%s: int8 greedy ids differ between cuda and cpu", label);
-        for (int i = 0; i < NPROMPT; i++) { free(a[i]); free(b[i]); }
+    float *a[NPROMPT], *b[NPROMPT];
+    for (int i = 0; i < NPROMPT; i++) { a[i] = pln_xmalloc((size_t)r->n[i] * V * 4); b[i] = pln_xmalloc((size_t)r->n[i] * V * 4); }
+    int32_t ga[NPROMPT][NGEN], gb[NPROMPT][NGEN];
+    int rc = run_int8(dir, "cpu", r, a, ga);
+    CHECK(rc == 0, "%s: int8 on cpu", label);
+    if (!rc) {
+        rc = run_int8(dir, g_gpu, r, b, gb);
+        CHECK(rc == 0, "%s: int8 on cuda", label);
     }
-    pln_engine_close(ec);
-    pln_engine_close(eg);
+    for (int i = 0; i < NPROMPT && rc == 0; i++) {
+        double rel = test_rel_l2(b[i], a[i], (size_t)r->n[i] * V);
+        printf("%s %s int8 prompt%d logits vs cpu int8: rel L2 %.3g %s\n", label, g_gpu, i, rel, rel <= 1e-2 ? "OK" : "NOT OK");
+        CHECK(rel <= 1e-2, "%s: int8 prompt%d rel L2 %.3g > 1e-2", label, i, rel);
+    }
+    if (rc == 0) {
+        int same = memcmp(ga, gb, sizeof ga) == 0;
+        printf("%s %s int8 greedy ids vs cpu int8: %s %s\n", label, g_gpu, same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
+        CHECK(same, "%s: int8 greedy ids differ between cuda and cpu", label);
+    }
+    for (int i = 0; i < NPROMPT; i++) { free(a[i]); free(b[i]); }
 }
 
 int main(int argc, char **argv)
 {
     test_begin("test_cuda_e2e");
     g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
-    pln_backend *probe = pln_backend_create("cuda", 0);
+    if (argc > 1 && !strcmp(argv[1], "--cpu-as-gpu")) g_gpu = "cpu";
+    pln_backend *probe = pln_backend_create(g_gpu, 0);
     if (!probe) { printf("SKIP: no GPU (%s)\n", pln_error()); return 77; }
     pln_backend_destroy(probe);
     char *cmd = pln_xasprintf("%s/pollen reshard --help >/dev/null 2>&1", g_build);
