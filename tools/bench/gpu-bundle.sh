@@ -10,8 +10,8 @@ set -eu
 cd "$(dirname "$0")/../.."
 B=build/gpu-bundle
 make -j"$(nproc)" CUDA=1 BUILD=$B MPI_CFLAGS= MPI_LIBS= LDFLAGS=-Wl,--as-needed \
-  $B/pollen $B/tests-gpu/test_cuda_ops $B/tests-gpu/test_cuda_e2e $B/tests-gpu/bench_decode
-bins="$B/pollen $B/tests-gpu/test_cuda_ops $B/tests-gpu/test_cuda_e2e $B/tests-gpu/bench_decode"
+  $B/pollen $B/tests-gpu/test_cuda_ops $B/tests-gpu/test_cuda_e2e $B/tests-gpu/test_cuda_nccl $B/tests-gpu/bench_decode
+bins="$B/pollen $B/tests-gpu/test_cuda_ops $B/tests-gpu/test_cuda_e2e $B/tests-gpu/test_cuda_nccl $B/tests-gpu/bench_decode"
 strip --strip-debug $bins
 rm -rf $B/lib; mkdir -p $B/lib
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread|libdl\.|librt\.|libstdc\+\+|libgcc_s|libcuda\.|libnvidia|libcudart|libcublas|libnccl)'

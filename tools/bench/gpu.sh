@@ -44,7 +44,7 @@ libpaths() {   # CUDA/NCCL libraries of the machine: the toolkit's, else the pip
 }
 export LD_LIBRARY_PATH="$(libpaths)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 say "== build (make -j$JOBS CUDA=1)"
-GPU_BINS="$BUILD/tests-gpu/test_cuda_ops $BUILD/tests-gpu/test_cuda_e2e $BUILD/tests-gpu/bench_decode"
+GPU_BINS="$BUILD/tests-gpu/test_cuda_ops $BUILD/tests-gpu/test_cuda_e2e $BUILD/tests-gpu/test_cuda_nccl $BUILD/tests-gpu/bench_decode"
 if make -j"$JOBS" CUDA=1 "$BUILD/pollen" $GPU_BINS > "$OUT/build.txt" 2>&1; then
   say "built here with $(command -v nvcc)"
 elif [ -x build/gpu-bundle/pollen ] && [ -x build/gpu-bundle/tests-gpu/test_cuda_ops ]; then
