@@ -36,9 +36,9 @@ typedef enum {
 /* Inner loops of one instruction set. All pointers are host memory; no alignment required. */
 typedef struct {
     const char *name;
-    /* nt <= PLN_CPU_TCHUNK. out[t * ldo + r] = sum_k x[t * ldx + k] * w[r * K + k] for t < nt, r < nr (K = cols).
-     * F16: w is the first of nr rows. I8: w rows dequantized in registers, w = q * scale with
-     * scale[r * (K / group) + k / group] (scale rows start at the same first row). */
+    /* out[t * ldo + r] = sum_k x[t * ldx + k] * w[r * K + k] for t < nt <= PLN_CPU_TCHUNK,
+     * r < nr, K = cols. F16: w is the first of nr rows. I8: rows dequantized in registers,
+     * w = q * scale[r * (K / group) + k / group] (scale points at the same first row). */
     void (*gemm_f16)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                      const uint16_t *w, int64_t nr, int64_t K);
     void (*gemm_i8)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
