@@ -8,7 +8,8 @@
 #
 #   tools/bench/reshard.sh                      # bloom-1b7 fp16 source, TP 2, then the 6 GB RSS run
 #   MODEL=bloom-3b TP=4 RSS_RUN=0 tools/bench/reshard.sh
-# Needs ~3x the model size free under BENCH_DIR (default /tmp/pln-bench-reshard, removed after).
+# Needs ~3x the model size free under BENCH_DIR (default /tmp/pln-bench-reshard), and ~10 GB of
+# /dev/shm for the RSS run (else it uses BENCH_DIR); everything is removed after. ~3-7 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 POLLEN=${POLLEN:-build/pollen}
