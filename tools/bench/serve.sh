@@ -3,7 +3,8 @@
 # 64 concurrent streaming clients for a bounded time each, from a separate load generator
 # (tools/bench/loadgen.c, built here with cc). Reports generated tokens/s, p50/p99 time to first
 # token and per output token, failed requests, the 32-vs-1 throughput ratio (continuous batching
-# pays when it is >= 8), and how long a short request takes behind a long one.
+# pays when it is >= 8), how long a short request takes behind a long one, and the ceiling: the
+# engine alone (`pollen generate`, no HTTP) at batch 1 and 32 in the same run.
 #
 #   tools/bench/serve.sh                       # bloom-560m shapes, 2 layers, 20 s per level
 #   LAYERS=4 DURATION=30 CLIENTS="1 8 32 64" MAX_NEW=16 tools/bench/serve.sh
@@ -29,6 +30,16 @@ echo "synthesizing $MODEL with $LAYERS layers and resharding to TP 1 ..." >&2
 "$POLLEN" reshard "$WORK/ck" -o "$WORK/tp1" --tp 1 --dtype fp16 --quiet
 rm -rf "$WORK/ck"
 
+# The ceiling on this machine in this run: the engine alone (pollen generate, no HTTP), at batch 1
+# and at batch 32, same prompt and token count.
+ceiling() { # batch -> generated tokens/s of the decode steps
+  local args=() i
+  for i in $(seq "$1"); do args+=(--prompt "The history of the bloom"); done
+  "$POLLEN" generate "$WORK/tp1" "${args[@]}" --max-new-tokens "$MAX_NEW" --temperature 0 --json --quiet 2>/dev/null |
+    sed -n 's/.*"decode_ms_per_step":\([0-9.]*\).*/\1/p' | awk -v b="$1" '{ printf "%.2f", b * 1000 / $1 }'
+}
+C1=$(ceiling 1); C32=$(ceiling 32)
+
 "$POLLEN" serve "$WORK/tp1" --port 0 --port-file "$WORK/port" --quiet --max-seqs 64 \
     --max-concurrent-requests 256 --max-batch-tokens 1024 --kv-tokens 16384 >"$WORK/server.log" 2>&1 &
 SRV_PID=$!
@@ -50,6 +61,7 @@ done
 if [ -n "${TPS[1]:-}" ] && [ -n "${TPS[32]:-}" ]; then
   awk -v a="${TPS[1]}" -v b="${TPS[32]}" 'BEGIN { r = b / a; printf "\nthroughput 32 clients / 1 client: %.1fx (%s)\n", r, (r >= 8 ? "continuous batching pays: >= 8x" : "BELOW the 8x target") }'
 fi
+echo "engine alone (pollen generate, no HTTP, decode steps): $C1 tokens/s at batch 1, $C32 tokens/s at batch 32"
 sbl=$("$WORK/loadgen" --port "$PORT" --short-behind-long 64 4 --label sbl || true)
 printf "short request (4 tokens): alone %s s, behind a running 64-token request %s s (the long one took %s s)\n" \
   "$(field short_alone_s <<<"$sbl")" "$(field short_behind_long_s <<<"$sbl")" "$(field long_total_s <<<"$sbl")"
