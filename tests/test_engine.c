@@ -323,6 +323,42 @@ static void check_int8(const char *label, const char *dir8, const ref_t *r, floa
     pln_engine_close(e);
 }
 
+/* A flipped byte inside a tensor: --verify refuses the set naming the tensor; without it the
+ * loader (which never reads data at open) still opens it. */
+static void check_corrupt(const char *dir) {
+    pln_shardset *set = pln_shardset_open(dir);
+    pln_shard *sh = set ? pln_shardset_open_rank(set, 0) : NULL;
+    const pln_shard_tensor *t = sh ? pln_shard_find(sh, "h.1.mlp.dense_4h_to_h.weight") : NULL;
+    CHECK(t != NULL, "corrupt: find a tensor: %s", pln_error());
+    if (!t) { pln_shard_close(sh); pln_shardset_close(set); return; }
+    uint64_t off = t->offset + t->nbytes / 2;
+    char *path = pln_xstrdup(sh->path);
+    pln_shard_close(sh);
+    pln_shardset_close(set);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL, "corrupt: open %s", path);
+    if (!f) { free(path); return; }
+    fseeko(f, (off_t)off, SEEK_SET);
+    int c = fgetc(f);
+    fseeko(f, (off_t)off, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+    free(path);
+    pln_engine *e = open_set(dir, 0, 0);   /* open_set verifies */
+    CHECK(e == NULL && strstr(pln_error(), "dense_4h_to_h") && strstr(pln_error(), "checksum"),
+          "a corrupted tensor fails --verify, naming it: %s", pln_error());
+    pln_engine_close(e);
+    pln_engine_opts o;
+    pln_engine_opts_default(&o);
+    o.shard_dir = dir;
+    o.max_seqs = 2;
+    o.max_seq_len = 32;
+    o.quiet = true;
+    e = pln_engine_open(&o, g_comm);
+    CHECK(e != NULL, "without --verify the set opens: %s", e ? "" : pln_error());
+    pln_engine_close(e);
+}
+
 /* Seeded sampling, top-k/top-p, the full-row fallback and raw log-probs. */
 static void check_sampling(const char *dir, const ref_t *r) {
     pln_engine *e = open_set(dir, 0, 0);
@@ -575,6 +611,7 @@ int main(int argc, char **argv) {
                 char *dir8 = reshard(sets[k].model, sets[k].src, 1, "int8");
                 CHECK(dir8 != NULL, "%s: reshard to TP 1 int8", label);
                 if (dir8) check_int8(label, dir8, &r, alone);
+                if (dir8 && k == 0) check_corrupt(dir8);
                 free(dir8);
                 if (k == 0) {
                     check_sampling(dir, &r);
