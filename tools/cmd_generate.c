@@ -333,7 +333,8 @@ int cmd_generate(int argc, char **argv) {
         if (!quiet) {
             int64_t ptoks = 0;
             for (int i = 0; i < n_seq; i++) ptoks += (int64_t)g[i].n_ids;
-            fprintf(stderr, "load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
+            /* stdout: under mpirun, stderr and stdout are forwarded separately and would reorder. */
+            printf("load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
                     "(batch %d, TP %d %s, %d threads/rank)\n", t_load, (long long)ptoks, t_prefill * 1e3,
                     t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps ? decode_ms / n_steps : 0.0, n_seq,
                     info.tp, info.dtype, threads);
