@@ -69,8 +69,13 @@ pln_comm *pln_comm_init(int *argc, char ***argv) {
     if (!launched_by_mpi()) return c;
 #ifdef PLN_HAVE_MPI
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    /* SERIALIZED: the thread driving steps need not be the one that started MPI (a server may
+     * run its scheduler on another thread); calls never overlap. */
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         pln_die("MPI_Init_thread failed (launched by mpirun/srun, but MPI could not start)");
+    if (provided < MPI_THREAD_SERIALIZED)
+        fprintf(stderr, "pollen: warning: this MPI provides thread level %d < MPI_THREAD_SERIALIZED; "
+                        "drive every step from the main thread\n", provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     c->mpi = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);

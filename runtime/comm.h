@@ -13,7 +13,8 @@ typedef struct pln_comm pln_comm;
 typedef struct pln_backend pln_backend;
 
 /* Initializes MPI when launched by mpirun/srun (detected from the environment), else a single
- * rank. Never NULL (dies with a clear message if MPI fails to start). */
+ * rank. Never NULL (dies with a clear message if MPI fails to start). MPI runs at
+ * MPI_THREAD_SERIALIZED: any one thread at a time may make the calls below. */
 pln_comm *pln_comm_init(int *argc, char ***argv);
 int pln_comm_rank(const pln_comm *c);
 int pln_comm_size(const pln_comm *c);
