@@ -29,8 +29,10 @@ INL float hsum(__m256 v) {
 
 /* PREFETCH_NOTE: in a GEMV (one token) each 4-row tile reads four short streams (a bloom-1b7
  * row is 2-4 KiB), too short for the hardware prefetcher to ramp up on; the next tile's rows
- * (the same columns, 4 rows on) are requested one cache line per row as this tile is summed.
- * Measured +15% on I8 [8192, 2048], +3% on F16. A prefetch past the matrix never faults. */
+ * (the same columns, 4 rows on) are requested into L2, one cache line per row, as this tile is
+ * summed (L2, not L1: the L1 miss buffers stay free for the demand loads). Measured on 2 Zen 4
+ * cores, bloom-1b7 [8192, 2048]: I8 20 -> 29 GB/s, F16 26 -> 29 GB/s. A prefetch past the end
+ * of the matrix never faults. */
 
 /* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
@@ -44,7 +46,7 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
     for (; k + 8 <= k1; k += 8) {
         __m256 wv[4];
         if (NT == 1 && NR == 4 && (k & 31) == 0) {   /* see PREFETCH_NOTE */
-            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T0);
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
         }
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
         UNROLL for (int j = 0; j < NT; j++) {
@@ -78,7 +80,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         for (; k + 8 <= k1; k += 8) {
             __m256 wv[4];
             if (NT == 1 && NR == 4 && (k & 63) == 0) {   /* see PREFETCH_NOTE */
-                UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T0);
+                UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
             }
             UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
             UNROLL for (int j = 0; j < NT; j++) {
