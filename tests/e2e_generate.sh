@@ -60,5 +60,7 @@ check "stop string" grep -q '"text":" ","finish_reason":"stop"' <<<"$out"
 out=$(mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt "Hello world" --max-new-tokens 5 2>/dev/null)
 check "text prompt streams the prompt and continuation" test "${out#Hello world}" != "$out"
 check_fails "rank count must equal TP" "TP=2 but 3 ranks" mpirun -np 3 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt hi
+out=$(mpirun -np 2 "$POLLEN" bench "$TMP/bloom-4h-tp2" --prompt-len 8 --batch 1,2 --steps 2 --context 4 --stream-mib 8 --json 2>/dev/null)
+check "bench under mpirun reports decode figures and MBU" grep -q '"batch":2,"ms_per_step":[0-9.e-]*,"ms_per_token":[0-9.e-]*,"tokens_per_s":[0-9.e+-]*,"mbu"' <<<"$out"
 check_fails "missing set" "manifest.json" "$POLLEN" generate "$TMP/nonexistent" --prompt hi
 e2e_done
