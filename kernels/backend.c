@@ -3,20 +3,13 @@
 
 #include <string.h>
 
-#ifdef PLN_HAVE_CUDA
-/* Weak: a build whose CUDA sources are incomplete still links, and says so at run time. */
-pln_backend *pln_backend_cuda_create(int device) __attribute__((weak));
-#endif
-
 pln_backend *pln_backend_create(const char *name, int device) {
     if (!name || !*name || !strcmp(name, "cpu"))
         return pln_backend_cpu_create();
     if (!strcmp(name, "cuda")) {
 #ifdef PLN_HAVE_CUDA
-        if (pln_backend_cuda_create) return pln_backend_cuda_create(device);
-        pln_errorf("backend \"cuda\": this build has no CUDA backend linked in; rebuild with "
-                   "`make CUDA=1`, or use --backend cpu");
-        return NULL;
+        /* A strong reference: it pulls the CUDA backend's object out of the static library. */
+        return pln_backend_cuda_create(device);
 #else
         pln_errorf("backend \"cuda\": this build has no CUDA backend (nvcc was not found when it was "
                    "built); rebuild with `make CUDA=1` on a machine with the CUDA toolkit, or use "

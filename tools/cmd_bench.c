@@ -7,10 +7,10 @@
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <jansson.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -95,22 +95,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
     if (prompt_len < 1 || context < 1 || steps < 1) pln_die("--prompt-len, --context and --steps must be >= 1");
-    /* --threads wins (the CPU backend honours OMP_NUM_THREADS); else OMP_NUM_THREADS; else the
-     * node's cores split between its ranks, as the CPU backend does by default. */
-    if (threads > 0) {
-        char tb[16];
-        snprintf(tb, sizeof tb, "%d", threads);
-        setenv("OMP_NUM_THREADS", tb, 1);
-    } else if (getenv("OMP_NUM_THREADS")) {
-        threads = omp_get_max_threads();
-    } else {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-        int local = ls ? atoi(ls) : size;
-        threads = (int)(cores / (local > 0 ? local : 1));
-        if (threads < 1) threads = 1;
-    }
-    omp_set_num_threads(threads);
+    threads = pln_cli_threads(threads, size);
     double bw = rank == 0 ? stream_copy_gbs((size_t)stream_mib) : 0;
 
     eo.shard_dir = dir;

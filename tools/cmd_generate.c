@@ -8,10 +8,10 @@
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <jansson.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -122,22 +122,7 @@ int cmd_generate(int argc, char **argv) {
     sp.do_sample = do_sample;
     if (pln_sample_params_check(&sp)) pln_die("%s", pln_error());
     if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
-    /* --threads wins (the CPU backend honours OMP_NUM_THREADS); else OMP_NUM_THREADS; else the
-     * node's cores split between its ranks, as the CPU backend does by default. */
-    if (threads > 0) {
-        char tb[16];
-        snprintf(tb, sizeof tb, "%d", threads);
-        setenv("OMP_NUM_THREADS", tb, 1);
-    } else if (getenv("OMP_NUM_THREADS")) {
-        threads = omp_get_max_threads();
-    } else {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-        int local = ls ? atoi(ls) : size;
-        threads = (int)(cores / (local > 0 ? local : 1));
-        if (threads < 1) threads = 1;
-    }
-    omp_set_num_threads(threads);
+    threads = pln_cli_threads(threads, size);
 
     /* Prompts: token ids on rank 0 (the tokenizer lives there). */
     int n_seq = n_prompts + n_idlists;

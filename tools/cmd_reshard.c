@@ -24,6 +24,7 @@
 #include "formats/shard.h"
 #include "formats/tp.h"
 #include "kernels/pln_math.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <errno.h>
@@ -475,20 +476,6 @@ static json_t *tensors_json(const rs_ctx *c) {
     return o;
 }
 
-/* OpenMP's idle threads spin between parallel regions unless OMP_WAIT_POLICY is passive, and on a
- * machine with few cores that spinning takes the core the writer (and the kernel's page copying)
- * needs: measured on 2 cores, 5x the CPU time for the same conversion. libgomp reads the policy
- * only at start-up, so restart once with it set (the same process: exec keeps the PID). */
-static void restart_with_passive_omp(int argc, char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    char **av = pln_xcalloc((size_t)argc + 2, sizeof *av);
-    av[0] = (char *)"pollen";
-    for (int i = 0; i < argc; i++) av[i + 1] = argv[i];
-    execv("/proc/self/exe", av);
-    free(av);  /* exec failed: carry on with spinning threads */
-}
-
 /* ---- command ---- */
 static void usage(FILE *f) {
     fprintf(f,
@@ -515,7 +502,7 @@ int cmd_reshard(int argc, char **argv) {
     pln_tp_opts o = {.tp = 0};
     bool force = false, quiet = false;
     int threads = 0, ch;
-    restart_with_passive_omp(argc, argv);
+    pln_cli_restart_with_passive_omp(argc, argv);
     optind = 1;
     while ((ch = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         char *end = NULL;

@@ -7,9 +7,9 @@
 #include "runtime/scheduler.h"
 #include "runtime/server.h"
 #include "runtime/tokenizer.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
-#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -168,14 +168,7 @@ int cmd_serve(int argc, char **argv) {
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
-    if (threads <= 0) {   /* ranks on one node share its cores instead of oversubscribing them */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-        int local = ls ? atoi(ls) : pln_comm_size(comm);
-        threads = (int)(cores / (local > 0 ? local : 1));
-        if (threads < 1) threads = 1;
-    }
-    omp_set_num_threads(threads);
+    threads = pln_cli_threads(threads, pln_comm_size(comm));
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());

@@ -9,6 +9,7 @@
 #include "formats/common.h"
 #include "formats/tp.h"
 #include "kernels/pln_math.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <errno.h>
@@ -179,20 +180,6 @@ static const char *find_tokenizer(const char *given) {
     return NULL;
 }
 
-/* OpenMP's idle threads spin between parallel regions unless OMP_WAIT_POLICY is passive, and on a
- * machine with few cores that spinning takes the core the writer (and the kernel's page copying)
- * needs: measured on 2 cores, 5x the CPU time for the same conversion. libgomp reads the policy
- * only at start-up, so restart once with it set (the same process: exec keeps the PID). */
-static void restart_with_passive_omp(int argc, char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    char **av = pln_xcalloc((size_t)argc + 2, sizeof *av);
-    av[0] = (char *)"pollen";
-    for (int i = 0; i < argc; i++) av[i + 1] = argv[i];
-    execv("/proc/self/exe", av);
-    free(av);  /* exec failed: carry on with spinning threads */
-}
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pollen synth --model NAME|CONFIG.json -o DIR [options]\n"
@@ -218,7 +205,7 @@ int cmd_synth(int argc, char **argv) {
     int64_t layers = -1;
     bool bf16 = false, force = false, quiet = false;
     int ch;
-    restart_with_passive_omp(argc, argv);
+    pln_cli_restart_with_passive_omp(argc, argv);
     optind = 1;
     while ((ch = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         char *end = NULL;
