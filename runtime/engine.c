@@ -339,7 +339,9 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
         pen[r] = q->params.repetition_penalty > 0 ? q->params.repetition_penalty : 1.0f;
         invt[r] = row_is_greedy(&q->params) || q->params.temperature <= 0 ? 1.0f : 1.0f / q->params.temperature;
         if (pen[r] != 1.0f || invt[r] != 1.0f) nontrivial = true;
-        if (q->params.top_k > kmax) kmax = q->params.top_k;
+        /* One more than top_k: a tie at the k-th value then shows as an extra candidate, and
+         * pln_sample_candidates_suffice can tell a complete top-k set from a cut one. */
+        if (q->params.top_k + 1 > kmax) kmax = q->params.top_k + 1;
         off[r + 1] = off[r] + (pen[r] != 1.0f ? e->slots[q->slot].n_seen : 0);
     }
     int32_t k = (int32_t)(kmax < Vr ? kmax : Vr);
