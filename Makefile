@@ -79,11 +79,11 @@ $(LIB): $(LIB_OBJS)
 $(BUILD)/pollen: $(TOOL_OBJS) $(LIB)
 	$(CC) $(LDFLAGS) $(TOOL_OBJS) $(LIB) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h
+$(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
-$(BUILD)/tests-gpu/%: tests/gpu/%.c $(LIB) tests/test.h
+$(BUILD)/tests-gpu/%: tests/gpu/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 

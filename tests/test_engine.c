@@ -10,6 +10,7 @@
  *   test_engine --cmp-ref DUMP REF.safetensors I TOL             rows of prompt I's prefill vs
  *                                                                REF's prompt{I}.logits */
 #include "tests/test.h"
+#include "tests/fixture_ref.h"
 #include "formats/safetensors.h"
 #include "formats/shard.h"
 #include "runtime/comm.h"
@@ -18,7 +19,6 @@
 #include <jansson.h>
 
 #define V 1003
-#define NPROMPT 4
 
 static const char *g_build;
 
@@ -37,52 +37,6 @@ static char *reshard(const char *model, const char *src, int tp, const char *dty
     free(cmd);
     if (rc) { free(out); return NULL; }
     return out;
-}
-
-typedef struct {
-    pln_safetensors st;
-    int32_t n[NPROMPT];
-    const int32_t *ids[NPROMPT];
-    const float *logits[NPROMPT];
-    const int32_t *gids[NPROMPT];
-    int32_t gn[NPROMPT];
-    const float *glp[NPROMPT];
-    const int32_t *bids, *bmask;
-    const float *blogits;
-    int64_t B, L;
-} ref_t;
-
-static const pln_tensor *need(const pln_safetensors *st, const char *name) {
-    const pln_tensor *t = pln_safetensors_find(st, name);
-    if (!t) { fprintf(stderr, "%s: no tensor %s\n", st->path, name); exit(2); }
-    return t;
-}
-
-static int ref_open(ref_t *r, const char *path) {
-    memset(r, 0, sizeof *r);
-    if (pln_safetensors_open(&r->st, path)) { fprintf(stderr, "%s\n", pln_error()); return -1; }
-    char nm[64];
-    for (int i = 0; i < NPROMPT; i++) {
-        snprintf(nm, sizeof nm, "prompt%d.ids", i);
-        const pln_tensor *t = need(&r->st, nm);
-        r->n[i] = (int32_t)t->shape[0];
-        r->ids[i] = (const int32_t *)t->data;
-        snprintf(nm, sizeof nm, "prompt%d.logits", i);
-        r->logits[i] = (const float *)need(&r->st, nm)->data;
-        snprintf(nm, sizeof nm, "greedy%d.ids", i);
-        t = need(&r->st, nm);
-        r->gids[i] = (const int32_t *)t->data;
-        r->gn[i] = (int32_t)t->shape[0];
-        snprintf(nm, sizeof nm, "greedy%d.logprobs", i);
-        r->glp[i] = (const float *)need(&r->st, nm)->data;
-    }
-    const pln_tensor *b = need(&r->st, "batch.ids");
-    r->B = b->shape[0];
-    r->L = b->shape[1];
-    r->bids = (const int32_t *)b->data;
-    r->bmask = (const int32_t *)need(&r->st, "batch.mask")->data;
-    r->blogits = (const float *)need(&r->st, "batch.logits")->data;
-    return 0;
 }
 
 static pln_comm *g_comm;

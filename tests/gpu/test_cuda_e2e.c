@@ -7,13 +7,13 @@
  *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`)
  *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda" */
 #include "tests/test.h"
+#include "tests/fixture_ref.h"
 #include "formats/safetensors.h"
 #include "kernels/backend.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 
 #define V 1003
-#define NPROMPT 4
 #define NGEN 20
 
 static const char *g_build;
@@ -30,40 +30,6 @@ static char *reshard(const char *model, const char *src, const char *dtype)
     free(cmd);
     if (rc) { free(out); return NULL; }
     return out;
-}
-
-typedef struct {
-    pln_safetensors st;
-    int32_t n[NPROMPT], gn[NPROMPT];
-    const int32_t *ids[NPROMPT], *gids[NPROMPT];
-    const float *logits[NPROMPT];
-} ref_t;
-
-static const pln_tensor *need(const pln_safetensors *st, const char *name)
-{
-    const pln_tensor *t = pln_safetensors_find(st, name);
-    if (!t) { fprintf(stderr, "%s: no tensor %s\n", st->path, name); exit(2); }
-    return t;
-}
-
-static int ref_open(ref_t *r, const char *path)
-{
-    memset(r, 0, sizeof *r);
-    if (pln_safetensors_open(&r->st, path)) { fprintf(stderr, "%s\n", pln_error()); return -1; }
-    char nm[64];
-    for (int i = 0; i < NPROMPT; i++) {
-        snprintf(nm, sizeof nm, "prompt%d.ids", i);
-        const pln_tensor *t = need(&r->st, nm);
-        r->n[i] = (int32_t)t->shape[0];
-        r->ids[i] = (const int32_t *)t->data;
-        snprintf(nm, sizeof nm, "prompt%d.logits", i);
-        r->logits[i] = (const float *)need(&r->st, nm)->data;
-        snprintf(nm, sizeof nm, "greedy%d.ids", i);
-        t = need(&r->st, nm);
-        r->gids[i] = (const int32_t *)t->data;
-        r->gn[i] = (int32_t)t->shape[0];
-    }
-    return 0;
 }
 
 static pln_engine *open_set(const char *dir, const char *backend)
