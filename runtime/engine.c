@@ -83,10 +83,35 @@ void pln_engine_opts_default(pln_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "cpu";
     o->device = -1;
+    o->gpus_per_node = 0;
     o->max_seqs = 64;
     o->max_seq_len = 2048;
     o->kv_tokens = 0;
     o->block_size = 16;
+}
+
+int pln_engine_pick_device(int device, int gpus_per_node, int local_rank) {
+    if (device < -1) return pln_errorf("device: %d is not a device index (>= 0, or -1 = pick by local rank)", device);
+    if (gpus_per_node < 0)
+        return pln_errorf("gpus_per_node: %d is not a GPU count (>= 1, or 0 = unset: one GPU per local rank)", gpus_per_node);
+    if (local_rank < 0) return pln_errorf("local_rank: %d is negative (the launcher's node-local rank)", local_rank);
+    if (device >= 0) return device;
+    return gpus_per_node > 0 ? local_rank % gpus_per_node : local_rank;
+}
+
+/* The backend's message knows only the device index; say which rank picked it and how, and when
+ * the index is out of range ("device N does not exist" from the CUDA backend) how to pick another.
+ * Never starts with "rank ": generate prints such messages from rank 0 only. */
+static void device_error_context(const pln_engine_opts *o, int rank, int local, int device) {
+    char old[1024], how[64];
+    snprintf(old, sizeof old, "%s", pln_error());
+    if (o->device >= 0) snprintf(how, sizeof how, "--device %d", o->device);
+    else if (o->gpus_per_node > 0) snprintf(how, sizeof how, "local rank %% --gpus-per-node %d", o->gpus_per_node);
+    else snprintf(how, sizeof how, "its local rank; --gpus-per-node unset");
+    pln_errorf("CUDA device %d for MPI rank %d (local rank %d on its node, from %s): %s%s", device, rank, local, how,
+               old, strstr(old, "does not exist") ? ". HINT: with more ranks on a node than GPUs pass --gpus-per-node N (device = local "
+                                 "rank % N); when CUDA_VISIBLE_DEVICES gives each rank its own GPU pass --device 0"
+                               : "");
 }
 
 /* Every rank reports its status; returns the first failing rank, or -1 when all are fine (or the
@@ -147,8 +172,10 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     e->tp = pln_comm_size(comm);
     int bad;
 
-    int device = opts->device >= 0 ? opts->device : pln_comm_local_rank(comm);
-    e->be = pln_backend_create(e->backend_name, device);
+    int local = pln_comm_local_rank(comm);
+    int device = pln_engine_pick_device(opts->device, opts->gpus_per_node, local);
+    e->be = device < 0 ? NULL : pln_backend_create(e->backend_name, device);
+    if (!e->be && device >= 0 && !strcmp(e->backend_name, "cuda")) device_error_context(opts, e->rank, local, device);
     int rc = e->be ? 0 : -1;
     if ((bad = agree(comm, rc)) != -1) goto fail_rank;
     if (pln_comm_attach_backend(comm, e->be)) rc = -1;

@@ -24,7 +24,8 @@ typedef struct pln_engine pln_engine;
 typedef struct {
     const char *shard_dir;
     const char *backend;        /* "cpu" (default) or "cuda" */
-    int device;                 /* CUDA device; -1 = local rank */
+    int device;                 /* CUDA device; -1 = picked by pln_engine_pick_device */
+    int gpus_per_node;          /* GPUs per node for picking the device (0 = unset) */
     int32_t max_seqs;           /* sequence slots (default 64) */
     int32_t max_seq_len;        /* longest sequence, prompt + generated (default 2048) */
     int64_t kv_tokens;          /* KV capacity in tokens over all slots (0 = max_seqs * max_seq_len) */
@@ -36,6 +37,13 @@ typedef struct {
 } pln_engine_opts;
 
 void pln_engine_opts_default(pln_engine_opts *o);
+
+/* The CUDA device a rank uses: an explicit device (>= 0, the same on every rank: a single-GPU
+ * run, or CUDA_VISIBLE_DEVICES set per rank) wins; else with gpus_per_node N > 0 the node-local
+ * rank modulo N; else the node-local rank (mpirun's one process per GPU). -1 (unset) is allowed
+ * for device; gpus_per_node 0 means unset. Returns the device, or -1 with an error naming the
+ * field when device < -1, gpus_per_node < 0 or local_rank < 0. Pure: touches no device. */
+int pln_engine_pick_device(int device, int gpus_per_node, int local_rank);
 
 /* Opens this rank's shard of the set (the comm's rank and size must match the set's TP; else a
  * clear error). NULL + error on failure. */

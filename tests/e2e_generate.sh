@@ -4,7 +4,7 @@
 # four prompts of different lengths within 1e-3 of transformers, the 20-step greedy continuations
 # and their log-probs identical, TP>1 logits equal to TP 1 within 1e-5 (every prefill and decode
 # row), int8 at TP 2 (per channel; and grouped with an int8 embedding) within the bound derived from its recorded quantization error, and a clear
-# error when the rank count does not match the set.
+# error when the rank count does not match the set, a bad option value, or --backend cuda without a GPU.
 source "$(dirname "$0")/e2e.sh"
 CMP=${PLN_BUILD:-build}/tests/test_engine
 if ! "$POLLEN" reshard --help >/dev/null 2>&1 || ! command -v mpirun >/dev/null || [ ! -x "$CMP" ]; then
@@ -63,4 +63,54 @@ check_fails "rank count must equal TP" "TP=2 but 3 ranks" mpirun -np 3 "$POLLEN"
 out=$(mpirun -np 2 "$POLLEN" bench "$TMP/bloom-4h-tp2" --prompt-len 8 --batch 1,2 --steps 2 --context 4 --stream-mib 8 --json 2>/dev/null)
 check "bench under mpirun reports decode figures and MBU" grep -q '"batch":2,"ms_per_step":[0-9.e-]*,"ms_per_token":[0-9.e-]*,"tokens_per_s":[0-9.e+-]*,"mbu"' <<<"$out"
 check_fails "missing set" "manifest.json" "$POLLEN" generate "$TMP/nonexistent" --prompt hi
+# Option values are checked whole and against their range; the message names the option and value.
+set1=$TMP/bloom-4h-tp1
+bad_value() { # bad_value "expected stderr regex" args...: generate refuses the values
+  local re=$1; shift
+  check_fails "generate $*" "$re" "$POLLEN" generate "$set1" --prompt hi --quiet "$@"
+}
+bad_value 'pollen: --max-new-tokens "abc": not an integer' --max-new-tokens abc
+bad_value 'pollen: --max-new-tokens 0: out of range' --max-new-tokens 0
+bad_value 'pollen: --max-new-tokens "12x": not an integer' --max-new-tokens 12x
+bad_value 'pollen: --top-k "x": not an integer' --top-k x
+bad_value 'pollen: --top-k -1: out of range' --top-k -1
+bad_value 'pollen: --top-p 0: out of range .*\(0, 1\]' --top-p 0
+bad_value 'pollen: --top-p 1.5: out of range' --top-p 1.5
+bad_value 'pollen: --temperature -1: out of range .*\[0, inf\)' --temperature -1
+bad_value 'pollen: --temperature "nan": not a finite number' --temperature nan
+bad_value 'pollen: --repetition-penalty 0: out of range .*\(0, inf\)' --repetition-penalty 0
+bad_value 'pollen: --repetition-penalty "high": not a finite number' --repetition-penalty high
+bad_value 'pollen: --seed -3: out of range' --seed -3
+bad_value 'pollen: --threads 0: out of range' --threads 0
+bad_value 'pollen: --threads "two": not an integer' --threads two
+bad_value 'pollen: --fail-at-step "x": not an integer' --fail-at-step x
+bad_value 'pollen: --gpus-per-node 0: out of range .*\[1, ' --gpus-per-node 0
+bad_value 'pollen: --gpus-per-node "eight": not an integer' --gpus-per-node eight
+bad_value 'pollen: --device -5: out of range .*\[0, ' --device -5
+# serve takes its numbers through the same parser (refused before anything loads).
+check_fails "serve --gpus-per-node 0" 'pollen: --gpus-per-node 0: out of range' "$POLLEN" serve "$set1" --gpus-per-node 0
+check_fails "serve --device -5" 'pollen: --device -5: out of range' "$POLLEN" serve "$set1" --device -5
+check_fails "serve --port x" 'pollen: --port "x": not an integer' "$POLLEN" serve "$set1" --port x
+# Device options are accepted on the CPU backend (which has no devices) and change nothing.
+out=$("$POLLEN" generate "$set1" --token-ids 5,17,42 --max-new-tokens 4 --json --quiet | grep -o '"ids":\[[0-9,]*\]')
+out2=$(mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --token-ids 5,17,42 --max-new-tokens 4 --json --quiet \
+  --gpus-per-node 1 --device 0 | grep -o '"ids":\[[0-9,]*\]')
+check "--gpus-per-node/--device on the CPU backend: same tokens" test -n "$out" -a "$out" = "$out2"
+# --backend cuda: without a GPU (or without a CUDA build) a clear error and a non-zero exit, never
+# a crash; each rank names itself, its local rank and the device it picked.
+if [ -e /dev/nvidiactl ]; then
+  check_fails "generate --device past the visible GPUs" \
+    'CUDA device 1023 for MPI rank 0 \(local rank 0 on its node, from --device 1023\).*(does not exist.*--gpus-per-node|CUDA_VISIBLE_DEVICES)' \
+    "$POLLEN" generate "$set1" --prompt hi --backend cuda --device 1023
+else
+  check_fails "generate --backend cuda without a GPU" \
+    'CUDA device 0 for MPI rank 0 \(local rank 0 on its node, from its local rank.*(no NVIDIA GPU|no CUDA backend)' \
+    "$POLLEN" generate "$set1" --prompt hi --backend cuda
+  check_fails "generate --backend cuda under mpirun without a GPU" \
+    'CUDA device 1 for MPI rank 1 \(local rank 1 on its node.*(no NVIDIA GPU|no CUDA backend)' \
+    mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt hi --backend cuda
+  check_fails "generate --backend cuda --gpus-per-node 1 under mpirun" \
+    'CUDA device 0 for MPI rank 1 \(local rank 1 on its node, from local rank % --gpus-per-node 1\)' \
+    mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt hi --backend cuda --gpus-per-node 1
+fi
 e2e_done

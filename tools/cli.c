@@ -2,10 +2,64 @@
 #include "tools/cli.h"
 #include "formats/common.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+int pln_cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long x = 0;
+    /* strtoll skips leading blanks and takes "0x" only with base 0; a blank-led value is a typo. */
+    bool ok = s && *s && !isspace((unsigned char)*s);
+    if (ok) x = strtoll(s, &end, 10);
+    if (!ok || end == s || *end || errno == ERANGE)
+        return pln_errorf("%s \"%s\": not an integer (expected one in [%lld, %lld])", opt, s ? s : "",
+                          (long long)lo, (long long)hi);
+    if (x < lo || x > hi)
+        return pln_errorf("%s %lld: out of range (expected an integer in [%lld, %lld])", opt, x, (long long)lo,
+                          (long long)hi);
+    *out = x;
+    return 0;
+}
+
+/* "[0, 1]", "(0, inf)": the range as the error message shows it. */
+static void range_str(char *b, size_t n, double lo, bool lo_inclusive, double hi) {
+    snprintf(b, n, "%c%g, %g%c", lo_inclusive ? '[' : '(', lo, hi, isinf(hi) ? ')' : ']');
+}
+
+int pln_cli_parse_float(const char *opt, const char *s, double lo, bool lo_inclusive, double hi, double *out) {
+    char *end = NULL, range[96];
+    double x = 0;
+    range_str(range, sizeof range, lo, lo_inclusive, hi);
+    bool ok = s && *s && !isspace((unsigned char)*s);
+    if (ok) x = strtod(s, &end);
+    if (!ok || end == s || *end || !isfinite(x))
+        return pln_errorf("%s \"%s\": not a finite number (expected one in %s)", opt, s ? s : "", range);
+    if (x < lo || (x == lo && !lo_inclusive) || x > hi)
+        return pln_errorf("%s %s: out of range (expected a number in %s)", opt, s, range);
+    /* Every consumer stores a float: a value beyond its range would turn into inf there. */
+    if (fabs(x) > FLT_MAX) return pln_errorf("%s %s: too large (a float holds at most %g)", opt, s, (double)FLT_MAX);
+    *out = x;
+    return 0;
+}
+
+int64_t pln_cli_int(const char *opt, const char *s, int64_t lo, int64_t hi) {
+    int64_t v = 0;
+    if (pln_cli_parse_int(opt, s, lo, hi, &v)) pln_die("%s", pln_error());
+    return v;
+}
+
+double pln_cli_float(const char *opt, const char *s, double lo, bool lo_inclusive, double hi) {
+    double v = 0;
+    if (pln_cli_parse_float(opt, s, lo, lo_inclusive, hi, &v)) pln_die("%s", pln_error());
+    return v;
+}
 
 int pln_cli_threads(int requested, int ranks) {
     int threads = requested;

@@ -1,6 +1,26 @@
-/* cli.h — small helpers the subcommands share (thread counts, OpenMP start-up policy). */
+/* cli.h — small helpers the subcommands share (checked option values, thread counts, OpenMP
+ * start-up policy). */
 #ifndef PLN_CLI_H
 #define PLN_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The largest CUDA device index --device accepts (a sanity bound, not a hardware limit). */
+#define PLN_CLI_MAX_DEVICE 1023
+
+/* An option's integer value: the whole string in base 10 (no sign games: "12abc", "", " 3" and
+ * "0x10" are refused), within [lo, hi]. 0, or -1 with an error naming the option, the bad value
+ * and the range. */
+int pln_cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* An option's real value: the whole string, finite (no nan/inf) and within float's range, within
+ * lo..hi, where lo itself is allowed only when lo_inclusive (top_p is in (0, 1], temperature in
+ * [0, inf)); hi is inclusive (INFINITY: no upper bound). 0, or -1 with an error naming the option,
+ * the bad value and the range. */
+int pln_cli_parse_float(const char *opt, const char *s, double lo, bool lo_inclusive, double hi, double *out);
+/* The same for argument parsing: die with the message ("pollen: --top-p 2: ...") on a bad value. */
+int64_t pln_cli_int(const char *opt, const char *s, int64_t lo, int64_t hi);
+double pln_cli_float(const char *opt, const char *s, double lo, bool lo_inclusive, double hi);
 
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks

@@ -12,6 +12,7 @@
 #include "tools/cmd.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,6 +44,8 @@ static void usage(void) {
             "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer)\n"
             "  --json                  print ids, text, log-probs and timings as JSON\n"
             "  --backend cpu|cuda      (default cpu)\n"
+            "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
+            "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --threads N             threads per rank (default: cores / ranks on the node)\n"
             "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
             "  --quiet                 no progress, no streaming\n");
@@ -95,21 +98,23 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "--prompt")) prompts[n_prompts++] = ARG();
         else if (!strcmp(a, "--token-ids")) idlists[n_idlists++] = ARG();
         else if (!strcmp(a, "--stop")) stops[n_stops++] = ARG();
-        else if (!strcmp(a, "--max-new-tokens")) max_new = atoll(ARG());
-        else if (!strcmp(a, "--temperature")) { sp.temperature = (float)atof(ARG()); do_sample = sp.temperature > 0; }
-        else if (!strcmp(a, "--top-k")) { sp.top_k = atoi(ARG()); do_sample = true; }
-        else if (!strcmp(a, "--top-p")) { sp.top_p = (float)atof(ARG()); do_sample = true; }
-        else if (!strcmp(a, "--repetition-penalty")) sp.repetition_penalty = (float)atof(ARG());
-        else if (!strcmp(a, "--seed")) { sp.seed = strtoull(ARG(), NULL, 10); do_sample = true; }
+        else if (!strcmp(a, "--max-new-tokens")) max_new = pln_cli_int(a, ARG(), 1, 1 << 24);
+        else if (!strcmp(a, "--temperature")) { sp.temperature = (float)pln_cli_float(a, ARG(), 0, true, INFINITY); do_sample = sp.temperature > 0; }
+        else if (!strcmp(a, "--top-k")) { sp.top_k = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX); do_sample = true; }
+        else if (!strcmp(a, "--top-p")) { sp.top_p = (float)pln_cli_float(a, ARG(), 0, false, 1); do_sample = true; }
+        else if (!strcmp(a, "--repetition-penalty")) sp.repetition_penalty = (float)pln_cli_float(a, ARG(), 0, false, INFINITY);
+        else if (!strcmp(a, "--seed")) { sp.seed = (uint64_t)pln_cli_int(a, ARG(), 0, INT64_MAX); do_sample = true; }
         else if (!strcmp(a, "--do-sample")) do_sample = true;
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
-        else if (!strcmp(a, "--threads")) threads = atoi(ARG());
+        else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
+        else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
+        else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
-        else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = atoi(ARG());
+        else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); return 0; }
         else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(); } pln_comm_free(comm); return 2; }
         else if (!dir) dir = a;

@@ -26,6 +26,8 @@ static void usage(FILE *f) {
             "  --port-file PATH               write the bound port there once listening\n"
             "  --model-id NAME                name in /info, /v1/models (default: the shard directory's name)\n"
             "  --backend cpu|cuda             (default cpu)\n"
+            "  --device D                     CUDA device of every rank (default: picked from the node-local rank)\n"
+            "  --gpus-per-node N              CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --max-seqs N                   engine sequence slots (default 32)\n"
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
@@ -45,11 +47,8 @@ static void usage(FILE *f) {
             l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
 }
 
-static int32_t int_arg(const char *flag, const char *v, long long lo, long long hi) {
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi) pln_die("%s %s: expected an integer in [%lld, %lld]", flag, v, lo, hi);
-    return (int32_t)x;
+static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) {
+    return (int32_t)pln_cli_int(flag, v, lo, hi);
 }
 
 /* ---- the tokenizer as the scheduler and server see it -------------------------------------- */
@@ -136,7 +135,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) port_file = VAL();
         else if (!strcmp(a, "--model-id")) so.model_id = VAL();
         else if (!strcmp(a, "--backend")) eo.backend = VAL();
-        else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), -1, 1024);
+        else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), 0, PLN_CLI_MAX_DEVICE);
+        else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = int_arg(a, VAL(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--max-seqs")) eo.max_seqs = int_arg(a, VAL(), 1, 4096);
         else if (!strcmp(a, "--kv-tokens")) eo.kv_tokens = int_arg(a, VAL(), 1, INT32_MAX);
         else if (!strcmp(a, "--block-size")) eo.block_size = int_arg(a, VAL(), 1, 1024);
