@@ -123,6 +123,29 @@ static void report(const char *op, const char *shape, const float *got, const fl
     CHECK(ok, "%s %s: relative error %.3g (tol %.3g), %zu bad elements", op, shape, rel, tol, nan);
 }
 
+/* The relative L2 error of report() can hide one wrong element among hundreds of thousands (a
+ * boundary row, the last token of a tile): every element must also lie within frac of the
+ * output's RMS. Names the worst element as [t, row] so a failing kernel says where it went wrong. */
+static void report_elems(const char *op, const char *shape, const float *got, const float *want, size_t n,
+                         int64_t width, double frac)
+{
+    double ss = 0;
+    size_t nf = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(want[i])) { ss += (double)want[i] * want[i]; nf++; }
+    double bound = frac * (nf ? sqrt(ss / nf) : 1.0) + 1e-6, worst = 0;
+    size_t bad = 0, at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(want[i])) continue;
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= bound)) { bad++; if (!(d <= worst)) { worst = d; at = i; } }
+    }
+    if (bad)
+        printf("%-16s %-44s %zu elements off by > %.2e, worst [t %lld, row %lld]: got %g want %g  NOT OK\n", op, shape,
+               bad, bound, (long long)(at / (size_t)width), (long long)(at % (size_t)width), got[at], want[at]);
+    CHECK(bad == 0, "%s %s: %zu elements beyond %.3g", op, shape, bad, bound);
+}
+
 /* ---- embedding, gather ----------------------------------------------------------------------- */
 static void test_embed(int64_t vn, int64_t H, int64_t v0, int32_t T)
 {
@@ -228,22 +251,31 @@ static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
 
 static const char *path_name[] = {"auto", "gemv", "gemm", "plain"};
 
-static void test_linear_off(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
-                            int bias_off);
-static void test_linear(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu)
-{
-    test_linear_off(dt, rows, cols, group, T, bias, gelu, 0);
-}
-
-/* bias_off > 0: the device bias starts bias_off halves into its allocation (not 16-byte aligned). */
+static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
+                           int bias_off, int in_off, int w_off);
 static void test_linear_off(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
                             int bias_off)
+{
+    test_linear_ex(dt, rows, cols, group, T, bias, gelu, bias_off, 0, 0);
+}
+static void test_linear(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu)
+{
+    test_linear_ex(dt, rows, cols, group, T, bias, gelu, 0, 0, 0);
+}
+
+/* Offsets into the device allocations, to reach the fallbacks for pointers the fast kernels
+ * cannot take: bias_off halves (bias not 16-byte aligned: cuBLASLt's epilogue is skipped),
+ * in_off halves (input not 16-byte aligned), w_off bytes (weight rows not 16-byte aligned). */
+static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
+                           int bias_off, int in_off, int w_off)
 {
     char shape[128];
     snprintf(shape, sizeof shape, "%s%s [%lld x %lld] T %d%s%s", dt == PLN_DTYPE_F16 ? "f16" : "i8",
              dt == PLN_DTYPE_I8 ? (group > 0 && group != cols ? "/g" : "/ch") : "", (long long)rows, (long long)cols, T,
              bias ? (bias_off ? " +bias(unaligned)" : " +bias") : "", gelu ? " +gelu" : "");
     if (dt == PLN_DTYPE_I8 && group > 0 && group != cols) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " G%lld", (long long)group);
+    if (in_off) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " in+%d", in_off);
+    if (w_off) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " w+%dB", w_off);
     host_weight hw = make_weight(dt, rows, cols, group);
     uint16_t *hb = rnd_f16((size_t)rows, -0.5f, 0.5f);
     size_t nin = (size_t)T * cols, nout = (size_t)T * rows;
@@ -259,7 +291,26 @@ static void test_linear_off(pln_dtype dt, int64_t rows, int64_t cols, int64_t gr
 
     void *gb[2];
     pln_weight gw = up_weight(g_gpu, &hw, gb);
-    void *gx = up_act(g_gpu, x, nin), *gbias_buf = NULL, *gbias = NULL;
+    void *gw_buf = NULL;
+    if (w_off) {   /* the same weight w_off bytes into a larger allocation */
+        size_t wbytes = (size_t)(rows * cols) * (dt == PLN_DTYPE_F16 ? 2 : 1);
+        gw_buf = dalloc(g_gpu, wbytes + (size_t)w_off);
+        gw.w = (uint8_t *)gw_buf + w_off;
+        g_gpu->upload(g_gpu, (void *)gw.w, dt == PLN_DTYPE_F16 ? (const void *)hw.w16 : (const void *)hw.w8, wbytes);
+    }
+    void *gx_buf = NULL, *gx = NULL, *gbias_buf = NULL, *gbias = NULL;
+    if (in_off) {
+        uint16_t *t16 = pln_xmalloc(nin * 2 + 2);
+        for (size_t i = 0; i < nin; i++) t16[i] = pln_f32_to_f16(x[i]);
+        size_t asz = g_gpu->act_size;
+        gx_buf = dalloc(g_gpu, (nin + (size_t)in_off) * asz);
+        gx = (uint8_t *)gx_buf + (size_t)in_off * asz;
+        if (asz == 4) g_gpu->upload(g_gpu, gx, x, nin * 4);   /* --cpu-as-gpu */
+        else g_gpu->upload(g_gpu, gx, t16, nin * 2);
+        free(t16);
+    } else {
+        gx = gx_buf = up_act(g_gpu, x, nin);
+    }
     if (bias) {
         gbias_buf = dalloc(g_gpu, (size_t)(rows + bias_off) * 2);
         gbias = (uint16_t *)gbias_buf + bias_off;
@@ -277,20 +328,26 @@ static void test_linear_off(pln_dtype dt, int64_t rows, int64_t cols, int64_t gr
         char op[32];
         snprintf(op, sizeof op, "linear/%s", path_name[path]);
         report(op, shape, got, want, nout, 5e-3);
+        report_elems(op, shape, got, want, nout, rows, 0.1);
     }
     set_path(0);
     g_cpu->free(g_cpu, cb[0]); g_cpu->free(g_cpu, cb[1]); g_cpu->free(g_cpu, cx); g_cpu->free(g_cpu, cbias); g_cpu->free(g_cpu, co);
-    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx); g_gpu->free(g_gpu, gbias_buf); g_gpu->free(g_gpu, go);
+    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx_buf); g_gpu->free(g_gpu, gbias_buf); g_gpu->free(g_gpu, go);
+    g_gpu->free(g_gpu, gw_buf);
     free_host_weight(&hw); free(hb); free(x); free(want); free(got);
 }
 
 /* ---- logits (F32 out, padding rows -inf), logit_process, topk --------------------------------- */
-static void test_logits(pln_dtype dt, int64_t vn, int64_t H, int32_t S, int64_t n_valid)
+/* Each kernel path (as linear), including the cuBLASLt F32 output with the -inf pass after it
+ * (S > 16 on fp16) and the int8 GEMM's F32 epilogue over several 64-token tiles. */
+static void test_logits(pln_dtype dt, int64_t vn, int64_t H, int64_t group, int32_t S, int64_t n_valid)
 {
     char shape[96];
     snprintf(shape, sizeof shape, "%s vn %lld H %lld S %d valid %lld", dt == PLN_DTYPE_F16 ? "f16" : "i8", (long long)vn,
              (long long)H, S, (long long)n_valid);
-    host_weight hw = make_weight(dt, vn, H, 0);
+    if (dt == PLN_DTYPE_I8 && group > 0 && group != H)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " G%lld", (long long)group);
+    host_weight hw = make_weight(dt, vn, H, group);
     float *x = rnd_act((size_t)S * H, -2, 2);
     size_t n = (size_t)S * vn;
     float *want = pln_xmalloc(n * 4), *got = pln_xmalloc(n * 4);
@@ -299,13 +356,70 @@ static void test_logits(pln_dtype dt, int64_t vn, int64_t H, int32_t S, int64_t 
         pln_backend *be = bes[b];
         void *wb[2];
         pln_weight w = up_weight(be, &hw, wb);
-        void *dx = up_act(be, x, (size_t)S * H), *o = poisoned(be, n * 4);
-        CHECK(be->logits(be, o, dx, &w, S, n_valid) == 0, "logits on %s: %s", be->name, pln_error());
-        be->download(be, b ? got : want, o, n * 4);
+        void *dx = up_act(be, x, (size_t)S * H), *o = dalloc(be, n * 4);
+        for (int path = 0; path < (b ? 4 : 1); path++) {
+            if (path == 1 && S > 16) continue;
+            if (path == 3 && vn * H * (int64_t)S > ((int64_t)1 << 31)) continue;
+            if (g_self && path) continue;
+            poison(be, o, n * 4);
+            if (b) set_path(path);
+            CHECK(be->logits(be, o, dx, &w, S, n_valid) == 0, "logits on %s (%s): %s", be->name, path_name[path], pln_error());
+            be->download(be, b ? got : want, o, n * 4);
+            if (!b) continue;
+            char op[32];
+            snprintf(op, sizeof op, "logits/%s", path_name[path]);
+            report(op, shape, got, want, n, 2e-3);
+            report_elems(op, shape, got, want, n, vn, 0.05);
+        }
+        if (b) set_path(0);
         be->free(be, wb[0]); be->free(be, wb[1]); be->free(be, dx); be->free(be, o);
     }
-    report("logits", shape, got, want, n, 2e-3);
     free_host_weight(&hw); free(x); free(want); free(got);
+}
+
+/* cuBLASLt plans are cached per (shape, T, epilogue, alignment) in 128 slots: more distinct
+ * shapes than slots evict plans, and coming back to an evicted shape must plan it again. */
+static void test_lt_plans(void)
+{
+    const int64_t N = 72, K = 64;
+    host_weight hw = make_weight(PLN_DTYPE_F16, N, K, 0);
+    uint16_t *hb = rnd_f16((size_t)N, -0.5f, 0.5f);
+    const int32_t Tmax = 160;
+    float *x = rnd_act((size_t)Tmax * K, -1, 1);
+    float *want = pln_xmalloc((size_t)Tmax * N * 4), *got = pln_xmalloc((size_t)Tmax * N * 4);
+    void *cb[2], *gb[2];
+    pln_weight cw = up_weight(g_cpu, &hw, cb), gw = up_weight(g_gpu, &hw, gb);
+    void *cx = up_act(g_cpu, x, (size_t)Tmax * K), *gx = up_act(g_gpu, x, (size_t)Tmax * K);
+    void *cbias = up(g_cpu, hb, (size_t)N * 2), *gbias = up(g_gpu, hb, (size_t)N * 2);
+    void *co = dalloc(g_cpu, (size_t)Tmax * N * 4), *go = dalloc(g_gpu, (size_t)Tmax * N * g_gpu->act_size);
+    double worst = 0;
+    int calls = 0, failed = 0;
+    for (int round = 0; round < 2; round++)
+        for (int32_t T = 17; T <= (round ? 40 : Tmax); T++) {
+            bool gelu = T % 2, with_bias = T % 3 != 0;
+            poison(g_gpu, go, (size_t)T * N * g_gpu->act_size);
+            int rc = g_cpu->linear(g_cpu, co, cx, &cw, with_bias ? cbias : NULL, T, gelu);
+            rc |= g_gpu->linear(g_gpu, go, gx, &gw, with_bias ? gbias : NULL, T, gelu);
+            calls++;
+            if (rc) { failed++; continue; }
+            down_act(g_cpu, want, co, (size_t)T * N);
+            down_act(g_gpu, got, go, (size_t)T * N);
+            double num = 0, den = 0;
+            for (size_t i = 0; i < (size_t)T * N; i++) {
+                double d = (double)got[i] - want[i];
+                num += d * d; den += (double)want[i] * want[i];
+            }
+            double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            if (!(rel <= worst)) worst = rel;   /* NaN sticks */
+        }
+    bool ok = failed == 0 && worst <= 5e-3;
+    printf("%-16s %-44s rel %.2e  %d calls, %d failed  %s\n", "linear/plans", "f16 [72 x 64] T 17..160, then 17..40", worst,
+           calls, failed, ok ? "OK" : "NOT OK");
+    CHECK(ok, "cuBLASLt plan cache: worst relative error %.3g, %d of %d calls failed (%s)", worst, failed, calls,
+          failed ? pln_error() : "");
+    g_cpu->free(g_cpu, cb[0]); g_cpu->free(g_cpu, cx); g_cpu->free(g_cpu, cbias); g_cpu->free(g_cpu, co);
+    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gx); g_gpu->free(g_gpu, gbias); g_gpu->free(g_gpu, go);
+    free_host_weight(&hw); free(hb); free(x); free(want); free(got);
 }
 
 static void test_sampling(int32_t S, int64_t vn, int64_t v0, int32_t k, bool ties)
@@ -526,7 +640,11 @@ int main(int argc, char **argv)
     test_layernorm(3, 64);
     test_layernorm(5, 13);
     test_layernorm(2, 40000);                         /* too long for the register path */
-    for (int T = 1; T <= 40; T += 13) {
+    /* T: 1 and odd 7 (8-token GEMV), 9 and 16 (16-token GEMV), 17 (the first GEMM), 40 (a
+     * partial 64-token tile), 130 (three tiles of the int8 GEMM, the last partial) */
+    const int32_t Tsmall[] = {1, 7, 9, 16, 17, 40, 130};
+    for (size_t ti = 0; ti < sizeof Tsmall / sizeof Tsmall[0]; ti++) {
+        const int32_t T = Tsmall[ti];
         test_linear(PLN_DTYPE_F16, 192, 64, 0, T, true, false);
         test_linear(PLN_DTYPE_F16, 256, 64, 0, T, true, true);
         test_linear(PLN_DTYPE_F16, 1003, 96, 0, T, false, false);
@@ -537,8 +655,32 @@ int main(int argc, char **argv)
     }
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 33, true, true, 1);   /* cuBLASLt with a misaligned bias */
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 3, true, false, 3);
-    test_logits(PLN_DTYPE_F16, 1003, 64, 3, 1000);
-    test_logits(PLN_DTYPE_I8, 502, 96, 2, 500);
+    /* groups that straddle the int8 k-step of 64 columns (48) and the smallest group (16) */
+    test_linear(PLN_DTYPE_I8, 70, 192, 48, 3, true, false);
+    test_linear(PLN_DTYPE_I8, 70, 192, 48, 16, false, true);
+    test_linear(PLN_DTYPE_I8, 70, 192, 48, 70, true, true);
+    test_linear(PLN_DTYPE_I8, 33, 128, 16, 5, true, false);
+    test_linear(PLN_DTYPE_I8, 33, 128, 16, 20, true, false);
+    /* columns the fast kernels cannot step over: the plain kernel on every path */
+    test_linear(PLN_DTYPE_I8, 40, 96, 0, 2, true, false);
+    test_linear(PLN_DTYPE_I8, 40, 96, 0, 20, true, true);
+    test_linear(PLN_DTYPE_F16, 24, 40, 0, 2, true, false);
+    test_linear(PLN_DTYPE_F16, 24, 40, 0, 20, false, true);
+    /* input or weight not 16-byte aligned: refused by the fast kernels, done by the plain one */
+    test_linear_ex(PLN_DTYPE_F16, 64, 64, 0, 3, true, false, 0, 4, 0);
+    test_linear_ex(PLN_DTYPE_F16, 64, 64, 0, 20, true, true, 0, 4, 0);
+    test_linear_ex(PLN_DTYPE_I8, 64, 128, 0, 3, true, false, 0, 4, 0);
+    test_linear_ex(PLN_DTYPE_F16, 64, 64, 0, 3, false, false, 0, 0, 2);
+    test_linear_ex(PLN_DTYPE_F16, 64, 64, 0, 20, true, false, 0, 0, 2);
+    test_linear_ex(PLN_DTYPE_I8, 64, 128, 32, 20, true, false, 0, 0, 8);
+    test_lt_plans();
+    test_logits(PLN_DTYPE_F16, 1003, 64, 0, 3, 1000);
+    test_logits(PLN_DTYPE_F16, 1003, 64, 0, 20, 1000);
+    test_logits(PLN_DTYPE_I8, 502, 96, 0, 2, 500);
+    test_logits(PLN_DTYPE_I8, 502, 128, 0, 2, 500);
+    test_logits(PLN_DTYPE_I8, 502, 128, 0, 70, 497);
+    test_logits(PLN_DTYPE_I8, 200, 128, 32, 5, 190);
+    test_logits(PLN_DTYPE_I8, 200, 128, 32, 20, 200);
     int32_t ctx_small[3] = {1, 7, 30};
     test_attention(4, 16, 4, 0, 3, ctx_small, 16);
     test_attention(3, 16, 6, 3, 3, ctx_small, 4);
@@ -569,8 +711,8 @@ int main(int argc, char **argv)
             test_linear(PLN_DTYPE_I8, H4, H, 128, T, true, true);
             test_linear(PLN_DTYPE_I8, H, H4, 0, T, false, false);
         }
-        test_logits(PLN_DTYPE_F16, V, H, 4, V);
-        test_logits(PLN_DTYPE_F16, V, H, 1, V - 200);
+        test_logits(PLN_DTYPE_F16, V, H, 0, 4, V);
+        test_logits(PLN_DTYPE_F16, V, H, 0, 1, V - 200);
         int32_t ctx_bloom[4] = {1, 300, 700, 1300};
         test_attention(14, 128, 112, 14, 4, ctx_bloom, 16);
         test_sampling(4, V, V, 50, false);
