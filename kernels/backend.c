@@ -1,7 +1,27 @@
-/* backend.c — picks a backend implementation by name ("cpu", "cuda"). */
+/* backend.c — picks a backend implementation by name ("cpu", "cuda", or a registered one). */
 #include "kernels/backend.h"
 
+#include <pthread.h>
 #include <string.h>
+
+#define MAX_REGISTERED 8
+static struct { const char *name; pln_backend *(*create)(int device); } g_reg[MAX_REGISTERED];
+static int g_n_reg;
+static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int pln_backend_register(const char *name, pln_backend *(*create)(int device)) {
+    if (!name || !*name || !create) return pln_errorf("pln_backend_register: a name and a constructor are needed");
+    if (!strcmp(name, "cpu") || !strcmp(name, "cuda"))
+        return pln_errorf("pln_backend_register: \"%s\" is a built-in backend", name);
+    pthread_mutex_lock(&g_reg_lock);
+    int rc = 0;
+    for (int i = 0; i < g_n_reg; i++)
+        if (!strcmp(g_reg[i].name, name)) rc = pln_errorf("pln_backend_register: \"%s\" is registered already", name);
+    if (!rc && g_n_reg == MAX_REGISTERED) rc = pln_errorf("pln_backend_register: %d backends are registered already", MAX_REGISTERED);
+    if (!rc) { g_reg[g_n_reg].name = name; g_reg[g_n_reg].create = create; g_n_reg++; }
+    pthread_mutex_unlock(&g_reg_lock);
+    return rc;
+}
 
 pln_backend *pln_backend_create(const char *name, int device) {
     if (!name || !*name || !strcmp(name, "cpu"))
@@ -17,6 +37,12 @@ pln_backend *pln_backend_create(const char *name, int device) {
         return NULL;
 #endif
     }
+    pln_backend *(*create)(int) = NULL;
+    pthread_mutex_lock(&g_reg_lock);
+    for (int i = 0; i < g_n_reg; i++)
+        if (!strcmp(g_reg[i].name, name)) create = g_reg[i].create;
+    pthread_mutex_unlock(&g_reg_lock);
+    if (create) return create(device);
     pln_errorf("backend \"%s\": unknown backend (known: cpu, cuda)", name);
     return NULL;
 }

@@ -129,6 +129,22 @@ struct pln_backend {
     int (*topk)(pln_backend *be, const float *logits, int32_t S, int64_t vn, int64_t v0, int32_t k,
                 float *vals, int32_t *ids, float *row_max, float *row_sumexp);
 
+    /* ---- optional: step graphs (NULL on backends without them, such as the CPU) ----
+     * graph_begin records, instead of running, the ops enqueued after it on this thread;
+     * graph_end stops recording and makes *g replayable (*g NULL: a new graph; else *g is
+     * updated in place). graph_launch replays every recorded op with the arguments it was
+     * recorded with (device pointers included): the caller keeps per-step inputs in fixed buffers
+     * and uploads them before the launch (uploads and downloads are never recorded). Nothing may
+     * allocate while recording, so a step is run once unrecorded first. graph_end after a failed
+     * op still ends recording (and returns -1). graph_epoch changes whenever the backend moves a
+     * buffer of its own that recorded ops refer to (its scratch grew): a graph recorded under
+     * another epoch must be recorded again. */
+    int (*graph_begin)(pln_backend *be);
+    int (*graph_end)(pln_backend *be, void **g);
+    int (*graph_launch)(pln_backend *be, void *g);
+    void (*graph_free)(pln_backend *be, void *g);
+    uint64_t (*graph_epoch)(pln_backend *be);
+
     void (*destroy)(pln_backend *be);
 };
 
@@ -136,6 +152,9 @@ struct pln_backend {
  * NULL + error if the name is unknown or the backend is not built / no device is present. */
 pln_backend *pln_backend_create(const char *name, int device);
 void pln_backend_destroy(pln_backend *be);
+/* Adds a backend under a new name for pln_backend_create (and so for --backend): a wrapper
+ * around another backend, say. At most 8; -1 + error when full or the name is taken. */
+int pln_backend_register(const char *name, pln_backend *(*create)(int device));
 
 /* Backend constructors (kernels/cpu/cpu_backend.c, kernels/cuda/cuda_backend.cu). */
 pln_backend *pln_backend_cpu_create(void);

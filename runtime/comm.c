@@ -101,6 +101,10 @@ int pln_comm_rank(const pln_comm *c) { return c->rank; }
 int pln_comm_size(const pln_comm *c) { return c->size; }
 int pln_comm_local_rank(const pln_comm *c) { return c->local_rank; }
 
+bool pln_comm_allreduce_recordable(const pln_comm *c) {
+    return c->size == 1 || c->nccl != NULL;
+}
+
 int pln_comm_attach_backend(pln_comm *c, pln_backend *be) {
     c->be = be;
     if (c->size == 1 || strcmp(be->name, "cuda") != 0) return 0;

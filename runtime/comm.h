@@ -7,6 +7,7 @@
 #define PLN_COMM_H
 
 #include "formats/common.h"
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct pln_comm pln_comm;
@@ -24,6 +25,9 @@ int pln_comm_local_rank(const pln_comm *c);
 int pln_comm_attach_backend(pln_comm *c, pln_backend *be);
 /* In-place sum of n elements of dtype (F32 or F16) in backend memory, on the backend's stream. */
 int pln_comm_allreduce(pln_comm *c, void *buf, size_t n, pln_dtype dtype);
+/* True when pln_comm_allreduce only enqueues work on the attached backend's stream (one rank, or
+ * NCCL), so it can be recorded into a backend graph; false when it moves data through the host. */
+bool pln_comm_allreduce_recordable(const pln_comm *c);
 /* Host buffers. */
 int pln_comm_bcast(pln_comm *c, void *buf, size_t nbytes, int root);
 /* Gathers nbytes from every rank into recv [size * nbytes] on every rank. */

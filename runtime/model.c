@@ -74,6 +74,9 @@ pln_model *pln_model_create(pln_backend *be, pln_comm *comm, pln_loader *ld) {
     if (m->n_head_local > 4096) { pln_errorf("model: %d heads per rank is over 4096", m->n_head_local); pln_model_free(m); return NULL; }
     for (int32_t j = 0; j < m->n_head_local; j++)
         slopes[j] = pln_alibi_slope(c->rank * m->n_head_local + j, (int)c->n_head);
+    const char *ge = getenv("PLN_GRAPHS");
+    m->graphs_on = be->graph_begin && be->graph_end && be->graph_launch && be->graph_free && be->graph_epoch &&
+                   pln_comm_allreduce_recordable(comm) && !(ge && !strcmp(ge, "0"));
     m->slopes = be->alloc(be, (size_t)m->n_head_local * sizeof(float));
     if (!m->slopes || be->upload(be, m->slopes, slopes, (size_t)m->n_head_local * sizeof(float))) {
         pln_model_free(m);
@@ -96,8 +99,22 @@ static void free_scratch(pln_model *m, bool tokens, bool rows, bool bt) {
 #undef FR
 }
 
+static void graphs_clear(pln_model *m) {
+    for (int i = 0; i < PLN_MODEL_GRAPHS; i++) {
+        if (m->graphs[i].g) m->be->graph_free(m->be, m->graphs[i].g);
+        memset(&m->graphs[i], 0, sizeof m->graphs[i]);
+    }
+}
+
+void pln_model_set_graphs(pln_model *m, bool on) {
+    if (!on) graphs_clear(m);
+    m->graphs_on = on && m->be->graph_begin && m->be->graph_end && m->be->graph_launch && m->be->graph_free &&
+                   m->be->graph_epoch && pln_comm_allreduce_recordable(m->comm);
+}
+
 void pln_model_free(pln_model *m) {
     if (!m) return;
+    graphs_clear(m);
     free_scratch(m, true, true, true);
     if (m->slopes) m->be->free(m->be, m->slopes);
     free(m->layers);
@@ -128,6 +145,7 @@ static int ensure_scratch(pln_model *m, int32_t T, int32_t R, int32_t nbt) {
         }
         if (m->emb.dtype == PLN_DTYPE_I8) m->host_emb = pln_xmalloc(t * H * sizeof(float));
         m->cap_tokens = T;
+        m->scratch_gen++;
     }
     if (R > m->cap_rows) {
         free_scratch(m, false, true, false);
@@ -139,12 +157,14 @@ static int ensure_scratch(pln_model *m, int32_t T, int32_t R, int32_t nbt) {
             return pln_error_context("model: logits for %d rows", R);
         }
         m->cap_rows = R;
+        m->scratch_gen++;
     }
     if (nbt > m->cap_bt) {
         free_scratch(m, false, false, true);
         m->d_bt = be->alloc(be, (size_t)nbt * 4);
         if (!m->d_bt) return pln_error_context("model: block table of %d entries", nbt);
         m->cap_bt = nbt;
+        m->scratch_gen++;
     }
     return 0;
 }
@@ -172,34 +192,18 @@ static int embed_i8_host(pln_model *m, const int32_t *ids, int32_t T) {
     return m->be->upload(m->be, m->x, out, n * sizeof(float));
 }
 
-int pln_model_forward(pln_model *m, pln_kvcache *kv, const int32_t *ids, int32_t T,
-                      const int32_t *tok_seq, const int32_t *tok_pos, int32_t S,
-                      const int32_t *block_table, const int32_t *rows, int32_t n_rows,
-                      float **logits_out) {
+/* The step's ops from the embedding to the logits, all on the backend's stream (the inputs are
+ * in m->d_* already). Ops stop at the first failure, but collectives keep their order so no rank
+ * is left waiting. Returns 0 or -1. */
+static int enqueue_step(pln_model *m, pln_kvcache *kv, const pln_attn_meta *meta, const int32_t *ids, int32_t T,
+                        int32_t n_rows) {
     pln_backend *be = m->be;
-    if (T < 1 || S < 1 || n_rows < 0) return pln_errorf("model forward: %d tokens, %d sequences", T, S);
-    int32_t nbt = S * kv->max_blocks;
-    if (ensure_scratch(m, T, n_rows > 0 ? n_rows : 1, nbt)) return -1;
     const int64_t H = m->H;
     const float eps = m->cfg.eps;
     const pln_dtype adt = be->act_dtype;
-    int32_t max_pos = 0;
-    for (int32_t t = 0; t < T; t++) if (tok_pos[t] + 1 > max_pos) max_pos = tok_pos[t] + 1;
-
-    /* Ops stop at the first failure, but collectives keep their order so no rank is left waiting. */
     int rc = 0;
 #define OP(call) do { if (rc == 0 && (call) != 0) rc = -1; } while (0)
 #define ALLREDUCE(buf) do { if (pln_comm_allreduce(m->comm, buf, (size_t)T * (size_t)H, adt) != 0 && rc == 0) rc = -1; } while (0)
-    OP(be->upload(be, m->d_ids, ids, (size_t)T * 4));
-    OP(be->upload(be, m->d_seq, tok_seq, (size_t)T * 4));
-    OP(be->upload(be, m->d_pos, tok_pos, (size_t)T * 4));
-    OP(be->upload(be, m->d_bt, block_table, (size_t)nbt * 4));
-    if (n_rows > 0) OP(be->upload(be, m->d_rows, rows, (size_t)n_rows * 4));
-    pln_attn_meta meta = {
-        .n_tokens = T, .n_seqs = S, .block_size = kv->block_size, .max_blocks = kv->max_blocks,
-        .max_pos = max_pos, .tok_seq = m->d_seq, .tok_pos = m->d_pos, .block_table = m->d_bt,
-    };
-
     if (m->emb.dtype == PLN_DTYPE_I8) OP(embed_i8_host(m, ids, T));
     else OP(be->embed(be, m->x, m->d_ids, T, (const uint16_t *)m->emb.w, m->v0, m->Vr, H));
     ALLREDUCE(m->x);
@@ -209,8 +213,8 @@ int pln_model_forward(pln_model *m, pln_kvcache *kv, const int32_t *ids, int32_t
     for (int64_t i = 0; i < m->cfg.n_layer; i++) {
         const pln_layer *L = &m->layers[i];
         OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, false));
-        OP(be->kv_append(be, m->qkv, kv->k_pool[i], kv->v_pool[i], &meta, m->n_head_local, m->head_dim));
-        OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], &meta, m->slopes,
+        OP(be->kv_append(be, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->n_head_local, m->head_dim));
+        OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->slopes,
                          m->n_head_local, m->head_dim));
         OP(be->linear(be, m->y, m->attn, &L->dense, NULL, T, false));
         ALLREDUCE(m->y);
@@ -228,6 +232,112 @@ int pln_model_forward(pln_model *m, pln_kvcache *kv, const int32_t *ids, int32_t
     }
 #undef OP
 #undef ALLREDUCE
+    return rc;
+}
+
+/* The graph slot for (T, n_rows, max_pos): the existing one, else a free or least recently used
+ * slot (its graph freed) keyed anew with g NULL. */
+static struct pln_model_graph *graph_slot(pln_model *m, int32_t T, int32_t n_rows, int32_t max_pos) {
+    struct pln_model_graph *lru = &m->graphs[0];
+    for (int i = 0; i < PLN_MODEL_GRAPHS; i++) {
+        struct pln_model_graph *e = &m->graphs[i];
+        if (e->T == T && e->n_rows == n_rows && e->max_pos == max_pos) return e;
+        if (e->last_use < lru->last_use) lru = e;
+    }
+    if (lru->g) m->be->graph_free(m->be, lru->g);
+    memset(lru, 0, sizeof *lru);
+    lru->T = T;
+    lru->n_rows = n_rows;
+    lru->max_pos = max_pos;
+    return lru;
+}
+
+/* Records the step into slot e. Every rank takes part in the agreement (one allgather) so that a
+ * failure anywhere turns graphs off everywhere. Returns 0 when e->g is ready to launch. */
+static int graph_record(pln_model *m, pln_kvcache *kv, struct pln_model_graph *e, const pln_attn_meta *meta,
+                        const int32_t *ids, int32_t T, int32_t n_rows) {
+    pln_backend *be = m->be;
+    int rc = be->graph_begin(be);
+    if (!rc) {
+        int op_rc = enqueue_step(m, kv, meta, ids, T, n_rows);
+        void *g = e->g;
+        int end_rc = be->graph_end(be, &g);
+        e->g = g;
+        rc = op_rc || end_rc ? -1 : 0;
+    }
+    if (rc) pln_error_context("recording a decode step of %d tokens as a graph", T);
+    int tp = pln_comm_size(m->comm);
+    if (tp > 1) {
+        int32_t mine = rc ? 1 : 0, *all = pln_xmalloc((size_t)tp * sizeof *all);
+        if (pln_comm_allgather(m->comm, &mine, all, sizeof mine)) rc = -1;
+        else for (int i = 0; i < tp; i++) if (all[i]) rc = -1;
+        free(all);
+    }
+    if (rc) {
+        fprintf(stderr, "pollen: rank %d: decode steps run op by op from now on (%s)\n", m->cfg.rank,
+                pln_error());
+        pln_model_set_graphs(m, false);
+        return -1;
+    }
+    e->gen = m->scratch_gen;
+    e->epoch = be->graph_epoch(be);
+    m->graph_stats.recorded++;
+    return 0;
+}
+
+int pln_model_forward(pln_model *m, pln_kvcache *kv, const int32_t *ids, int32_t T,
+                      const int32_t *tok_seq, const int32_t *tok_pos, int32_t S,
+                      const int32_t *block_table, const int32_t *rows, int32_t n_rows,
+                      float **logits_out) {
+    pln_backend *be = m->be;
+    *logits_out = NULL;
+    if (T < 1 || S < 1 || n_rows < 0) return pln_errorf("model forward: %d tokens, %d sequences", T, S);
+    int32_t nbt = S * kv->max_blocks;
+    if (ensure_scratch(m, T, n_rows > 0 ? n_rows : 1, nbt)) return -1;
+    int32_t max_pos = 0;
+    for (int32_t t = 0; t < T; t++) if (tok_pos[t] + 1 > max_pos) max_pos = tok_pos[t] + 1;
+
+    /* A decode step may run as a graph: its attention length bound is rounded up so that one
+     * graph serves many steps (keys past a token's position cost an empty split). */
+    bool decode = m->graphs_on && T == S && n_rows > 0 && m->emb.dtype != PLN_DTYPE_I8;
+    if (decode) {
+        int32_t cap = kv->max_blocks * kv->block_size, b = 128;
+        while (b < max_pos) b *= 2;
+        max_pos = b < cap ? b : cap > max_pos ? cap : max_pos;
+    }
+
+    int rc = 0;
+#define OP(call) do { if (rc == 0 && (call) != 0) rc = -1; } while (0)
+    OP(be->upload(be, m->d_ids, ids, (size_t)T * 4));
+    OP(be->upload(be, m->d_seq, tok_seq, (size_t)T * 4));
+    OP(be->upload(be, m->d_pos, tok_pos, (size_t)T * 4));
+    OP(be->upload(be, m->d_bt, block_table, (size_t)nbt * 4));
+    if (n_rows > 0) OP(be->upload(be, m->d_rows, rows, (size_t)n_rows * 4));
+#undef OP
+    pln_attn_meta meta = {
+        .n_tokens = T, .n_seqs = S, .block_size = kv->block_size, .max_blocks = kv->max_blocks,
+        .max_pos = max_pos, .tok_seq = m->d_seq, .tok_pos = m->d_pos, .block_table = m->d_bt,
+    };
+
+    /* Every input the decision reads (shapes, scratch growth, the backend's epoch) is the same on
+     * every rank, so all ranks replay, record or run op by op together. */
+    bool done = false;
+    if (decode && rc == 0) {
+        struct pln_model_graph *e = graph_slot(m, T, n_rows, max_pos);
+        e->last_use = ++m->graph_clock;
+        bool fresh = e->g && e->gen == m->scratch_gen && e->epoch == be->graph_epoch(be);
+        /* The first step of a shape runs op by op: it sizes every buffer the recording needs. */
+        if (fresh || (e->runs > 0 && graph_record(m, kv, e, &meta, ids, T, n_rows) == 0)) {
+            if (be->graph_launch(be, e->g) != 0) rc = -1;
+            else m->graph_stats.replayed++;
+            done = true;
+        }
+        e->runs++;
+    }
+    if (!done) {
+        if (enqueue_step(m, kv, &meta, ids, T, n_rows) != 0 && rc == 0) rc = -1;
+        m->graph_stats.eager++;
+    }
     *logits_out = m->logits;
     if (rc) return pln_error_context("forward pass (rank %d)", m->cfg.rank);
     return 0;

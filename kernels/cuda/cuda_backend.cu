@@ -76,6 +76,7 @@ void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n)
     if (c->scratch) cudaFree(c->scratch);
     c->scratch = p;
     c->scratch_size = want;
+    c->epoch++;
     return p;
 }
 
@@ -329,5 +330,10 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     be->logits = cu_logits;
     be->logit_process = cu_logit_process;
     be->topk = cu_topk;
+    be->graph_begin = pln_cuda_graph_op_begin;
+    be->graph_end = pln_cuda_graph_op_end;
+    be->graph_launch = pln_cuda_graph_op_launch;
+    be->graph_free = pln_cuda_graph_op_free;
+    be->graph_epoch = pln_cuda_graph_op_epoch;
     return be;
 }

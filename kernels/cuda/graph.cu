@@ -58,3 +58,40 @@ extern "C" void pln_cuda_graph_destroy(pln_cuda_graph *g)
     if (g->exec) cudaGraphExecDestroy(g->exec);
     free(g);
 }
+
+/* ---- the backend table's graph ops ---------------------------------------------------------- */
+int pln_cuda_graph_op_begin(pln_backend *be)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    cudaCheck(cudaSetDevice(c->device));
+    return pln_cuda_graph_begin(be);
+}
+
+int pln_cuda_graph_op_end(pln_backend *be, void **g)
+{
+    pln_cuda_graph *cg = (pln_cuda_graph *)*g;
+    int rc = pln_cuda_graph_end(be, &cg);
+    *g = cg;
+    return rc;
+}
+
+int pln_cuda_graph_op_launch(pln_backend *be, void *g)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    cudaCheck(cudaSetDevice(c->device));
+    return pln_cuda_graph_launch(be, (pln_cuda_graph *)g);
+}
+
+void pln_cuda_graph_op_free(pln_backend *be, void *g)
+{
+    (void)be;
+    pln_cuda_graph_destroy((pln_cuda_graph *)g);
+}
+
+uint64_t pln_cuda_graph_op_epoch(pln_backend *be)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    return c ? c->epoch : 0;
+}
