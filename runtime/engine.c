@@ -109,8 +109,9 @@ static void device_error_context(const pln_engine_opts *o, int rank, int local, 
     else if (o->gpus_per_node > 0) snprintf(how, sizeof how, "local rank %% --gpus-per-node %d", o->gpus_per_node);
     else snprintf(how, sizeof how, "its local rank; --gpus-per-node unset");
     pln_errorf("CUDA device %d for MPI rank %d (local rank %d on its node, from %s): %s%s", device, rank, local, how,
-               old, strstr(old, "does not exist") ? ". HINT: with more ranks on a node than GPUs pass --gpus-per-node N (device = local "
-                                 "rank % N); when CUDA_VISIBLE_DEVICES gives each rank its own GPU pass --device 0"
+               old, strstr(old, "does not exist") ? ". HINT: run at most one rank per GPU on each node (mpirun --map-by ppr:GPUS:node); "
+                                 "when CUDA_VISIBLE_DEVICES gives each rank its own GPU pass --gpus-per-node 1 or "
+                                 "--device 0"
                                : "");
 }
 
