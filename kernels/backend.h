@@ -83,9 +83,12 @@ struct pln_backend {
     const void *(*weights_from_host)(pln_backend *be, void *dst, const void *src, size_t nbytes);
     /* Streams nbytes at offset off of the file at path into dst (backend memory) with large reads
      * (CUDA: O_DIRECT where possible, pinned double buffers overlapped with async copies).
-     * NULL on backends that use the mapping in place (CPU). Returns bytes/s achieved in *rate. */
+     * NULL on backends that use the mapping in place (CPU). Returns bytes/s achieved in *rate.
+     * on_bytes, when not NULL, sees every byte of the range once, in order, from the host staging
+     * buffer while it is being copied (at = offset within the range): checksums while loading. */
     int (*load_file)(pln_backend *be, void *dst, const char *path, uint64_t off, uint64_t nbytes,
-                     double *rate);
+                     double *rate, void (*on_bytes)(void *ctx, uint64_t at, const void *p, size_t n),
+                     void *ctx);
 
     /* ---- ops ---- */
     /* out[t] = table[ids[t] - v0] for v0 <= ids[t] < v0 + vn, else zeros (vocab-parallel).

@@ -656,6 +656,7 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->max_seqs = e->opts.max_seqs;
     info->max_seq_len = e->opts.max_seq_len;
     info->load_seconds = e->load_seconds;
+    info->load_bytes_per_s = e->ld ? pln_loader_rate(e->ld) : 0;
     info->weight_bytes = e->ld ? pln_loader_weight_bytes(e->ld) : 0;
     if (e->model)
         info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_head_local,

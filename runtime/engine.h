@@ -94,6 +94,7 @@ typedef struct {
     int64_t kv_blocks_total, kv_blocks_free;
     int32_t block_size, max_seqs, max_seq_len;
     double load_seconds;
+    double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */
     uint64_t kv_bytes_per_token;/* this rank's KV cache bytes per token (all layers, K and V) */
 } pln_engine_info;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <xxhash.h>
 
 struct pln_loader {
     pln_backend *be;
@@ -17,6 +18,7 @@ struct pln_loader {
     const uint8_t *base;         /* backend memory holding the data region */
     void *owned;                 /* the allocation when the backend copied (load_file) */
     double seconds;
+    double rate;                 /* bytes/s of load_file; 0 when the mapping is used in place */
     char *tokenizer_path;
 };
 
@@ -32,6 +34,44 @@ static void populate(const pln_map *m) {
     for (uint64_t i = 0; i < pages; i++) acc ^= m->data[i * 4096];
     sink = acc;
     (void)sink;
+}
+
+/* --verify on backends that stream the file: every tensor is hashed as its bytes pass through
+ * the staging buffers, so the file is read once. Tensors lie in offset order; the gaps between
+ * them are alignment padding. */
+typedef struct {
+    const pln_shard *s;
+    XXH3_state_t *st;
+    uint64_t i;                  /* the tensor being hashed */
+    uint64_t done;               /* its bytes hashed so far */
+    int64_t bad;
+    const char *first_bad;
+} stream_verify;
+
+static void verify_tensor_done(stream_verify *v, uint64_t digest) {
+    const pln_shard_tensor *t = &v->s->tensors[v->i];
+    if (digest != t->xxh3 && v->bad++ == 0) v->first_bad = t->name;
+    v->i++;
+    v->done = 0;
+}
+
+static void verify_bytes(void *ctx, uint64_t at, const void *p, size_t n) {
+    stream_verify *v = ctx;
+    const uint8_t *b = p;
+    uint64_t pos = v->s->data_offset + at, end = pos + n;   /* absolute file offsets of b[0..n) */
+    while (v->i < v->s->n_tensors) {
+        const pln_shard_tensor *t = &v->s->tensors[v->i];
+        if (t->nbytes == 0) { verify_tensor_done(v, XXH3_64bits(NULL, 0)); continue; }
+        uint64_t from = t->offset + v->done, to = t->offset + t->nbytes;
+        if (from >= end) return;                  /* the tensor starts in a later piece */
+        if (from < pos) from = pos;               /* cannot happen: pieces arrive in order */
+        uint64_t upto = to < end ? to : end;
+        if (v->done == 0) XXH3_64bits_reset(v->st);
+        XXH3_64bits_update(v->st, b + (from - pos), (size_t)(upto - from));
+        v->done += upto - from;
+        if (v->done < t->nbytes) return;          /* continues in the next piece */
+        verify_tensor_done(v, XXH3_64bits_digest(v->st));
+    }
 }
 
 pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be,
@@ -75,7 +115,8 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     pln_shard *s = l->shard;
     pln_map_advise_sequential(&s->map);
     if (opts && opts->populate) populate(&s->map);
-    if (opts && opts->verify) {
+    bool verify_now = opts && opts->verify && !be->load_file;
+    if (verify_now) {
         int64_t bad = pln_shard_verify_all(s, NULL);
         if (bad != 0) {
             pln_error_context("%s: %lld tensor%s failed checksum verification (re-copy or re-create the "
@@ -88,11 +129,28 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
         double rate = 0;
         l->owned = be->alloc(be, s->data_size ? s->data_size : 1);
         if (!l->owned) { pln_error_context("%s: backend memory for %llu bytes of weights", s->path, (unsigned long long)s->data_size); goto fail; }
-        if (be->load_file(be, l->owned, s->path, s->data_offset, s->data_size, &rate)) {
+        stream_verify v = {.s = s};
+        bool verify = opts && opts->verify;
+        if (verify && !(v.st = XXH3_createState())) { pln_errorf("%s: out of memory for a checksum state", s->path); goto fail; }
+        int lrc = be->load_file(be, l->owned, s->path, s->data_offset, s->data_size, &rate,
+                                verify ? verify_bytes : NULL, verify ? &v : NULL);
+        if (v.st) XXH3_freeState(v.st);
+        if (lrc) {
             pln_error_context("%s: loading weights", s->path);
             goto fail;
         }
+        if (verify && (v.bad || v.i < s->n_tensors)) {
+            if (v.bad)
+                pln_errorf("%s: %lld tensor%s failed checksum verification while loading, first %s (re-copy or "
+                           "re-create the set; `pollen verify` lists them)", s->path, (long long)v.bad,
+                           v.bad == 1 ? "" : "s", v.first_bad);
+            else
+                pln_errorf("%s: only %llu of %llu tensors were checked while loading", s->path,
+                           (unsigned long long)v.i, (unsigned long long)s->n_tensors);
+            goto fail;
+        }
         l->base = l->owned;
+        l->rate = rate;
     } else {
         l->base = be->weights_from_host(be, NULL, region, s->data_size);
         if (!l->base) { pln_error_context("%s: weights", s->path); goto fail; }
@@ -118,6 +176,7 @@ void pln_loader_close(pln_loader *l) {
 const pln_model_config *pln_loader_config(const pln_loader *l) { return &l->cfg; }
 uint64_t pln_loader_weight_bytes(const pln_loader *l) { return l->shard->data_size; }
 double pln_loader_seconds(const pln_loader *l) { return l->seconds; }
+double pln_loader_rate(const pln_loader *l) { return l->rate; }
 const char *pln_loader_tokenizer_path(const pln_loader *l) { return l->tokenizer_path; }
 
 static const pln_shard_tensor *find(pln_loader *l, const char *name) {

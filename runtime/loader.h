@@ -26,7 +26,7 @@ typedef struct {
 
 typedef struct {
     bool populate;              /* fault the mapping in now */
-    bool verify;                /* check every tensor checksum */
+    bool verify;                /* check every tensor checksum (while streaming, on load_file backends) */
     bool quiet;                 /* no progress bar */
 } pln_loader_opts;
 
@@ -49,6 +49,9 @@ int pln_loader_weight_host(pln_loader *l, const char *name, int64_t rows, int64_
 
 uint64_t pln_loader_weight_bytes(const pln_loader *l);   /* data bytes of this rank's file */
 double pln_loader_seconds(const pln_loader *l);          /* open + map (+ populate/verify/copy) */
+/* Bytes/s at which the weights were streamed into backend memory (load_file backends), with any
+ * --verify checksums computed on the way; 0 when the mapping is used in place (CPU). */
+double pln_loader_rate(const pln_loader *l);
 const char *pln_loader_tokenizer_path(const pln_loader *l);
 
 #endif

@@ -304,6 +304,7 @@ int cmd_generate(int argc, char **argv) {
         json_object_set_new(root, "results", arr);
         json_t *tm = json_object(), *pt = json_array();
         json_object_set_new(tm, "load_s", json_real(t_load));
+        if (info.load_bytes_per_s > 0) json_object_set_new(tm, "load_gb_per_s", json_real(info.load_bytes_per_s / 1e9));
         json_object_set_new(tm, "prefill_s", json_real(t_prefill));
         for (int i = 0; i < n_steps; i++) json_array_append_new(pt, json_real(step_ms[i]));
         json_object_set_new(tm, "per_token_ms", pt);
@@ -324,6 +325,9 @@ int cmd_generate(int argc, char **argv) {
             int64_t ptoks = 0;
             for (int i = 0; i < n_seq; i++) ptoks += (int64_t)g[i].n_ids;
             /* stdout: under mpirun, stderr and stdout are forwarded separately and would reorder. */
+            if (info.load_bytes_per_s > 0)
+                printf("weights: %.2f GB per rank streamed to the device at %.2f GB/s\n", info.weight_bytes / 1e9,
+                       info.load_bytes_per_s / 1e9);
             printf("load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
                     "(batch %d, TP %d %s, %d threads/rank)\n", t_load, (long long)ptoks, t_prefill * 1e3,
                     t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps ? decode_ms / n_steps : 0.0, n_seq,

@@ -208,6 +208,9 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d] pid %d\n",
             so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
             (long long)info.kv_blocks_total, info.block_size, (int)getpid());
+    if (info.load_bytes_per_s > 0)
+        fprintf(stderr, "pollen serve: weights: %.2f GB per rank streamed to the device at %.2f GB/s (start-up %.1f s)\n",
+                info.weight_bytes / 1e9, info.load_bytes_per_s / 1e9, info.load_seconds);
     if (port_file) {
         char buf[32];
         int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));

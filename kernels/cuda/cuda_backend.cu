@@ -165,10 +165,11 @@ static const void *cu_weights_from_host(pln_backend *be, void *dst, const void *
     return dst;
 }
 
-static int cu_load_file(pln_backend *be, void *dst, const char *path, uint64_t off, uint64_t n, double *rate)
+static int cu_load_file(pln_backend *be, void *dst, const char *path, uint64_t off, uint64_t n, double *rate,
+                        void (*on_bytes)(void *ctx, uint64_t at, const void *p, size_t n), void *ctx)
 {
     CTX(be);
-    return pln_cuda_load_file(c, dst, path, off, n, rate);
+    return pln_cuda_load_file(c, dst, path, off, n, rate, on_bytes, ctx);
 }
 
 /* ---- ops --------------------------------------------------------------------------------- */

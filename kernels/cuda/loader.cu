@@ -94,7 +94,8 @@ static double cached_fraction(int fd, uint64_t off, uint64_t n)
     return frac;
 }
 
-int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t off, uint64_t nbytes, double *rate)
+int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t off, uint64_t nbytes, double *rate,
+                       void (*on_bytes)(void *ctx, uint64_t at, const void *p, size_t n), void *ctx)
 {
     double t0 = pln_now();
     if (rate) *rate = 0.0;
@@ -153,6 +154,8 @@ int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t of
             e = cudaMemcpyAsync((char *)dst + copied, buf[b] + skip, n, cudaMemcpyHostToDevice, c->stream);
             if (pln_cuda_check(e, "cudaMemcpyAsync", __FILE__, __LINE__)) goto out;
             if (pln_cuda_check(cudaEventRecord(done_ev[b], c->stream), "cudaEventRecord", __FILE__, __LINE__)) goto out;
+            /* The DMA only reads the buffer: checksumming it meanwhile overlaps the two. */
+            if (on_bytes) on_bytes(ctx, copied, buf[b] + skip, (size_t)n);
             copied += n;
             pos += got;
             b ^= 1;

@@ -13,7 +13,10 @@
 #define PLN_LOAD_THREADS 8
 
 /* Copies nbytes at offset off of path into dst (device). *rate = bytes/s over the whole call.
- * Waits until the data is on the device. -1 with an error naming the file otherwise. */
-int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t off, uint64_t nbytes, double *rate);
+ * on_bytes (optional) is called with each staged piece of the range, in order, while its copy to
+ * the device runs. Waits until the data is on the device. -1 with an error naming the file
+ * otherwise. */
+int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t off, uint64_t nbytes, double *rate,
+                       void (*on_bytes)(void *ctx, uint64_t at, const void *p, size_t n), void *ctx);
 
 #endif

@@ -18,6 +18,7 @@
 
 #include <fcntl.h>
 #include <stdint.h>
+#include <xxhash.h>
 
 /* ---- random inputs ------------------------------------------------------------------------- */
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
@@ -540,6 +541,17 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
 }
 
 /* ---- load_file: an unaligned range of a file, compared byte for byte ----------------------- */
+/* on_bytes must see the range once, in order: a streaming XXH3 of what it saw equals the XXH3 of
+ * the range. */
+typedef struct { XXH3_state_t *st; uint64_t next; bool in_order; } seen_t;
+static void seen_bytes(void *ctx, uint64_t at, const void *p, size_t n)
+{
+    seen_t *s = (seen_t *)ctx;
+    if (at != s->next) s->in_order = false;
+    XXH3_64bits_update(s->st, p, n);
+    s->next = at + n;
+}
+
 static void test_load_file(size_t size, uint64_t off, uint64_t n)
 {
     char path[600];
@@ -551,15 +563,22 @@ static void test_load_file(size_t size, uint64_t off, uint64_t n)
     if (f) fclose(f);
     void *d = poisoned(g_gpu, n);
     double rate = 0;
-    int rc = g_gpu->load_file(g_gpu, d, path, off, n, &rate);
+    seen_t seen = {XXH3_createState(), 0, true};
+    XXH3_64bits_reset(seen.st);
+    int rc = g_gpu->load_file(g_gpu, d, path, off, n, &rate, seen_bytes, &seen);
     CHECK(rc == 0, "load_file: %s", pln_error());
+    bool hashed = seen.in_order && seen.next == n && XXH3_64bits_digest(seen.st) == XXH3_64bits(data + off, n);
+    printf("%-16s %-44s %s\n", "load_file", "checksum while loading (on_bytes)", hashed ? "OK" : "NOT OK");
+    CHECK(hashed, "load_file: on_bytes saw %llu bytes (in order: %d), or their XXH3 differs",
+          (unsigned long long)seen.next, (int)seen.in_order);
+    XXH3_freeState(seen.st);
     uint8_t *back = pln_xmalloc(n + 1);
     g_gpu->download(g_gpu, back, d, n);
     bool same = memcmp(back, data + off, n) == 0;
     printf("%-16s %-44s %s  (%.2f GB/s, page cache warm)\n", "load_file", "", same ? "OK" : "NOT OK", rate / 1e9);
     CHECK(same, "load_file: bytes differ (size %zu off %llu n %llu)", size, (unsigned long long)off, (unsigned long long)n);
     /* past the end of the file: a clear error, no crash */
-    CHECK(g_gpu->load_file(g_gpu, d, path, size - 10, 100, &rate) != 0, "load_file past the end must fail");
+    CHECK(g_gpu->load_file(g_gpu, d, path, size - 10, 100, &rate, NULL, NULL) != 0, "load_file past the end must fail");
     CHECK(strstr(pln_error(), "load.bin") != NULL, "error names the file: %s", pln_error());
     g_gpu->free(g_gpu, d);
     free(back); free(data);
