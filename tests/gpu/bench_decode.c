@@ -426,14 +426,14 @@ static int load(const char *path)
     result("load_s", dt, "s");
     /* Again with a checksum of every byte while loading (what --verify costs; the file is in the
      * page cache by now, so compare with a warm load). */
-    XXH3_state_t *st = XXH3_createState();
-    XXH3_64bits_reset(st);
+    XXH3_state_t *hs = XXH3_createState();
+    XXH3_64bits_reset(hs);
     double vrate = 0;
-    if (be->load_file(be, d, path, 0, (uint64_t)sb.st_size, &vrate, load_hash, st)) DIE("load %s", path);
+    if (be->load_file(be, d, path, 0, (uint64_t)sb.st_size, &vrate, load_hash, hs)) DIE("load %s", path);
     printf("load %s with XXH3 of every byte: %.2f GB/s (%016llx)\n", path, vrate / 1e9,
-           (unsigned long long)XXH3_64bits_digest(st));
+           (unsigned long long)XXH3_64bits_digest(hs));
     result("load_verify_gbs", vrate / 1e9, "GB/s");
-    XXH3_freeState(st);
+    XXH3_freeState(hs);
     be->free(be, d);
     return 0;
 }
