@@ -340,13 +340,16 @@ static int lt_plan_make(pln_cuda_ctx *c, lt_plan *p, int64_t N, int64_t K, int T
     p->used = true;
     if (pln_cublas_check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__)) {
         lt_plan_free(p);
-        return pln_error_context("linear [%lld x %lld] for %d tokens", (long long)N, (long long)K, T);
+        pln_error_context("linear [%lld x %lld] for %d tokens", (long long)N, (long long)K, T);
+        return st == CUBLAS_STATUS_NOT_SUPPORTED ? 1 : -1;   /* 1: no algorithm for this shape */
     }
     p->algo = h.algo;
     p->N = N; p->K = K; p->T = T; p->epi = epi; p->f32 = f32; p->align = align;
     return 0;
 }
 
+/* 0 when enqueued; 1 when cuBLASLt has no algorithm for the shape (the caller falls back); -1 on
+ * an error. */
 static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in, const pln_weight *W,
                            const uint16_t *bias, int T, bool gelu)
 {
@@ -365,9 +368,10 @@ static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in,
         if (!e->used) { p = e; break; }
     }
     if (!p) { p = &lt_plans[hsh % LT_PLANS]; lt_plan_free(p); }
-    if (!p->used && lt_plan_make(c, p, W->rows, W->cols, T, epi, f32, align)) {
+    int made = p->used ? 0 : lt_plan_make(c, p, W->rows, W->cols, T, epi, f32, align);
+    if (made) {
         pthread_mutex_unlock(&lt_lock);
-        return -1;
+        return made;
     }
     /* The bias pointer lives in the shared descriptor: set it and enqueue under the lock. */
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
@@ -439,7 +443,17 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
          * when the epilogue is turned off, and the -inf padding rows go through post_kernel. */
         const bool lt_bias = bias && ((uintptr_t)bias & 15) == 0;
         const bool lt_gelu = gelu && c->gelu_epilogue && (lt_bias || !bias);
-        if (linear_cublaslt(c, out, sizeof(OT) == 4, in, W, lt_bias ? bias : NULL, T, lt_gelu)) return -1;
+        int lt = linear_cublaslt(c, out, sizeof(OT) == 4, in, W, lt_bias ? bias : NULL, T, lt_gelu);
+        if (lt < 0) return -1;
+        if (lt > 0) {
+            /* cuBLASLt has no algorithm for this shape: the plain kernel is slow but correct. */
+            static bool said;
+            if (!said) {
+                said = true;
+                fprintf(stderr, "pollen: %s; that shape runs on the plain kernel\n", pln_error());
+            }
+            goto naive;
+        }
         const __half *pb = lt_bias ? nullptr : b;
         const bool pg = gelu && !lt_gelu;
         if (pb || pg || n_valid < W->rows) {
@@ -449,6 +463,7 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         }
         return 0;
     }
+naive:
     int64_t threads = (int64_t)T * W->rows * 32;
     linear_naive_kernel<OT><<<pln_cdiv(threads, 256), 256, 0, c->stream>>>(
         out, x, W->w, i8, (const __half *)W->scale, i8 ? W->group : 1, b, T, W->rows, W->cols, ig, n_valid);
