@@ -11,6 +11,7 @@
  *                                                                REF's prompt{I}.logits */
 #include "tests/test.h"
 #include "tests/fixture_ref.h"
+#include "tests/fixture_set.h"
 #include "formats/safetensors.h"
 #include "formats/shard.h"
 #include "runtime/comm.h"
@@ -19,25 +20,6 @@
 #include <jansson.h>
 
 #define V 1003
-
-static const char *g_build;
-
-static int run_cmd(const char *cmd) {
-    int rc = system(cmd);
-    if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
-    return rc;
-}
-
-/* Reshards a fixture with `pollen reshard`; returns the set directory (static storage per call). */
-static char *reshard(const char *model, const char *src, int tp, const char *dtype) {
-    char *out = pln_xasprintf("%s/%s-%s-tp%d-%s", test_tmpdir(), model, src, tp, dtype);
-    char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp %d --dtype %s --quiet",
-                              g_build, model, src, out, tp, dtype);
-    int rc = run_cmd(cmd);
-    free(cmd);
-    if (rc) { free(out); return NULL; }
-    return out;
-}
 
 static pln_comm *g_comm;
 
@@ -531,16 +513,12 @@ int main(int argc, char **argv) {
         return test_done();
     }
     test_begin("test_engine");
-    g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
     g_comm = pln_comm_init(&argc, &argv);
-    char *probe = pln_xasprintf("%s/pollen reshard --help >/dev/null 2>&1", g_build);
-    if (system(probe) != 0) {
+    if (!fixture_can_reshard()) {
         printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
-        free(probe);
         pln_comm_free(g_comm);
         return test_done();
     }
-    free(probe);
     /* bf16 sources become fp16 shards exactly (bf16 has fewer mantissa bits), so they meet the
      * same bound against reference-bf16. */
     struct { const char *model, *src, *ref; double tol; } sets[] = {
@@ -557,12 +535,12 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof path, "tests/fixtures/models/%s/%s", sets[k].model, sets[k].ref);
         ref_t r;
         if (ref_open(&r, path)) { CHECK(0, "%s: reference opens", label); continue; }
-        char *dir = reshard(sets[k].model, sets[k].src, 1, "fp16");
+        char *dir = fixture_reshard(sets[k].model, sets[k].src, 1, "fp16");
         CHECK(dir != NULL, "%s: reshard to TP 1 fp16", label);
         if (dir) {
             check_set(label, dir, &r, alone, sets[k].tol);
             if (k <= 1) {
-                char *dir8 = reshard(sets[k].model, sets[k].src, 1, "int8");
+                char *dir8 = fixture_reshard(sets[k].model, sets[k].src, 1, "int8");
                 CHECK(dir8 != NULL, "%s: reshard to TP 1 int8", label);
                 if (dir8) check_int8(label, dir8, &r, alone);
                 if (dir8 && k == 0) check_corrupt(dir8);

@@ -14,6 +14,7 @@
  * same results), PLN_GRAPHS=0, and an int8 set. */
 #include "tests/test.h"
 #include "tests/fixture_ref.h"
+#include "tests/fixture_set.h"
 #include "kernels/backend.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
@@ -237,18 +238,7 @@ static pln_backend *rec_create(int device) {
 }
 
 /* ---- the scenario ------------------------------------------------------------------------- */
-static const char *g_build;
 static pln_comm *g_comm;
-
-static char *reshard(const char *model, const char *src, const char *dtype) {
-    char *out = pln_xasprintf("%s/%s-%s-%s", test_tmpdir(), model, src, dtype);
-    char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp 1 --dtype %s --quiet",
-                              g_build, model, src, out, dtype);
-    int rc = system(cmd);
-    free(cmd);
-    if (rc) { fprintf(stderr, "reshard failed: %s\n", out); free(out); return NULL; }
-    return out;
-}
 
 static pln_engine *open_set(const char *dir, const char *backend) {
     pln_engine_opts o;
@@ -434,16 +424,12 @@ static void check_counts(const char *dir, const ref_t *r) {
 
 int main(int argc, char **argv) {
     test_begin("test_graphs");
-    g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
     g_comm = pln_comm_init(&argc, &argv);
-    char *probe = pln_xasprintf("%s/pollen reshard --help >/dev/null 2>&1", g_build);
-    if (system(probe) != 0) {
+    if (!fixture_can_reshard()) {
         printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
-        free(probe);
         pln_comm_free(g_comm);
         return test_done();
     }
-    free(probe);
     CHECK(pln_backend_register("cpu-rec", rec_create) == 0, "register cpu-rec: %s", pln_error());
     CHECK(pln_backend_register("cpu-rec", rec_create) != 0, "a second registration of cpu-rec is refused");
     CHECK(pln_backend_register("cuda", rec_create) != 0, "a built-in name cannot be registered");
@@ -454,13 +440,13 @@ int main(int argc, char **argv) {
         CHECK(0, "reference opens");
         return test_done();
     }
-    char *f16 = reshard("bloom-4h", "fp16-st", "fp16");
+    char *f16 = fixture_reshard("bloom-4h", "fp16-st", 1, "fp16");
     CHECK(f16 != NULL, "reshard bloom-4h fp16");
     if (f16) {
         check_set("bloom-4h fp16", f16, &r, true);
         check_counts(f16, &r);
     }
-    char *i8 = reshard("bloom-4h", "fp16-st", "int8");
+    char *i8 = fixture_reshard("bloom-4h", "fp16-st", 1, "int8");
     CHECK(i8 != NULL, "reshard bloom-4h int8");
     if (i8) check_set("bloom-4h int8", i8, &r, false);
     free(f16);

@@ -8,6 +8,7 @@
  * the padding between tensors does not; the engine on cpu-stream gives the plain CPU backend's
  * logits bit for bit and reports a load rate. */
 #include "tests/test.h"
+#include "tests/fixture_set.h"
 #include "formats/shard.h"
 #include "kernels/backend.h"
 #include "runtime/comm.h"
@@ -47,7 +48,6 @@ static pln_backend *stream_create(int device) {
     return be;
 }
 
-static const char *g_build;
 static pln_comm *g_comm;
 
 static int sh(const char *cmd) {
@@ -194,18 +194,15 @@ static void check_engine(const char *dir) {
 
 int main(int argc, char **argv) {
     test_begin("test_loader");
-    g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
     g_comm = pln_comm_init(&argc, &argv);
-    char *dir = pln_xasprintf("%s/set", test_tmpdir());
-    char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/bloom-4h/fp16-st -o %s --tp 1 --dtype fp16 --quiet",
-                              g_build, dir);
-    int rc = system(cmd);
-    free(cmd);
-    if (rc) {
-        printf("SKIP: `%s/pollen reshard` is not available (needed to make a shard set)\n", g_build);
+    if (!fixture_can_reshard()) {
+        printf("SKIP: this build has no `pollen reshard` (needed to make a shard set from the fixtures)\n");
         pln_comm_free(g_comm);
         return test_done();
     }
+    char *dir = fixture_reshard("bloom-4h", "fp16-st", 1, "fp16");
+    CHECK(dir != NULL, "reshard bloom-4h to TP 1 fp16");
+    if (!dir) { pln_comm_free(g_comm); return test_done(); }
     CHECK(pln_backend_register("cpu-stream", stream_create) == 0, "register cpu-stream");
     pln_shardset *set = pln_shardset_open(dir);
     pln_shard *s = set ? pln_shardset_open_rank(set, 0) : NULL;

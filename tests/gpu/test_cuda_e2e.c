@@ -9,6 +9,7 @@
  *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda" */
 #include "tests/test.h"
 #include "tests/fixture_ref.h"
+#include "tests/fixture_set.h"
 #include "formats/safetensors.h"
 #include "kernels/backend.h"
 #include "runtime/comm.h"
@@ -17,21 +18,8 @@
 #define V 1003
 #define NGEN 20
 
-static const char *g_build;
 static pln_comm *g_comm;
 static const char *g_gpu = "cuda";   /* the backend under test */
-
-static char *reshard(const char *model, const char *src, const char *dtype)
-{
-    char *out = pln_xasprintf("%s/%s-%s-%s", test_tmpdir(), model, src, dtype);
-    char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp 1 --dtype %s --quiet", g_build,
-                              model, src, out, dtype);
-    int rc = system(cmd);
-    if (rc) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
-    free(cmd);
-    if (rc) { free(out); return NULL; }
-    return out;
-}
 
 static pln_engine *open_set(const char *dir, const char *backend)
 {
@@ -225,18 +213,14 @@ static void check_graphs(const char *label, const char *dir, const ref_t *r)
 int main(int argc, char **argv)
 {
     test_begin("test_cuda_e2e");
-    g_build = getenv("PLN_BUILD") ? getenv("PLN_BUILD") : "build";
     if (argc > 1 && !strcmp(argv[1], "--cpu-as-gpu")) g_gpu = "cpu";
     pln_backend *probe = pln_backend_create(g_gpu, 0);
     if (!probe) { printf("SKIP: no GPU (%s)\n", pln_error()); return 77; }
     pln_backend_destroy(probe);
-    char *cmd = pln_xasprintf("%s/pollen reshard --help >/dev/null 2>&1", g_build);
-    if (system(cmd) != 0) {
+    if (!fixture_can_reshard()) {
         printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
-        free(cmd);
         return 77;
     }
-    free(cmd);
     g_comm = pln_comm_init(&argc, &argv);
     struct { const char *model, *src; } sets[] = {{"bloom-4h", "fp16-st"}, {"bloom-6h", "fp16-bin"}};
     for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
@@ -245,12 +229,12 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "tests/fixtures/models/%s/reference-f16.safetensors", sets[k].model);
         ref_t r;
         if (ref_open(&r, path)) { CHECK(0, "%s: reference opens", label); continue; }
-        char *dir = reshard(sets[k].model, sets[k].src, "fp16");
+        char *dir = fixture_reshard(sets[k].model, sets[k].src, 1, "fp16");
         CHECK(dir != NULL, "%s: reshard fp16", label);
         if (dir) check_fp16(label, dir, &r);
         if (dir) check_graphs(label, dir, &r);
         free(dir);
-        dir = reshard(sets[k].model, sets[k].src, "int8");
+        dir = fixture_reshard(sets[k].model, sets[k].src, 1, "int8");
         CHECK(dir != NULL, "%s: reshard int8", label);
         if (dir) check_int8(label, dir, &r);
         free(dir);
