@@ -1,8 +1,8 @@
 /* loader.cuh — streams a byte range of a file into device memory: large reads split over
- * several threads into two pinned buffers, each copied to the device asynchronously while the
- * other is being filled. O_DIRECT when the range is not already in the page cache (no double
- * copy, no cache pollution with 44 GB of weights); buffered reads when it is (O_DIRECT would go
- * back to the disk). PLN_LOAD_DIRECT=0/1 forces either. */
+ * several threads into two pinned buffers (formats/stream.h), each copied to the device
+ * asynchronously while the other is being filled. O_DIRECT when the range is not already in the
+ * page cache (no double copy, no cache pollution with 44 GB of weights); buffered reads when it
+ * is (O_DIRECT would go back to the disk). PLN_LOAD_DIRECT=0/1 forces either. */
 #ifndef PLN_CUDA_LOADER_CUH
 #define PLN_CUDA_LOADER_CUH
 
