@@ -2,7 +2,9 @@
 # What `make test-gpu` runs: every op check and end-to-end test on the CUDA backend
 # (build/tests-gpu/test_*, built from tests/gpu/*.c by the Makefile), then one summary line
 # "total: N passed, N failed". Without a usable GPU it prints "SKIP: no GPU (reason)" and exits 0,
-# so `make test-gpu` is safe everywhere; `make test` never touches a GPU.
+# so `make test-gpu` is safe everywhere; `make test` never touches a GPU. Each binary runs under a
+# timeout (PLN_TEST_GPU_TIMEOUT seconds, 300 by default): a hung kernel or NCCL init is one
+# failure, not a lost run. The op checks run first: they say the most when time is short.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -16,7 +18,7 @@ if [ ! -x "$probe" ]; then
   echo "SKIP: no GPU ($probe was not built)"
   exit 0
 fi
-reason=$("$probe" --probe 2>&1); rc=$?
+reason=$(timeout 60 "$probe" --probe 2>&1); rc=$?
 if [ $rc -ne 0 ]; then
   reason=$(echo "$reason" | grep -m1 '^SKIP' | sed -E 's/^SKIP: no GPU \((.*)\)$/\1/')
   echo "SKIP: no GPU (${reason:-probe exited $rc})"
@@ -26,12 +28,15 @@ export PLN_TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/pln-test-gpu.XXXXXX")
 trap 'rm -rf "$PLN_TEST_TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 pass=0; fail=0; failed_names=()
-for t in "$BUILD"/tests-gpu/test_*; do
+TMO=${PLN_TEST_GPU_TIMEOUT:-300}
+for t in "$probe" "$BUILD"/tests-gpu/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   log="$PLN_TEST_TMP/$name.log"
+  [ -e "$log" ] && continue   # test_cuda_ops: already run first
   t0=$(date +%s.%N)
-  "$t" ${PLN_TEST_GPU_ARGS:-} >"$log" 2>&1; rc=$?
+  timeout "$TMO" "$t" ${PLN_TEST_GPU_ARGS:-} >"$log" 2>&1; rc=$?
+  [ $rc -eq 124 ] && echo "TIMEOUT $name after ${TMO}s" | tee -a "$log"
   dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
   # the per-op table (OK / NOT OK lines) is the point of these tests: show it
   grep -E ' (OK|NOT OK)$|OK  \(' "$log" | sed 's/^/    /'
@@ -53,5 +58,5 @@ for t in "$BUILD"/tests-gpu/test_*; do
   fi
 done
 [ ${#failed_names[@]} -eq 0 ] || echo "failed: ${failed_names[*]}"
-echo "$pass passed, $fail failed"
+echo "total: $pass passed, $fail failed"
 [ "$fail" = 0 ] && [ "$pass" -gt 0 ]

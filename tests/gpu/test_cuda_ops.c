@@ -431,6 +431,10 @@ static void test_sampling(int32_t S, int64_t vn, int64_t v0, int32_t k, bool tie
     float *l = pln_xmalloc(n * 4);
     for (size_t i = 0; i < n; i++) l[i] = ties ? (float)(rnd_u32() % 7) : rnd_f(-10, 10);
     if (vn > 3) l[vn - 1] = -INFINITY;   /* a padding-like row end */
+    /* a row that is all padding (a rank whose vocab slice is all past n_valid): max -inf, sum 0,
+     * the k lowest ids */
+    if (!ties && S >= 3 && vn < 2000)
+        for (int64_t i = 0; i < vn; i++) l[2 * vn + i] = -INFINITY;
     float *pen = pln_xmalloc((size_t)S * 4), *it = pln_xmalloc((size_t)S * 4);
     int32_t *off = pln_xmalloc((size_t)(S + 1) * 4), *seen = pln_xmalloc((size_t)S * 8 * 4);
     off[0] = 0;
@@ -562,24 +566,35 @@ static void test_load_file(size_t size, uint64_t off, uint64_t n)
     CHECK(f && fwrite(data, 1, size, f) == size, "write %s", path);
     if (f) fclose(f);
     void *d = poisoned(g_gpu, n);
-    double rate = 0;
-    seen_t seen = {XXH3_createState(), 0, true};
-    XXH3_64bits_reset(seen.st);
-    int rc = g_gpu->load_file(g_gpu, d, path, off, n, &rate, seen_bytes, &seen);
-    CHECK(rc == 0, "load_file: %s", pln_error());
-    bool hashed = seen.in_order && seen.next == n && XXH3_64bits_digest(seen.st) == XXH3_64bits(data + off, n);
-    printf("%-16s %-44s %s\n", "load_file", "checksum while loading (on_bytes)", hashed ? "OK" : "NOT OK");
-    CHECK(hashed, "load_file: on_bytes saw %llu bytes (in order: %d), or their XXH3 differs",
-          (unsigned long long)seen.next, (int)seen.in_order);
-    XXH3_freeState(seen.st);
     uint8_t *back = pln_xmalloc(n + 1);
-    g_gpu->download(g_gpu, back, d, n);
-    bool same = memcmp(back, data + off, n) == 0;
-    printf("%-16s %-44s %s  (%.2f GB/s, page cache warm)\n", "load_file", "", same ? "OK" : "NOT OK", rate / 1e9);
-    CHECK(same, "load_file: bytes differ (size %zu off %llu n %llu)", size, (unsigned long long)off, (unsigned long long)n);
-    /* past the end of the file: a clear error, no crash */
-    CHECK(g_gpu->load_file(g_gpu, d, path, size - 10, 100, &rate, NULL, NULL) != 0, "load_file past the end must fail");
-    CHECK(strstr(pln_error(), "load.bin") != NULL, "error names the file: %s", pln_error());
+    /* the automatic choice (cached: buffered), then O_DIRECT forced (aligned-down head, rounded-up
+     * tail; file systems without it fall back to buffered reads) and buffered forced */
+    const char *modes[3] = {NULL, "1", "0"}, *names[3] = {"auto", "O_DIRECT forced", "buffered forced"};
+    for (int k = 0; k < 3; k++) {
+        if (modes[k]) setenv("PLN_LOAD_DIRECT", modes[k], 1); else unsetenv("PLN_LOAD_DIRECT");
+        poison(g_gpu, d, n);
+        double rate = 0;
+        seen_t seen = {XXH3_createState(), 0, true};
+        XXH3_64bits_reset(seen.st);
+        int rc = g_gpu->load_file(g_gpu, d, path, off, n, &rate, seen_bytes, &seen);
+        CHECK(rc == 0, "load_file (%s): %s", names[k], pln_error());
+        bool hashed = seen.in_order && seen.next == n && XXH3_64bits_digest(seen.st) == XXH3_64bits(data + off, n);
+        printf("%-16s %-44s %s\n", "load_file", k ? names[k] : "checksum while loading (on_bytes)", hashed ? "OK" : "NOT OK");
+        CHECK(hashed, "load_file (%s): on_bytes saw %llu bytes (in order: %d), or their XXH3 differs", names[k],
+              (unsigned long long)seen.next, (int)seen.in_order);
+        XXH3_freeState(seen.st);
+        memset(back, 0, n);
+        g_gpu->download(g_gpu, back, d, n);
+        bool same = memcmp(back, data + off, n) == 0;
+        printf("%-16s %-44s %s  (%.2f GB/s, page cache warm)\n", "load_file", names[k], same ? "OK" : "NOT OK", rate / 1e9);
+        CHECK(same, "load_file (%s): bytes differ (size %zu off %llu n %llu)", names[k], size, (unsigned long long)off,
+              (unsigned long long)n);
+        /* past the end of the file: a clear error, no crash */
+        CHECK(g_gpu->load_file(g_gpu, d, path, size - 10, 100, &rate, NULL, NULL) != 0, "load_file (%s) past the end must fail",
+              names[k]);
+        CHECK(strstr(pln_error(), "load.bin") != NULL, "error names the file: %s", pln_error());
+    }
+    unsetenv("PLN_LOAD_DIRECT");
     g_gpu->free(g_gpu, d);
     free(back); free(data);
     unlink(path);
@@ -705,6 +720,10 @@ int main(int argc, char **argv)
     test_attention(3, 16, 6, 3, 3, ctx_small, 4);
     int32_t ctx_long[2] = {600, 257};                 /* several key splits */
     test_attention(2, 64, 16, 5, 2, ctx_long, 16);
+    int32_t ctx_80[3] = {5, 140, 260};              /* bloom-3b's head_dim 80: not a power of two */
+    test_attention(2, 80, 32, 7, 3, ctx_80, 16);
+    int32_t ctx_256[2] = {128, 200};                /* the largest head_dim; a split boundary at 128 */
+    test_attention(1, 256, 8, 0, 2, ctx_256, 16);
     test_sampling(3, 1003, 0, 5, false);
     test_sampling(2, 502, 501, 1, false);
     test_sampling(4, 250, 0, 40, true);
