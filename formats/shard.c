@@ -96,7 +96,24 @@ static int64_t index_find(const name_index *ix, const pln_shard_tensor *t, const
     }
 }
 
-/* ---- writer ------------------------------------------------------------------------------ */
+/* ---- writer ------------------------------------------------------------------------------
+ * Data goes to disk with O_DIRECT where the file system allows it: the kernel then DMAs straight
+ * from the caller's buffers instead of copying every byte into the page cache first (that copy
+ * was most of a warm reshard's CPU time), and the final fsync has only metadata left to flush.
+ * O_DIRECT needs block-aligned offsets, lengths and buffers: tensors start at 4096-aligned offsets
+ * and callers that want the zero-copy path pass 4096-aligned buffers of whole blocks; everything
+ * else (a tensor's last partial block, small or unaligned writes) is staged in a small aligned
+ * bounce buffer and written zero-padded to the block, which only covers the zero padding before
+ * the next aligned tensor offset. The bytes on disk are the same as with buffered writes.
+ * PLN_WRITE_DIRECT=0 forces buffered writes, =1 forces O_DIRECT (a refusal is an error); unset,
+ * a file system that refuses O_DIRECT (EINVAL, e.g. tmpfs on older kernels) gets buffered writes.
+ * PLN_FAULT_DIRECT_EINVAL makes every direct write fail with EINVAL, to test that fallback. */
+#define SHARD_BLOCK 4096u                /* O_DIRECT alignment used for offsets, lengths, buffers */
+#define SHARD_BOUNCE_BYTES (64u << 10)   /* staging for unaligned pieces (per writer, lazily) */
+_Static_assert(PLN_SHARD_ALIGN % SHARD_BLOCK == 0, "padding a tensor's last block must stay in its alignment gap");
+
+typedef enum { WRITE_AUTO, WRITE_BUFFERED, WRITE_DIRECT } write_mode;
+
 struct pln_shard_writer {
     char *path, *part;
     int fd;
@@ -110,6 +127,12 @@ struct pln_shard_writer {
     uint64_t written;            /* bytes of the current tensor written so far */
     bool hashing;                /* the writer computes the current tensor's checksum */
     XXH3_state_t *st;
+    write_mode mode;             /* from PLN_WRITE_DIRECT */
+    bool direct;                 /* fd is open with O_DIRECT */
+    bool fault_einval;           /* PLN_FAULT_DIRECT_EINVAL: direct writes fail as on a refusing fs */
+    uint8_t *bounce;             /* SHARD_BOUNCE_BYTES, SHARD_BLOCK-aligned, or NULL */
+    uint64_t bounce_off;         /* file offset of bounce[0] (block-aligned) */
+    size_t bounce_len;           /* bytes staged */
 };
 
 static int pwrite_all(int fd, const void *data, size_t n, uint64_t off, const char *path) {
@@ -133,11 +156,93 @@ static void writer_free(pln_shard_writer *w) {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
     if (w->st) XXH3_freeState(w->st);
+    free(w->bounce);
     free(w->t);
     free(w->path);
     free(w->part);
     free(w);
 }
+
+static void *aligned_alloc_or_die(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, SHARD_BLOCK, n ? n : SHARD_BLOCK)) pln_die("out of memory (%zu aligned bytes)", n);
+    return p;
+}
+
+static int write_mode_from_env(write_mode *m) {
+    const char *e = getenv("PLN_WRITE_DIRECT");
+    *m = WRITE_AUTO;
+    if (!e || !*e) return 0;
+    if (!strcmp(e, "0")) *m = WRITE_BUFFERED;
+    else if (!strcmp(e, "1")) *m = WRITE_DIRECT;
+    else return pln_errorf("PLN_WRITE_DIRECT=%s: expected 0 (buffered writes) or 1 (O_DIRECT); unset it to choose automatically", e);
+    return 0;
+}
+
+/* Writes at off; in O_DIRECT mode off, n and data must be block-aligned. A file system that
+ * accepted O_DIRECT at open but refuses the write (EINVAL) gets the rest buffered, unless
+ * PLN_WRITE_DIRECT=1 asked for O_DIRECT. */
+static int write_at(pln_shard_writer *w, const void *data, size_t n, uint64_t off) {
+    const uint8_t *p = data;
+    while (n && w->direct) {
+        ssize_t r = w->fault_einval ? (errno = EINVAL, -1) : pwrite(w->fd, p, n, (off_t)off);
+        if (r > 0) { p += r; n -= (size_t)r; off += (uint64_t)r; continue; }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EINVAL && w->mode == WRITE_AUTO) {
+            int fl = fcntl(w->fd, F_GETFL);
+            if (fl < 0 || fcntl(w->fd, F_SETFL, fl & ~O_DIRECT) < 0)
+                return pln_errorf("%s: cannot switch from O_DIRECT to buffered writes: %s", w->part, strerror(errno));
+            w->direct = false;
+            break;
+        }
+        if (r < 0 && errno == EINVAL)
+            return pln_errorf("%s: the file system refused an O_DIRECT write of %zu bytes at offset %llu "
+                              "(PLN_WRITE_DIRECT=1); unset PLN_WRITE_DIRECT to fall back to buffered writes",
+                              w->part, n, (unsigned long long)off);
+        if (r == 0) return pln_errorf("%s: write returned 0 at offset %llu", w->part, (unsigned long long)off);
+        return pln_errorf("%s: write of %zu bytes at offset %llu failed: %s", w->part, n, (unsigned long long)off, strerror(errno));
+    }
+    return n ? pwrite_all(w->fd, p, n, off, w->part) : 0;
+}
+
+/* Writes the staged bytes, zero-padded to a whole block. Called when the stage ends on a block
+ * boundary or at the end of a tensor (the padding then lands in the gap before the next tensor,
+ * which is zeros in the file anyway). */
+static int bounce_flush(pln_shard_writer *w) {
+    if (!w->bounce_len) return 0;
+    size_t n = (size_t)pln_align_up(w->bounce_len, SHARD_BLOCK);
+    memset(w->bounce + w->bounce_len, 0, n - w->bounce_len);
+    w->bounce_len = 0;
+    return write_at(w, w->bounce, n, w->bounce_off);
+}
+
+/* Appends n bytes at file offset pos: whole aligned blocks straight from the caller's buffer,
+ * the rest through the bounce buffer. */
+static int direct_append(pln_shard_writer *w, const uint8_t *p, size_t n, uint64_t pos) {
+    while (n) {
+        bool aligned = (uintptr_t)p % SHARD_BLOCK == 0 && n >= SHARD_BLOCK;
+        if (aligned && w->bounce_len && w->bounce_len % SHARD_BLOCK == 0 && bounce_flush(w)) return -1;
+        if (aligned && !w->bounce_len && pos % SHARD_BLOCK == 0) {
+            size_t m = n / SHARD_BLOCK * SHARD_BLOCK;
+            if (write_at(w, p, m, pos)) return -1;
+            p += m; n -= m; pos += m;
+            continue;
+        }
+        if (!w->bounce) w->bounce = aligned_alloc_or_die(SHARD_BOUNCE_BYTES);
+        if (!w->bounce_len) w->bounce_off = pos;
+        /* direct writes and mid-tensor flushes end on block boundaries, tensors start on them */
+        PLN_ASSERT(w->bounce_off % SHARD_BLOCK == 0 && w->bounce_off + w->bounce_len == pos);
+        size_t take = SHARD_BOUNCE_BYTES - w->bounce_len;
+        if (take > n) take = n;
+        memcpy(w->bounce + w->bounce_len, p, take);
+        w->bounce_len += take;
+        p += take; n -= take; pos += take;
+        if (w->bounce_len == SHARD_BOUNCE_BYTES && bounce_flush(w)) return -1;
+    }
+    return 0;
+}
+
+bool pln_shard_writer_direct(const pln_shard_writer *w) { return w->direct; }
 
 pln_shard_writer *pln_shard_writer_create(const char *path, const char *layout, uint32_t rank,
                                           uint32_t n_ranks, const pln_shard_spec *specs, size_t n) {
@@ -198,7 +303,22 @@ pln_shard_writer *pln_shard_writer_create(const char *path, const char *layout, 
     w->file_size = pln_align_up(pos, PLN_SHARD_ALIGN);
     if (w->file_size < pos || w->file_size > (uint64_t)INT64_MAX) { pln_errorf("%s: file size overflows", path); goto fail; }
     w->data_size = w->file_size - w->data_offset;
-    w->fd = open(w->part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (write_mode_from_env(&w->mode)) { pln_error_context("%s", w->part); goto fail; }
+    w->fault_einval = getenv("PLN_FAULT_DIRECT_EINVAL") != NULL;
+    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    if (w->mode != WRITE_BUFFERED) {
+        w->fd = open(w->part, flags | O_DIRECT, 0644);
+        w->direct = w->fd >= 0;
+        if (w->fd < 0 && (errno != EINVAL || w->mode == WRITE_DIRECT)) {
+            int e = errno;
+            if (e == EINVAL) unlink(w->part);  /* the file may exist: Linux checks O_DIRECT after creating it */
+            pln_errorf("%s: cannot create%s: %s", w->part,
+                       e == EINVAL ? " with O_DIRECT (PLN_WRITE_DIRECT=1; the file system refuses it; unset PLN_WRITE_DIRECT to fall back to buffered writes)" : "",
+                       strerror(e));
+            goto fail;
+        }
+    }
+    if (w->fd < 0) w->fd = open(w->part, flags, 0644);
     if (w->fd < 0) { pln_errorf("%s: cannot create: %s", w->part, strerror(errno)); goto fail; }
     /* Sparse up front: padding and the not-yet-written header read as zeros. */
     if (ftruncate(w->fd, (off_t)w->file_size) != 0) {
@@ -242,7 +362,12 @@ int pln_shard_writer_write(pln_shard_writer *w, const void *data, size_t n) {
         return pln_errorf("%s: tensor \"%s\": %llu + %zu bytes written, more than its %llu bytes", w->path, t->name,
                           (unsigned long long)w->written, n, (unsigned long long)t->nbytes);
     if (n == 0) return 0;
-    if (pwrite_all(w->fd, data, n, t->offset + w->written, w->part)) return -1;
+    uint64_t pos = t->offset + w->written;
+    if (w->direct || w->bounce_len) {
+        if (direct_append(w, data, n, pos)) return -1;
+    } else if (pwrite_all(w->fd, data, n, pos, w->part)) {
+        return -1;
+    }
     if (w->hashing) XXH3_64bits_update(w->st, data, n);
     w->written += n;
     return 0;
@@ -254,6 +379,7 @@ int pln_shard_writer_end(pln_shard_writer *w) {
     if (w->written != t->nbytes)
         return pln_errorf("%s: tensor \"%s\": %llu of its %llu bytes written", w->path, t->name,
                           (unsigned long long)w->written, (unsigned long long)t->nbytes);
+    if (bounce_flush(w)) return -1;
     if (w->hashing) t->xxh3 = XXH3_64bits_digest(w->st);
     w->in_tensor = false;
     return 0;
@@ -287,7 +413,11 @@ int pln_shard_writer_finish(pln_shard_writer *w, pln_shard_file_info *info) {
         goto out;
     }
     size_t hsz = PLN_SHARD_PREAMBLE_SIZE + (size_t)w->table_size;
-    hdr = pln_xcalloc(1, hsz);
+    /* whole blocks for O_DIRECT: the padding up to data_offset is zeros in the file anyway */
+    size_t hsz_blocks = (size_t)pln_align_up(hsz, SHARD_BLOCK);
+    PLN_ASSERT(hsz_blocks <= w->data_offset);
+    hdr = aligned_alloc_or_die(hsz_blocks);
+    memset(hdr, 0, hsz_blocks);
     for (size_t i = 0; i < w->n; i++) encode_entry(hdr + PLN_SHARD_PREAMBLE_SIZE + i * PLN_SHARD_ENTRY_SIZE, &w->t[i]);
     memcpy(hdr + P_MAGIC, PLN_SHARD_MAGIC, 8);
     wr32(hdr + P_VERSION, PLN_SHARD_VERSION);
@@ -306,7 +436,12 @@ int pln_shard_writer_finish(pln_shard_writer *w, pln_shard_file_info *info) {
     wr64(hdr + P_TABLE_XXH3, pln_xxh3(hdr + PLN_SHARD_PREAMBLE_SIZE, (size_t)w->table_size));
     uint64_t hx = pln_xxh3(hdr, P_PREAMBLE_XXH3);
     wr64(hdr + P_PREAMBLE_XXH3, hx);
-    if (pwrite_all(w->fd, hdr, hsz, 0, w->part)) goto out;
+    if (write_at(w, hdr, hsz_blocks, 0)) goto out;
+    /* the exact size, whatever the last padded write covered */
+    if (ftruncate(w->fd, (off_t)w->file_size) != 0) {
+        pln_errorf("%s: cannot set the size to %llu bytes: %s", w->part, (unsigned long long)w->file_size, strerror(errno));
+        goto out;
+    }
     if (fsync(w->fd) != 0) { pln_errorf("%s: fsync failed: %s", w->part, strerror(errno)); goto out; }
     int fd = w->fd;
     w->fd = -1;

@@ -71,7 +71,10 @@ int pln_shard_spec_nbytes(const pln_shard_spec *s, uint64_t *out);
  * write(chunk)..., end(); then finish(w, &info) or abort(w). The file is written to a temporary
  * sibling "<path>.part" and renamed onto path by finish (after fsync), so a path never holds a
  * half-written rank file. The whole set is made atomic by writing into a directory from
- * pln_outdir_begin(). Memory use is the table only (n x 256 bytes); data is never buffered. */
+ * pln_outdir_begin(). Memory use is the table (n x 256 bytes) plus a 64 KiB staging buffer for
+ * writes that O_DIRECT cannot take as they are; data is never buffered beyond that. With O_DIRECT
+ * (the default where the file system allows it; PLN_WRITE_DIRECT=0/1 forces buffered/direct) the
+ * data bypasses the page cache. */
 typedef struct pln_shard_writer pln_shard_writer;
 
 /* Lays out the table for specs[0..n) (copied; names copied) and creates the file.
@@ -103,6 +106,9 @@ typedef struct {
 int pln_shard_writer_finish(pln_shard_writer *w, pln_shard_file_info *info);
 /* Removes the partial file and frees w. Never fails; NULL is fine. */
 void pln_shard_writer_abort(pln_shard_writer *w);
+/* Whether w writes with O_DIRECT (see "writer" in shard.c; PLN_WRITE_DIRECT=0/1 forces either).
+ * Callers pass 4096-aligned buffers of whole 4096-byte blocks to get zero-copy writes. */
+bool pln_shard_writer_direct(const pln_shard_writer *w);
 
 /* ---- reader ----------------------------------------------------------------------------------- */
 typedef struct {

@@ -216,6 +216,118 @@ static void test_writer_errors(void) {
     free(part);
 }
 
+/* ---- O_DIRECT and buffered writes give the same bytes ----------------------------------------
+ * Tensors sized to hit every path of the direct writer: whole aligned blocks straight from an
+ * aligned buffer, a partial last block, chunks that end mid-block, an unaligned source buffer
+ * larger than the 64 KiB staging buffer, tiny tensors and an empty one. */
+#define NM 7
+static pln_shard_spec g_mspecs[NM] = {
+    {"big.f16", PLN_DTYPE_F16, 2, {40, 4096}},       /* 327680 bytes: whole blocks */
+    {"tail.f16", PLN_DTYPE_F16, 1, {70001}},         /* 140002 bytes: partial last block */
+    {"empty.f32", PLN_DTYPE_F32, 2, {0, 8}},
+    {"chunks.i8", PLN_DTYPE_I8, 2, {100, 3000}},     /* written in 7000-byte chunks */
+    {"unaligned.f32", PLN_DTYPE_F32, 1, {50000}},    /* from buffer + 3 */
+    {"tiny.bf16", PLN_DTYPE_BF16, 1, {3}},
+    {"mixed.f16", PLN_DTYPE_F16, 2, {8, 4096}},      /* 12 bytes, then whole blocks, then the rest */
+};
+
+/* Writes the NM tensors with the mode PLN_WRITE_DIRECT=mode (NULL: unset). Returns the path, or
+ * NULL (error set) when the writer refused; *direct says whether it wrote with O_DIRECT. */
+static char *write_mode_file(const char *name, const char *mode, const uint8_t *src, bool *direct) {
+    if (mode) setenv("PLN_WRITE_DIRECT", mode, 1); else unsetenv("PLN_WRITE_DIRECT");
+    char *p = pln_xasprintf("%s/%s", test_tmpdir(), name);
+    pln_shard_writer *w = pln_shard_writer_create(p, "test-v1", 0, 1, g_mspecs, NM);
+    unsetenv("PLN_WRITE_DIRECT");
+    if (!w) { free(p); return NULL; }
+    *direct = pln_shard_writer_direct(w);
+    uint64_t off = 0;
+    int rc = 0;
+#define TRY(x) do { if (!rc && (x)) rc = -1; } while (0)   /* keep the first error */
+    for (int i = 0; i < NM && !rc; i++) {
+        uint64_t nb = 0;
+        PLN_ASSERT(pln_shard_spec_nbytes(&g_mspecs[i], &nb) == 0);
+        const uint8_t *d = src + off;   /* off is a multiple of 4096: aligned unless moved below */
+        TRY(pln_shard_writer_begin(w, g_mspecs[i].name, NULL));
+        if (i == 3) {
+            for (uint64_t o = 0; o < nb && !rc; o += 7000) TRY(pln_shard_writer_write(w, d + o, nb - o < 7000 ? nb - o : 7000));
+        } else if (i == 4) {
+            TRY(pln_shard_writer_write(w, d + 3, nb));
+        } else if (i == 6) {
+            TRY(pln_shard_writer_write(w, d, 12));
+            TRY(pln_shard_writer_write(w, d + 12, 4096 * 2 - 12));
+            TRY(pln_shard_writer_write(w, d + 8192, nb - 8192));
+        } else {
+            TRY(pln_shard_writer_write(w, d, nb));
+        }
+        TRY(pln_shard_writer_end(w));
+        off += pln_align_up(nb + 3, 4096);
+    }
+#undef TRY
+    if (rc) { pln_shard_writer_abort(w); free(p); return NULL; }
+    if (pln_shard_writer_finish(w, NULL)) { free(p); return NULL; }
+    return p;
+}
+
+static void test_write_modes(void) {
+    size_t total = 4u << 20;
+    uint8_t *src = NULL;
+    PLN_ASSERT(posix_memalign((void **)&src, 4096, total) == 0);
+    for (size_t i = 0; i < total; i++) src[i] = (uint8_t)rnd();
+    bool dir_b = true, dir_d = false, dir_a = false, dir_f = true;
+    char *pb = write_mode_file("mode-buffered.pln", "0", src, &dir_b);
+    CHECK(pb && !dir_b, "PLN_WRITE_DIRECT=0 writes buffered: %s", pb ? "" : pln_error());
+    char *pd = write_mode_file("mode-direct.pln", "1", src, &dir_d);
+    if (!pd && strstr(pln_error(), "O_DIRECT")) {
+        printf("SKIP: O_DIRECT refused under %s (%s); the auto mode's fallback is still tested\n", test_tmpdir(), pln_error());
+    } else {
+        CHECK(pd && dir_d, "PLN_WRITE_DIRECT=1 writes with O_DIRECT: %s", pd ? "" : pln_error());
+    }
+    char *pa = write_mode_file("mode-auto.pln", NULL, src, &dir_a);
+    CHECK(pa, "unset PLN_WRITE_DIRECT: %s", pa ? "" : pln_error());
+    /* a file system that takes O_DIRECT at open but refuses the writes: the writer falls back */
+    setenv("PLN_FAULT_DIRECT_EINVAL", "1", 1);
+    char *pf = write_mode_file("mode-fallback.pln", NULL, src, &dir_f);
+    CHECK(pf, "fallback to buffered after EINVAL: %s", pf ? "" : pln_error());
+    char *pe = write_mode_file("mode-forced.pln", "1", src, &dir_f);
+    CHECK(!pe && strstr(pln_error(), "refused an O_DIRECT write") && strstr(pln_error(), "PLN_WRITE_DIRECT"),
+          "PLN_WRITE_DIRECT=1 makes a refused write an error: %s", pln_error());
+    char *forced_part = pln_xasprintf("%s/mode-forced.pln.part", test_tmpdir());
+    CHECK(!file_exists(forced_part), "a refused write leaves no .part");
+    free(forced_part);
+    free(pe);
+    unsetenv("PLN_FAULT_DIRECT_EINVAL");
+    setenv("PLN_WRITE_DIRECT", "yes", 1);
+    pln_shard_writer *w = pln_shard_writer_create(pb ? pb : "x.pln", "t", 0, 1, g_mspecs, NM);
+    unsetenv("PLN_WRITE_DIRECT");
+    CHECK(!w && strstr(pln_error(), "PLN_WRITE_DIRECT=yes"), "bad PLN_WRITE_DIRECT named: %s", pln_error());
+    pln_shard_writer_abort(w);
+
+    size_t nb = 0, n2 = 0;
+    uint8_t *ref = pb ? slurp(pb, &nb) : NULL;
+    const char *others[3] = {pd, pa, pf};
+    for (int k = 0; k < 3 && ref; k++) {
+        if (!others[k]) continue;
+        uint8_t *b = slurp(others[k], &n2);
+        CHECK(b && n2 == nb && !memcmp(b, ref, nb), "%s differs from the buffered file (%zu vs %zu bytes)", others[k], n2, nb);
+        free(b);
+    }
+    pln_shard *s = pb ? pln_shard_open(pb) : NULL;
+    CHECK(s && pln_shard_verify_all(s, NULL) == 0, "buffered file verifies: %s", pln_error());
+    if (s) {   /* and holds what was written (tensor 4 came from src + 3) */
+        uint64_t off = 0;
+        for (int i = 0; i < NM; i++) {
+            const pln_shard_tensor *t = &s->tensors[i];
+            const uint8_t *want = src + off + (i == 4 ? 3 : 0);
+            CHECK(memcmp(pln_shard_data(s, t), want, t->nbytes) == 0, "%s: data differs", t->name);
+            off += pln_align_up(t->nbytes + 3, 4096);
+        }
+        pln_shard_close(s);
+    }
+    free(ref);
+    free(pb); free(pd); free(pa); free(pf);
+    free(src);
+}
+
 static void test_corruption(void) {
     char *p = write_generic("corrupt.pln");
     size_t n = 0;
@@ -730,6 +842,7 @@ int main(int argc, char **argv) {
     make_data();
     test_round_trip();
     test_writer_errors();
+    test_write_modes();
     test_corruption();
     test_layout();
     test_shardset();

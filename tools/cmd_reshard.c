@@ -43,6 +43,7 @@
 #define RS_MAX_WRITERS 8           /* writer threads (one per rank file, up to this many) */
 #define RS_MAX_BUFS (4 + 2 * RS_MAX_WRITERS)  /* converting some while the writers drain others */
 #define RS_SCALE_LIMIT (512ull << 20)  /* int8 scales kept for one tensor, all ranks */
+#define RS_ALIGN 4096u             /* buffer alignment and chunk granularity for O_DIRECT writes */
 
 /* ---- the writer thread ---- */
 typedef struct {
@@ -168,6 +169,12 @@ static bool pipe_failed(rs_pipe *p) {
     return f;
 }
 
+static void *rs_alloc_aligned(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, RS_ALIGN, n ? n : RS_ALIGN)) pln_die("out of memory (%zu bytes)", n);
+    return p;
+}
+
 static void pipe_start(rs_pipe *p, pln_shard_writer **writers, int tp) {
     memset(p, 0, sizeof *p);
     pthread_mutex_init(&p->mu, NULL);
@@ -175,7 +182,8 @@ static void pipe_start(rs_pipe *p, pln_shard_writer **writers, int tp) {
     p->n_thr = tp < RS_MAX_WRITERS ? tp : RS_MAX_WRITERS;
     p->n_bufs = 4 + 2 * p->n_thr;
     for (int i = 0; i < p->n_bufs; i++) {
-        p->bufs[i].data = pln_xmalloc(RS_BUF_BYTES);
+        /* page-aligned, so O_DIRECT writers take them as they are (formats/shard.h) */
+        p->bufs[i].data = rs_alloc_aligned(RS_BUF_BYTES);
         p->free_bufs[p->n_free++] = &p->bufs[i];
     }
     p->writers = writers;
@@ -299,10 +307,19 @@ typedef struct {
     volatile sig_atomic_t *stop;
 } rs_ctx;
 
+static uint64_t rs_gcd(uint64_t a, uint64_t b) {
+    while (b) { uint64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
 static int64_t chunk_rows(const pln_tp_entry *e) {
     size_t row = (size_t)e->cols * (e->transform == PLN_TP_QUANT_I8 ? 1 : 2);
     int64_t k = (int64_t)(RS_BUF_BYTES / row);
     PLN_ASSERT(k >= 1);
+    /* Chunks of whole 4096-byte blocks where the row size allows: an O_DIRECT writer then sends
+     * every chunk but a tensor's last straight from the pool buffer (no staging copy). */
+    int64_t step = (int64_t)(RS_ALIGN / rs_gcd(row, RS_ALIGN));
+    if (k >= step) k = k / step * step;
     return k;
 }
 
@@ -346,7 +363,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
                 return pln_errorf("%s: --group-size %lld gives %llu MB of scales for one tensor; use a larger group",
                                   e0->source, (long long)e0->group, (unsigned long long)(scale_bytes >> 20));
             }
-            jobs[r].scales = pln_xmalloc(nb);
+            jobs[r].scales = rs_alloc_aligned(nb);  /* handed to the writer whole: aligned for O_DIRECT */
         }
     }
     int rc = 0;
@@ -596,8 +613,9 @@ int cmd_reshard(int argc, char **argv) {
         double t_conv = pln_now();
         int prc = pipe_stop(&c.pipe);
         if (getenv("PLN_RESHARD_TIMING"))
-            fprintf(stderr, "timing: open+plan %.2f s, convert %.2f s (waiting for buffers %.2f s), drain %.2f s\n",
-                    t_loop - t0, t_conv - t_loop, g_wait_s, pln_now() - t_conv);  /* the writer's error, if it failed, is the reason */
+            fprintf(stderr, "timing: open+plan %.2f s, convert %.2f s (waiting for buffers %.2f s), drain %.2f s, %s writes\n",
+                    t_loop - t0, t_conv - t_loop, g_wait_s, pln_now() - t_conv,
+                    pln_shard_writer_direct(writers[0]) ? "O_DIRECT" : "buffered");  /* the writer's error, if it failed, is the reason */
         if (rc && !prc) pln_errorf("%s", saved);
         if (prc) rc = -1;
         pln_progress_done(&c.progress);
