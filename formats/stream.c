@@ -92,15 +92,16 @@ int pln_stream_file(const char *path, uint64_t off, uint64_t nbytes, const pln_s
     pln_stream_stats dummy;
     if (!st) st = &dummy;
     memset(st, 0, sizeof *st);
-    if (!o || !o->buf[0] || !o->buf[1] || !o->put || o->chunk == 0 || o->chunk % PLN_STREAM_ALIGN ||
-        ((uintptr_t)o->buf[0] | (uintptr_t)o->buf[1]) % PLN_STREAM_ALIGN)
-        return pln_errorf("%s: stream: two %d-aligned buffers and a chunk that is a multiple of %d are needed", path,
-                          PLN_STREAM_ALIGN, PLN_STREAM_ALIGN);
+    if (!o || !o->buf[0] || !o->buf[1] || !o->put || o->chunk == 0 || o->chunk % PLN_STREAM_ALIGN)
+        return pln_errorf("%s: stream: two buffers, a consumer and a chunk that is a multiple of %d are needed", path,
+                          PLN_STREAM_ALIGN);
+    /* O_DIRECT reads into a buffer need its address aligned too: without it, read buffered. */
+    const bool aligned = ((uintptr_t)o->buf[0] | (uintptr_t)o->buf[1]) % PLN_STREAM_ALIGN == 0;
     int threads = o->threads < 1 ? 1 : o->threads > MAX_THREADS ? MAX_THREADS : o->threads;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return pln_errorf("%s: cannot open: %s", path, strerror(errno));
     if (nbytes == 0) { close(fd); st->seconds = pln_now() - t0; return 0; }
-    bool direct = o->direct >= 0 ? o->direct != 0 : pln_stream_cached_fraction(fd, off, nbytes) < 0.5;
+    bool direct = aligned && (o->direct >= 0 ? o->direct != 0 : pln_stream_cached_fraction(fd, off, nbytes) < 0.5);
     if (direct) {
         int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
         if (dfd >= 0) { close(fd); fd = dfd; } else direct = false;

@@ -17,8 +17,9 @@
 #define PLN_STREAM_ALIGN 4096
 
 typedef struct {
-    /* Two staging buffers, each PLN_STREAM_ALIGN-aligned and at least chunk + PLN_STREAM_ALIGN
-     * bytes (the caller allocates them: pinned memory for a GPU copy, say). */
+    /* Two staging buffers of at least chunk + PLN_STREAM_ALIGN bytes each (the caller allocates
+     * them: pinned memory for a GPU copy, say); PLN_STREAM_ALIGN-aligned for O_DIRECT, which is
+     * not used when they are not. */
     void *buf[2];
     size_t chunk;               /* bytes read per fill (a multiple of PLN_STREAM_ALIGN) */
     int threads;                /* reader threads per fill (1..16) */

@@ -11,22 +11,23 @@ __device__ __forceinline__ const __half *kv_row(const __half *cache, const int32
     return cache + (((int64_t)blk * nh + h) * bs + j % bs) * D;
 }
 
-/* nsplit == 1: writes the normalized output. Else the chunk's state: pm/ps [T, nh, nsplit] and
- * pacc [T, nh, nsplit, D] (sum of exp(score - m) * v, not normalized). */
+/* Token t0 + blockIdx.x. nsplit == 1: writes the normalized output. Else the chunk's state, for
+ * the launch's tokens only (local index blockIdx.x): pm/ps [tokens, nh, nsplit] and
+ * pacc [tokens, nh, nsplit, D] (sum of exp(score - m) * v, not normalized). */
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *qkv, const __half *kc,
                   const __half *vc, const int32_t *tok_seq, const int32_t *tok_pos, const int32_t *block_table,
-                  int bs, int max_blocks, const float *slopes, int nh, int D, int nsplit)
+                  int bs, int max_blocks, const float *slopes, int nh, int D, int nsplit, int t0)
 {
     __shared__ float qs[256];
     __shared__ float sc[PLN_ATTN_CHUNK];
     __shared__ float red[ATTN_THREADS * 8];
     __shared__ float scratch[32];
-    const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    const int t = t0 + (int)blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
     const int seq = tok_seq[t], pos = tok_pos[t];
     const int j0 = sp * PLN_ATTN_CHUNK;
     const int j1 = min(j0 + PLN_ATTN_CHUNK, pos + 1);
-    const int64_t pidx = ((int64_t)t * nh + h) * nsplit + sp;
+    const int64_t pidx = ((int64_t)blockIdx.x * nh + h) * nsplit + sp;
     if (j0 >= j1) {   /* this chunk lies past the token's last key: an empty state */
         if (threadIdx.x == 0) { pm[pidx] = -INFINITY; ps[pidx] = 0.0f; }
         for (int d = threadIdx.x; d < D; d += ATTN_THREADS) pacc[pidx * D + d] = 0.0f;
@@ -90,12 +91,12 @@ attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *
     if (nsplit > 1 && threadIdx.x == 0) { pm[pidx] = m; ps[pidx] = s; }
 }
 
-/* One block per (token, head), one thread per output dimension. */
+/* One block per (token t0 + blockIdx.x, head), one thread per output dimension. */
 __global__ void attn_merge_kernel(__half *out, const float *pm, const float *ps, const float *pacc, int nh, int D,
-                                  int nsplit)
+                                  int nsplit, int t0)
 {
-    const int t = blockIdx.x, h = blockIdx.y;
-    const int64_t base = ((int64_t)t * nh + h) * nsplit;
+    const int t = t0 + (int)blockIdx.x, h = blockIdx.y;
+    const int64_t base = ((int64_t)blockIdx.x * nh + h) * nsplit;
     pln_softmax_state st = {-INFINITY, 0.0f};
     for (int k = 0; k < nsplit; k++) {
         pln_softmax_state b = {pm[base + k], ps[base + k]};
@@ -240,22 +241,35 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         return 0;
     }
     const int nsplit = pln_cdiv(m->max_pos, PLN_ATTN_CHUNK);
+    if (nsplit > 65535) return pln_errorf("attention: %d keys is over the %d the kernel can split", m->max_pos,
+                                          65535 * PLN_ATTN_CHUNK);
+    /* The partial states of a long prefill would need T x heads x splits x (D + 2) floats (3.8 GB
+     * for an 8k-token prompt of one BLOOM-176B rank): tokens go in groups whose states fit
+     * ctx->attn_scratch bytes (PLN_ATTN_SCRATCH), one launch pair per group, the scratch reused. */
+    int group = T;
     float *pm = nullptr, *ps = nullptr, *pacc = nullptr;
     if (nsplit > 1) {
-        size_t nst = (size_t)T * nh * nsplit;
+        const size_t per_tok = (size_t)nh * nsplit * (2 + (size_t)D) * sizeof(float);
+        size_t g = (c->attn_scratch ? c->attn_scratch : PLN_ATTN_SCRATCH) / per_tok;
+        if (g < 1) g = 1;
+        if (g < (size_t)T) group = (int)g;
+        size_t nst = (size_t)group * nh * nsplit;
         float *w = (float *)pln_cuda_scratch(c, nst * (2 + (size_t)D) * sizeof(float));
         if (!w) return -1;
         pm = w; ps = w + nst; pacc = w + 2 * nst;
     }
-    dim3 grid((unsigned)T, (unsigned)nh, (unsigned)nsplit);
-    attn_chunk_kernel<<<grid, ATTN_THREADS, 0, c->stream>>>(
-        (__half *)out, pm, ps, pacc, (const __half *)qkv, (const __half *)k_cache, (const __half *)v_cache,
-        m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, D, nsplit);
-    cudaCheckLaunch();
-    if (nsplit > 1) {
-        attn_merge_kernel<<<dim3((unsigned)T, (unsigned)nh), D, 0, c->stream>>>((__half *)out, pm, ps, pacc, nh, D,
-                                                                                nsplit);
+    for (int t0 = 0; t0 < T; t0 += group) {
+        const int n = T - t0 < group ? T - t0 : group;
+        dim3 grid((unsigned)n, (unsigned)nh, (unsigned)nsplit);
+        attn_chunk_kernel<<<grid, ATTN_THREADS, 0, c->stream>>>(
+            (__half *)out, pm, ps, pacc, (const __half *)qkv, (const __half *)k_cache, (const __half *)v_cache,
+            m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, D, nsplit, t0);
         cudaCheckLaunch();
+        if (nsplit > 1) {
+            attn_merge_kernel<<<dim3((unsigned)n, (unsigned)nh), D, 0, c->stream>>>((__half *)out, pm, ps, pacc, nh,
+                                                                                    D, nsplit, t0);
+            cudaCheckLaunch();
+        }
     }
     return 0;
 }

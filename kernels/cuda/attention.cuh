@@ -13,6 +13,9 @@
 #include "kernels/cuda/common.cuh"
 
 #define PLN_ATTN_CHUNK 128
+/* Default bound on the split-key partial states of one launch (ctx->attn_scratch): longer steps
+ * run in token groups. */
+#define PLN_ATTN_SCRATCH ((size_t)256 << 20)
 
 int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache,
                        const void *v_cache, const pln_attn_meta *m, const float *slopes,

@@ -89,6 +89,7 @@ typedef struct pln_cuda_ctx {
     pln_linear_path linear_path;
     bool gelu_epilogue;          /* false: cuBLASLt adds the bias only and GeLU runs as its own pass */
     bool attn_tiled;             /* prefill-heavy steps on the query-tiled attention kernel */
+    size_t attn_scratch;         /* bound on split-key partial states per launch (0: PLN_ATTN_SCRATCH) */
     uint64_t epoch;              /* bumped whenever scratch moves: graphs recorded before are stale */
     void *host_pinned;           /* small pinned buffer for top-k results */
     size_t host_pinned_size;

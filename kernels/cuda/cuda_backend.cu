@@ -54,6 +54,15 @@ extern "C" int pln_cuda_set_prefill_tiled(pln_backend *be, int on)
     return old;
 }
 
+extern "C" long long pln_cuda_set_attn_scratch(pln_backend *be, long long bytes)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    long long old = (long long)c->attn_scratch;
+    c->attn_scratch = bytes > 0 ? (size_t)bytes : 0;
+    return old;
+}
+
 static bool capturing(pln_cuda_ctx *c)
 {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -24,6 +24,11 @@ int pln_cuda_set_linear_path(pln_backend *be, int path);
  * Returns the previous value, or -1 if be is not cuda. */
 int pln_cuda_set_prefill_tiled(pln_backend *be, int on);
 
+/* Bounds the split-key attention's partial states per launch (bytes; 0 = the default, 256 MiB):
+ * longer steps run in token groups. For tests. Returns the previous value, or -1 if be is not
+ * cuda. */
+long long pln_cuda_set_attn_scratch(pln_backend *be, long long bytes);
+
 /* Fills n elements of dt in device memory with seeded random values (F16/F32 uniform in
  * [lo, hi), I8 uniform in [-127, 127], I32 integers in [lo, hi)), on the backend's stream. */
 int pln_cuda_fill_random(pln_backend *be, void *p, size_t n, pln_dtype dt, float lo, float hi, uint64_t seed);

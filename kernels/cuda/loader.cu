@@ -40,6 +40,7 @@ int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t of
 {
     if (rate) *rate = 0.0;
     if (nbytes == 0) return 0;
+    const double t0 = pln_now();
     load_sink k = {c, (char *)dst, {nullptr, nullptr}, on_bytes, ctx};
     pln_stream_opts o;
     memset(&o, 0, sizeof o);
@@ -61,7 +62,8 @@ int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t of
         pln_stream_file(path, off, nbytes, &o, &st) == 0 &&
         !pln_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __FILE__, __LINE__)) {
         rc = 0;
-        if (rate) *rate = st.seconds > 0 ? (double)nbytes / st.seconds : 0.0;
+        const double dt = pln_now() - t0;   /* the last copy's wait included */
+        if (rate) *rate = dt > 0 ? (double)nbytes / dt : 0.0;
     }
     if (rc) cudaStreamSynchronize(c->stream);   /* no copy may still read the buffers freed below */
     for (int i = 0; i < 2; i++) {

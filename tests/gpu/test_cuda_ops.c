@@ -505,7 +505,7 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     const size_t W = (size_t)nh * 3 * D;
     float *qkv_p = rnd_act((size_t)T * W, -2, 2), *qkv_d = rnd_act((size_t)S * W, -2, 2);
     size_t np = (size_t)T * nh * D, nd = (size_t)S * nh * D;
-    float *got_t = pln_xmalloc(np * 4);
+    float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4);
     float *want_p = pln_xmalloc(np * 4), *got_p = pln_xmalloc(np * 4), *want_d = pln_xmalloc(nd * 4), *got_d = pln_xmalloc(nd * 4);
     pln_backend *bes[2] = {g_cpu, g_gpu};
     for (int b = 0; b < 2; b++) {
@@ -527,6 +527,11 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
             CHECK(be->attention(be, ot, qp, kc, vc, &mp, dsl, nh, D) == 0, "attention (tiled prefill): %s", pln_error());
             pln_cuda_set_prefill_tiled(be, 0);
             down_act(be, got_t, ot, np);
+            /* the split-key kernel in token groups (partial states bounded to a few tokens' worth) */
+            long long old = pln_cuda_set_attn_scratch(be, 3 * 4096);
+            CHECK(be->attention(be, ot, qp, kc, vc, &mp, dsl, nh, D) == 0, "attention (grouped prefill): %s", pln_error());
+            pln_cuda_set_attn_scratch(be, old);
+            down_act(be, got_g, ot, np);
             be->free(be, ot);
         }
         CHECK(be->kv_append(be, qd, kc, vc, &md, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
@@ -539,7 +544,9 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     report("attn prefill", shape, got_p, want_p, np, 5e-3);
     report("attn decode", shape, got_d, want_d, nd, 5e-3);
     if (!g_self) report("attn prefill/tiled", shape, got_t, want_p, np, 5e-3);
+    if (!g_self) report("attn prefill/grouped", shape, got_g, want_p, np, 5e-3);
     free(got_t);
+    free(got_g);
     free(perm); free(bt); free(ps); free(pp); free(ds); free(dp); free(qkv_p); free(qkv_d);
     free(want_p); free(got_p); free(want_d); free(got_d);
 }
