@@ -64,7 +64,7 @@ table() {
     printf "  %-20s fp16 %8s  int8 %8s\n" $op "$(f op_${op}_fp16_b1_gbs 0)" "$(f op_${op}_int8_b1_gbs 0)"
   done
   echo "loader ($(f load_file_gb 1) GB $(v load_file) file): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
-       "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s)"
+       "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"
   echo "elapsed $(elapsed) s; full results in $OUT"
 }
 finish() { table | tee "$OUT/table.txt"; }
@@ -216,6 +216,7 @@ if [ "$(elapsed)" -lt "$BUDGET" ] && [ "$(left)" -ge 90 ]; then
       t=$(tread "$F") && res cat_warm_gbs "$(awk -v s="$sz" -v t="$t" 'BEGIN{printf "%.2f", s/t/1e9}')" GB/s
       timeout "$(cap 60)" "$BUILD/tests-gpu/bench_decode" --load "$F" > "$OUT/load-warm.txt" 2>&1
       x=$(awk '/^RESULT load_gbs/{print $3}' "$OUT/load-warm.txt"); [ -n "$x" ] && res load_warm_gbs "$x" GB/s
+      x=$(awk '/^RESULT load_verify_gbs/{print $3}' "$OUT/load-warm.txt"); [ -n "$x" ] && res load_verify_warm_gbs "$x" GB/s
     fi
     cat "$OUT"/load-*.txt 2>/dev/null | grep -v RESULT
   fi
