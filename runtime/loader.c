@@ -74,6 +74,18 @@ static void verify_bytes(void *ctx, uint64_t at, const void *p, size_t n) {
     }
 }
 
+/* What watches the streamed bytes: the checksums (--verify) and the progress bar. */
+typedef struct {
+    stream_verify *v;
+    pln_progress *pg;
+} load_watch;
+
+static void watch_bytes(void *ctx, uint64_t at, const void *p, size_t n) {
+    load_watch *w = ctx;
+    if (w->v) verify_bytes(w->v, at, p, n);
+    pln_progress_add(w->pg, n);
+}
+
 pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be,
                             const pln_loader_opts *opts) {
     double t0 = pln_now();
@@ -132,8 +144,13 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
         stream_verify v = {.s = s};
         bool verify = opts && opts->verify;
         if (verify && !(v.st = XXH3_createState())) { pln_errorf("%s: out of memory for a checksum state", s->path); goto fail; }
-        int lrc = be->load_file(be, l->owned, s->path, s->data_offset, s->data_size, &rate,
-                                verify ? verify_bytes : NULL, verify ? &v : NULL);
+        /* A bar on a terminal (rank 0 only: the caller makes the others quiet). */
+        pln_progress pg;
+        const char *base = strrchr(s->path, '/');
+        pln_progress_init(&pg, base ? base + 1 : s->path, s->data_size, opts ? opts->quiet : false);
+        load_watch w = {verify ? &v : NULL, &pg};
+        int lrc = be->load_file(be, l->owned, s->path, s->data_offset, s->data_size, &rate, watch_bytes, &w);
+        pln_progress_done(&pg);
         if (v.st) XXH3_freeState(v.st);
         if (lrc) {
             pln_error_context("%s: loading weights", s->path);
