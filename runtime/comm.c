@@ -108,6 +108,10 @@ bool pln_comm_allreduce_recordable(const pln_comm *c) {
 int pln_comm_attach_backend(pln_comm *c, pln_backend *be) {
     c->be = be;
     if (c->size == 1 || strcmp(be->name, "cuda") != 0) return 0;
+    /* PLN_NCCL=0: all-reduce through host memory over MPI instead. Slow, but it lets several
+     * ranks share one GPU (NCCL refuses that), so TP > 1 can be checked on a one-GPU machine. */
+    const char *nccl_env = getenv("PLN_NCCL");
+    if (nccl_env && !strcmp(nccl_env, "0")) return 0;
 #ifdef PLN_HAVE_NCCL
     uint8_t id[PLN_NCCL_ID_BYTES] = {0};
     int rc = 0;

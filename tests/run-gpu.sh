@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What `make test-gpu` runs: every op check and end-to-end test on the CUDA backend
-# (build/tests-gpu/test_*, built from tests/gpu/*.c by the Makefile), then one summary line
+# (build/tests-gpu/test_*, built from tests/gpu/*.c by the Makefile, then the scripts
+# tests/gpu/e2e_*.sh: TP > 1 under mpirun), then one summary line
 # "total: N passed, N failed". Without a usable GPU it prints "SKIP: no GPU (reason)" and exits 0,
 # so `make test-gpu` is safe everywhere; `make test` never touches a GPU. Each binary runs under a
 # timeout (PLN_TEST_GPU_TIMEOUT seconds, 300 by default): a hung kernel or NCCL init is one
@@ -29,7 +30,7 @@ trap 'rm -rf "$PLN_TEST_TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 pass=0; fail=0; failed_names=()
 TMO=${PLN_TEST_GPU_TIMEOUT:-300}
-for t in "$probe" "$BUILD"/tests-gpu/test_*; do
+for t in "$probe" "$BUILD"/tests-gpu/test_* tests/gpu/e2e_*.sh; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   log="$PLN_TEST_TMP/$name.log"

@@ -122,7 +122,7 @@ try_build() {
   done
   if [ -n "$miss" ]; then say "cannot build here: headers missing:$miss"; return 1; fi
   say "== build (make -j$JOBS CUDA=1, at most $(cap 300) s)"
-  if timeout "$(cap 300)" make -j"$JOBS" CUDA=1 build/pollen $(for b in $GPU_BINS; do echo build/$b; done) > "$OUT/build.txt" 2>&1; then
+  if timeout "$(cap 300)" make -j"$JOBS" CUDA=1 build/pollen build/tests/test_engine $(for b in $GPU_BINS; do echo build/$b; done) > "$OUT/build.txt" 2>&1; then
     say "built here with $(command -v nvcc)"; BUILD=build
   else
     say "build failed or timed out (see build.txt): $(grep -m1 -E 'error|No such file|Terminated' "$OUT/build.txt")"

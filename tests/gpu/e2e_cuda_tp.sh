@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# e2e_cuda_tp.sh — the CUDA backend at TP 2 and 4 (bloom-4h) and TP 3 (bloom-6h) under mpirun, on
+# whatever GPUs there are: with one GPU every rank shares it and all-reduces go through the host
+# (PLN_NCCL=0: NCCL refuses two ranks on one device); with enough GPUs each rank takes its own
+# and NCCL runs. Prefill logits of the four fixture prompts within rel L2 1e-2 of transformers,
+# the 20 greedy ids identical, and TP > 1 logits within 1e-2 of TP 1 on the same backend.
+# Run by tests/run-gpu.sh; SKIP without a GPU, without MPI in the build, or without mpirun.
+# PLN_E2E_BACKEND=cpu runs the same checks on the CPU backend (to check this script itself).
+source "$(dirname "$0")/../e2e.sh"
+BACKEND=${PLN_E2E_BACKEND:-cuda}
+CMP=${PLN_BUILD:-build}/tests/test_engine
+if ! command -v mpirun >/dev/null; then echo "SKIP: no mpirun on this machine"; e2e_done; exit 0; fi
+if [ ! -x "$CMP" ]; then echo "SKIP: $CMP is not built (make test builds it)"; e2e_done; exit 0; fi
+if ! "$POLLEN" reshard --help >/dev/null 2>&1; then echo "SKIP: no pollen reshard in this build"; e2e_done; exit 0; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
+ngpu=0
+if [ "$BACKEND" = cuda ]; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ "$ngpu" -ge 1 ] || { echo "SKIP: no GPU (nvidia-smi lists none)"; e2e_done; exit 0; }
+fi
+# A build without MPI refuses to run under mpirun: find out once.
+probe=$(mpirun -np 2 "$POLLEN" generate /nonexistent --prompt x 2>&1)
+if echo "$probe" | grep -q "built without MPI"; then echo "SKIP: this pollen was built without MPI"; e2e_done; exit 0; fi
+
+run_tp() { # run_tp TP SET args...: one process per rank; ranks share GPU 0 unless there are enough GPUs
+  local tp=$1 set=$2; shift 2
+  local dev=(--backend "$BACKEND")
+  if [ "$BACKEND" = cuda ]; then
+    if [ "$ngpu" -ge "$tp" ]; then dev+=(--gpus-per-node "$ngpu"); else dev+=(--device 0); export PLN_NCCL=0; fi
+  fi
+  if [ "$tp" = 1 ]; then "$POLLEN" generate "$set" "${dev[@]}" "$@"
+  else mpirun -np "$tp" "$POLLEN" generate "$set" "${dev[@]}" "$@"; fi
+  local rc=$?
+  unset PLN_NCCL
+  return $rc
+}
+for spec in "bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3"; do
+  set -- $spec; model=$1; src=$2; shift 2
+  ref=tests/fixtures/models/$model/reference-f16.safetensors
+  ids=$("$CMP" --print-ids "$ref")
+  for tp in "$@"; do
+    set_dir=$TMP/$model-tp$tp
+    check "$model: reshard --tp $tp" "$POLLEN" reshard tests/fixtures/models/$model/$src -o "$set_dir" --tp $tp --dtype fp16 --quiet
+    # shellcheck disable=SC2086
+    check "$model TP $tp on $BACKEND: generate" run_tp $tp "$set_dir" $ids --max-new-tokens 20 --json --quiet \
+      --dump-logits "$TMP/$model-tp$tp.st" >"$TMP/$model-tp$tp.json"
+    check "$model TP $tp on $BACKEND: prefill logits vs transformers" "$CMP" --cmp-ref "$TMP/$model-tp$tp.st" "$ref" 1e-2
+    check "$model TP $tp on $BACKEND: greedy ids vs transformers" "$CMP" --cmp-greedy "$TMP/$model-tp$tp.json" "$ref" 5e-2
+    if [ $tp != 1 ]; then
+      check "$model TP $tp on $BACKEND: logits vs TP 1" "$CMP" --cmp-dump "$TMP/$model-tp$tp.st" "$TMP/$model-tp1.st" 1e-2
+    fi
+  done
+done
+e2e_done
