@@ -73,7 +73,7 @@ trap finish EXIT
 say "== machine"
 { date -u; uname -a; timeout 20 nvidia-smi -L 2>&1;
   timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1;
-  command -v nvcc && timeout 20 nvcc --version | tail -2; nproc; free -g; df -h "$PWD" /tmp; } > "$OUT/machine.txt" 2>&1
+  command -v nvcc && timeout 20 nvcc --version | tail -2; nproc; free -g; command -v mpirun && timeout 10 mpirun --version 2>&1 | head -1; ls /usr/include/jansson.h /usr/include/archive.h /usr/include/xxhash.h /usr/include/pcre2.h /usr/include/microhttpd.h 2>&1; df -h "$PWD" /tmp; } > "$OUT/machine.txt" 2>&1
 head -8 "$OUT/machine.txt"
 
 # ---- 1. binaries ---------------------------------------------------------------------------------
