@@ -10,7 +10,8 @@
 #      single rank): decode ms/token and MBU at batch 1, 8, 32, 128 for fp16 and int8, prefill
 #      tokens/s for 512 tokens, per-op GB/s of the decode kernels against the copy ceiling;
 #   4. loader GB/s on a synthesized bloom-7b1 shard on local disk (pollen synth + reshard), cold
-#      (page cache dropped, where allowed) and warm, next to `cat FILE > /dev/null`;
+#      (page cache dropped, where allowed) and warm, next to `cat FILE > /dev/null`; then, with
+#      what time is left, compute-sanitizer memcheck and racecheck on the op checks' small shapes;
 #   5. prints one table last (also when a stage failed or the script stops early).
 # Every stage runs under a timeout cut to what is left of PLN_GPU_LIMIT_S (default 450 s), so the
 # whole script ends in time; optional stages start only before PLN_GPU_BUDGET_S (default 300 s).
@@ -65,6 +66,8 @@ table() {
   done
   echo "loader ($(f load_file_gb 1) GB $(v load_file) file): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
        "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"
+  echo "compute-sanitizer on test_cuda_ops --quick: memcheck exit $(v sanitizer_memcheck_exit), $(v sanitizer_memcheck_reports) reports;" \
+       "racecheck exit $(v sanitizer_racecheck_exit), $(v sanitizer_racecheck_reports) reports"
   echo "elapsed $(elapsed) s; full results in $OUT"
 }
 finish() { table | tee "$OUT/table.txt"; }
@@ -223,4 +226,25 @@ if [ "$(elapsed)" -lt "$BUDGET" ] && [ "$(left)" -ge 90 ]; then
   rm -rf "$WORK"
 else
   say "loader stage skipped: $(elapsed)s used (budget ${BUDGET}s, limit ${LIMIT}s)"
+fi
+
+# ---- 4b. compute-sanitizer on the op checks, with what time is left -------------------------------
+# memcheck finds out-of-bounds and misaligned accesses that happen not to change a result; racecheck
+# finds shared-memory hazards. Both are slow: the small shapes only (--quick), each under a cap.
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ -n "$SAN" ] && [ "$(left)" -ge 60 ]; then
+  for tool in memcheck racecheck; do
+    [ "$(left)" -ge 45 ] || { say "compute-sanitizer $tool skipped: no time left"; continue; }
+    say "== compute-sanitizer --tool $tool test_cuda_ops --quick (at most $(cap 120) s)"
+    timeout "$(cap 120)" "$SAN" --tool $tool --error-exitcode 99 "$BUILD/tests-gpu/test_cuda_ops" --quick \
+      > "$OUT/sanitizer-$tool.txt" 2>&1
+    rc=$?
+    n=$(grep -cE '^========= (Invalid|Race|Error|Program hit)' "$OUT/sanitizer-$tool.txt" || true)
+    summary=$(grep -E '^========= ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.txt" | tail -1)
+    say "compute-sanitizer $tool: exit $rc, $n reports; ${summary:-no summary (timeout?)}"
+    res "sanitizer_${tool}_exit" "$rc" -
+    res "sanitizer_${tool}_reports" "$n" -
+  done
+else
+  say "compute-sanitizer skipped (${SAN:-not found}; $(left)s left)"
 fi
