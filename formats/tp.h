@@ -119,6 +119,12 @@ uint16_t pln_tp_scale_f16(float absmax);
 void pln_tp_quant_row(const float *w, int64_t cols, int64_t group, int8_t *q, uint16_t *scales,
                       pln_tp_qerr *err);
 
+/* pln_tp_quant_row on nr rows: row r reads w + r*ld and writes q + r*cols, scales +
+ * r*(cols/group) and err[r]. Bit-identical to nr calls of pln_tp_quant_row (each row's sums keep
+ * their order; rows are interleaved so those sequential sums overlap), just faster. */
+void pln_tp_quant_rows(const float *w, size_t ld, int64_t nr, int64_t cols, int64_t group, int8_t *q,
+                       uint16_t *scales, pln_tp_qerr *err);
+
 /* The rounding pln_tp_quant_row uses: identical to pln_quant_i8 (kernels/pln_math.h) for every
  * input, without a libm call. Exposed for the test that proves it. */
 int8_t pln_tp_quant_one(float x, float inv_scale);

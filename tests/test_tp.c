@@ -207,6 +207,59 @@ static void test_f16(void) {
     CHECK(!pln_tp_dtype_convertible(PLN_DTYPE_I64) && pln_tp_dtype_convertible(PLN_DTYPE_BF16), "convertible");
 }
 
+/* The fast paths (fp16 copy-and-count, fp16 -> float, int8 rows in blocks) against the plain
+ * per-value definitions, bit for bit, including unaligned pointers and odd lengths. */
+static void test_fast_paths(void) {
+    /* every fp16 value, with a one-element offset so the vector loads are unaligned */
+    uint16_t *all = malloc((65536 + 8) * 2);
+    float *f = malloc((65536 + 8) * 4);
+    uint16_t *cp = malloc((65536 + 8) * 2);
+    for (uint32_t i = 0; i < 65536; i++) all[i + 1] = (uint16_t)i;
+    int bad = 0;
+    for (size_t n = 0; n <= 65536; n += (n < 40 ? 1 : 65536 - 40)) {
+        uint64_t nf = 0, nf_want = 0, c = 0, nf16 = 0;
+        pln_tp_to_f32(PLN_DTYPE_F16, all + 1, f + 1, n, &nf);
+        pln_tp_to_f16(PLN_DTYPE_F16, all + 1, cp + 1, n, &c, &nf16);
+        for (size_t i = 0; i < n; i++) {
+            float want = pln_f16_to_f32(all[i + 1]);
+            bad += memcmp(&f[i + 1], &want, 4) != 0;
+            bad += cp[i + 1] != all[i + 1];
+            nf_want += (all[i + 1] & 0x7c00) == 0x7c00;
+        }
+        CHECK(nf == nf_want && nf16 == nf_want && c == 0, "n %zu: non-finite counted %llu / %llu, want %llu", n,
+              (unsigned long long)nf, (unsigned long long)nf16, (unsigned long long)nf_want);
+    }
+    CHECK(bad == 0, "%d fp16 values differ from pln_f16_to_f32 / the source bits", bad);
+    free(all); free(f); free(cp);
+
+    /* int8 in blocks of rows == row by row, for group sizes that take the block path (multiples
+     * of 4) and one that does not, and row counts that leave a remainder */
+    int64_t groups[] = {16, 64, 6, 4};
+    uint32_t x = 99;
+    for (int gi = 0; gi < 4; gi++) {
+        int64_t cols = 96 - 96 % groups[gi], group = groups[gi], ng = cols / group;
+        for (int64_t nr = 1; nr <= 9; nr += 4) {
+            float *w = malloc((size_t)(nr * cols) * sizeof(float));
+            for (int64_t i = 0; i < nr * cols; i++) {
+                x = x * 1664525u + 1013904223u;
+                float v = ((float)(x >> 8) / 16777216.0f - 0.5f) * (i % 7 == 0 ? 3.0f : 0.05f);
+                w[i] = (i / cols == 1) ? 0.0f : v;            /* one all-zero row: scale 1 */
+                if (i % 41 == 3) w[i] = v * 1e-30f;           /* tiny values next to normal ones */
+            }
+            int8_t *q1 = malloc((size_t)(nr * cols)), *q2 = malloc((size_t)(nr * cols));
+            uint16_t *s1 = malloc((size_t)(nr * ng) * 2), *s2 = malloc((size_t)(nr * ng) * 2);
+            pln_tp_qerr *e1 = calloc((size_t)nr, sizeof *e1), *e2 = calloc((size_t)nr, sizeof *e2);
+            for (int64_t r = 0; r < nr; r++) pln_tp_quant_row(w + r * cols, cols, group, q1 + r * cols, s1 + r * ng, &e1[r]);
+            pln_tp_quant_rows(w, (size_t)cols, nr, cols, group, q2, s2, e2);
+            CHECK(!memcmp(q1, q2, (size_t)(nr * cols)) && !memcmp(s1, s2, (size_t)(nr * ng) * 2),
+                  "quant_rows group %lld, %lld rows: q/scales differ from quant_row", (long long)group, (long long)nr);
+            CHECK(!memcmp(e1, e2, (size_t)nr * sizeof *e1), "quant_rows group %lld, %lld rows: error sums differ (not bit-identical)",
+                  (long long)group, (long long)nr);
+            free(w); free(q1); free(q2); free(s1); free(s2); free(e1); free(e2);
+        }
+    }
+}
+
 static void test_quant(void) {
     /* One row, two groups of 4: hand-computed. Group 0 absmax 1.27 -> scale 0.01 (fp16 0.01000213...). */
     float w[8] = {1.27f, -0.5f, 0.0f, 0.004f, 0, 0, 0, 0};
@@ -445,6 +498,7 @@ int main(void) {
     test_int8_plan();
     test_f16();
     test_quant();
+    test_fast_paths();
     test_matches_layout(4, 64, 4, false, 0, false);
     test_matches_layout(6, 96, 3, true, 0, false);
     test_matches_layout(6, 96, 2, true, 16, true);

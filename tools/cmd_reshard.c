@@ -16,9 +16,12 @@
  *
  * Memory: the source is mmapped; a chunk's pages are prefetched (MADV_WILLNEED) two chunks
  * ahead and dropped from this process (MADV_DONTNEED: the page cache keeps them, RSS does not)
- * once converted. Output goes through a fixed pool of 8 MiB buffers to writer threads (one per
- * rank file, up to 8) that append them (checksumming as they go) while the next chunk is converted
- * on all cores. Peak memory is the pool plus per-tensor int8 scales, whatever the model size. */
+ * once converted. Output goes through a fixed pool of 8 MiB page-aligned buffers to writer threads
+ * (one per rank file, up to 8) that append them (checksumming as they go) while the next chunk is
+ * converted on all cores. The writers use O_DIRECT where the file system takes it (formats/shard.c):
+ * the disk reads the pool buffers directly, so no CPU time goes into copying the output into the
+ * page cache; chunks are whole 4096-byte blocks so that path needs no staging copy. Peak memory is
+ * the pool plus per-tensor int8 scales, whatever the model size. */
 #include "formats/common.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
@@ -43,6 +46,7 @@
 #define RS_MAX_WRITERS 8           /* writer threads (one per rank file, up to this many) */
 #define RS_MAX_BUFS (4 + 2 * RS_MAX_WRITERS)  /* converting some while the writers drain others */
 #define RS_SCALE_LIMIT (512ull << 20)  /* int8 scales kept for one tensor, all ranks */
+#define RS_QROWS 4                 /* int8 rows quantized together (pln_tp_quant_rows) */
 #define RS_ALIGN 4096u             /* buffer alignment and chunk granularity for O_DIRECT writes */
 
 /* ---- the writer thread ---- */
@@ -244,25 +248,39 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
     /* small tensors stay on this thread: waking the team costs more than the work */
 #pragma omp parallel reduction(+ : clamped, nonfinite) if (nr * cols >= 65536)
     {
-        float *tmp = quant ? pln_xmalloc((size_t)cols * sizeof(float)) : NULL;
+        if (!quant) {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < nr; i++) {
-            int64_t lr = lr0 + i;
-            uint8_t *o = out + (size_t)i * out_row;
-            if (lr >= e->rows) { /* vocabulary padding: zero rows, scale 1 */
-                memset(o, 0, out_row);
-                if (quant) for (int64_t g = 0; g < ngroups; g++) j->scales[lr * ngroups + g] = 0x3c00;
-                continue;
-            }
-            const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
-            if (!quant) {
+            for (int64_t i = 0; i < nr; i++) {
+                int64_t lr = lr0 + i;
+                uint8_t *o = out + (size_t)i * out_row;
+                if (lr >= e->rows) { memset(o, 0, out_row); continue; }  /* vocabulary padding */
+                const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
                 pln_tp_to_f16(t->dtype, s, (uint16_t *)o, (size_t)cols, &clamped, &nonfinite);
-            } else {
-                pln_tp_to_f32(t->dtype, s, tmp, (size_t)cols, &nonfinite);
-                pln_tp_quant_row(tmp, cols, e->group, (int8_t *)o, j->scales + lr * ngroups, &j->row_err[i]);
             }
+        } else {
+            /* int8: blocks of RS_QROWS rows, quantized together (pln_tp_quant_rows: same results
+             * as row by row, several times faster) */
+            float *tmp = pln_xmalloc((size_t)RS_QROWS * (size_t)cols * sizeof(float));
+            int64_t nblocks = (nr + RS_QROWS - 1) / RS_QROWS;
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < nblocks; b++) {
+                int64_t i0 = b * RS_QROWS, n = nr - i0 < RS_QROWS ? nr - i0 : RS_QROWS, real = 0;
+                for (int64_t k = 0; k < n; k++) {
+                    int64_t lr = lr0 + i0 + k;
+                    if (lr >= e->rows) { /* vocabulary padding (always the last rows): zero rows, scale 1 */
+                        memset(out + (size_t)(i0 + k) * out_row, 0, out_row);
+                        for (int64_t g = 0; g < ngroups; g++) j->scales[lr * ngroups + g] = 0x3c00;
+                        continue;
+                    }
+                    const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                    pln_tp_to_f32(t->dtype, s, tmp + (size_t)k * (size_t)cols, (size_t)cols, &nonfinite);
+                    real = k + 1;
+                }
+                pln_tp_quant_rows(tmp, (size_t)cols, real, cols, e->group, (int8_t *)(out + (size_t)i0 * out_row),
+                                  j->scales + (lr0 + i0) * ngroups, &j->row_err[i0]);
+            }
+            free(tmp);
         }
-        free(tmp);
     }
     j->clamped += clamped;
     j->nonfinite += nonfinite;
