@@ -387,25 +387,35 @@ static int convert_tensor(rs_ctx *c, size_t i) {
     int rc = 0;
     size_t row_out = (size_t)e0->cols * (quant ? 1 : 2);
     if (e0->split == PLN_TP_SPLIT_ROWS) {
-        /* Rank after rank: the source is read front to back once. */
-        for (int r = 0; r < tp && !rc; r++) {
-            const pln_tp_entry *e = jobs[r].e;
-            pipe_push(&c->pipe, RS_OP_BEGIN, r, e->name, NULL, NULL, 0);
-            int64_t total = e->rows + e->pad_rows;
-            for (int64_t lr = 0; lr < total && !rc; lr += k) {
-                int64_t nr = total - lr < k ? total - lr : k;
+        /* Every rank's next chunk in turn, so every writer thread (one per rank file) has work
+         * at once (one rank after the other left all but one writer idle, and a single O_DIRECT
+         * stream does not keep the disk busy). Each rank's rows are still read front to back: tp
+         * sequential streams through the source. The int8 error statistics are merged at the end
+         * rank after rank, row by row: the same order, hence the same sums, as before. */
+        int64_t total = e0->rows + e0->pad_rows;   /* the same for every rank */
+        pln_tp_qerr *errs = quant ? pln_xcalloc((size_t)tp * (size_t)total, sizeof *errs) : NULL;
+        for (int r = 0; r < tp; r++) pipe_push(&c->pipe, RS_OP_BEGIN, r, jobs[r].e->name, NULL, NULL, 0);
+        for (int64_t lr = 0; lr < total && !rc; lr += k) {
+            int64_t nr = total - lr < k ? total - lr : k;
+            for (int r = 0; r < tp; r++) {
+                const pln_tp_entry *e = jobs[r].e;
                 src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
                 rs_buf *b = pipe_acquire(&c->pipe, 1);
                 if (!b || *c->stop) { rc = -1; break; }
+                pln_tp_qerr *scratch = jobs[r].row_err;
+                if (quant) jobs[r].row_err = errs + (size_t)r * (size_t)total + lr;
                 convert_rows(&jobs[r], lr, nr, b->data);
-                merge_rows(st, jobs[r].row_err, nr);
+                jobs[r].row_err = scratch;
                 pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
                 int64_t real = lr >= e->rows ? 0 : (e->rows - lr < nr ? e->rows - lr : nr);
                 if (real) src_release(t, e->row0 + lr, e->row0 + lr + real);
                 pln_progress_add(&c->progress, (uint64_t)real * (uint64_t)e->cols * esz);
             }
-            pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
         }
+        for (int r = 0; r < tp && !rc; r++) pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
+        if (quant && !rc)
+            for (int r = 0; r < tp; r++) merge_rows(st, errs + (size_t)r * (size_t)total, total);
+        free(errs);
     } else {
         /* Columns split or replicated: every rank takes a part of (or all of) each chunk. */
         for (int r = 0; r < tp; r++) pipe_push(&c->pipe, RS_OP_BEGIN, r, jobs[r].e->name, NULL, NULL, 0);
@@ -638,6 +648,7 @@ int cmd_reshard(int argc, char **argv) {
         if (prc) rc = -1;
         pln_progress_done(&c.progress);
     }
+    double t_fin = pln_now();
     for (int r = 0; r < o.tp; r++) {
         if (!writers[r]) continue;
         if (rc) { pln_shard_writer_abort(writers[r]); continue; }
@@ -646,6 +657,7 @@ int cmd_reshard(int argc, char **argv) {
         files[r].size = info.file_size;
         files[r].xxh3 = info.header_xxh3;
     }
+    if (getenv("PLN_RESHARD_TIMING")) fprintf(stderr, "timing: rank files finished (fsync) %.2f s\n", pln_now() - t_fin);
     /* config.json and tokenizer.json travel with the set. */
     char *cfg_src = pln_xasprintf("%s/config.json", ck.dir);
     char *cfg_dst = pln_xasprintf("%s/config.json", tmp);

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # reshard.sh — `pollen reshard` throughput against this machine's I/O floor, measured in the same
 # run: floor = reading the source (cat SRC/* > /dev/null) + writing the same number of output
-# bytes (dd ... conv=fsync, as reshard fsyncs before its rename). Warm cache (source in the page
+# bytes (dd ... conv=fsync, as reshard fsyncs before its rename). reshard writes with O_DIRECT
+# where the file system takes it (PLN_WRITE_DIRECT, formats/shard.c) while that dd writes through
+# the page cache, so a second floor writes with dd oflag=direct too (floorD, ratioD); whichever
+# write is faster on the day is the stricter reference. Warm cache (source in the page
 # cache) and cold cache (source evicted first with dd iflag=nocache). Also the peak RSS of a
 # reshard of a ~6 GB bf16 checkpoint (synth bloom-3b). Prints one table; figures go to
 # docs/BENCHMARKS.md with this command line.
@@ -32,11 +35,18 @@ floor_write() {
   dd if=/dev/zero of="$DIR/floor.bin" bs=8M count=$(( ($1 + 8388607) / 8388608 )) conv=fsync status=none
   local t1=$(now); rm -f "$DIR/floor.bin"; secs "$t0" "$t1"
 }
+# floor_write_direct BYTES: the same with O_DIRECT (no page-cache copy), as reshard writes
+floor_write_direct() {
+  local t0=$(now)
+  dd if=/dev/zero of="$DIR/floor.bin" bs=8M count=$(( ($1 + 8388607) / 8388608 )) oflag=direct conv=fsync status=none
+  local t1=$(now); rm -f "$DIR/floor.bin"; secs "$t0" "$t1"
+}
 floor_read() { local t0=$(now); cat "$@" > /dev/null; secs "$t0" "$(now)"; }
 # run_reshard ARGS...: prints "seconds maxrss_kb out_bytes cpu_seconds"
 run_reshard() {
   local out="$DIR/out"; rm -rf "$out"
-  /usr/bin/time -v -o "$DIR/time.txt" "$POLLEN" reshard "$SRC" -o "$out" --quiet "$@"
+  PLN_RESHARD_TIMING=1 /usr/bin/time -v -o "$DIR/time.txt" "$POLLEN" reshard "$SRC" -o "$out" --quiet "$@" 2>"$DIR/rs.err" \
+    || { cat "$DIR/rs.err" >&2; exit 1; }
   local wall=$(awk -F': ' '/Elapsed \(wall clock\)/{n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$DIR/time.txt")
   local rss=$(awk -F': ' '/Maximum resident set size/{print $2}' "$DIR/time.txt")
   local cpu=$(awk -F': ' '/User time|System time/{s+=$2} END{printf "%.1f", s}' "$DIR/time.txt")
@@ -51,13 +61,13 @@ SRC=$DIR/src
 SRC_FILES=("$SRC"/*.safetensors)
 IN=$(size_of "${SRC_FILES[@]}")
 echo "# synth: $(awk -v b="$IN" 'BEGIN{printf "%.2f GB", b/1e9}') in $(secs "$t0" "$t1") s"
-printf "%-14s %-5s %7s %7s %8s %8s %8s %7s %9s %6s\n" case cache "in_GB" "out_GB" "time_s" "GB/s_in" "floor_s" ratio "maxRSS_MB" "cpu_s"
-row() { # case cache in out t floor rss cpu
-  awk -v c="$1" -v k="$2" -v i="$3" -v o="$4" -v t="$5" -v f="$6" -v r="$7" -v u="$8" 'BEGIN{
-    printf "%-14s %-5s %7.2f %7.2f %8.2f %8.2f %8.2f %7.2f %9.0f %6s\n", c, k, i/1e9, o/1e9, t, (t>0? i/1e9/t : 0), f, (f>0? t/f : 0), r/1024, u }'
+printf "%-14s %-5s %7s %7s %8s %8s %8s %7s %8s %7s %9s %6s\n" case cache "in_GB" "out_GB" "time_s" "GB/s_in" "floor_s" ratio "floorD_s" ratioD "maxRSS_MB" "cpu_s"
+row() { # case cache in out t floor floor_direct rss cpu
+  awk -v c="$1" -v k="$2" -v i="$3" -v o="$4" -v t="$5" -v f="$6" -v g="$7" -v r="$8" -v u="$9" 'BEGIN{
+    printf "%-14s %-5s %7.2f %7.2f %8.2f %8.2f %8.2f %7.2f %8.2f %7.2f %9.0f %6s\n", c, k, i/1e9, o/1e9, t, (t>0? i/1e9/t : 0), f, (f>0? t/f : 0), g, (g>0? t/g : 0), r/1024, u }'
 }
 # The write floor depends only on the byte count: measured once per output size.
-declare -A FW
+declare -A FW FWD
 for cache in warm cold; do
   for dt in fp16 int8; do
     if [ $cache = warm ]; then cat "${SRC_FILES[@]}" > /dev/null; else evict "${SRC_FILES[@]}"; fi
@@ -66,10 +76,13 @@ for cache in warm cold; do
     if [ $cache = warm ]; then cat "${SRC_FILES[@]}" > /dev/null; else evict "${SRC_FILES[@]}"; fi
     fr=$(floor_read "${SRC_FILES[@]}")
     [ -n "${FW[$dt]:-}" ] || FW[$dt]=$(floor_write "$out")
-    fw=${FW[$dt]}
+    [ -n "${FWD[$dt]:-}" ] || FWD[$dt]=$(floor_write_direct "$out")
+    fw=${FW[$dt]}; fwd=${FWD[$dt]}
     fl=$(awk -v a="$fr" -v b="$fw" 'BEGIN{printf "%.2f", a+b}')
-    row "reshard-$dt" $cache "$IN" "$out" "$t" "$fl" "$rss" "$cpu"
-    echo "    floor = read $fr s (cat) + write $fw s (dd conv=fsync of $(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}'))"
+    fld=$(awk -v a="$fr" -v b="$fwd" 'BEGIN{printf "%.2f", a+b}')
+    row "reshard-$dt" $cache "$IN" "$out" "$t" "$fl" "$fld" "$rss" "$cpu"
+    echo "    reshard: $(grep -Eo '[A-Z_a-z]+ writes' "$DIR/rs.err"), $(grep -Eo 'rank files finished \(fsync\) [0-9.]+ s' "$DIR/rs.err")"
+    echo "    floor = read $fr s (cat) + write $fw s (dd conv=fsync of $(awk -v b="$out" 'BEGIN{printf "%.2f GB", b/1e9}')); floorD: write $fwd s (dd oflag=direct conv=fsync)"
   done
 done
 rm -rf "$SRC"
