@@ -234,9 +234,9 @@ static void test_fast_paths(void) {
 
     /* int8 in blocks of rows == row by row, for group sizes that take the block path (multiples
      * of 4) and one that does not, and row counts that leave a remainder */
-    int64_t groups[] = {16, 64, 6, 4};
+    int64_t groups[] = {16, 64, 6, 4, 12};   /* AVX2 path (x % 8), SSE2 path (x % 4), plain C */
     uint32_t x = 99;
-    for (int gi = 0; gi < 4; gi++) {
+    for (int gi = 0; gi < 5; gi++) {
         int64_t cols = 96 - 96 % groups[gi], group = groups[gi], ng = cols / group;
         for (int64_t nr = 1; nr <= 9; nr += 4) {
             float *w = malloc((size_t)(nr * cols) * sizeof(float));
