@@ -30,21 +30,23 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", b-a}'; }
 size_of() { du -cb "$@" | tail -n 1 | cut -f 1; }
 evict() { sync; for f in "$@"; do dd if="$f" iflag=nocache count=0 status=none 2>/dev/null || true; done; }
 # floor_write BYTES: dd the same number of bytes to disk with fsync; prints seconds
+# Every timed step starts with `sync`, so no step pays for the previous one's writeback (synth
+# leaves gigabytes of dirty pages behind; a buffered dd right after it measured 0.4 GB/s).
 floor_write() {
-  local t0=$(now)
+  sync; local t0=$(now)
   dd if=/dev/zero of="$DIR/floor.bin" bs=8M count=$(( ($1 + 8388607) / 8388608 )) conv=fsync status=none
   local t1=$(now); rm -f "$DIR/floor.bin"; secs "$t0" "$t1"
 }
 # floor_write_direct BYTES: the same with O_DIRECT (no page-cache copy), as reshard writes
 floor_write_direct() {
-  local t0=$(now)
+  sync; local t0=$(now)
   dd if=/dev/zero of="$DIR/floor.bin" bs=8M count=$(( ($1 + 8388607) / 8388608 )) oflag=direct conv=fsync status=none
   local t1=$(now); rm -f "$DIR/floor.bin"; secs "$t0" "$t1"
 }
-floor_read() { local t0=$(now); cat "$@" > /dev/null; secs "$t0" "$(now)"; }
+floor_read() { sync; local t0=$(now); cat "$@" > /dev/null; secs "$t0" "$(now)"; }
 # run_reshard ARGS...: prints "seconds maxrss_kb out_bytes cpu_seconds"
 run_reshard() {
-  local out="$DIR/out"; rm -rf "$out"
+  local out="$DIR/out"; rm -rf "$out"; sync
   PLN_RESHARD_TIMING=1 /usr/bin/time -v -o "$DIR/time.txt" "$POLLEN" reshard "$SRC" -o "$out" --quiet "$@" 2>"$DIR/rs.err" \
     || { cat "$DIR/rs.err" >&2; exit 1; }
   local wall=$(awk -F': ' '/Elapsed \(wall clock\)/{n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$DIR/time.txt")
