@@ -230,6 +230,22 @@ static void test_fast_paths(void) {
               (unsigned long long)nf, (unsigned long long)nf16, (unsigned long long)nf_want);
     }
     CHECK(bad == 0, "%d fp16 values differ from pln_f16_to_f32 / the source bits", bad);
+    /* bf16 -> fp16 (a table): every value, against pln_f32_to_f16 with the clamp to +-65504, and
+     * the clamp and inf/NaN counts */
+    uint16_t *o16 = malloc((65536 + 8) * 2);
+    uint64_t c = 0, nf = 0, c_want = 0, nf_want = 0;
+    pln_tp_to_f16(PLN_DTYPE_BF16, all + 1, o16 + 1, 65536, &c, &nf);
+    bad = 0;
+    for (uint32_t i = 0; i < 65536; i++) {
+        float v = pln_bf16_to_f32((uint16_t)i);
+        uint16_t want = pln_f32_to_f16(v);
+        if (!isfinite(v)) nf_want++;
+        else if (fabsf(v) >= 65520.0f) { c_want++; want = (uint16_t)((i & 0x8000) | 0x7bff); }
+        bad += o16[i + 1] != want;
+    }
+    CHECK(bad == 0 && c == c_want && nf == nf_want, "bf16 -> fp16: %d values differ; clamps %llu (want %llu), non-finite %llu (want %llu)",
+          bad, (unsigned long long)c, (unsigned long long)c_want, (unsigned long long)nf, (unsigned long long)nf_want);
+    free(o16);
     free(all); free(f); free(cp);
 
     /* int8 in blocks of rows == row by row, for group sizes that take the block path (multiples
