@@ -159,7 +159,11 @@ int pln_map_open(pln_map *m, const char *path) {
 }
 
 void pln_map_advise_sequential(pln_map *m) {
-    if (m->data) madvise((void *)m->data, m->size, MADV_SEQUENTIAL | MADV_WILLNEED);
+    /* Two calls: madvise takes one advice value, not a set of flags (SEQUENTIAL | WILLNEED is
+     * just WILLNEED). */
+    if (!m->data) return;
+    madvise((void *)m->data, m->size, MADV_SEQUENTIAL);
+    madvise((void *)m->data, m->size, MADV_WILLNEED);
 }
 
 void pln_map_close(pln_map *m) {

@@ -80,7 +80,7 @@ typedef struct {
 } pln_map;
 /* Maps path read-only. -1 with an error naming the path on failure. */
 int pln_map_open(pln_map *m, const char *path);
-/* Asks the kernel to read ahead (sequential) / fault everything in now (populate). */
+/* Asks the kernel to read the whole mapping ahead, in order (MADV_SEQUENTIAL, then MADV_WILLNEED). */
 void pln_map_advise_sequential(pln_map *m);
 void pln_map_close(pln_map *m);
 /* Reads a whole small file (config.json, index files) into a NUL-terminated buffer, refusing

@@ -125,8 +125,10 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     c->quantize_embedding = l->set->quantize_embedding;
 
     pln_shard *s = l->shard;
-    pln_map_advise_sequential(&s->map);
-    if (opts && opts->populate) populate(&s->map);
+    /* Read-ahead of the whole mapping only where the mapping is the weights (CPU): a backend that
+     * streams the file itself (CUDA, O_DIRECT) would otherwise read it twice. */
+    if (!be->load_file) pln_map_advise_sequential(&s->map);
+    if (opts && opts->populate && !be->load_file) populate(&s->map);
     bool verify_now = opts && opts->verify && !be->load_file;
     if (verify_now) {
         int64_t bad = pln_shard_verify_all(s, NULL);
