@@ -61,6 +61,9 @@ out=$(mpirun -np 2 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt "Hello world"
 check "text prompt streams the prompt and continuation" test "${out#Hello world}" != "$out"
 check_fails "rank count must equal TP" "TP=2 but 3 ranks" mpirun -np 3 "$POLLEN" generate "$TMP/bloom-4h-tp2" --prompt hi
 out=$(mpirun -np 2 "$POLLEN" bench "$TMP/bloom-4h-tp2" --prompt-len 8 --batch 1,2 --steps 2 --context 4 --stream-mib 8 --json 2>/dev/null)
+check_fails "bench --steps 0 is refused, naming the option" "steps.*0" "$POLLEN" bench "$TMP/bloom-4h-tp1" --steps 0
+check_fails "bench --prompt-len 12abc is refused" "prompt-len.*12abc" "$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 12abc
+check_fails "bench --device -1 is refused" "device" "$POLLEN" bench "$TMP/bloom-4h-tp1" --device -1
 check "bench under mpirun reports decode figures and MBU" grep -q '"batch":2,"ms_per_step":[0-9.e-]*,"ms_per_token":[0-9.e-]*,"tokens_per_s":[0-9.e+-]*,"mbu"' <<<"$out"
 check_fails "missing set" "manifest.json" "$POLLEN" generate "$TMP/nonexistent" --prompt hi
 # Option values are checked whole and against their range; the message names the option and value.

@@ -69,20 +69,24 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
-        if (!strcmp(a, "--prompt-len")) prompt_len = atoll(ARG());
+        if (!strcmp(a, "--prompt-len")) prompt_len = pln_cli_int(a, ARG(), 1, 1 << 20);
         else if (!strcmp(a, "--batch")) batches = ARG();
-        else if (!strcmp(a, "--context")) context = atoll(ARG());
-        else if (!strcmp(a, "--steps")) steps = atoll(ARG());
-        else if (!strcmp(a, "--stream-mib")) stream_mib = atoll(ARG());
-        else if (!strcmp(a, "--threads")) threads = atoi(ARG());
+        else if (!strcmp(a, "--context")) context = pln_cli_int(a, ARG(), 1, 1 << 20);
+        else if (!strcmp(a, "--steps")) steps = pln_cli_int(a, ARG(), 1, 1 << 20);
+        else if (!strcmp(a, "--stream-mib")) stream_mib = pln_cli_int(a, ARG(), 8, 1 << 16);
+        else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
+        else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
+        else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank == 0)
                 printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
-                       "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda] [--json]\n"
+                       "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda]\n"
+                       "       [--device D] [--gpus-per-node N] [--json]\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
-                       "  sequences of --context tokens for --steps steps. MBU uses a STREAM copy measured here.\n");
+                       "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
+                       "  measured here; a GPU's ceiling is measured by tools/bench/gpu.sh instead.\n");
             pln_comm_free(comm);
             return 0;
         }
@@ -94,9 +98,10 @@ int cmd_bench(int argc, char **argv) {
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
-    if (prompt_len < 1 || context < 1 || steps < 1) pln_die("--prompt-len, --context and --steps must be >= 1");
     threads = pln_cli_threads(threads, size);
-    double bw = rank == 0 ? stream_copy_gbs((size_t)stream_mib) : 0;
+    /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
+    const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
+    double bw = rank == 0 && on_cpu ? stream_copy_gbs((size_t)stream_mib) : 0;
 
     eo.shard_dir = dir;
     eo.quiet = true;
@@ -119,9 +124,10 @@ int cmd_bench(int argc, char **argv) {
     char hb[32];
     if (!json)
         printf("pollen bench %s: TP %d %s, %lld layers, hidden %lld, vocab %lld; %s of weights per rank; %d threads/rank\n"
-               "load %.2f s (populate); STREAM copy %.1f GB/s (%lld MiB arrays)\n",
+               "load %.2f s (populate); STREAM copy %.1f GB/s (%lld MiB arrays)%s\n",
                dir, info.tp, info.dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
-               pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, bw, (long long)stream_mib);
+               pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, bw, (long long)stream_mib,
+               on_cpu ? "" : " -- not measured: the backend is not the CPU, so no MBU is reported");
 
     pln_sample_params sp;
     pln_sample_params_default(&sp);
@@ -172,13 +178,16 @@ int cmd_bench(int argc, char **argv) {
          * (context + the steps so far, on average context + steps/2). */
         double kv = (double)B * ((double)context + (double)steps / 2.0) * (double)info.kv_bytes_per_token;
         double bytes = (double)info.weight_bytes + kv;
-        double mbu = bytes / step / (bw * 1e9);
-        if (!json)
-            printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, MBU %5.1f%% (%.2f GB/step incl. %.1f MB KV)\n",
-                   (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, 100 * mbu, bytes / 1e9, kv / 1e6);
-        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:f, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
+        double mbu = bw > 0 ? bytes / step / (bw * 1e9) : 0;
+        if (!json) {
+            char m[32] = "MBU    n/a";
+            if (bw > 0) snprintf(m, sizeof m, "MBU %5.1f%%", 100 * mbu);
+            printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, %s (%.2f GB/step incl. %.1f MB KV)\n",
+                   (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, m, bytes / 1e9, kv / 1e6);
+        }
+        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
                                              "ms_per_token", step * 1e3 / (double)B, "tokens_per_s", (double)B / step,
-                                             "mbu", mbu, "best_ms_per_step", best * 1e3));
+                                             "mbu", bw > 0 ? json_real(mbu) : json_null(), "best_ms_per_step", best * 1e3));
         pln_step_plan rp = {.n_release = (int32_t)B, .release = rel};
         pln_engine_step(e, &rp, NULL);
     }
@@ -188,7 +197,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "dtype", json_string(info.dtype));
         json_object_set_new(root, "threads_per_rank", json_integer(threads));
         json_object_set_new(root, "weight_bytes_per_rank", json_integer((json_int_t)info.weight_bytes));
-        json_object_set_new(root, "stream_copy_gbs", json_real(bw));
+        json_object_set_new(root, "stream_copy_gbs", bw > 0 ? json_real(bw) : json_null());
         json_object_set_new(root, "load_s", json_real(t_load));
         json_object_set_new(root, "prefill_tokens", json_integer(prompt_len));
         json_object_set_new(root, "prefill_tokens_per_s", json_real(prompt_len / best_pf));
