@@ -101,12 +101,6 @@ void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n);
 void *pln_cuda_host_pinned(pln_cuda_ctx *c, size_t n);
 /* The context of a cuda backend, or NULL with an error. */
 pln_cuda_ctx *pln_cuda_ctx_of(pln_backend *be);
-/* The backend table's graph ops (kernels/backend.h), over the helpers of cuda_backend.h. */
-int pln_cuda_graph_op_begin(pln_backend *be);
-int pln_cuda_graph_op_end(pln_backend *be, void **g);
-int pln_cuda_graph_op_launch(pln_backend *be, void *g);
-void pln_cuda_graph_op_free(pln_backend *be, void *g);
-uint64_t pln_cuda_graph_op_epoch(pln_backend *be);
 
 /* ---- device helpers ---------------------------------------------------------------------- */
 #ifdef __CUDACC__

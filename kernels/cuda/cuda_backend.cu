@@ -5,6 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/graph.cuh"
 #include "kernels/cuda/kv_append.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/linear.cuh"

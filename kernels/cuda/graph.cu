@@ -1,5 +1,5 @@
 /* graph.cu — capture and replay of decode steps as CUDA graphs (see cuda_backend.h). */
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/graph.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
 #include <stdlib.h>
