@@ -31,6 +31,12 @@ typedef int (*fuzz_fn)(const uint8_t *, size_t);
 #undef LLVMFuzzerTestOneInput
 #define HAVE_FUZZ_REQUEST 1
 #endif
+#if __has_include("tests/fuzz/fuzz_manifest.c")
+#define LLVMFuzzerTestOneInput fuzz_one_manifest
+#include "tests/fuzz/fuzz_manifest.c"
+#undef LLVMFuzzerTestOneInput
+#define HAVE_FUZZ_MANIFEST 1
+#endif
 
 static const struct { const char *name; fuzz_fn fn; } g_targets[] = {
     {"fuzz_safetensors", fuzz_one_safetensors},
@@ -41,6 +47,9 @@ static const struct { const char *name; fuzz_fn fn; } g_targets[] = {
 #endif
 #ifdef HAVE_FUZZ_REQUEST
     {"fuzz_request", fuzz_one_request},
+#endif
+#ifdef HAVE_FUZZ_MANIFEST
+    {"fuzz_manifest", fuzz_one_manifest},
 #endif
 };
 
@@ -95,6 +104,12 @@ int main(void) {
         CHECK(1, "replayed");
         printf("  %-18s %d regression inputs, %d seeds replayed without a crash\n", g_targets[i].name, nr, ns);
     }
+#ifdef HAVE_FUZZ_MANIFEST
+    /* the three seed manifests (TP 2 fp16, TP 2 int8, TP 1) must pass the placeholder rank files'
+     * size checks and be accepted, or the target would only ever exercise the rejection paths */
+    CHECK(fm_state == 1, "fuzz_manifest: scratch directory made (%s)", fm_root);
+    CHECK(fm_accepted >= 3, "fuzz_manifest: %ld inputs accepted by pln_shardset_open (want >= 3: every seed)", fm_accepted);
+#endif
     /* a regressions folder whose target is not compiled in here would be silently skipped: say so */
     DIR *d = opendir("tests/fuzz/regressions");
     struct dirent *e;
