@@ -83,6 +83,9 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
+# test_fuzz_regress compiles the fuzz targets in: rebuild it when one changes.
+$(BUILD)/tests/test_fuzz_regress: $(FUZZ_SRCS)
+
 $(BUILD)/tests-gpu/%: tests/gpu/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
