@@ -50,3 +50,23 @@ pln_backend *pln_backend_create(const char *name, int device) {
 void pln_backend_destroy(pln_backend *be) {
     if (be && be->destroy) be->destroy(be);
 }
+
+int pln_backend_set_kv_dtype(pln_backend *be, pln_dtype dt) {
+    if (!be) return pln_errorf("pln_backend_set_kv_dtype: no backend");
+    if (be->kv_dtype == dt) return 0;
+    if (!be->set_kv_dtype)
+        return pln_errorf("backend \"%s\": the KV cache can only be %s here, not %s (use --kv-dtype %s)",
+                          be->name, pln_kv_dtype_name(be->kv_dtype), pln_kv_dtype_name(dt),
+                          pln_kv_dtype_name(be->kv_dtype));
+    return be->set_kv_dtype(be, dt);
+}
+
+const char *pln_kv_dtype_name(pln_dtype dt) {
+    return dt == PLN_DTYPE_F32 ? "f32" : dt == PLN_DTYPE_F16 ? "f16" : pln_dtype_name(dt);
+}
+
+int pln_kv_dtype_parse(const char *opt, const char *s, pln_dtype *out) {
+    if (s && !strcmp(s, "f32")) { *out = PLN_DTYPE_F32; return 0; }
+    if (s && !strcmp(s, "f16")) { *out = PLN_DTYPE_F16; return 0; }
+    return pln_errorf("%s %s: not a KV-cache dtype (f32 or f16)", opt, s ? s : "(missing)");
+}

@@ -148,6 +148,11 @@ struct pln_backend {
     void (*graph_free)(pln_backend *be, void *g);
     uint64_t (*graph_epoch)(pln_backend *be);
 
+    /* ---- optional: the KV-cache dtype (NULL: only the backend's own kv_dtype) ----
+     * Switches kv_dtype/kv_size; call it through pln_backend_set_kv_dtype, before any KV cache is
+     * allocated. */
+    int (*set_kv_dtype)(pln_backend *be, pln_dtype dt);
+
     void (*destroy)(pln_backend *be);
 };
 
@@ -155,6 +160,14 @@ struct pln_backend {
  * NULL + error if the name is unknown or the backend is not built / no device is present. */
 pln_backend *pln_backend_create(const char *name, int device);
 void pln_backend_destroy(pln_backend *be);
+/* The KV cache's element type: the CPU backend keeps F32 (default, the exact reference) or F16;
+ * CUDA only F16. 0 when be already uses dt or switched to it; -1 + error naming the backend and
+ * what it supports otherwise. Call right after creating the backend. */
+int pln_backend_set_kv_dtype(pln_backend *be, pln_dtype dt);
+/* KV dtypes as --kv-dtype spells them: "f32", "f16" (else the dtype's own name). parse: 0, or
+ * -1 + error naming opt, the bad value and the choices. */
+const char *pln_kv_dtype_name(pln_dtype dt);
+int pln_kv_dtype_parse(const char *opt, const char *s, pln_dtype *out);
 /* Adds a backend under a new name for pln_backend_create (and so for --backend): a wrapper
  * around another backend, say. At most 8; -1 + error when full or the name is taken. */
 int pln_backend_register(const char *name, pln_backend *(*create)(int device));

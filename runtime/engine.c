@@ -178,6 +178,13 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     e->be = device < 0 ? NULL : pln_backend_create(e->backend_name, device);
     if (!e->be && device >= 0 && !strcmp(e->backend_name, "cuda")) device_error_context(opts, e->rank, local, device);
     int rc = e->be ? 0 : -1;
+    if (!rc && opts->kv_dtype && *opts->kv_dtype) {
+        /* before anything sizes or allocates the KV cache */
+        pln_dtype kv_dt;
+        if (pln_kv_dtype_parse("kv_dtype", opts->kv_dtype, &kv_dt) || pln_backend_set_kv_dtype(e->be, kv_dt))
+            rc = -1;
+    }
+    e->opts.kv_dtype = NULL;    /* opts->kv_dtype is the caller's; the backend now holds it */
     if ((bad = agree(comm, rc)) != -1) goto fail_rank;
     if (pln_comm_attach_backend(comm, e->be)) rc = -1;
     if ((bad = agree(comm, rc)) != -1) goto fail_rank;
@@ -650,6 +657,7 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->n_layer = e->cfg.n_layer;
     info->dtype = e->cfg.dtype;
     info->backend = e->backend_name;
+    info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;
     info->block_size = e->kv.block_size;

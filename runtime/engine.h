@@ -30,6 +30,8 @@ typedef struct {
     int32_t max_seq_len;        /* longest sequence, prompt + generated (default 2048) */
     int64_t kv_tokens;          /* KV capacity in tokens over all slots (0 = max_seqs * max_seq_len) */
     int32_t block_size;         /* KV block size in tokens (default 16) */
+    const char *kv_dtype;       /* KV-cache dtype "f32" or "f16"; NULL/"" = the backend's own
+                                   (cpu f32, the exact reference; cuda f16, its only one) */
     bool populate;              /* fault the mapped shard in at load */
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
@@ -93,6 +95,7 @@ typedef struct {
     const char *backend;
     int64_t kv_blocks_total, kv_blocks_free;
     int32_t block_size, max_seqs, max_seq_len;
+    const char *kv_dtype;       /* "f32" or "f16" */
     double load_seconds;
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */

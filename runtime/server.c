@@ -468,6 +468,7 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "default_max_new_tokens", json_integer(l->default_max_new_tokens));
     json_object_set_new(o, "max_seqs", json_integer(in->max_seqs));
     json_object_set_new(o, "kv_block_size", json_integer(in->block_size));
+    json_object_set_new(o, "kv_dtype", json_string(in->kv_dtype ? in->kv_dtype : "?"));
     json_object_set_new(o, "kv_blocks", json_integer(in->kv_blocks_total));
     json_object_set_new(o, "n_vocab", json_integer(in->n_vocab));
     json_object_set_new(o, "hidden_size", json_integer(in->hidden));

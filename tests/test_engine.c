@@ -22,6 +22,7 @@
 #define V 1003
 
 static pln_comm *g_comm;
+static const char *g_kv_dtype;   /* the engines' --kv-dtype (NULL: the backend's own, f32 on cpu) */
 
 static pln_engine *open_set(const char *dir, int fail_at, int64_t kv_tokens) {
     pln_engine_opts o;
@@ -34,6 +35,7 @@ static pln_engine *open_set(const char *dir, int fail_at, int64_t kv_tokens) {
     o.quiet = true;
     o.verify = true;
     o.fail_at_step = fail_at;
+    o.kv_dtype = g_kv_dtype;
     pln_engine *e = pln_engine_open(&o, g_comm);
     if (!e) fprintf(stderr, "engine open %s: %s\n", dir, pln_error());
     return e;
@@ -75,6 +77,8 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
     pln_engine_info info;
     pln_engine_get_info(e, &info);
     CHECK(info.n_vocab == V && info.tp == 1, "%s: info vocab %lld tp %d", label, (long long)info.n_vocab, info.tp);
+    CHECK(info.kv_dtype && !strcmp(info.kv_dtype, g_kv_dtype ? g_kv_dtype : "f32"), "%s: info kv_dtype %s", label,
+          info.kv_dtype ? info.kv_dtype : "(null)");
     int64_t free0 = info.kv_blocks_free;
 
     /* Prefill logits at every position, each prompt alone. */
@@ -539,6 +543,17 @@ int main(int argc, char **argv) {
         CHECK(dir != NULL, "%s: reshard to TP 1 fp16", label);
         if (dir) {
             check_set(label, dir, &r, alone, sets[k].tol);
+            if (k <= 1) {
+                /* an F16 KV cache (rounding is its only difference) meets the same bounds */
+                char l16[80];
+                snprintf(l16, sizeof l16, "%s kv-f16", label);
+                float *a16[NPROMPT];
+                for (int i = 0; i < NPROMPT; i++) a16[i] = pln_xmalloc(64 * V * 4);
+                g_kv_dtype = "f16";
+                check_set(l16, dir, &r, a16, sets[k].tol);
+                g_kv_dtype = NULL;
+                for (int i = 0; i < NPROMPT; i++) free(a16[i]);
+            }
             if (k <= 1) {
                 char *dir8 = fixture_reshard(sets[k].model, sets[k].src, 1, "int8");
                 CHECK(dir8 != NULL, "%s: reshard to TP 1 int8", label);

@@ -406,6 +406,96 @@ static void test_attention(void) {
     }
 }
 
+/* F16 KV cache: kv_append stores round-to-nearest-even halves, and attention over them must equal,
+ * bit for bit, F32-cache attention over keys/values rounded the same way (conversion is the only
+ * difference), in every instruction set. Contexts span many blocks and several 64-key stretches;
+ * both a mixed prefill step and a pure decode step (which prefetches) are run. */
+static void test_attention_f16_case(int n_head, int head_dim, int block_size, bool decode) {
+    enum { S = 3 };
+    int32_t prior[S] = {0, 150, 37}, fed[S] = {9, 1, 5};
+    if (decode) { prior[0] = 70; fed[0] = 1; fed[2] = 1; }
+    int max_len = 0;
+    for (int s = 0; s < S; s++) if (prior[s] + fed[s] > max_len) max_len = prior[s] + fed[s];
+    int32_t max_blocks = (max_len + block_size - 1) / block_size;
+    int32_t n_blocks = S * max_blocks;
+    int32_t *table = malloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { int j = (int)(rnd_u32() % (uint32_t)(i + 1)); int32_t x = table[i]; table[i] = table[j]; table[j] = x; }
+    int64_t width = (int64_t)n_head * 3 * head_dim, ow = (int64_t)n_head * head_dim;
+    float slopes[16];
+    for (int h = 0; h < n_head; h++) slopes[h] = pln_alibi_slope(h, n_head);
+    int T1 = 0, T2 = 0;
+    for (int s = 0; s < S; s++) { T1 += prior[s]; T2 += fed[s]; }
+    /* step 1 fills the prior tokens, step 2 feeds the rest; *r: k and v rounded through F16 */
+    float *qkv1 = rnd_vec((size_t)(T1 * width), -2, 2), *qkv2 = rnd_vec((size_t)(T2 * width), -2, 2);
+    float *r1 = malloc((size_t)(T1 * width) * 4), *r2 = malloc((size_t)(T2 * width) * 4);
+    memcpy(r1, qkv1, (size_t)(T1 * width) * 4);
+    memcpy(r2, qkv2, (size_t)(T2 * width) * 4);
+    for (int64_t i = 0; i < T1 * width; i++) if ((i / head_dim) % 3) r1[i] = pln_f16_to_f32(pln_f32_to_f16(r1[i]));
+    for (int64_t i = 0; i < T2 * width; i++) if ((i / head_dim) % 3) r2[i] = pln_f16_to_f32(pln_f32_to_f16(r2[i]));
+    int32_t *seq1 = malloc((size_t)T1 * 4), *pos1 = malloc((size_t)T1 * 4), seq2[32], pos2[32];
+    int t = 0;
+    for (int s = 0; s < S; s++) for (int j = 0; j < prior[s]; j++, t++) { seq1[t] = s; pos1[t] = j; }
+    t = 0;
+    for (int s = S - 1; s >= 0; s--) for (int j = prior[s]; j < prior[s] + fed[s]; j++, t++) { seq2[t] = s; pos2[t] = j; }
+    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
+    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    size_t pool = (size_t)n_blocks * n_head * block_size * head_dim;
+    float *kc = malloc(pool * 4), *vc = malloc(pool * 4);
+    uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
+    float *o32 = malloc((size_t)(T2 * ow) * 4), *o16 = malloc((size_t)(T2 * ow) * 4);
+    pln_backend *be16 = pln_backend_create("cpu", 0);
+    CHECK(be16 && pln_backend_set_kv_dtype(be16, PLN_DTYPE_F16) == 0 && be16->kv_size == 2 && be16->kv_dtype == PLN_DTYPE_F16,
+          "cpu backend switches to an F16 KV cache: %s", pln_error());
+    FOR_EACH_ISA(isa) {
+        pln_cpu_set_isa(be16, (pln_cpu_isa)isa);
+        memset(kc, 0, pool * 4); memset(vc, 0, pool * 4);
+        for (size_t i = 0; i < pool; i++) kh[i] = vh[i] = 0x7e00;   /* NaN: unwritten rows must never be read */
+        CHECK(g_be->kv_append(g_be, r1, kc, vc, &m1, n_head, head_dim) == 0 &&
+              g_be->kv_append(g_be, r2, kc, vc, &m2, n_head, head_dim) == 0, "kv_append f32: %s", pln_error());
+        CHECK(be16->kv_append(be16, qkv1, kh, vh, &m1, n_head, head_dim) == 0 &&
+              be16->kv_append(be16, qkv2, kh, vh, &m2, n_head, head_dim) == 0, "kv_append f16: %s", pln_error());
+        /* every written half is the nearest-even rounding of what the F32 cache holds */
+        int bad = 0;
+        for (int s = 0; s < S; s++)
+            for (int j = 0; j < prior[s] + fed[s]; j++)
+                for (int h = 0; h < n_head; h++) {
+                    int64_t off = (((int64_t)table[s * max_blocks + j / block_size] * n_head + h) * block_size + j % block_size) * head_dim;
+                    for (int e = 0; e < head_dim; e++)
+                        bad += kh[off + e] != pln_f32_to_f16(kc[off + e]) || vh[off + e] != pln_f32_to_f16(vc[off + e]);
+                }
+        CHECK(bad == 0, "kv_append f16 [%s] d=%d bs=%d: %d halves wrong", g_isa, head_dim, block_size, bad);
+        CHECK(g_be->attention(g_be, o32, r2, kc, vc, &m2, slopes, n_head, head_dim) == 0, "attention f32: %s", pln_error());
+        CHECK(be16->attention(be16, o16, qkv2, kh, vh, &m2, slopes, n_head, head_dim) == 0, "attention f16: %s", pln_error());
+        int diff = 0;
+        for (int64_t i = 0; i < T2 * ow; i++) diff += memcmp(&o32[i], &o16[i], 4) != 0 || isnan(o16[i]);
+        CHECK(diff == 0, "attention f16 [%s] heads=%d d=%d bs=%d %s: %d of %lld outputs differ from f32 over the rounded cache",
+              g_isa, n_head, head_dim, block_size, decode ? "decode" : "prefill", diff, (long long)(T2 * ow));
+    }
+    pln_backend_destroy(be16);
+    free(table); free(qkv1); free(qkv2); free(r1); free(r2); free(seq1); free(pos1);
+    free(kc); free(vc); free(kh); free(vh); free(o32); free(o16);
+}
+
+static void test_attention_f16(void) {
+    static const int dims[] = {64, 80, 128, 13}, bss[] = {16, 5, 32, 7};
+    for (int i = 0; i < 4; i++) {
+        test_attention_f16_case(2, dims[i], bss[i], false);
+        test_attention_f16_case(3, dims[i], bss[(i + 1) % 4], true);
+    }
+    /* the switch: back to F32 works; a dtype the CPU has no kernels for is an error */
+    pln_backend *be = pln_backend_create("cpu", 0);
+    CHECK(pln_backend_set_kv_dtype(be, PLN_DTYPE_F16) == 0 && pln_backend_set_kv_dtype(be, PLN_DTYPE_F32) == 0 &&
+          be->kv_size == 4 && be->kv_dtype == PLN_DTYPE_F32, "cpu backend: f16 then f32 KV");
+    CHECK(pln_backend_set_kv_dtype(be, PLN_DTYPE_BF16) == -1 && strstr(pln_error(), "f32 or f16"),
+          "cpu backend: a BF16 KV cache is refused, got \"%s\"", pln_error());
+    pln_dtype dt;
+    CHECK(pln_kv_dtype_parse("--kv-dtype", "f16", &dt) == 0 && dt == PLN_DTYPE_F16 &&
+          pln_kv_dtype_parse("--kv-dtype", "F16", &dt) == -1 && strstr(pln_error(), "--kv-dtype F16"),
+          "kv dtype names: f16 parses, F16 is refused with the option named (\"%s\")", pln_error());
+    pln_backend_destroy(be);
+}
+
 /* ---- logit processing, top-k ------------------------------------------------------------- */
 static void test_logit_process(void) {
     int64_t v0 = 100, vn = 50;
@@ -668,6 +758,7 @@ int main(int argc, char **argv) {
     test_threads();
     test_gelu();
     test_attention();
+    test_attention_f16();
     test_logit_process();
     test_topk();
     test_errors();

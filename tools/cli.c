@@ -1,6 +1,7 @@
 /* cli.c — helpers the subcommands share; see cli.h. */
 #include "tools/cli.h"
 #include "formats/common.h"
+#include "kernels/backend.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 int pln_cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -88,4 +90,14 @@ void pln_cli_restart_with_passive_omp(int argc, char **argv) {
     for (int i = 0; i < argc; i++) av[i + 1] = argv[i];
     execv("/proc/self/exe", av);
     free(av);  /* exec failed: carry on with spinning threads */
+}
+
+const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype) {
+    if (!kv_dtype) return NULL;
+    pln_dtype dt;
+    if (pln_kv_dtype_parse("--kv-dtype", kv_dtype, &dt)) pln_die("%s", pln_error());
+    if (backend && !strcmp(backend, "cuda") && dt != PLN_DTYPE_F16)
+        pln_die("--kv-dtype %s: the cuda backend keeps its KV cache in f16 only; use --kv-dtype f16 "
+                "(its default) or --backend cpu", kv_dtype);
+    return kv_dtype;
 }

@@ -22,6 +22,10 @@ int pln_cli_parse_float(const char *opt, const char *s, double lo, bool lo_inclu
 int64_t pln_cli_int(const char *opt, const char *s, int64_t lo, int64_t hi);
 double pln_cli_float(const char *opt, const char *s, double lo, bool lo_inclusive, double hi);
 
+/* --kv-dtype: "f32" or "f16" (returned as given) on a backend that has it: cuda's KV cache is F16
+ * only, so f32 there is refused. backend NULL = cpu. Dies with a message naming the option. */
+const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype);
+
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks
  * launched on it (OMPI_COMM_WORLD_LOCAL_SIZE, else `ranks`), never below 1. Applies the result with

@@ -26,6 +26,7 @@ static void usage(FILE *f) {
             "  --port-file PATH               write the bound port there once listening\n"
             "  --model-id NAME                name in /info, /v1/models (default: the shard directory's name)\n"
             "  --backend cpu|cuda             (default cpu)\n"
+            "  --kv-dtype f32|f16             KV-cache dtype (default f32 on cpu, f16 on cuda; f16 on cpu halves KV memory)\n"
             "  --device D                     CUDA device of every rank (default: picked from the node-local rank)\n"
             "  --gpus-per-node N              CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --max-seqs N                   engine sequence slots (default 32)\n"
@@ -135,6 +136,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) port_file = VAL();
         else if (!strcmp(a, "--model-id")) so.model_id = VAL();
         else if (!strcmp(a, "--backend")) eo.backend = VAL();
+        else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = VAL();
         else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = int_arg(a, VAL(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--max-seqs")) eo.max_seqs = int_arg(a, VAL(), 1, 4096);
@@ -164,6 +166,7 @@ int cmd_serve(int argc, char **argv) {
     if (so.lim.max_input_tokens >= so.lim.max_total_tokens)
         pln_die("--max-input-tokens (%d) must be below --max-total-tokens (%d)", so.lim.max_input_tokens, so.lim.max_total_tokens);
     eo.max_seq_len = so.lim.max_total_tokens;
+    eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
@@ -205,9 +208,9 @@ int cmd_serve(int argc, char **argv) {
     if (!srv) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
-    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d] pid %d\n",
+    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s] pid %d\n",
             so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
-            (long long)info.kv_blocks_total, info.block_size, (int)getpid());
+            (long long)info.kv_blocks_total, info.block_size, info.kv_dtype, (int)getpid());
     if (info.load_bytes_per_s > 0)
         fprintf(stderr, "pollen serve: weights: %.2f GB per rank streamed to the device at %.2f GB/s (start-up %.1f s)\n",
                 info.weight_bytes / 1e9, info.load_bytes_per_s / 1e9, info.load_seconds);

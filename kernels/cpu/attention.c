@@ -1,6 +1,8 @@
 /* attention.c — KV-cache append and causal ALiBi attention over the paged cache on the CPU.
  *
- * Cache layout (backend.h): per layer [n_blocks][n_head][block_size][head_dim] F32; a sequence's
+ * Cache layout (backend.h): per layer [n_blocks][n_head][block_size][head_dim] F32, or F16 when
+ * the backend's kv_dtype says so (kv_append rounds to nearest even, attention converts back
+ * exactly: the result is F32 attention over the rounded keys and values); a sequence's
  * key j is row j % block_size of block block_table[s * max_blocks + j / block_size]. Within a
  * block one head's keys are contiguous rows, which is what the fast path walks.
  * Scores = q·k / sqrt(head_dim) + slope * j (HF's baddbmm(alibi, q, kᵀ, alpha = 1/sqrt(d))). */
@@ -18,39 +20,51 @@ static inline int64_t kv_offset(const pln_attn_meta *m, int32_t s, int32_t j, in
     return ((b * n_head + h) * m->block_size + j % m->block_size) * head_dim;
 }
 
-static void append_token(const float *qkv, float *k_cache, float *v_cache, const pln_attn_meta *m,
-                         int32_t t, int32_t n_head, int32_t head_dim) {
+/* n values of src into a cache row at element offset off. */
+static inline void put_row(void *cache, int64_t off, const float *src, int32_t n, bool f16) {
+    if (!f16) { memcpy((float *)cache + off, src, (size_t)n * sizeof(float)); return; }
+    uint16_t *dst = (uint16_t *)cache + off;
+    for (int32_t d = 0; d < n; d++) dst[d] = pln_f32_to_f16(src[d]);
+}
+
+/* Element i of a cache, as F32 (exact for F16). */
+static inline float kv_at(const void *cache, int64_t i, bool f16) {
+    return f16 ? pln_f16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+
+static void append_token(const float *qkv, void *k_cache, void *v_cache, const pln_attn_meta *m,
+                         int32_t t, int32_t n_head, int32_t head_dim, bool f16) {
     int32_t s = m->tok_seq[t], j = m->tok_pos[t];
     const float *row = qkv + (int64_t)t * n_head * 3 * head_dim;
     for (int32_t h = 0; h < n_head; h++) {
         int64_t off = kv_offset(m, s, j, h, n_head, head_dim);
         /* per head the fused rows are q, k, v (HF's [n_head, 3, head_dim] view) */
-        memcpy(k_cache + off, row + ((int64_t)h * 3 + 1) * head_dim, (size_t)head_dim * sizeof(float));
-        memcpy(v_cache + off, row + ((int64_t)h * 3 + 2) * head_dim, (size_t)head_dim * sizeof(float));
+        put_row(k_cache, off, row + ((int64_t)h * 3 + 1) * head_dim, head_dim, f16);
+        put_row(v_cache, off, row + ((int64_t)h * 3 + 2) * head_dim, head_dim, f16);
     }
 }
 
-void pln_cpu_kv_append(pln_cpu *c, const float *qkv, float *k_cache, float *v_cache,
-                       const pln_attn_meta *m, int32_t n_head, int32_t head_dim) {
+void pln_cpu_kv_append(pln_cpu *c, const float *qkv, void *k_cache, void *v_cache,
+                       const pln_attn_meta *m, int32_t n_head, int32_t head_dim, bool f16) {
     int32_t T = m->n_tokens;
     if (c->isa == PLN_CPU_ISA_REF) {
-        for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim);
+        for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim, f16);
         return;
     }
     #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (T > 8)
-    for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim);
+    for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim, f16);
 }
 
 /* The reference: all scores of a (token, head) into a buffer, max, exp, normalise, weigh V. */
-static void attend_ref(float *o, const float *q, const float *k_cache, const float *v_cache,
+static void attend_ref(float *o, const float *q, const void *k_cache, const void *v_cache,
                        const pln_attn_meta *m, int32_t s, int32_t pos, int32_t h, float slope,
-                       int32_t n_head, int32_t head_dim, float *scores) {
+                       int32_t n_head, int32_t head_dim, float *scores, bool f16) {
     float scale = 1.0f / sqrtf((float)head_dim);
     float mx = -INFINITY;
     for (int32_t j = 0; j <= pos; j++) {
-        const float *kj = k_cache + kv_offset(m, s, j, h, n_head, head_dim);
+        int64_t kj = kv_offset(m, s, j, h, n_head, head_dim);
         float dot = 0.0f;
-        for (int32_t d = 0; d < head_dim; d++) dot += q[d] * kj[d];
+        for (int32_t d = 0; d < head_dim; d++) dot += q[d] * kv_at(k_cache, kj + d, f16);
         scores[j] = dot * scale + slope * (float)j;
         if (scores[j] > mx) mx = scores[j];
     }
@@ -58,9 +72,9 @@ static void attend_ref(float *o, const float *q, const float *k_cache, const flo
     for (int32_t j = 0; j <= pos; j++) { scores[j] = expf(scores[j] - mx); sum += scores[j]; }
     for (int32_t d = 0; d < head_dim; d++) o[d] = 0.0f;
     for (int32_t j = 0; j <= pos; j++) {
-        const float *vj = v_cache + kv_offset(m, s, j, h, n_head, head_dim);
+        int64_t vj = kv_offset(m, s, j, h, n_head, head_dim);
         float p = scores[j] / sum;
-        for (int32_t d = 0; d < head_dim; d++) o[d] += p * vj[d];
+        for (int32_t d = 0; d < head_dim; d++) o[d] += p * kv_at(v_cache, vj + d, f16);
     }
 }
 
@@ -70,9 +84,11 @@ static void attend_ref(float *o, const float *q, const float *k_cache, const flo
 /* The fast path: one pass over the keys with an online softmax. Per stretch of keys: scores,
  * the stretch's max, then the running state (max m, sum l) and the unnormalised output are
  * rescaled by exp(m_old - m_new) as the stretch's weighted values are added. */
-static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, const float *k_cache,
-                          const float *v_cache, const pln_attn_meta *m, int32_t s, int32_t pos,
-                          int32_t h, float slope, int32_t n_head, int32_t head_dim, bool prefetch) {
+static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, const void *k_cache,
+                          const void *v_cache, const pln_attn_meta *m, int32_t s, int32_t pos,
+                          int32_t h, float slope, int32_t n_head, int32_t head_dim, bool prefetch,
+                          bool f16) {
+    size_t esz = f16 ? 2 : 4;
     float scale = 1.0f / sqrtf((float)head_dim);
     float sc[KCHUNK];
     pln_softmax_state st = {-INFINITY, 0.0f};
@@ -91,13 +107,14 @@ static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, co
             if (n1 > pos + 1 - j1) n1 = pos + 1 - j1;
             if (n1 > KCHUNK) n1 = KCHUNK;
             int64_t off1 = kv_offset(m, s, j1, h, n_head, head_dim);
-            const char *kp = (const char *)(k_cache + off1), *vp = (const char *)(v_cache + off1);
-            for (int64_t b = 0; b < (int64_t)n1 * head_dim * 4; b += 64) {
+            const char *kp = (const char *)k_cache + off1 * esz, *vp = (const char *)v_cache + off1 * esz;
+            for (int64_t b = 0; b < (int64_t)n1 * head_dim * (int64_t)esz; b += 64) {
                 __builtin_prefetch(kp + b);
                 __builtin_prefetch(vp + b);
             }
         }
-        k->dots(sc, q, k_cache + off, n, head_dim);
+        if (f16) k->dots_f16(sc, q, (const uint16_t *)k_cache + off, n, head_dim);
+        else k->dots(sc, q, (const float *)k_cache + off, n, head_dim);
         float bm = -INFINITY;
         for (int32_t i = 0; i < n; i++) {
             sc[i] = sc[i] * scale + slope * (float)(j0 + i);
@@ -107,7 +124,8 @@ static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, co
         float c = st.m == -INFINITY ? 0.0f : expf(st.m - m_new);
         float l = st.s * c;
         for (int32_t i = 0; i < n; i++) { sc[i] = expf(sc[i] - m_new); l += sc[i]; }
-        k->weighted_sum(o, c, sc, v_cache + off, n, head_dim);
+        if (f16) k->weighted_sum_f16(o, c, sc, (const uint16_t *)v_cache + off, n, head_dim);
+        else k->weighted_sum(o, c, sc, (const float *)v_cache + off, n, head_dim);
         st.m = m_new; st.s = l;
         j0 += n;
     }
@@ -115,9 +133,9 @@ static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, co
     for (int32_t d = 0; d < head_dim; d++) o[d] *= inv;
 }
 
-int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_cache,
-                      const float *v_cache, const pln_attn_meta *m, const float *slopes,
-                      int32_t n_head, int32_t head_dim) {
+int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_cache,
+                      const void *v_cache, const pln_attn_meta *m, const float *slopes,
+                      int32_t n_head, int32_t head_dim, bool f16) {
     int32_t T = m->n_tokens;
     int64_t qkv_stride = (int64_t)n_head * 3 * head_dim, out_stride = (int64_t)n_head * head_dim;
     if (c->isa == PLN_CPU_ISA_REF) {
@@ -127,7 +145,7 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_c
             for (int32_t h = 0; h < n_head; h++)
                 attend_ref(out + t * out_stride + (int64_t)h * head_dim,
                            qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
-                           m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, scores);
+                           m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, scores, f16);
         free(scores);
         return 0;
     }
@@ -141,7 +159,7 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_c
         int32_t h = (int32_t)(w / T), t = (int32_t)(w % T);
         attend_online(k, out + t * out_stride + (int64_t)h * head_dim,
                       qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
-                      m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, decode);
+                      m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, decode, f16);
     }
     return 0;
 }

@@ -12,7 +12,10 @@
  * on), except that several MPI ranks on one unbound machine (OMPI_COMM_WORLD_LOCAL_SIZE or
  * MPI_LOCALNRANKS > 1, no OMP_NUM_THREADS, affinity = all CPUs) split its cores between them
  * instead of each starting a thread per core. pln_cpu_set_threads overrides.
- * Activations and the KV cache are F32 (kv_size 4). */
+ * Activations are F32. The KV cache is F32 (kv_size 4) by default, the exact reference; F16
+ * (kv_size 2, pln_backend_set_kv_dtype) halves its memory and the bytes decode attention reads:
+ * kv_append rounds to nearest even and attention converts back exactly, so the only difference
+ * from F32 is that rounding. */
 #ifndef PLN_CPU_H
 #define PLN_CPU_H
 
@@ -47,6 +50,9 @@ typedef struct {
      * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
     void (*dots)(float *scores, const float *q, const float *k, int64_t n, int64_t d);
     void (*weighted_sum)(float *o, float c, const float *p, const float *v, int64_t n, int64_t d);
+    /* The same over an F16 cache: bit for bit what the F32 versions give on the converted rows. */
+    void (*dots_f16)(float *scores, const float *q, const uint16_t *k, int64_t n, int64_t d);
+    void (*weighted_sum_f16)(float *o, float c, const float *p, const uint16_t *v, int64_t n, int64_t d);
     /* The linear epilogue on one output row: o += bias (F16, may be NULL), then GeLU if gelu.
      * The SIMD GeLU is x / (1 + exp(-2u)), u = 0.79788456 x (1 + 0.044715 x²): the same function
      * as pln_gelu's tanh form, within a few ulp. */
@@ -98,12 +104,12 @@ void pln_cpu_residual_layernorm(pln_cpu *c, float *x, const float *y, const uint
 /* linear.c: rows [0, n_rows) of W only (logits uses n_rows = n_valid). */
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu);
-/* attention.c */
-void pln_cpu_kv_append(pln_cpu *c, const float *qkv, float *k_cache, float *v_cache,
-                       const pln_attn_meta *m, int32_t n_head, int32_t head_dim);
-int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const float *k_cache,
-                      const float *v_cache, const pln_attn_meta *m, const float *slopes,
-                      int32_t n_head, int32_t head_dim);
+/* attention.c: f16 = the caches are F16 (else F32). */
+void pln_cpu_kv_append(pln_cpu *c, const float *qkv, void *k_cache, void *v_cache,
+                       const pln_attn_meta *m, int32_t n_head, int32_t head_dim, bool f16);
+int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_cache,
+                      const void *v_cache, const pln_attn_meta *m, const float *slopes,
+                      int32_t n_head, int32_t head_dim, bool f16);
 /* sample.c */
 int pln_cpu_logit_process(pln_cpu *c, float *logits, int64_t v0, int64_t vn,
                           const pln_logit_proc *p);

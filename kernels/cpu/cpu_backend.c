@@ -209,7 +209,8 @@ static int cpu_kv_append(pln_backend *be, const void *qkv, void *k_cache, void *
                          const pln_attn_meta *m, int32_t n_head, int32_t head_dim) {
     if (check_meta("kv_append", m, n_head, head_dim, false)) return -1;
     NEED(m->n_tokens == 0 || (qkv && k_cache && v_cache), "kv_append: NULL buffer");
-    pln_cpu_kv_append(pln_cpu_of(be), qkv, k_cache, v_cache, m, n_head, head_dim);
+    pln_cpu_kv_append(pln_cpu_of(be), qkv, k_cache, v_cache, m, n_head, head_dim,
+                      be->kv_dtype == PLN_DTYPE_F16);
     return 0;
 }
 
@@ -218,7 +219,8 @@ static int cpu_attention(pln_backend *be, void *out, const void *qkv, const void
                          int32_t n_head, int32_t head_dim) {
     if (check_meta("attention", m, n_head, head_dim, true)) return -1;
     NEED(m->n_tokens == 0 || (out && qkv && k_cache && v_cache && slopes), "attention: NULL buffer");
-    return pln_cpu_attention(pln_cpu_of(be), out, qkv, k_cache, v_cache, m, slopes, n_head, head_dim);
+    return pln_cpu_attention(pln_cpu_of(be), out, qkv, k_cache, v_cache, m, slopes, n_head, head_dim,
+                             be->kv_dtype == PLN_DTYPE_F16);
 }
 
 static int cpu_gather_rows(pln_backend *be, void *out, const void *in, const int32_t *rows,
@@ -259,6 +261,15 @@ static int cpu_topk(pln_backend *be, const float *logits, int32_t S, int64_t vn,
     return 0;
 }
 
+/* F32 (the exact reference) or F16 (half the memory); set before the KV cache is allocated. */
+static int cpu_set_kv_dtype(pln_backend *be, pln_dtype dt) {
+    NEED(dt == PLN_DTYPE_F32 || dt == PLN_DTYPE_F16,
+         "cpu backend: KV-cache dtype %s is not supported (f32 or f16)", pln_dtype_name(dt));
+    be->kv_dtype = dt;
+    be->kv_size = dt == PLN_DTYPE_F16 ? 2 : 4;
+    return 0;
+}
+
 static void cpu_destroy(pln_backend *be) {
     if (!be) return;
     free(be->impl);
@@ -286,6 +297,7 @@ pln_backend *pln_backend_cpu_create(void) {
     be->kv_append = cpu_kv_append; be->attention = cpu_attention;
     be->gather_rows = cpu_gather_rows; be->logits = cpu_logits;
     be->logit_process = cpu_logit_process; be->topk = cpu_topk;
+    be->set_kv_dtype = cpu_set_kv_dtype;
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());
     c->n_threads = default_threads();

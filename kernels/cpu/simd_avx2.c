@@ -179,65 +179,88 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
     }
 }
 
+/* The attention loops are written once over a row loader (inlined with f16 a constant): the
+ * F16-cache versions do the same arithmetic in the same order on the exactly converted values,
+ * so an F16 cache gives bit for bit what an F32 cache holding the same rounded rows gives. */
+INL __m256 kv_ldv(const void *p, int64_t i, bool f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))) : _mm256_loadu_ps((const float *)p + i);
+}
+INL float kv_ld(const void *p, int64_t i, bool f16) {
+    return f16 ? pln_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
 /* Four keys at a time share each load of q. */
-static TGT void dots_avx2(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
+INL void dots_impl(float *scores, const float *q, const void *k, int64_t n, int64_t d, bool f16) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        const float *k0 = k + i * d;
+        const int64_t k0 = i * d;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         int64_t e = 0;
         for (; e + 8 <= d; e += 8) {
             __m256 qv = _mm256_loadu_ps(q + e);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + e), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d + e), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * d + e), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * d + e), a3);
+            a0 = _mm256_fmadd_ps(qv, kv_ldv(k, k0 + e, f16), a0);
+            a1 = _mm256_fmadd_ps(qv, kv_ldv(k, k0 + d + e, f16), a1);
+            a2 = _mm256_fmadd_ps(qv, kv_ldv(k, k0 + 2 * d + e, f16), a2);
+            a3 = _mm256_fmadd_ps(qv, kv_ldv(k, k0 + 3 * d + e, f16), a3);
         }
         float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
         for (; e < d; e++) {
-            s0 += q[e] * k0[e]; s1 += q[e] * k0[d + e]; s2 += q[e] * k0[2 * d + e]; s3 += q[e] * k0[3 * d + e];
+            s0 += q[e] * kv_ld(k, k0 + e, f16); s1 += q[e] * kv_ld(k, k0 + d + e, f16); s2 += q[e] * kv_ld(k, k0 + 2 * d + e, f16); s3 += q[e] * kv_ld(k, k0 + 3 * d + e, f16);
         }
         scores[i] = s0; scores[i + 1] = s1; scores[i + 2] = s2; scores[i + 3] = s3;
     }
     for (; i < n; i++) {
         __m256 a0 = _mm256_setzero_ps();
         int64_t e = 0;
-        for (; e + 8 <= d; e += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(k + i * d + e), a0);
+        for (; e + 8 <= d; e += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), kv_ldv(k, i * d + e, f16), a0);
         float s0 = hsum(a0);
-        for (; e < d; e++) s0 += q[e] * k[i * d + e];
+        for (; e < d; e++) s0 += q[e] * kv_ld(k, i * d + e, f16);
         scores[i] = s0;
     }
 }
 
 /* o is held in registers four vectors at a time (four independent FMA chains) while the
  * stretch's keys stream past: each vector of o is loaded and stored once per stretch. */
-static TGT void weighted_sum_avx2(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+INL void weighted_sum_impl(float *o, float c, const float *p, const void *v, int64_t n, int64_t d, bool f16) {
     __m256 cv = _mm256_set1_ps(c);
     int64_t e = 0;
     for (; e + 4 * 8 <= d; e += 4 * 8) {
         __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + e), cv), a1 = _mm256_mul_ps(_mm256_loadu_ps(o + e + 8), cv);
         __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(o + e + 2 * 8), cv), a3 = _mm256_mul_ps(_mm256_loadu_ps(o + e + 3 * 8), cv);
         for (int64_t i = 0; i < n; i++) {
-            const float *vi = v + i * d + e;
+            const int64_t vi = i * d + e;
             __m256 pv = _mm256_set1_ps(p[i]);
-            a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi), a0);
-            a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 8), a1);
-            a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 2 * 8), a2);
-            a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 3 * 8), a3);
+            a0 = _mm256_fmadd_ps(pv, kv_ldv(v, vi, f16), a0);
+            a1 = _mm256_fmadd_ps(pv, kv_ldv(v, vi + 8, f16), a1);
+            a2 = _mm256_fmadd_ps(pv, kv_ldv(v, vi + 2 * 8, f16), a2);
+            a3 = _mm256_fmadd_ps(pv, kv_ldv(v, vi + 3 * 8, f16), a3);
         }
         _mm256_storeu_ps(o + e, a0); _mm256_storeu_ps(o + e + 8, a1);
         _mm256_storeu_ps(o + e + 2 * 8, a2); _mm256_storeu_ps(o + e + 3 * 8, a3);
     }
     for (; e + 8 <= d; e += 8) {
         __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + e), cv);
-        for (int64_t i = 0; i < n; i++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v + i * d + e), acc);
+        for (int64_t i = 0; i < n; i++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), kv_ldv(v, i * d + e, f16), acc);
         _mm256_storeu_ps(o + e, acc);
     }
     for (; e < d; e++) {
         float acc = o[e] * c;
-        for (int64_t i = 0; i < n; i++) acc += p[i] * v[i * d + e];
+        for (int64_t i = 0; i < n; i++) acc += p[i] * kv_ld(v, i * d + e, f16);
         o[e] = acc;
     }
+}
+
+static TGT void dots_avx2(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
+    dots_impl(scores, q, k, n, d, false);
+}
+static TGT void dots_f16_avx2(float *scores, const float *q, const uint16_t *k, int64_t n, int64_t d) {
+    dots_impl(scores, q, k, n, d, true);
+}
+static TGT void weighted_sum_avx2(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+    weighted_sum_impl(o, c, p, v, n, d, false);
+}
+static TGT void weighted_sum_f16_avx2(float *o, float c, const float *p, const uint16_t *v, int64_t n, int64_t d) {
+    weighted_sum_impl(o, c, p, v, n, d, true);
 }
 
 /* exp(x): 2^n * e^r with |r| <= ln2/2 and Cephes' expf polynomial (about 1 ulp); x is clamped
@@ -300,7 +323,8 @@ static TGT float sum_exp_avx2(const float *x, int64_t n, float mx) {
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2,
-    .dots = dots_avx2, .weighted_sum = weighted_sum_avx2, .bias_gelu = bias_gelu_avx2,
+    .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
+    .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2,
 };
 #endif

@@ -51,18 +51,40 @@ static void gemm_i8_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
     }
 }
 
-static void dots_c(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
+/* The attention loops are written once over a row loader: the F16-cache versions do the same
+ * arithmetic in the same order on the converted (exact) values, so an F16 cache gives exactly
+ * what an F32 cache holding the same rounded keys and values gives. */
+static inline float kv_ld(const void *p, int64_t i, bool f16) {
+    return f16 ? pln_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline __attribute__((always_inline)) void
+dots_impl(float *scores, const float *q, const void *k, int64_t n, int64_t d, bool f16) {
     for (int64_t i = 0; i < n; i++) {
         float s = 0.0f;
-        for (int64_t e = 0; e < d; e++) s += q[e] * k[i * d + e];
+        for (int64_t e = 0; e < d; e++) s += q[e] * kv_ld(k, i * d + e, f16);
         scores[i] = s;
     }
 }
 
-static void weighted_sum_c(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+static inline __attribute__((always_inline)) void
+weighted_sum_impl(float *o, float c, const float *p, const void *v, int64_t n, int64_t d, bool f16) {
     for (int64_t e = 0; e < d; e++) o[e] *= c;
     for (int64_t i = 0; i < n; i++)
-        for (int64_t e = 0; e < d; e++) o[e] += p[i] * v[i * d + e];
+        for (int64_t e = 0; e < d; e++) o[e] += p[i] * kv_ld(v, i * d + e, f16);
+}
+
+static void dots_c(float *scores, const float *q, const float *k, int64_t n, int64_t d) {
+    dots_impl(scores, q, k, n, d, false);
+}
+static void dots_f16_c(float *scores, const float *q, const uint16_t *k, int64_t n, int64_t d) {
+    dots_impl(scores, q, k, n, d, true);
+}
+static void weighted_sum_c(float *o, float c, const float *p, const float *v, int64_t n, int64_t d) {
+    weighted_sum_impl(o, c, p, v, n, d, false);
+}
+static void weighted_sum_f16_c(float *o, float c, const float *p, const uint16_t *v, int64_t n, int64_t d) {
+    weighted_sum_impl(o, c, p, v, n, d, true);
 }
 
 static void bias_gelu_c(float *o, const uint16_t *bias, int64_t n, bool gelu) {
@@ -78,6 +100,6 @@ static float sum_exp_c(const float *x, int64_t n, float mx) {
 
 const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dots = dots_c,
-    .weighted_sum = weighted_sum_c,
+    .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
     .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c,
 };
