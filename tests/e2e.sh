@@ -14,4 +14,32 @@ check_fails() { # check_fails "what" "expected stderr regex" cmd...  (must exit 
   if [ $rc -ne 0 ] && [ $rc -lt 128 ] && echo "$err" | grep -Eq "$re"; then E2E_PASS=$((E2E_PASS+1));
   else E2E_FAIL=$((E2E_FAIL+1)); echo "FAIL: $what (rc=$rc, stderr: $err)" >&2; fi
 }
+# check_tp_fidelity RUN LABEL REF_TOL GREEDY_TOL TP_TOL "model src tp tp ..." ...: per fixture model,
+# reshard to each TP size (fp16), run `RUN TP SET args` (a function that starts `pollen generate`
+# with TP ranks) on the four reference prompts with 20 greedy tokens, and compare with
+# transformers (prefill logits rel L2 <= REF_TOL, greedy ids identical with log-probs within
+# GREEDY_TOL) and, for TP > 1, with the first TP size's logits (rel L2 <= TP_TOL). Needs $CMP
+# (build/tests/test_engine).
+check_tp_fidelity() {
+  local run=$1 label=$2 ref_tol=$3 greedy_tol=$4 tp_tol=$5; shift 5
+  local spec model src ref ids tp first set_dir
+  for spec in "$@"; do
+    set -- $spec; model=$1; src=$2; shift 2
+    ref=tests/fixtures/models/$model/reference-f16.safetensors
+    ids=$("$CMP" --print-ids "$ref")
+    first=$1
+    for tp in "$@"; do
+      set_dir=$TMP/$model-tp$tp
+      check "$model: reshard --tp $tp" "$POLLEN" reshard tests/fixtures/models/$model/$src -o "$set_dir" --tp $tp --dtype fp16 --quiet
+      # shellcheck disable=SC2086
+      check "$model TP $tp$label: generate" $run $tp "$set_dir" $ids --max-new-tokens 20 --json --quiet \
+        --dump-logits "$TMP/$model-tp$tp.st" >"$TMP/$model-tp$tp.json"
+      check "$model TP $tp$label: prefill logits vs transformers" "$CMP" --cmp-ref "$TMP/$model-tp$tp.st" "$ref" $ref_tol
+      check "$model TP $tp$label: greedy ids and logprobs vs transformers" "$CMP" --cmp-greedy "$TMP/$model-tp$tp.json" "$ref" $greedy_tol
+      if [ "$tp" != "$first" ]; then
+        check "$model TP $tp$label: logits equal TP $first" "$CMP" --cmp-dump "$TMP/$model-tp$tp.st" "$TMP/$model-tp$first.st" $tp_tol
+      fi
+    done
+  done
+}
 e2e_done() { echo "$E2E_NAME: $E2E_PASS passed, $E2E_FAIL failed"; [ $E2E_FAIL = 0 ]; }

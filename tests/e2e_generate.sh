@@ -15,23 +15,7 @@ run_np() { # run_np N args...: generate under mpirun (N = 1 runs without a launc
   local n=$1; shift
   if [ "$n" = 1 ]; then "$POLLEN" generate "$@"; else mpirun -np "$n" "$POLLEN" generate "$@"; fi
 }
-for spec in "bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 2 3"; do
-  set -- $spec; model=$1; src=$2; shift 2
-  ref=tests/fixtures/models/$model/reference-f16.safetensors
-  ids=$("$CMP" --print-ids "$ref")
-  for tp in "$@"; do
-    set_dir=$TMP/$model-tp$tp
-    check "$model: reshard --tp $tp" "$POLLEN" reshard tests/fixtures/models/$model/$src -o "$set_dir" --tp $tp --dtype fp16 --quiet
-    # shellcheck disable=SC2086
-    check "$model TP $tp: generate" run_np $tp "$set_dir" $ids --max-new-tokens 20 --json --quiet \
-      --dump-logits "$TMP/$model-tp$tp.st" >"$TMP/$model-tp$tp.json"
-    check "$model TP $tp: prefill logits vs transformers" "$CMP" --cmp-ref "$TMP/$model-tp$tp.st" "$ref" 1e-3
-    check "$model TP $tp: greedy ids and logprobs vs transformers" "$CMP" --cmp-greedy "$TMP/$model-tp$tp.json" "$ref" 2e-3
-    if [ $tp != 1 ]; then
-      check "$model TP $tp: logits equal TP 1" "$CMP" --cmp-dump "$TMP/$model-tp$tp.st" "$TMP/$model-tp1.st" 1e-5
-    fi
-  done
-done
+check_tp_fidelity run_np "" 1e-3 2e-3 1e-5 "bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 2 3"
 # int8 at TP 2 vs fp16 at TP 1 (prefill rows: one new token each).
 ids=$("$CMP" --print-ids tests/fixtures/models/bloom-4h/reference-f16.safetensors)
 check "int8: reshard --tp 2" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/i8" --tp 2 --dtype int8 --quiet

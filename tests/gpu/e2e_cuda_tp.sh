@@ -36,21 +36,5 @@ run_tp() { # run_tp TP SET args...: one process per rank; ranks share GPU 0 unle
   unset PLN_NCCL
   return $rc
 }
-for spec in "bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3"; do
-  set -- $spec; model=$1; src=$2; shift 2
-  ref=tests/fixtures/models/$model/reference-f16.safetensors
-  ids=$("$CMP" --print-ids "$ref")
-  for tp in "$@"; do
-    set_dir=$TMP/$model-tp$tp
-    check "$model: reshard --tp $tp" "$POLLEN" reshard tests/fixtures/models/$model/$src -o "$set_dir" --tp $tp --dtype fp16 --quiet
-    # shellcheck disable=SC2086
-    check "$model TP $tp on $BACKEND: generate" run_tp $tp "$set_dir" $ids --max-new-tokens 20 --json --quiet \
-      --dump-logits "$TMP/$model-tp$tp.st" >"$TMP/$model-tp$tp.json"
-    check "$model TP $tp on $BACKEND: prefill logits vs transformers" "$CMP" --cmp-ref "$TMP/$model-tp$tp.st" "$ref" 1e-2
-    check "$model TP $tp on $BACKEND: greedy ids vs transformers" "$CMP" --cmp-greedy "$TMP/$model-tp$tp.json" "$ref" 5e-2
-    if [ $tp != 1 ]; then
-      check "$model TP $tp on $BACKEND: logits vs TP 1" "$CMP" --cmp-dump "$TMP/$model-tp$tp.st" "$TMP/$model-tp1.st" 1e-2
-    fi
-  done
-done
+check_tp_fidelity run_tp " on $BACKEND" 1e-2 5e-2 1e-2 "bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3"
 e2e_done
