@@ -692,29 +692,36 @@ static void bench_attention(int ctx, int n_seq) {
     float *kc = rnd_vec(pool, -1, 1), *vc = rnd_vec(pool, -1, 1);
     int32_t *table = malloc((size_t)n_blocks * 4);
     for (int i = 0; i < n_blocks; i++) table[i] = (i * 7919) % n_blocks;   /* scattered */
+    uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
+    for (size_t i = 0; i < pool; i++) { kh[i] = pln_f32_to_f16(kc[i]); vh[i] = pln_f32_to_f16(vc[i]); }
     float slopes[16];
     for (int h = 0; h < n_head; h++) slopes[h] = pln_alibi_slope(h, n_head);
-    for (int prefill = 0; prefill < 2; prefill++) {
+    for (int w = 0; w < 4; w++) {
+        /* f32 then f16 KV cache (the same keys, rounded), each decode then prefill */
+        int prefill = w & 1, f16 = w >> 1;
+        const void *kp = f16 ? (const void *)kh : kc, *vp = f16 ? (const void *)vh : vc;
+        pln_backend_set_kv_dtype(g_be, f16 ? PLN_DTYPE_F16 : PLN_DTYPE_F32);
         int T = prefill ? ctx : n_seq;
         int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
         float *qkv = rnd_vec((size_t)T * n_head * 3 * hd, -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
         pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table};
-        g_be->attention(g_be, out, qkv, kc, vc, &m, slopes, n_head, hd);
+        g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
         double best = 1e30;
         for (int r = 0; r < 5; r++) {
             double t0 = pln_now();
-            g_be->attention(g_be, out, qkv, kc, vc, &m, slopes, n_head, hd);
+            g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
             best = fmin(best, pln_now() - t0);
         }
         double keys = prefill ? (double)ctx * (ctx + 1) / 2 : (double)ctx * n_seq;
         double flops = keys * n_head * hd * 4;
-        printf("attention %s ctx %d, %d seq, 16x128 heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
-               prefill ? "prefill" : "decode ", ctx, prefill ? 1 : n_seq, best * 1e3, flops / best / 1e9,
-               prefill ? 0.0 : keys * n_head * hd * 8 / best / 1e9);
+        printf("attention %s %s KV ctx %d, %d seq, 16x128 heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
+               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, best * 1e3,
+               flops / best / 1e9, prefill ? 0.0 : keys * n_head * hd * (f16 ? 4 : 8) / best / 1e9);
         free(seq); free(pos); free(qkv); free(out);
     }
-    free(kc); free(vc); free(table);
+    pln_backend_set_kv_dtype(g_be, PLN_DTYPE_F32);
+    free(kc); free(vc); free(kh); free(vh); free(table);
 }
 
 static int run_bench(int n_t, const int *Ts) {
