@@ -6,10 +6,12 @@
 #define PLN_FIXTURE_SET_H
 
 #include "formats/common.h"
+#include "runtime/engine.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline const char *fixture_build(void) {
     const char *b = getenv("PLN_BUILD");
@@ -35,6 +37,18 @@ static inline char *fixture_reshard(const char *model, const char *src, int tp, 
     free(cmd);
     if (rc) { free(out); return NULL; }
     return out;
+}
+
+/* One sequence of a step plan: slot, n tokens, sample or not, default sampling parameters. */
+static inline pln_step_seq fixture_seq(int32_t slot, const int32_t *tok, int32_t n, bool sample) {
+    pln_step_seq s;
+    memset(&s, 0, sizeof s);
+    s.slot = slot;
+    s.n_new = n;
+    s.tokens = tok;
+    s.sample = sample;
+    pln_sample_params_default(&s.params);
+    return s;
 }
 
 #endif

@@ -41,20 +41,9 @@ static pln_engine *open_set(const char *dir, int fail_at, int64_t kv_tokens) {
     return e;
 }
 
-static pln_step_seq seq_of(int32_t slot, const int32_t *tok, int32_t n, bool sample) {
-    pln_step_seq s;
-    memset(&s, 0, sizeof s);
-    s.slot = slot;
-    s.n_new = n;
-    s.tokens = tok;
-    s.sample = sample;
-    pln_sample_params_default(&s.params);
-    return s;
-}
-
 /* Prefill of prompt i alone (released after): logits [n, V] copied into out. */
 static int prefill_alone(pln_engine *e, const ref_t *r, int i, float *out) {
-    pln_step_seq s = seq_of(0, r->ids[i], r->n[i], false);
+    pln_step_seq s = fixture_seq(0, r->ids[i], r->n[i], false);
     int32_t rel = 0;
     pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &rel};
     pln_step_out o;
@@ -93,7 +82,7 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
     /* The same prompts as one batched step: every row equals the prompt alone. */
     {
         pln_step_seq s[NPROMPT];
-        for (int i = 0; i < NPROMPT; i++) s[i] = seq_of(i, r->ids[i], r->n[i], false);
+        for (int i = 0; i < NPROMPT; i++) s[i] = fixture_seq(i, r->ids[i], r->n[i], false);
         int32_t rel[NPROMPT] = {0, 1, 2, 3};
         /* prefill_alone leaves slot 0 holding its last prompt: free it before this step. */
         pln_step_plan p = {.n_seqs = NPROMPT, .seqs = s, .want_logits = true, .n_release = 1, .release = rel};
@@ -111,13 +100,13 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
     /* Chunked prefill (3 tokens, then the rest) gives the same logits. */
     {
         int i = 3, c = 3;
-        pln_step_seq s = seq_of(5, r->ids[i], c, false);
+        pln_step_seq s = fixture_seq(5, r->ids[i], c, false);
         pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true};
         pln_step_out o;
         float *got = pln_xmalloc((size_t)r->n[i] * V * 4);
         int rc = pln_engine_step(e, &p, &o);
         if (!rc) memcpy(got, o.logits, (size_t)c * V * 4);
-        s = seq_of(5, r->ids[i] + c, r->n[i] - c, false);
+        s = fixture_seq(5, r->ids[i] + c, r->n[i] - c, false);
         if (!rc) rc = pln_engine_step(e, &p, &o);
         if (!rc) memcpy(got + (size_t)c * V, o.logits, (size_t)(r->n[i] - c) * V * 4);
         CHECK(rc == 0, "%s: chunked prefill: %s", label, pln_error());
@@ -141,8 +130,8 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
             int map[NPROMPT], ns = 0;
             for (int i = 0; i < NPROMPT; i++) {
                 if (step < i || ng[i] >= 20) continue;
-                if (step == i) s[ns] = seq_of(4 + i, r->ids[i], r->n[i], true);
-                else s[ns] = seq_of(4 + i, &last[i], 1, true);
+                if (step == i) s[ns] = fixture_seq(4 + i, r->ids[i], r->n[i], true);
+                else s[ns] = fixture_seq(4 + i, &last[i], 1, true);
                 s[ns].slot = 4 + i;
                 map[ns++] = i;
             }
@@ -178,7 +167,7 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
             double maxd = 0;
             int same = 1;
             for (int t = 0; t < 20; t++) {
-                pln_step_seq s1 = t == 0 ? seq_of(6, r->ids[i], r->n[i], true) : seq_of(6, &lt, 1, true);
+                pln_step_seq s1 = t == 0 ? fixture_seq(6, r->ids[i], r->n[i], true) : fixture_seq(6, &lt, 1, true);
                 int32_t six = 6;
                 pln_step_plan p1 = {.n_seqs = 1, .seqs = &s1, .n_release = t == 0, .release = &six};
                 pln_step_out o1;
@@ -203,7 +192,7 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
             int32_t n = 0;
             for (int64_t j = 0; j < r->L && n < 64; j++)
                 if (r->bmask[b * r->L + j]) { where[n] = j; toks[n++] = r->bids[b * r->L + j]; }
-            pln_step_seq s = seq_of(0, toks, n, false);
+            pln_step_seq s = fixture_seq(0, toks, n, false);
             int32_t rel = 0;
             pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &rel};
             pln_step_out o;
@@ -307,7 +296,7 @@ static void check_sampling(const char *dir, const ref_t *r) {
     for (int run = 0; run < 2; run++) {
         int32_t last = 0;
         for (int t = 0; t < 12; t++) {
-            pln_step_seq s = t == 0 ? seq_of(1, r->ids[0], r->n[0], true) : seq_of(1, &last, 1, true);
+            pln_step_seq s = t == 0 ? fixture_seq(1, r->ids[0], r->n[0], true) : fixture_seq(1, &last, 1, true);
             s.params.do_sample = true;
             s.params.temperature = 1.5f;
             s.params.top_k = 0;
@@ -335,7 +324,7 @@ static void check_sampling(const char *dir, const ref_t *r) {
     /* top_k = 3: every pick is among the row's 3 largest raw logits (no penalty, no temperature). */
     int ok = 1;
     for (int t = 0; t < 8; t++) {
-        pln_step_seq s = seq_of(2, r->ids[1], r->n[1], true);
+        pln_step_seq s = fixture_seq(2, r->ids[1], r->n[1], true);
         s.params.do_sample = true;
         s.params.top_k = 3;
         s.params.seed = (uint64_t)t;
@@ -361,46 +350,46 @@ static void check_errors(const char *dir, const ref_t *r, const float *alone0) {
     pln_engine_get_info(e, &info);
     int64_t free0 = info.kv_blocks_free;
     pln_step_out o[2];
-    pln_step_seq s = seq_of(99, r->ids[0], r->n[0], true);
+    pln_step_seq s = fixture_seq(99, r->ids[0], r->n[0], true);
     pln_step_plan p = {.n_seqs = 1, .seqs = &s};
     CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "slot 99"), "unknown slot rejected: %s", pln_error());
     int32_t bad[2] = {5, 1003};
-    s = seq_of(0, bad, 2, true);
+    s = fixture_seq(0, bad, 2, true);
     CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "1003"), "token id out of range rejected: %s", pln_error());
     int32_t longp[70] = {0};
-    s = seq_of(0, longp, 65, true);
+    s = fixture_seq(0, longp, 65, true);
     CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "max_seq_len"), "over max_seq_len rejected: %s", pln_error());
-    pln_step_seq two[2] = {seq_of(0, longp, 40, false), seq_of(1, longp, 40, false)};
+    pln_step_seq two[2] = {fixture_seq(0, longp, 40, false), fixture_seq(1, longp, 40, false)};
     pln_step_plan p2 = {.n_seqs = 2, .seqs = two};
     CHECK(pln_engine_step(e, &p2, o) == -1 && strstr(pln_error(), "KV blocks"), "out of KV blocks rejected: %s", pln_error());
     pln_engine_get_info(e, &info);
     CHECK(info.kv_blocks_free == free0, "rejected plans hold no blocks");
 
     /* Steps 1 and 2 run (step 2 decodes), step 3 fails: its slots are released. */
-    s = seq_of(0, r->ids[0], r->n[0], true);
+    s = fixture_seq(0, r->ids[0], r->n[0], true);
     CHECK(pln_engine_step(e, &p, o) == 0, "step 1 runs");
     int32_t next = o[0].token;
-    s = seq_of(0, &next, 1, true);
+    s = fixture_seq(0, &next, 1, true);
     CHECK(pln_engine_step(e, &p, o) == 0, "step 2 runs");
-    s = seq_of(0, &next, 1, true);
+    s = fixture_seq(0, &next, 1, true);
     CHECK(pln_engine_step(e, &p, o) == -1 && strstr(pln_error(), "injected"), "step 3 fails: %s", pln_error());
     pln_engine_get_info(e, &info);
     CHECK(info.kv_blocks_free == free0, "failed step released its slot's blocks (%lld of %lld free)",
           (long long)info.kv_blocks_free, (long long)free0);
     /* The slot starts afresh and the engine computes the reference logits again. */
-    s = seq_of(0, r->ids[0], r->n[0], false);
+    s = fixture_seq(0, r->ids[0], r->n[0], false);
     pln_step_plan p3 = {.n_seqs = 1, .seqs = &s, .want_logits = true};
     int rc = pln_engine_step(e, &p3, o);
     CHECK(rc == 0, "step after the failure runs: %s", pln_error());
     if (rc == 0) CHECK(test_rel_l2(o[0].logits, alone0, (size_t)r->n[0] * V) <= 1e-6, "logits after the failure equal before");
     /* An invalid plan's releases still happen: slot 2 holds blocks, then is released by a plan
      * whose sequence is invalid. */
-    s = seq_of(2, r->ids[0], r->n[0], false);
+    s = fixture_seq(2, r->ids[0], r->n[0], false);
     int32_t zero = 0;
     pln_step_plan p4 = {.n_seqs = 1, .seqs = &s, .n_release = 1, .release = &zero};
     CHECK(pln_engine_step(e, &p4, o) == 0, "slot 2 prefill");
     int32_t two_rel = 2;
-    pln_step_seq badseq = seq_of(99, r->ids[0], 1, false);
+    pln_step_seq badseq = fixture_seq(99, r->ids[0], 1, false);
     pln_step_plan pb = {.n_seqs = 1, .seqs = &badseq, .n_release = 1, .release = &two_rel};
     CHECK(pln_engine_step(e, &pb, o) == -1 && strstr(pln_error(), "slot 99"), "invalid plan rejected: %s", pln_error());
     pln_engine_get_info(e, &info);

@@ -227,6 +227,7 @@ static pln_backend *rec_create(int device) {
     be->alloc = rb_alloc; be->free = rb_free; be->upload = rb_upload; be->download = rb_download;
     be->memset0 = rb_memset0; be->sync = rb_sync; be->weights_from_host = rb_weights_from_host;
     be->load_file = NULL;
+    be->set_kv_dtype = NULL;   /* the CPU's would treat this wrapper as its own context */
     be->embed = rb_embed; be->layernorm = rb_layernorm; be->residual_layernorm = rb_rln; be->linear = rb_linear;
     be->kv_append = rb_kv_append; be->attention = rb_attention; be->gather_rows = rb_gather; be->logits = rb_logits;
     be->logit_process = rb_logit_process; be->topk = rb_topk;

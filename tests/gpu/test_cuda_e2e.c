@@ -38,23 +38,11 @@ static pln_engine *open_set(const char *dir, const char *backend)
     return e;
 }
 
-static pln_step_seq seq_of(int32_t slot, const int32_t *tok, int32_t n, bool sample)
-{
-    pln_step_seq s;
-    memset(&s, 0, sizeof s);
-    s.slot = slot;
-    s.n_new = n;
-    s.tokens = tok;
-    s.sample = sample;
-    pln_sample_params_default(&s.params);
-    return s;
-}
-
 /* Prefill logits of every prompt, each alone: out[i] [n_i, V]. */
 static int prefills(pln_engine *e, const ref_t *r, float *out[NPROMPT])
 {
     for (int i = 0; i < NPROMPT; i++) {
-        pln_step_seq s = seq_of(0, r->ids[i], r->n[i], false);
+        pln_step_seq s = fixture_seq(0, r->ids[i], r->n[i], false);
         int32_t rel = 0;
         pln_step_plan p = {.n_seqs = 1, .seqs = &s, .want_logits = true, .n_release = 1, .release = &rel};
         pln_step_out o;
@@ -76,7 +64,7 @@ static int greedy(pln_engine *e, const ref_t *r, int32_t gen[NPROMPT][NGEN])
         int map[NPROMPT], ns = 0;
         for (int i = 0; i < NPROMPT; i++) {
             if (step < i || ng[i] >= NGEN) continue;
-            s[ns] = step == i ? seq_of(4 + i, r->ids[i], r->n[i], true) : seq_of(4 + i, &last[i], 1, true);
+            s[ns] = step == i ? fixture_seq(4 + i, r->ids[i], r->n[i], true) : fixture_seq(4 + i, &last[i], 1, true);
             map[ns++] = i;
         }
         pln_step_plan p = {.n_seqs = ns, .seqs = s};
@@ -172,7 +160,7 @@ static int decode_run(const char *dir, const ref_t *r, const char *graphs, float
     for (int step = 0; step < 13 && !rc; step++) {
         pln_step_seq s[NPROMPT];
         for (int i = 0; i < NPROMPT; i++)
-            s[i] = step == 0 ? seq_of(i, r->ids[i], r->n[i], true) : seq_of(i, &last[i], 1, true);
+            s[i] = step == 0 ? fixture_seq(i, r->ids[i], r->n[i], true) : fixture_seq(i, &last[i], 1, true);
         pln_step_plan p = {.n_seqs = NPROMPT, .seqs = s, .want_logits = true};
         pln_step_out o[NPROMPT];
         rc = pln_engine_step(e, &p, o);
