@@ -99,20 +99,16 @@ int pln_engine_pick_device(int device, int gpus_per_node, int local_rank) {
     return gpus_per_node > 0 ? local_rank % gpus_per_node : local_rank;
 }
 
-/* The backend's message knows only the device index; say which rank picked it and how, and when
- * the index is out of range ("device N does not exist" from the CUDA backend) how to pick another.
- * Never starts with "rank ": generate prints such messages from rank 0 only. */
+/* The backend's message knows only the device index (and, when it is out of range, says how to
+ * pick another); say which rank picked it and how. Never starts with "rank ": generate prints such
+ * messages from rank 0 only. */
 static void device_error_context(const pln_engine_opts *o, int rank, int local, int device) {
     char old[1024], how[64];
     snprintf(old, sizeof old, "%s", pln_error());
     if (o->device >= 0) snprintf(how, sizeof how, "--device %d", o->device);
     else if (o->gpus_per_node > 0) snprintf(how, sizeof how, "local rank %% --gpus-per-node %d", o->gpus_per_node);
     else snprintf(how, sizeof how, "its local rank; --gpus-per-node unset");
-    pln_errorf("CUDA device %d for MPI rank %d (local rank %d on its node, from %s): %s%s", device, rank, local, how,
-               old, strstr(old, "does not exist") ? ". HINT: run at most one rank per GPU on each node (mpirun --map-by ppr:GPUS:node); "
-                                 "when CUDA_VISIBLE_DEVICES gives each rank its own GPU pass --gpus-per-node 1 or "
-                                 "--device 0"
-                               : "");
+    pln_errorf("CUDA device %d for MPI rank %d (local rank %d on its node, from %s): %s", device, rank, local, how, old);
 }
 
 /* Every rank reports its status; returns the first failing rank, or -1 when all are fine (or the

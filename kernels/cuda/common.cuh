@@ -35,7 +35,8 @@ static inline const char *pln_cuda_hint(cudaError_t e)
     case cudaErrorUnsupportedPtxVersion:
         return "this GPU's architecture is not built: pollen builds sm_80 and sm_90a (CUDA_ARCHS in the Makefile)";
     case cudaErrorInvalidDevice:
-        return "the device index is out of range: check --gpus-per-node and CUDA_VISIBLE_DEVICES";
+        return "the device index is out of range: run at most one rank per GPU on each node (mpirun --map-by "
+               "ppr:GPUS:node); when CUDA_VISIBLE_DEVICES gives each rank its own GPU pass --gpus-per-node 1 or --device 0";
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
         return "a kernel faulted: rerun under compute-sanitizer; the context is unusable, restart the process";
