@@ -174,6 +174,10 @@ int pln_backend_register(const char *name, pln_backend *(*create)(int device));
 
 /* Backend constructors (kernels/cpu/cpu_backend.c, kernels/cuda/cuda_backend.cu). */
 pln_backend *pln_backend_cpu_create(void);
+/* Host memory bandwidth, the CPU backend's ceiling: a STREAM-style copy of two arrays of `bytes`
+ * each over OpenMP's threads, counted as read + write bytes per second (GB/s), best of 5 after a
+ * warm-up pass. For MBU figures in benchmarks. */
+double pln_cpu_copy_gbs(size_t bytes);
 #ifdef PLN_HAVE_CUDA
 pln_backend *pln_backend_cuda_create(int device);
 #endif

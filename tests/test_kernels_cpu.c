@@ -622,24 +622,6 @@ static void test_errors(void) {
 }
 
 /* ---- benchmark ----------------------------------------------------------------------------- */
-static double bench_copy_gbs(size_t bytes) {
-    float *a = malloc(bytes), *b = malloc(bytes);
-    size_t n = bytes / 4;
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) { a[i] = (float)i; b[i] = 0; }
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = pln_now();
-        #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) b[i] = a[i];
-        double dt = pln_now() - t0;
-        best = fmax(best, 2.0 * (double)bytes / dt / 1e9);   /* read + write */
-    }
-    volatile float sink = b[n / 2]; (void)sink;
-    free(a); free(b);
-    return best;
-}
-
 /* Weights are cycled through copies totalling 256 MiB so that every call reads them from memory,
  * not from the last-level cache, as a real model's layers do. */
 static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, double copy) {
@@ -725,7 +707,7 @@ static void bench_attention(int ctx, int n_seq) {
 }
 
 static int run_bench(int n_t, const int *Ts) {
-    double copy = bench_copy_gbs((size_t)256 << 20);
+    double copy = pln_cpu_copy_gbs((size_t)256 << 20);
     printf("threads %d (backend), isa %s\n", pln_cpu_threads(pln_cpu_of(g_be)), pln_cpu_isa_name(pln_cpu_isa_best()));
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */

@@ -4,6 +4,7 @@
  *   MBU = (weight bytes + KV bytes read per step) / step time / copy bandwidth.
  * Run under mpirun for TP > 1 (the copy bandwidth is then rank 0's share of the node). */
 #include "formats/common.h"
+#include "kernels/backend.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -17,26 +18,6 @@
 
 /* STREAM "copy" (c[i] = a[i]) over arrays far larger than the caches; counts bytes read plus
  * bytes written, as STREAM does. Best of several passes, in GB/s. */
-static double stream_copy_gbs(size_t mib) {
-    size_t n = mib * (1u << 20) / sizeof(double);
-    double *a = pln_xmalloc(n * sizeof(double)), *c = pln_xmalloc(n * sizeof(double));
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) { a[i] = (double)i; c[i] = 0; }
-    double best = 1e30;
-    for (int rep = 0; rep < 6; rep++) {
-        double t0 = pln_now();
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) c[i] = a[i];
-        double dt = pln_now() - t0;
-        if (rep > 0 && dt < best) best = dt;
-    }
-    volatile double sink = c[n / 2];
-    (void)sink;
-    free(a);
-    free(c);
-    return 2.0 * (double)n * sizeof(double) / best / 1e9;
-}
-
 static int64_t *parse_list(const char *s, int *n) {
     int64_t *v = pln_xmalloc(64 * sizeof(int64_t));
     *n = 0;
@@ -103,7 +84,7 @@ int cmd_bench(int argc, char **argv) {
     threads = pln_cli_threads(threads, size);
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
-    double bw = rank == 0 && on_cpu ? stream_copy_gbs((size_t)stream_mib) : 0;
+    double bw = rank == 0 && on_cpu ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;
 
     eo.shard_dir = dir;
     eo.quiet = true;

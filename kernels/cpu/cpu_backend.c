@@ -303,3 +303,24 @@ pln_backend *pln_backend_cpu_create(void) {
     c->n_threads = default_threads();
     return be;
 }
+
+double pln_cpu_copy_gbs(size_t bytes) {
+    size_t n = bytes / sizeof(double);
+    if (n == 0) return 0.0;
+    double *a = pln_xmalloc(n * sizeof(double)), *c = pln_xmalloc(n * sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { a[i] = (double)i; c[i] = 0; }
+    double best = 1e30;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = pln_now();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) c[i] = a[i];
+        double dt = pln_now() - t0;
+        if (rep > 0 && dt < best) best = dt;   /* the first pass only warms up */
+    }
+    volatile double sink = c[n / 2];
+    (void)sink;
+    free(a);
+    free(c);
+    return 2.0 * (double)n * sizeof(double) / best / 1e9;
+}
