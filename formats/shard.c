@@ -926,8 +926,8 @@ static int check_xxh3_field(json_t *root, const char *key, uint64_t got, const c
     if (!json_is_string(v) || parse_hex64(json_string_value(v), &want))
         return pln_errorf("%s: \"%s\" is missing or not 16 lower-case hex digits", path, key);
     if (want != got)
-        return pln_errorf("%s: checksum mismatch (%s %016llx, computed %016llx): %s was changed after reshard; re-copy "
-                          "the set or re-run reshard", what, key, (unsigned long long)want, (unsigned long long)got, what);
+        return pln_errorf("%s: checksum mismatch (the manifest's %s is %016llx, computed %016llx): changed after reshard; "
+                          "re-copy the set or re-run reshard", what, key, (unsigned long long)want, (unsigned long long)got);
     return 0;
 }
 
@@ -954,14 +954,15 @@ static int config_agrees(const pln_bloom_config *m, const pln_bloom_config *f, c
 static int shardset_small_files(pln_shardset *set, const char *path) {
     json_t *root = set->json;
     bool v2 = set->version >= 2;
-    if (v2) {
-        char what[600];
-        snprintf(what, sizeof what, "%s: the config block", path);
-        if (check_xxh3_field(root, "config_xxh3", pln_config_xxh3(&set->config), path, what)) return -1;
-    }
-    const char *keys[2] = {"tokenizer", "hf_config"}, *xkeys[2] = {"tokenizer_xxh3", "hf_config_xxh3"};
-    char **paths[2] = {&set->tokenizer_path, &set->config_path};
+    /* config.json first: a disagreement with it names the edited field, the block checksum cannot */
+    const char *keys[2] = {"hf_config", "tokenizer"}, *xkeys[2] = {"hf_config_xxh3", "tokenizer_xxh3"};
+    char **paths[2] = {&set->config_path, &set->tokenizer_path};
     for (int i = 0; i < 2; i++) {
+        if (i == 1 && v2) {
+            char what[600];
+            snprintf(what, sizeof what, "%s: config block", path);
+            if (check_xxh3_field(root, "config_xxh3", pln_config_xxh3(&set->config), path, what)) return -1;
+        }
         json_t *t = json_object_get(root, keys[i]);
         json_t *x = json_object_get(root, xkeys[i]);
         if (!t || json_is_null(t)) {
@@ -977,7 +978,7 @@ static int shardset_small_files(pln_shardset *set, const char *path) {
         if (!text) return -1;
         int rc = 0;
         if (v2) rc = check_xxh3_field(root, xkeys[i], pln_xxh3(text, len), path, *paths[i]);
-        if (!rc && i == 1) {
+        if (!rc && i == 0) {
             json_error_t jerr;
             json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
             pln_bloom_config hc;

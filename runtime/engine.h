@@ -103,7 +103,7 @@ typedef struct {
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 
-/* The tokenizer.json path of the set (borrowed). */
+/* The tokenizer file the set's manifest names (borrowed), or NULL when it names none. */
 const char *pln_engine_tokenizer_path(const pln_engine *e);
 
 #endif
