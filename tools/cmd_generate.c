@@ -231,6 +231,13 @@ int cmd_generate(int argc, char **argv) {
         pln_step_plan plan = {.n_seqs = ns, .seqs = seqs, .want_logits = dump != NULL};
         double ts = pln_now();
         if (pln_engine_step(e, &plan, outs)) { fprintf(stderr, "pollen: step %lld: %s\n", (long long)step + 1, pln_error()); rc = 1; break; }
+        int bad_row = -1;
+        for (int j = 0; j < ns && bad_row < 0; j++) if (outs[j].nonfinite) bad_row = j;
+        if (bad_row >= 0) {
+            fprintf(stderr, "pollen: step %lld, sequence %d: %s\n", (long long)step + 1, map[bad_row] + 1, PLN_NONFINITE_MSG);
+            rc = 1;
+            break;
+        }
         double dt = pln_now() - ts;
         if (step == 0) t_prefill = dt;
         else step_ms[n_steps++] = dt * 1e3;
