@@ -110,7 +110,7 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     /* Always, unlike the data checksums (--verify): the scales are a small part of the file, and a
      * NaN or infinite one would turn every logit into NaN without any error. */
     if (pln_layout_check_scales(l->shard)) goto fail;
-    if (!l->set->small_files_checked && !(opts && opts->quiet))
+    if (!l->set->small_files_checked && rank == 0)   /* a warning, not progress: --quiet keeps it */
         fprintf(stderr, "pollen: warning: %s: manifest version %u records no checksums of its config block, tokenizer and "
                 "config.json (only their agreement was checked); re-run reshard to add them\n", dir, l->set->version);
 
