@@ -224,6 +224,13 @@ if command -v curl >/dev/null; then
   check "/metrics: counted as a generation error" test "$(metric 'pln_requests_total{route="completions",outcome="generation_error"}')" = 1
   OS=$(post /v1/completions '{"prompt":"Hello world","max_tokens":6,"stream":true}')
   check "the next OpenAI stream completes" test "$(grep '^data:' <<<"$OS" | tail -n 1)" = "data: [DONE]"
+  check "... without an error" bash -c "! grep -q '\"error\"' <<<'$OS'"
+  check "clean exit" stop_server
+
+  check "server starts (NaN logits at step 2, OpenAI stream)" nan_server n5 2 "$POLLEN"
+  OS=$(post /v1/completions '{"prompt":"Hello world","max_tokens":6,"stream":true}' | grep '^data:')
+  check "OpenAI stream: an error object before [DONE]" grep -q '^data: {"error":{"message":"generation failed: .*non-finite logits' <<<"$(tail -n 2 <<<"$OS" | head -n 1)"
+  check "/metrics: counted as a generation error" test "$(metric 'pln_requests_total{route="completions",outcome="generation_error"}')" = 1
   check "clean exit" stop_server
 
   if command -v mpirun >/dev/null; then
