@@ -966,7 +966,7 @@ static int shardset_small_files(pln_shardset *set, const char *path) {
         json_t *t = json_object_get(root, keys[i]);
         json_t *x = json_object_get(root, xkeys[i]);
         if (!t || json_is_null(t)) {
-            if (v2 && !json_is_null(x))
+            if (v2 && x && !json_is_null(x))
                 return pln_errorf("%s: \"%s\" must be null when \"%s\" is null", path, xkeys[i], keys[i]);
             continue;
         }
