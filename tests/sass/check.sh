@@ -30,7 +30,7 @@
 # toolkit's, or the one `make sass-tools` puts in build/sass-tools). Flags: NVCCFLAGS of the
 # Makefile without its -gencode list, plus -arch=$PLN_SASS_ARCH -cubin -Xptxas -v.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 100
 ARCH=${PLN_SASS_ARCH:-sm_90a}
 find_tools() {   # sets NVCC and CUOBJDUMP, or prints why not and returns 1
   NVCC=${NVCC:-$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })}
