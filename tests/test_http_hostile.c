@@ -1,5 +1,6 @@
 /* test_http_hostile.c — the HTTP server against hostile clients, over raw sockets on loopback:
- *   - framing: ambiguous lengths (two Content-Lengths, Content-Length + Transfer-Encoding, bad
+ *   - the framing decision (httpframe.h) as a table of header fields;
+ *   - framing on the wire: ambiguous lengths (two Content-Lengths, Content-Length + Transfer-Encoding, bad
  *     Transfer-Encoding, a header name with a space) get 400 and a close, and the request
  *     smuggled behind them is never answered; over-limit bodies get 413 however they are framed
  *     (Content-Length, chunked, a 2^64-1 chunk followed by 8 MB, an overflowing chunk size,
@@ -13,6 +14,7 @@
  *     once; a request in flight completes first.
  * A small deterministic engine stands in for the model (token = byte). Ports are chosen by the
  * kernel; every wait is bounded. */
+#include "runtime/httpframe.h"
 #include "runtime/scheduler.h"
 #include "runtime/server.h"
 #include "tests/test.h"
@@ -221,6 +223,50 @@ static bool tgi_error(const char *body, const char *want_type, const char *want_
 }
 
 /* ---- framing ------------------------------------------------------------------------------- */
+
+/* The framing decision itself, field by field (the wire tests below go through libmicrohttpd,
+ * which settles some cases before it). */
+static void test_framing_table(void) {
+    static const struct { const char *what; pln_http_field f[3]; size_t n; int status; pln_frame_kind kind; uint64_t len; } t[] = {
+        {"no body", {{"Host", "t"}}, 1, 0, PLN_FRAME_NONE, 0},
+        {"length", {{"content-length", " 12 "}}, 1, 0, PLN_FRAME_LENGTH, 12},
+        {"length 0", {{"Content-Length", "0"}}, 1, 0, PLN_FRAME_NONE, 0},
+        {"leading zeros", {{"Content-Length", "0007"}}, 1, 0, PLN_FRAME_LENGTH, 7},
+        {"equal duplicates", {{"Content-Length", "5"}, {"CONTENT-LENGTH", "5"}}, 2, 0, PLN_FRAME_LENGTH, 5},
+        {"different duplicates", {{"Content-Length", "5"}, {"Content-Length", "50"}}, 2, 400, 0, 0},
+        {"list value", {{"Content-Length", "5, 5"}}, 1, 400, 0, 0},
+        {"negative", {{"Content-Length", "-1"}}, 1, 400, 0, 0},
+        {"plus sign", {{"Content-Length", "+5"}}, 1, 400, 0, 0},
+        {"hex", {{"Content-Length", "0x10"}}, 1, 400, 0, 0},
+        {"empty", {{"Content-Length", ""}}, 1, 400, 0, 0},
+        {"over the limit", {{"Content-Length", "1001"}}, 1, 413, 0, 0},
+        {"at the limit", {{"Content-Length", "1000"}}, 1, 0, PLN_FRAME_LENGTH, 1000},
+        {"2^64", {{"Content-Length", "18446744073709551616"}}, 1, 413, 0, 0},
+        {"2^64 then a smaller one", {{"Content-Length", "18446744073709551616"}, {"Content-Length", "5"}}, 2, 400, 0, 0},
+        {"chunked", {{"Transfer-Encoding", "chunked"}}, 1, 0, PLN_FRAME_CHUNKED, 0},
+        {"CHUNKED with spaces", {{"transfer-encoding", "\t CHUNKED "}}, 1, 0, PLN_FRAME_CHUNKED, 0},
+        {"chunked + length", {{"Transfer-Encoding", "chunked"}, {"Content-Length", "3"}}, 2, 400, 0, 0},
+        {"length + chunked", {{"Content-Length", "3"}, {"Transfer-Encoding", "chunked"}}, 2, 400, 0, 0},
+        {"gzip, chunked", {{"Transfer-Encoding", "gzip, chunked"}}, 1, 400, 0, 0},
+        {"identity", {{"Transfer-Encoding", "identity"}}, 1, 400, 0, 0},
+        {"xchunked", {{"Transfer-Encoding", "xchunked"}}, 1, 400, 0, 0},
+        {"two fields", {{"Transfer-Encoding", "chunked"}, {"Transfer-Encoding", "chunked"}}, 2, 400, 0, 0},
+        {"space in a name", {{"Content-Length ", "5"}}, 1, 400, 0, 0},
+        {"empty name", {{"", "5"}}, 1, 400, 0, 0},
+        {"control byte in a name", {{"X-\x01", "5"}}, 1, 400, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        pln_frame fr;
+        pln_req_error err;
+        int rc = pln_http_check_framing(t[i].f, t[i].n, 1000, PLN_API_TGI, &fr, &err);
+        if (t[i].status == 0)
+            CHECK(rc == 0 && fr.kind == t[i].kind && fr.length == t[i].len, "framing %s: rc %d kind %d length %llu (%s)", t[i].what,
+                  rc, fr.kind, (unsigned long long)fr.length, rc ? err.message : "");
+        else
+            CHECK(rc == -1 && err.status == t[i].status && err.message[0], "framing %s: rc %d status %d, want %d", t[i].what, rc,
+                  rc ? err.status : 0, t[i].status);
+    }
+}
 
 static void test_framing(int port) {
     static const struct { const char *what, *req; int status; bool must_close; } cases[] = {
@@ -510,6 +556,7 @@ int main(void) {
     lim.max_body_bytes = 65536;
     lim.request_timeout_s = 2;
 
+    test_framing_table();
     inst A;
     inst_start(&A, &lim, 0);
     test_framing(A.port);
