@@ -288,6 +288,7 @@ static void test_framing(int port) {
         {"chunk size over 2^64",
          "POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1ffffffffffffffff\r\naaaa", 413, true},
         {"garbage request line with spaces", "hello world foo\r\n\r\n", 400, true},
+        {"malformed chunk size", "POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, true},
         {"two identical Content-Length (allowed)",
          "POST /tokenize HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 15\r\nContent-Length: 15\r\n\r\n"
          "{\"inputs\":\"hi\"}", 200, true},
@@ -307,6 +308,22 @@ static void test_framing(int port) {
             CHECK(tgi_error(body_of(&r), "validation", NULL), "%s: TGI error body: %s", cases[i].what, body_of(&r));
         free(r.data);
     }
+
+    /* Heads past libmicrohttpd's 32 KiB buffer: refused, not grown. */
+    char *longh = malloc(40100);
+    int m = sprintf(longh, "GET /health HTTP/1.1\r\nHost: t\r\nX-A: ");
+    memset(longh + m, 'a', 40000);
+    strcpy(longh + m + 40000, "\r\n\r\n");
+    raw_result lr = raw_str(port, longh, 5.0);
+    CHECK(lr.status == 431 && lr.closed, "a 40 KB header field: 431 and closed (%d, closed %d)", lr.status, lr.closed);
+    free(lr.data);
+    m = sprintf(longh, "GET /");
+    memset(longh + m, 'a', 40000);
+    strcpy(longh + m + 40000, " HTTP/1.1\r\nHost: t\r\n\r\n");
+    lr = raw_str(port, longh, 5.0);
+    CHECK(lr.status == 414 && lr.closed, "a 40 KB URI: 414 and closed (%d, closed %d)", lr.status, lr.closed);
+    free(lr.data);
+    free(longh);
 
     /* Smuggling: the bytes behind an ambiguous head must never be read as a second request. The
      * first Content-Length (5) would end the body early and leave "GET /health ..." as the next
