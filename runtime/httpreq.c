@@ -20,6 +20,8 @@ void pln_serve_limits_default(pln_serve_limits *l) {
     l->max_body_bytes = 1 << 20;
     l->max_connections = 256;
     l->timeout_s = 60;
+    l->request_timeout_s = 30;
+    l->max_connections_per_client = 64;
     l->max_batch_tokens = 512;
     l->max_stop_sequences = 4;
     l->max_stop_bytes = 256;

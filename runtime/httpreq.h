@@ -22,6 +22,8 @@ typedef struct {
     int64_t max_body_bytes;           /* request body; over it: 413 */
     int32_t max_connections;          /* open HTTP connections */
     int32_t timeout_s;                /* idle connection timeout */
+    int32_t request_timeout_s;        /* a request's whole head and body must arrive within it */
+    int32_t max_connections_per_client; /* open connections from one client address (0: no limit) */
     int32_t max_batch_tokens;         /* token budget of one engine step */
     int32_t max_stop_sequences;
     int32_t max_stop_bytes;           /* length of one stop sequence */

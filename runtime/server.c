@@ -6,6 +6,7 @@
  * once (the scheduler then frees the slot and KV blocks within one step). */
 #include "runtime/server.h"
 #include "formats/common.h"
+#include "runtime/httpframe.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -41,6 +43,14 @@ struct pln_server {
     atomic_int open;                              /* connection contexts alive */
     atomic_ullong counts[R_COUNT][O_COUNT];
     atomic_ullong id_counter;
+    /* the connection guard (see "connection guard" below) */
+    pthread_mutex_t guard_mu;
+    pthread_cond_t guard_cv;
+    struct guard_conn *guard_head;
+    pthread_t guard_thr;
+    bool guard_running, guard_stop;
+    atomic_int in_flight;                         /* requests received whole, not yet answered */
+    atomic_ullong deadline_closed;                /* connections shut by --request-timeout */
 };
 
 typedef struct {
@@ -66,6 +76,10 @@ typedef struct {
     size_t out_len, out_off, out_cap;
     bool stream_done, gone;
     int outcome;
+    /* framing layer */
+    pln_frame_kind frame;           /* how the body is framed (checked on the first call) */
+    bool in_flight;                 /* counted in srv->in_flight */
+    double rejected_at;             /* too_big: when the raw 413 was sent (0: not yet) */
 } conn_ctx;
 
 static void ctx_unref(conn_ctx *c) {
@@ -421,6 +435,12 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
         return send_error(c, con, &err);
     }
     free(text);
+    /* The same cap as /generate: the reply (an object per token) and the memory to build it
+     * grow with the token count, so they stay bounded by --max-input-tokens. */
+    if (pln_req_check_lengths(PLN_API_TGI, n, 0, &s->lim, &err)) {
+        free(ids);
+        return send_error(c, con, &err);
+    }
     json_t *arr = json_array();
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -466,6 +486,8 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "max_body_bytes", json_integer(l->max_body_bytes));
     json_object_set_new(o, "max_connections", json_integer(l->max_connections));
     json_object_set_new(o, "timeout_s", json_integer(l->timeout_s));
+    json_object_set_new(o, "request_timeout_s", json_integer(l->request_timeout_s));
+    json_object_set_new(o, "max_connections_per_client", json_integer(l->max_connections_per_client));
     json_object_set_new(o, "max_stop_sequences", json_integer(l->max_stop_sequences));
     json_object_set_new(o, "max_prompts", json_integer(l->max_prompts));
     json_object_set_new(o, "default_max_new_tokens", json_integer(l->default_max_new_tokens));
@@ -549,6 +571,9 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
               st.healthy && !st.draining);
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",
               atomic_load(&s->open));
+    sb_printf(&b, "# HELP pln_request_timeouts_total Connections closed because a request did not arrive whole within --request-timeout.\n"
+                  "# TYPE pln_request_timeouts_total counter\npln_request_timeouts_total %llu\n",
+              (unsigned long long)atomic_load(&s->deadline_closed));
     metric_hist(&b, "pln_time_to_first_token_seconds", "Time from arrival to the first generated token.", &st.ttft, pln_hist_bounds_seconds);
     metric_hist(&b, "pln_time_per_output_token_seconds", "Mean time between generated tokens of a finished sequence.", &st.tpot,
                 pln_hist_bounds_seconds);
@@ -556,6 +581,220 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
     c->outcome = O_SUCCESS;
     c->answered = true;
     return send_text(con, 200, "text/plain; version=0.0.4", b.p);
+}
+
+/* ---- connection guard: a deadline for every request ----------------------------------------
+ * libmicrohttpd 0.9.x has only an idle timeout, which every byte resets: a client that sends one
+ * header byte a second holds its connection (and, thread per connection, a thread) for as long
+ * as it likes, and a few hundred such clients lock everyone else out. It has no deadline for a
+ * whole request, and while it reads a head nothing of ours runs on that connection's thread. So a
+ * watchdog thread keeps every connection (MHD_OPTION_NOTIFY_CONNECTION reports each), the time it
+ * became ready for its current request (accepted, or its previous response sent) and whether that
+ * request has arrived whole. One that has not arrived within --request-timeout is shut down:
+ * shutdown(2) on its socket wakes libmicrohttpd's poll, which then closes the connection as a
+ * hang-up. A client that had begun a request first gets a 408; an idle keep-alive connection is
+ * closed quietly, as nginx does at keepalive_timeout. Using the fd under guard_mu is safe: the
+ * CLOSED notification, which unlinks the entry under that lock, comes before libmicrohttpd closes
+ * the socket, so the number cannot have been reused. */
+typedef struct guard_conn {
+    struct guard_conn *prev, *next;
+    int fd;
+    double ready_at;        /* when the connection became ready for its current request */
+    bool started;           /* the current request's first line has arrived */
+    bool busy;              /* the current request arrived whole: being answered, no deadline */
+    bool answered;          /* a response was queued before the body: libmicrohttpd writes it */
+    bool shut;              /* already shut down by the watchdog */
+} guard_conn;
+
+static guard_conn *guard_of(struct MHD_Connection *con) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void guard_on_connection(void *cls, struct MHD_Connection *con, void **socket_context,
+                                enum MHD_ConnectionNotificationCode code) {
+    pln_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        guard_conn *g = pln_xcalloc(1, sizeof *g);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+        g->fd = ci ? ci->connect_fd : -1;
+        g->ready_at = pln_now();
+        pthread_mutex_lock(&s->guard_mu);
+        g->next = s->guard_head;
+        if (g->next) g->next->prev = g;
+        s->guard_head = g;
+        pthread_mutex_unlock(&s->guard_mu);
+        *socket_context = g;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        guard_conn *g = *socket_context;
+        if (!g) return;
+        pthread_mutex_lock(&s->guard_mu);
+        if (g->prev) g->prev->next = g->next;
+        else s->guard_head = g->next;
+        if (g->next) g->next->prev = g->prev;
+        pthread_mutex_unlock(&s->guard_mu);
+        free(g);
+        *socket_context = NULL;
+    }
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: the first line of a request has arrived. Returns the initial
+ * request context, which must stay NULL (on_request allocates its own). */
+static void *guard_on_uri(void *cls, const char *uri, struct MHD_Connection *con) {
+    pln_server *s = cls;
+    guard_conn *g = guard_of(con);
+    if (g) {
+        pthread_mutex_lock(&s->guard_mu);
+        g->started = true;
+        pthread_mutex_unlock(&s->guard_mu);
+    }
+    return NULL;
+}
+
+typedef enum { GUARD_ARRIVED, GUARD_ANSWERED_EARLY, GUARD_DONE } guard_event;
+
+static void guard_note(pln_server *s, struct MHD_Connection *con, guard_event ev) {
+    guard_conn *g = guard_of(con);
+    if (!g) return;
+    pthread_mutex_lock(&s->guard_mu);
+    switch (ev) {
+    case GUARD_ARRIVED: g->busy = true; break;
+    case GUARD_ANSWERED_EARLY: g->answered = true; break;
+    case GUARD_DONE: g->busy = g->started = g->answered = false; g->ready_at = pln_now(); break;
+    }
+    pthread_mutex_unlock(&s->guard_mu);
+}
+
+/* Writes a complete error response straight to the socket, for the two cases libmicrohttpd gives
+ * no way to answer: a request past its deadline (nothing of ours runs on its thread), and a body
+ * found too long while it arrives (0.9.x refuses to queue a response between the head and the end
+ * of the body, and a chunked body may never end). Best effort and non-blocking: the connection is
+ * closed right after, so nothing else is written on it. */
+static void send_raw_error(int fd, pln_api api, const pln_req_error *err, const char *reason) {
+    char *body = pln_req_error_json(api, err);
+    char *msg = pln_xasprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                              "Connection: close\r\n\r\n%s", err->status, reason, strlen(body), body);
+    ssize_t w = send(fd, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    free(msg);
+    free(body);
+}
+
+static void *guard_thread(void *arg) {
+    pln_server *s = arg;
+    const double limit = s->lim.request_timeout_s;
+    pthread_mutex_lock(&s->guard_mu);
+    while (!s->guard_stop) {
+        timed_wait(&s->guard_cv, &s->guard_mu, 100);
+        double now = pln_now();
+        for (guard_conn *g = s->guard_head; g; g = g->next) {
+            if (g->busy || g->shut || g->fd < 0 || now - g->ready_at < limit) continue;
+            if (g->started && !g->answered) {
+                pln_req_error err;
+                pln_req_fail(&err, PLN_API_TGI, 408, NULL,
+                             "the request did not arrive whole within %d s (--request-timeout)", s->lim.request_timeout_s);
+                send_raw_error(g->fd, PLN_API_TGI, &err, "Request Timeout");
+            }
+            shutdown(g->fd, SHUT_RDWR);
+            g->shut = true;
+            atomic_fetch_add(&s->deadline_closed, 1);
+        }
+    }
+    pthread_mutex_unlock(&s->guard_mu);
+    return NULL;
+}
+
+static void guard_start(pln_server *s) {
+    pthread_mutex_init(&s->guard_mu, NULL);
+    pthread_cond_init(&s->guard_cv, NULL);
+    if (s->lim.request_timeout_s > 0) s->guard_running = !pthread_create(&s->guard_thr, NULL, guard_thread, s);
+}
+
+static void guard_stop(pln_server *s) {
+    if (s->guard_running) {
+        pthread_mutex_lock(&s->guard_mu);
+        s->guard_stop = true;
+        pthread_cond_signal(&s->guard_cv);
+        pthread_mutex_unlock(&s->guard_mu);
+        pthread_join(s->guard_thr, NULL);
+        s->guard_running = false;
+    }
+}
+
+/* ---- framing: the head decides how the body is read, or the connection is refused ---------- */
+
+static enum MHD_Result collect_field(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct { pln_http_field f[256]; size_t n; bool overflow; } *fs = cls;
+    if (fs->n == 256) { fs->overflow = true; return MHD_NO; }
+    fs->f[fs->n++] = (pln_http_field){key, value};
+    return MHD_YES;
+}
+
+/* An error answered before the body has been read. When the body's end cannot be found (bad
+ * framing) or is not worth waiting for (chunked), the connection is closed after the answer, as
+ * RFC 9112 §6.3 requires, instead of being read on for a next request that may be smuggled. */
+static enum MHD_Result send_early_error(conn_ctx *c, struct MHD_Connection *con, const pln_req_error *err, bool close) {
+    c->outcome = outcome_of_status(err->status);
+    c->answered = true;
+    guard_note(c->srv, con, GUARD_ANSWERED_EARLY);
+    char *text = pln_req_error_json(c->api, err);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(text); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(con, (unsigned)err->status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* First call of a request: checks its framing (httpframe.h). Returns 0, or -1 after answering. */
+static int frame_check(conn_ctx *c, struct MHD_Connection *con, enum MHD_Result *ret) {
+    struct { pln_http_field f[256]; size_t n; bool overflow; } fs;
+    fs.n = 0;
+    fs.overflow = false;
+    MHD_get_connection_values(con, MHD_HEADER_KIND, collect_field, &fs);
+    pln_req_error err;
+    pln_frame fr;
+    int rc;
+    if (fs.overflow) rc = pln_req_fail(&err, c->api, 431, NULL, "more than 256 header fields");
+    else rc = pln_http_check_framing(fs.f, fs.n, c->srv->lim.max_body_bytes, c->api, &fr, &err);
+    if (!rc) { c->frame = fr.kind; return 0; }
+    *ret = send_early_error(c, con, &err, true);
+    return -1;
+}
+
+/* Body bytes: kept up to --max-body-bytes. Past it the request is answered 413 at once, however
+ * the body is framed (a chunked body may announce 2^64-1 bytes and never end), the write side is
+ * shut so the client sees the answer and the end, and what still arrives is read and dropped for
+ * a moment (a lingering close, as nginx does, so the kernel does not reset the connection before
+ * the client has read the 413). Returns MHD_NO when the connection must close. */
+static enum MHD_Result frame_body(conn_ctx *c, struct MHD_Connection *con, const char *data, size_t n) {
+    pln_server *s = c->srv;
+    if (c->too_big) return pln_now() - c->rejected_at < 1.0 ? MHD_YES : MHD_NO;
+    if (c->answered) return MHD_YES;   /* answered early: libmicrohttpd drops the rest */
+    if (c->len + n > (size_t)s->lim.max_body_bytes) {
+        pln_req_error err;
+        pln_req_fail(&err, c->api, 413, NULL, "request body is over %lld bytes (--max-body-bytes)",
+                     (long long)s->lim.max_body_bytes);
+        c->too_big = true;
+        c->outcome = O_VALIDATION;
+        c->rejected_at = pln_now();
+        guard_note(s, con, GUARD_ANSWERED_EARLY);
+        send_raw_error(c->fd, c->api, &err, "Content Too Large");
+        shutdown(c->fd, SHUT_WR);
+        free(c->body);
+        c->body = NULL;
+        c->len = c->cap = 0;
+        return MHD_YES;
+    }
+    if (c->len + n + 1 > c->cap) {
+        c->cap = (c->len + n + 1) * 2;
+        if (c->cap > (size_t)s->lim.max_body_bytes + 1) c->cap = (size_t)s->lim.max_body_bytes + 1;
+        c->body = pln_xrealloc(c->body, c->cap);
+    }
+    memcpy(c->body + c->len, data, n);
+    c->len += n;
+    return MHD_YES;
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
@@ -591,43 +830,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         c->route = route_of(url, &post, &known);
         c->api = !strncmp(url, "/v1/", 4) ? PLN_API_OPENAI : PLN_API_TGI;
         *con_cls = c;
+        enum MHD_Result fret;
+        if (frame_check(c, con, &fret)) return fret;
         pln_req_error err;
+        bool body_left = c->frame != PLN_FRAME_NONE;
         if (!known)
-            return send_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err));
+            return send_early_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err),
+                                    body_left);
         if (strcmp(method, post ? "POST" : "GET")) {
             pln_req_fail(&err, c->api, 405, NULL, "%s %s: use %s", method, url, post ? "POST" : "GET");
-            return send_error(c, con, &err);
-        }
-        const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && s->lim.max_body_bytes > 0 && strtoull(cl, NULL, 10) > (unsigned long long)s->lim.max_body_bytes) {
-            pln_req_fail(&err, c->api, 413, NULL, "request body is %s bytes; the limit is %lld (--max-body-bytes)", cl,
-                         (long long)s->lim.max_body_bytes);
-            return send_error(c, con, &err);
+            return send_early_error(c, con, &err, body_left);
         }
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (!c->answered && !c->too_big) {
-            if (c->len + *upload_data_size > (size_t)s->lim.max_body_bytes) {
-                c->too_big = true;
-            } else {
-                if (c->len + *upload_data_size + 1 > c->cap) {
-                    c->cap = (c->len + *upload_data_size + 1) * 2;
-                    c->body = pln_xrealloc(c->body, c->cap);
-                }
-                memcpy(c->body + c->len, upload_data, *upload_data_size);
-                c->len += *upload_data_size;
-            }
-        }
+        enum MHD_Result br = frame_body(c, con, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return br;
+    }
+    if (c->too_big) return MHD_NO;   /* answered 413 already; close */
+    guard_note(s, con, GUARD_ARRIVED);
+    if (!c->in_flight) {
+        c->in_flight = true;
+        atomic_fetch_add(&s->in_flight, 1);
     }
     if (c->answered) return MHD_YES;
-    pln_req_error err;
-    if (c->too_big) {
-        pln_req_fail(&err, c->api, 413, NULL, "request body is over %lld bytes (--max-body-bytes)", (long long)s->lim.max_body_bytes);
-        return send_error(c, con, &err);
-    }
     switch (c->route) {
     case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: return handle_generate(c, con);
     case R_TOKENIZE: return handle_tokenize(c, con);
@@ -641,9 +868,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 
 static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe) {
     pln_server *s = cls;
+    guard_note(s, con, GUARD_DONE);
     conn_ctx *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
+    if (c->in_flight) atomic_fetch_sub(&s->in_flight, 1);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->job) {
         pln_job_cancel(c->job);
         if (c->outcome == O_SUCCESS && !c->stream_done) c->outcome = O_CANCELLED;
@@ -670,15 +899,23 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
         goto fail;
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD;
+    guard_start(s);
+    /* Heads are bounded by libmicrohttpd's per-connection memory pool (its default 32 KiB: a
+     * longer line or head gets 414/431 and a close); bodies by --max-body-bytes (frame_body). */
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->lim.max_connections > 0 ? o->lim.max_connections : 256),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(o->lim.max_connections_per_client > 0 ? o->lim.max_connections_per_client : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->lim.timeout_s > 0 ? o->lim.timeout_s : 0),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, guard_on_connection, s,
+                            MHD_OPTION_URI_LOG_CALLBACK, guard_on_uri, s,
                             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     if (!s->d) {
         pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
+        guard_stop(s);
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -692,16 +929,21 @@ fail:
 }
 
 int pln_server_port(const pln_server *s) { return s->port; }
-int pln_server_open_responses(pln_server *s) { return atomic_load(&s->open); }
+int pln_server_open_responses(pln_server *s) { return atomic_load(&s->in_flight); }
 
 void pln_server_stop(pln_server *s, double grace_s) {
     if (!s) return;
+    /* Only requests that arrived whole are waited for: an idle keep-alive connection, or one
+     * still sending its request, has nothing in flight (it would get 503 anyway). */
     double t0 = pln_now();
-    while (atomic_load(&s->open) > 0 && pln_now() - t0 < grace_s) {
+    while (atomic_load(&s->in_flight) > 0 && pln_now() - t0 < grace_s) {
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    guard_stop(s);
     MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->guard_mu);
+    pthread_cond_destroy(&s->guard_cv);
     free(s->model_id);
     free(s->host);
     free(s);

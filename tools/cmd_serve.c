@@ -38,6 +38,10 @@ static void usage(FILE *f) {
             "  --max-body-bytes N             request body (default %lld)\n"
             "  --max-connections N            open HTTP connections (default %d)\n"
             "  --timeout S                    idle connection timeout in seconds (default %d)\n"
+            "  --request-timeout S            each request's head and body must arrive within S seconds of the\n"
+            "                                 connection being ready for it; also bounds keep-alive idling (default %d)\n"
+            "  --max-connections-per-client N open connections from one client address (default %d; 0 = no limit;\n"
+            "                                 behind a reverse proxy every request comes from its address)\n"
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
@@ -45,7 +49,7 @@ static void usage(FILE *f) {
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
             "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
-            l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
+            l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
 }
 
 static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) {
@@ -148,6 +152,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body-bytes")) so.lim.max_body_bytes = int_arg(a, VAL(), 64, INT32_MAX);
         else if (!strcmp(a, "--max-connections")) so.lim.max_connections = int_arg(a, VAL(), 1, 100000);
         else if (!strcmp(a, "--timeout")) so.lim.timeout_s = int_arg(a, VAL(), 0, 86400);
+        else if (!strcmp(a, "--request-timeout")) so.lim.request_timeout_s = int_arg(a, VAL(), 1, 86400);
+        else if (!strcmp(a, "--max-connections-per-client")) so.lim.max_connections_per_client = int_arg(a, VAL(), 0, 100000);
         else if (!strcmp(a, "--max-batch-tokens")) so.lim.max_batch_tokens = int_arg(a, VAL(), 1, 1 << 20);
         else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
