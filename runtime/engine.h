@@ -58,6 +58,11 @@ typedef struct {
     const int32_t *tokens;      /* [n_new] */
     bool sample;                /* sample a next token after this step's last token */
     pln_sample_params params;   /* used when sample (seeded on the slot's first step) */
+    int32_t top_n;              /* sample: also return the top_n (<= PLN_TOP_MAX) most likely tokens */
+    bool prompt_logprobs;       /* return the log-prob of each fed token's successor (prompt scoring):
+                                   logits are computed for every fed row, so only when asked */
+    int32_t next_token;         /* prompt_logprobs: the token after this chunk (-1: none, e.g. the
+                                   prompt's end, where the sampled token takes over) */
 } pln_step_seq;
 
 typedef struct {
@@ -71,6 +76,18 @@ typedef struct {
 typedef struct {
     int32_t token;              /* sampled id (-1 when !sample) */
     float logprob;              /* log-softmax of the raw logits at that id */
+    int32_t n_top;              /* top_n: the most likely tokens of the sampling distribution (the
+                                   candidates after penalties and temperature, best first), each with
+                                   its log-prob under the raw logits like `logprob` */
+    int32_t top_ids[PLN_TOP_MAX];
+    float top_logprobs[PLN_TOP_MAX];
+    /* prompt_logprobs (engine-owned, valid until the next step): row j (0 <= j < n_new) scores the
+     * token after fed token j (tokens[j + 1], or next_token for the last row; NAN when there is
+     * none): its raw log-prob in prompt_lp[j], and the top_n most likely raw tokens in
+     * prompt_top_ids / prompt_top_lp[j * PLN_TOP_MAX + 0 .. top_n). */
+    const float *prompt_lp;
+    const int32_t *prompt_top_ids;
+    const float *prompt_top_lp;
     float *logits;              /* want_logits: [n_new, n_vocab] raw logits (engine-owned,
                                    valid until the next step) */
 } pln_step_out;

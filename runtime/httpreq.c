@@ -25,6 +25,8 @@ void pln_serve_limits_default(pln_serve_limits *l) {
     l->max_stop_bytes = 256;
     l->max_prompts = 16;
     l->default_max_new_tokens = 100;
+    l->max_best_of = 4;
+    l->max_top_n_tokens = PLN_TOP_MAX;
 }
 
 static const char *error_type(pln_api api, int status) {
@@ -93,6 +95,7 @@ static void sample_defaults(pln_sample_params *p) {
     p->temperature = 1.0f;
     p->top_p = 1.0f;
     p->repetition_penalty = 1.0f;
+    p->typical_p = 1.0f;
 }
 
 /* ---- shared pieces ------------------------------------------------------------------------ */
@@ -219,6 +222,48 @@ static int get_prompt_string(pln_api api, json_t *v, const char *what, char **ou
 
 /* ---- TGI ---------------------------------------------------------------------------------- */
 
+/* The TGI parameters beyond the sampling ones, checked as TGI's validation does (its messages). */
+static int tgi_extras(json_t *p, const pln_serve_limits *lim, pln_gen_request *r, bool sampling, pln_req_error *err) {
+    const pln_api api = PLN_API_TGI;
+    int64_t iv;
+    double dv;
+    bool have, b = false;
+    if (get_bool(api, p, "watermark", &b, NULL, err)) return -1;
+    if (b) return pln_req_fail(err, api, 422, "watermark", "`watermark` is not supported by this server");
+    static const char *const refused[] = {"grammar", "adapter_id"};
+    for (size_t i = 0; i < 2; i++)
+        if (opt(p, refused[i]))
+            return pln_req_fail(err, api, 422, refused[i], "`%s` is not supported by this server", refused[i]);
+    if (get_num(api, p, "typical_p", 0, true, 1, &dv, &have, err)) return -1;
+    if (have) { r->sample.typical_p = (float)dv; sampling |= dv < 1.0; r->sample.do_sample |= dv < 1.0; }
+    if (get_bool(api, p, "decoder_input_details", &r->prompt_logprobs, NULL, err)) return -1;
+    if (r->prompt_logprobs && r->stream)
+        return pln_req_fail(err, api, 422, "decoder_input_details",
+                            "`decoder_input_details` == true is not supported when streaming tokens");
+    if (get_int(api, p, "top_n_tokens", 0, INT32_MAX, &iv, &have, err)) return -1;
+    if (have && iv > lim->max_top_n_tokens)
+        return pln_req_fail(err, api, 422, "top_n_tokens", "`top_n_tokens` must be >= 0 and <= %d. Given: %lld",
+                            lim->max_top_n_tokens, (long long)iv);
+    if (have) r->top_n = (int32_t)iv;
+    if (get_int(api, p, "truncate", 1, INT32_MAX, &iv, &have, err)) return -1;
+    if (have && iv > lim->max_input_tokens)
+        return pln_req_fail(err, api, 422, "truncate", "`truncate` must be strictly positive and less than %d. Given: %lld",
+                            lim->max_input_tokens + 1, (long long)iv);
+    if (have) r->truncate = (int32_t)iv;
+    if (get_int(api, p, "best_of", 1, INT32_MAX, &iv, &have, err)) return -1;
+    if (have && iv > lim->max_best_of)
+        return pln_req_fail(err, api, 422, "best_of", "`best_of` must be > 0 and <= %d. Given: %lld", lim->max_best_of,
+                            (long long)iv);
+    if (have && iv > 1) {
+        if (!sampling) return pln_req_fail(err, api, 422, "best_of", "you must use sampling when `best_of` is > 1");
+        if (r->seed_set) return pln_req_fail(err, api, 422, "seed", "`seed` must not be set when `best_of` > 1");
+        if (r->stream)
+            return pln_req_fail(err, api, 422, "best_of", "`best_of` != 1 is not supported when streaming tokens");
+        r->best_of = (int32_t)iv;
+    }
+    return 0;
+}
+
 int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits *lim,
                            pln_gen_request *r, pln_req_error *err) {
     const pln_api api = PLN_API_TGI;
@@ -226,8 +271,10 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
     r->api = api;
     sample_defaults(&r->sample);
     r->max_new_tokens = lim->default_max_new_tokens;
+    r->n = r->best_of = 1;
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
+    if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
     json_t *in = json_object_get(root, "inputs");
     if (!in) { json_decref(root); return pln_req_fail(err, api, 422, "inputs", "missing field `inputs`"); }
     r->prompts = pln_xcalloc(1, sizeof *r->prompts);
@@ -263,10 +310,7 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
         if (get_bool(api, p, "details", &r->details, NULL, err)) goto fail;
         if (get_bool(api, p, "return_full_text", &r->return_full_text, NULL, err)) goto fail;
         if (get_stop(api, p, lim, r, err)) goto fail;
-        if (get_int(api, p, "best_of", 1, 1, &iv, NULL, err)) {
-            pln_req_fail(err, api, 422, "best_of", "`best_of` other than 1 is not supported");
-            goto fail;
-        }
+        if (tgi_extras(p, lim, r, sampling || b, err)) goto fail;
     }
     json_decref(root);
     return 0;
@@ -290,6 +334,62 @@ int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits 
 
 /* ---- OpenAI ------------------------------------------------------------------------------- */
 
+/* The OpenAI API answers a field it does not know with 400 "Unrecognized request argument
+ * supplied: NAME"; so does this server, rather than ignoring what a client thinks it asked for. */
+static int openai_unknown_field(json_t *root, pln_req_error *err) {
+    static const char *const known[] = {
+        "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
+        "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user",
+        "seed", "top_k", "repetition_penalty", "typical_p"};
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++) ok = !strcmp(key, known[i]);
+        if (!ok) return pln_req_fail(err, PLN_API_OPENAI, 400, key, "Unrecognized request argument supplied: %s", key);
+    }
+    return 0;
+}
+
+/* n, best_of, logprobs, echo, penalties, suffix, logit_bias, typical_p (OpenAI's ranges). */
+static int openai_extras(json_t *root, const pln_serve_limits *lim, pln_gen_request *r, pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    int64_t iv;
+    double dv;
+    bool have;
+    json_t *sf = opt(root, "suffix");
+    if (sf && !(json_is_string(sf) && json_string_length(sf) == 0))
+        return pln_req_fail(err, api, 400, "suffix",
+                            "`suffix` is not supported: BLOOM was not trained to fill in the middle; send the text before the gap as `prompt`");
+    json_t *lb = opt(root, "logit_bias");
+    if (lb && !(json_is_object(lb) && json_object_size(lb) == 0))
+        return pln_req_fail(err, api, 400, "logit_bias", "`logit_bias` is not supported (only an empty object is accepted)");
+    json_t *u = opt(root, "user");
+    if (u && !json_is_string(u)) return pln_req_fail(err, api, 400, "user", "`user` must be a string");
+    if (get_int(api, root, "n", 1, lim->max_best_of, &iv, &have, err)) return -1;
+    if (have) r->n = r->best_of = (int32_t)iv;
+    if (get_int(api, root, "best_of", 1, lim->max_best_of, &iv, &have, err)) return -1;
+    if (have) {
+        if (iv < r->n)
+            return pln_req_fail(err, api, 400, "best_of", "`best_of` must be greater than or equal to `n` (got best_of %lld, n %d)",
+                                (long long)iv, r->n);
+        r->best_of = (int32_t)iv;
+    }
+    if (r->stream && r->best_of > r->n)
+        return pln_req_fail(err, api, 400, "best_of", "`best_of` greater than `n` cannot be streamed");
+    if (get_int(api, root, "logprobs", 0, lim->max_top_n_tokens, &iv, &have, err)) return -1;
+    if (have) { r->logprobs = true; r->top_n = (int32_t)iv; }
+    if (get_bool(api, root, "echo", &r->echo, NULL, err)) return -1;
+    r->prompt_logprobs = r->echo && r->logprobs;
+    if (get_num(api, root, "presence_penalty", -2, false, 2, &dv, &have, err)) return -1;
+    if (have) r->sample.presence_penalty = (float)dv;
+    if (get_num(api, root, "frequency_penalty", -2, false, 2, &dv, &have, err)) return -1;
+    if (have) r->sample.frequency_penalty = (float)dv;
+    if (get_num(api, root, "typical_p", 0, true, 1, &dv, &have, err)) return -1;
+    if (have) r->sample.typical_p = (float)dv;
+    return 0;
+}
+
 int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limits *lim,
                               pln_gen_request *r, pln_req_error *err) {
     const pln_api api = PLN_API_OPENAI;
@@ -297,8 +397,10 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     r->api = api;
     sample_defaults(&r->sample);
     r->max_new_tokens = 16;
+    r->n = r->best_of = 1;
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
+    if (openai_unknown_field(root, err)) goto fail;
     int64_t iv;
     double dv;
     bool have;
@@ -358,25 +460,7 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
         if (get_bool(api, so, "include_usage", &r->include_usage, NULL, err)) goto fail;
     }
     if (get_stop(api, root, lim, r, err)) goto fail;
-    if (get_int(api, root, "n", 1, 1, &iv, NULL, err)) {
-        pln_req_fail(err, api, 400, "n", "`n` other than 1 is not supported");
-        goto fail;
-    }
-    if (get_int(api, root, "best_of", 1, 1, &iv, NULL, err)) {
-        pln_req_fail(err, api, 400, "best_of", "`best_of` other than 1 is not supported");
-        goto fail;
-    }
-    bool echo = false;
-    if (get_bool(api, root, "echo", &echo, NULL, err)) goto fail;
-    if (echo) { pln_req_fail(err, api, 400, "echo", "`echo` is not supported"); goto fail; }
-    static const char *const zero_only[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < 2; i++) {
-        if (get_num(api, root, zero_only[i], -2, false, 2, &dv, &have, err)) goto fail;
-        if (have && dv != 0) {
-            pln_req_fail(err, api, 400, zero_only[i], "`%s` is not supported (use repetition_penalty)", zero_only[i]);
-            goto fail;
-        }
-    }
+    if (openai_extras(root, lim, r, err)) goto fail;
     json_decref(root);
     return 0;
 fail:

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,9 +22,10 @@
 #include <time.h>
 
 enum { R_GENERATE, R_GENERATE_STREAM, R_TOKENIZE, R_HEALTH, R_INFO, R_METRICS, R_COMPLETIONS, R_MODELS,
-       R_NOT_FOUND, R_COUNT };
+       R_ROOT, R_CHAT, R_NOT_FOUND, R_COUNT };
 static const char *const g_route_names[R_COUNT] = {"generate", "generate_stream", "tokenize", "health", "info",
-                                                   "metrics", "completions", "models", "not_found"};
+                                                   "metrics", "completions", "models", "compat", "chat_completions",
+                                                   "not_found"};
 enum { O_SUCCESS, O_VALIDATION, O_OVERLOADED, O_GENERATION, O_UNAVAILABLE, O_CANCELLED, O_COUNT };
 static const char *const g_outcome_names[O_COUNT] = {"success", "validation_error", "overloaded",
                                                      "generation_error", "unavailable", "cancelled"};
@@ -57,6 +59,14 @@ typedef struct {
     bool include_usage;
     char *full_prefix;              /* TGI return_full_text: the prompt, put before the text */
     bool openai_stream;
+    /* token details (route layer: see the "token details" section) */
+    int32_t top_n;                  /* alternatives per token */
+    bool logprobs;                  /* OpenAI: a logprobs object per choice */
+    bool echo;                      /* OpenAI: the prompt starts the text */
+    bool root;                      /* TGI compatibility route: a non-streamed answer is an array */
+    char **prompts;                 /* the request's prompt texts (echo) */
+    int32_t n_prompts;
+    int64_t *text_off;              /* streaming OpenAI logprobs: text_offset reached per sequence */
     char id[40];
     time_t created;
     /* streaming state */
@@ -74,6 +84,9 @@ static void ctx_unref(conn_ctx *c) {
     atomic_fetch_sub(&c->srv->open, 1);
     free(c->body);
     free(c->full_prefix);
+    for (int32_t i = 0; i < c->n_prompts; i++) free(c->prompts[i]);
+    free(c->prompts);
+    free(c->text_off);
     free(c->consumed);
     free(c->seq_closed);
     free(c->out);
@@ -160,6 +173,104 @@ static json_t *generated_text_json(const conn_ctx *c, const pln_seq *q) {
     return v;
 }
 
+/* ---- token details (TGI details / top_tokens / prefill, OpenAI logprobs) -------------------- */
+
+/* A log-prob as JSON: null when there is none (the first prompt token) or it is not finite. */
+static json_t *lp_json(float v) { return isfinite(v) ? json_real((double)v) : json_null(); }
+
+static char *tok_text(const pln_server *s, int32_t id) {
+    size_t tl = 0;
+    char *raw = s->tok.decode(s->tok.ctx, &id, 1, false, &tl);
+    char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+    free(raw);
+    return t;
+}
+
+static bool tok_special(const pln_server *s, int32_t id) {
+    return s->tok.is_special ? s->tok.is_special(s->tok.ctx, id) : id < 4;
+}
+
+/* TGI Token {id, text, logprob, special} of an alternative. */
+static json_t *alt_json(const pln_server *s, const pln_tok_alt *a) {
+    char *t = a->text ? NULL : tok_text(s, a->id);
+    json_t *o = json_pack("{s:i, s:s, s:o, s:b}", "id", (json_int_t)a->id, "text", a->text ? a->text : t, "logprob",
+                          lp_json(a->logprob), "special", tok_special(s, a->id));
+    free(t);
+    return o;
+}
+
+static json_t *tgi_top_tokens(const pln_server *s, const pln_tok_event *e) {
+    json_t *a = json_array();
+    for (int32_t t = 0; t < e->n_top; t++) json_array_append_new(a, alt_json(s, &e->top[t]));
+    return a;
+}
+
+/* TGI prefill: [{id, text, logprob}] of the prompt, the first logprob null; [] unless
+ * decoder_input_details. */
+static json_t *tgi_prefill(const pln_server *s, const pln_seq *q) {
+    json_t *a = json_array();
+    for (int32_t i = 0; q->prompt_lp && i < q->n_prompt; i++) {
+        char *t = tok_text(s, q->prompt_ids[i]);
+        json_array_append_new(a, json_pack("{s:i, s:s, s:o}", "id", (json_int_t)q->prompt_ids[i], "text", t, "logprob",
+                                           lp_json(i ? q->prompt_lp[i] : NAN)));
+        free(t);
+    }
+    return a;
+}
+
+/* OpenAI logprobs {tokens, token_logprobs, top_logprobs, text_offset} of the events ev[0..n) of
+ * q, after the prompt's tokens when with_prompt (echo). *off is the text offset reached so far
+ * (advanced by each token's text). */
+static json_t *openai_logprobs(const pln_server *s, const pln_job *j, const pln_seq *q, const pln_tok_event *ev,
+                               int32_t n, bool with_prompt, int64_t *off) {
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = 0; with_prompt && i < q->n_prompt; i++) {
+        char *t = tok_text(s, q->prompt_ids[i]);
+        json_array_append_new(toks, json_string(t));
+        json_array_append_new(lps, lp_json(i && q->prompt_lp ? q->prompt_lp[i] : NAN));
+        if (i == 0 || !q->prompt_lp) {
+            json_array_append_new(tops, json_null());
+        } else {
+            json_t *d = json_object();
+            for (int32_t k = 0; q->prompt_top && k < j->top_n; k++) {
+                const pln_tok_alt *a = &q->prompt_top[(size_t)i * j->top_n + k];
+                char *at = tok_text(s, a->id);
+                json_object_set_new(d, at, lp_json(a->logprob));
+                free(at);
+            }
+            json_array_append_new(tops, d);
+        }
+        json_array_append_new(offs, json_integer(*off));
+        *off += (int64_t)strlen(t);
+        free(t);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const pln_tok_event *e = &ev[i];
+        json_array_append_new(toks, json_string(e->text));
+        json_array_append_new(lps, lp_json(e->logprob));
+        json_t *d = json_object();
+        for (int32_t k = 0; k < e->n_top; k++) json_object_set_new(d, e->top[k].text, lp_json(e->top[k].logprob));
+        json_array_append_new(tops, d);
+        json_array_append_new(offs, json_integer(*off));
+        *off += (int64_t)strlen(e->text);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+}
+
+/* TGI details of one sequence (generate: with prefill and tokens). */
+static json_t *tgi_details(const conn_ctx *c, const pln_job *j, const pln_seq *q) {
+    json_t *toks = json_array();
+    for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
+    json_t *d = json_pack("{s:s, s:i, s:o, s:o, s:o}", "finish_reason", pln_finish_name(q->finish), "generated_tokens",
+                          (json_int_t)q->n_gen, "seed", seed_json(j, q), "prefill", tgi_prefill(c->srv, q), "tokens", toks);
+    if (c->top_n > 0) {
+        json_t *tt = json_array();
+        for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(tt, tgi_top_tokens(c->srv, &q->events[e]));
+        json_object_set_new(d, "top_tokens", tt);
+    }
+    return d;
+}
+
 /* ---- non-streaming generation ------------------------------------------------------------- */
 
 static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) {
@@ -188,29 +299,48 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
     }
     c->outcome = O_SUCCESS;
     c->answered = true;
+    int32_t *order = pln_xmalloc(sizeof(int32_t) * (size_t)j->best_of);
     if (c->api == PLN_API_TGI) {
-        pln_seq *q = &j->seqs[0];
+        pln_job_rank(j, 0, order);
+        pln_seq *q = &j->seqs[order[0]];
         json_t *o = json_pack("{s:o}", "generated_text", generated_text_json(c, q));
         if (c->details) {
-            json_t *toks = json_array();
-            for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
-            json_t *d = json_pack("{s:s, s:i, s:o, s:[], s:o}", "finish_reason", pln_finish_name(q->finish),
-                                  "generated_tokens", (json_int_t)q->n_gen, "seed", seed_json(j, q), "prefill",
-                                  "tokens", toks);
+            json_t *d = tgi_details(c, j, q);
+            if (j->best_of > 1) {
+                json_t *bo = json_array();
+                for (int32_t k = 1; k < j->best_of; k++) {
+                    pln_seq *b = &j->seqs[order[k]];
+                    json_t *bd = tgi_details(c, j, b);
+                    json_object_set_new(bd, "generated_text", generated_text_json(c, b));
+                    json_array_append_new(bo, bd);
+                }
+                json_object_set_new(d, "best_of_sequences", bo);
+            }
             json_object_set_new(o, "details", d);
         }
-        return send_json(con, 200, o);
+        free(order);
+        /* the compatibility route answers a list, as TGI's does */
+        return send_json(con, 200, c->root ? json_pack("[o]", o) : o);
     }
     json_t *o = openai_envelope(c, "text_completion");
     json_t *choices = json_array();
     json_int_t pt = 0, ct = 0;
-    for (int32_t i = 0; i < j->n_seqs; i++) {
-        pln_seq *q = &j->seqs[i];
-        json_array_append_new(choices, json_pack("{s:s, s:i, s:n, s:s}", "text", q->text, "index", (json_int_t)i,
-                                                 "logprobs", "finish_reason", openai_finish(q->finish)));
-        pt += q->n_prompt;
-        ct += q->n_gen;
+    for (int32_t i = 0; i < j->n_seqs; i++) ct += j->seqs[i].n_gen;
+    for (int32_t p = 0; p < j->n_prompts; p++) {
+        pln_job_rank(j, p, order);
+        pt += j->seqs[order[0]].n_prompt;
+        for (int32_t k = 0; k < j->n_answer; k++) {
+            pln_seq *q = &j->seqs[order[k]];
+            char *text = c->echo ? pln_xasprintf("%s%s", c->prompts[p], q->text) : pln_xstrdup(q->text);
+            int64_t off = 0;
+            json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, q->events, q->n_events, c->echo, &off) : json_null();
+            json_array_append_new(choices, json_pack("{s:s, s:i, s:o, s:s}", "text", text, "index",
+                                                     (json_int_t)(p * j->n_answer + k), "logprobs", lp,
+                                                     "finish_reason", openai_finish(q->finish)));
+            free(text);
+        }
     }
+    free(order);
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                               "total_tokens", pt + ct));
@@ -254,6 +384,7 @@ static bool format_new(conn_ctx *c) {
             bool last = fin && !failed && k == q->n_events - 1;
             if (c->api == PLN_API_TGI) {
                 json_t *o = json_pack("{s:i, s:o}", "index", (json_int_t)k + 1, "token", token_json(e));
+                if (c->top_n > 0) json_object_set_new(o, "top_tokens", tgi_top_tokens(c->srv, e));
                 if (last) {
                     json_object_set_new(o, "generated_text", generated_text_json(c, q));
                     json_object_set_new(o, "details", json_pack("{s:s, s:i, s:o}", "finish_reason", pln_finish_name(q->finish),
@@ -263,11 +394,16 @@ static bool format_new(conn_ctx *c) {
                     json_object_set_new(o, "details", json_null());
                 }
                 out_event(c, o);
-            } else if (e->delta[0] || last) {
+            } else if (e->delta[0] || last || c->logprobs) {
+                /* with echo the prompt goes first, in the chunk of the first token */
+                bool with_prompt = c->echo && k == 0;
+                char *text = with_prompt ? pln_xasprintf("%s%s", c->prompts[q->prompt_index], e->delta) : pln_xstrdup(e->delta);
+                json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, e, 1, with_prompt, &c->text_off[i]) : json_null();
                 json_t *o = openai_envelope(c, "text_completion");
-                json_object_set_new(o, "choices", json_pack("[{s:s, s:i, s:n, s:o}]", "text", e->delta, "index", (json_int_t)i,
-                                                            "logprobs", "finish_reason",
+                json_object_set_new(o, "choices", json_pack("[{s:s, s:i, s:o, s:o}]", "text", text, "index", (json_int_t)i,
+                                                            "logprobs", lp, "finish_reason",
                                                             last ? json_string(openai_finish(q->finish)) : json_null()));
+                free(text);
                 out_event(c, o);
             }
             added = true;
@@ -352,7 +488,15 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     int rc = c->route == R_COMPLETIONS ? pln_req_parse_completions(c->body, c->len, &s->lim, &req, &err)
                                        : pln_req_parse_generate(c->body, c->len, &s->lim, &req, &err);
     if (rc) return send_error(c, con, &err);
-    bool stream = c->route == R_GENERATE_STREAM || (c->route == R_COMPLETIONS && req.stream);
+    bool stream = c->route == R_GENERATE_STREAM || ((c->route == R_COMPLETIONS || c->route == R_ROOT) && req.stream);
+    if (c->route == R_GENERATE_STREAM && (req.best_of > 1 || req.prompt_logprobs)) {
+        /* the body had no `stream`: the route streams, so TGI's streaming rules apply */
+        pln_req_fail(&err, c->api, 422, req.best_of > 1 ? "best_of" : "decoder_input_details", "%s",
+                     req.best_of > 1 ? "`best_of` != 1 is not supported when streaming tokens"
+                                     : "`decoder_input_details` == true is not supported when streaming tokens");
+        pln_gen_request_free(&req);
+        return send_error(c, con, &err);
+    }
     if (req.api == PLN_API_OPENAI && req.model && strcmp(req.model, s->model_id)) {
         pln_req_fail(&err, c->api, 404, "model", "The model `%s` does not exist; this server serves `%s`", req.model, s->model_id);
         snprintf(err.code, sizeof err.code, "model_not_found");
@@ -368,6 +512,11 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
                               "could not tokenize the prompt: %s", pln_error());
             break;
         }
+        if (req.truncate > 0 && n_ids[i] > req.truncate) {
+            /* TGI keeps the last `truncate` tokens */
+            memmove(ids[i], ids[i] + (n_ids[i] - req.truncate), sizeof(int32_t) * (size_t)req.truncate);
+            n_ids[i] = req.truncate;
+        }
         rc = pln_req_check_lengths(req.api, n_ids[i], req.max_new_tokens, &s->lim, &err);
     }
     pln_job *job = NULL;
@@ -380,7 +529,15 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     free(n_ids);
     c->details = req.details;
     c->include_usage = req.include_usage;
-    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(req.prompts[0]);
+    c->top_n = req.top_n;
+    c->logprobs = req.logprobs;
+    c->echo = req.echo;
+    c->root = c->route == R_ROOT;
+    c->n_prompts = req.n_prompts;
+    c->prompts = req.prompts;          /* taken over: echo needs them */
+    req.prompts = NULL;
+    req.n_prompts = 0;
+    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(c->prompts[0]);
     pln_gen_request_free(&req);
     if (rc) {
         pln_job_unref(job);
@@ -394,6 +551,7 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
 
     c->consumed = pln_xcalloc((size_t)job->n_seqs, sizeof *c->consumed);
     c->seq_closed = pln_xcalloc((size_t)job->n_seqs, sizeof *c->seq_closed);
+    c->text_off = pln_xcalloc((size_t)job->n_seqs, sizeof *c->text_off);
     atomic_fetch_add(&c->refs, 1);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, stream_free);
     if (!r) { ctx_unref(c); pln_job_cancel(job); return MHD_NO; }
@@ -434,6 +592,19 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
     c->outcome = O_SUCCESS;
     c->answered = true;
     return send_json(con, 200, arr);
+}
+
+/* ---- OpenAI chat -------------------------------------------------------------------------- */
+
+/* BLOOM ships no chat template: rather than guess one, say so and point at /v1/completions. */
+static enum MHD_Result handle_chat(conn_ctx *c, struct MHD_Connection *con) {
+    pln_req_error err;
+    pln_req_fail(&err, PLN_API_OPENAI, 400, "messages",
+                 "`%s` has no chat template (BLOOM models ship none), so /v1/chat/completions cannot turn messages "
+                 "into a prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
+                 "--chat-template FILE (see docs/SERVING.md)", c->srv->model_id);
+    snprintf(err.code, sizeof err.code, "chat_template_missing");
+    return send_error(c, con, &err);
 }
 
 /* ---- GET routes --------------------------------------------------------------------------- */
@@ -563,6 +734,7 @@ static int route_of(const char *url, bool *is_post, bool *known) {
         {"/tokenize", R_TOKENIZE, true},       {"/health", R_HEALTH, false},
         {"/info", R_INFO, false},              {"/metrics", R_METRICS, false},
         {"/v1/completions", R_COMPLETIONS, true}, {"/v1/models", R_MODELS, false},
+        {"/", R_ROOT, true},                   {"/v1/chat/completions", R_CHAT, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) { *is_post = t[i].post; *known = true; return t[i].route; }
@@ -626,7 +798,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         return send_error(c, con, &err);
     }
     switch (c->route) {
-    case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: return handle_generate(c, con);
+    case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: case R_ROOT: return handle_generate(c, con);
+    case R_CHAT: return handle_chat(c, con);
     case R_TOKENIZE: return handle_tokenize(c, con);
     case R_HEALTH: return handle_health(c, con);
     case R_INFO: return handle_info(c, con);

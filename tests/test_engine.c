@@ -407,6 +407,110 @@ static int load_logits(pln_safetensors *st, const char *path, const float **l, i
     return 0;
 }
 
+/* Prompt scoring and token alternatives against the raw logits of the same rows (want_logits):
+ * prompt 0 fed in two chunks (the first chunk's last row scores next_token), every row's
+ * log-prob and top 3 equal log_softmax of the row; the sampled token's 3 alternatives equal the
+ * last row's top 3. Then OpenAI presence / frequency penalties: each greedy pick equals the
+ * argmax of the raw row minus the penalties of the tokens generated so far. */
+static void check_scoring(const char *dir, const ref_t *r) {
+    pln_engine *e = open_set(dir, 0, 0);
+    CHECK(e != NULL, "scoring: engine opens");
+    if (!e) return;
+    int32_t n = r->n[0], h = n / 2;
+    const int32_t *tok = r->ids[0];
+    float *rows = pln_xmalloc((size_t)n * V * 4);
+    int32_t at = 0, worst_top = 0;
+    double worst = 0;
+    float plp[64];
+    int32_t pti[64][PLN_TOP_MAX], sampled = -1, alt_ids[3] = {-1, -1, -1};
+    for (int c = 0; c < 2; c++) {
+        int32_t len = c == 0 ? h : n - h;
+        pln_step_seq sq = fixture_seq(0, tok + at, len, c == 1);
+        sq.prompt_logprobs = true;
+        sq.top_n = 3;
+        sq.next_token = c == 0 ? tok[h] : -1;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &sq, .want_logits = true};
+        pln_step_out o;
+        CHECK(pln_engine_step(e, &p, &o) == 0, "scoring chunk %d: %s", c, pln_error());
+        CHECK(o.prompt_lp != NULL, "chunk %d returns prompt log-probs", c);
+        if (!o.prompt_lp) break;
+        memcpy(rows + (size_t)at * V, o.logits, (size_t)len * V * 4);
+        for (int32_t j = 0; j < len; j++) {
+            plp[at + j] = o.prompt_lp[j];
+            for (int t = 0; t < 3; t++) pti[at + j][t] = o.prompt_top_ids[j * PLN_TOP_MAX + t];
+        }
+        if (c == 1) {
+            sampled = o.token;
+            CHECK(o.n_top == 3, "sampled token has 3 alternatives (%d)", o.n_top);
+            for (int t = 0; t < 3; t++) alt_ids[t] = o.top_ids[t];
+            CHECK(fabs(o.top_logprobs[0] - o.logprob) < 1e-6 && o.top_ids[0] == o.token,
+                  "greedy: the first alternative is the token itself");
+        }
+        at += len;
+    }
+    for (int32_t j = 0; j + 1 < n; j++) {
+        const float *row = rows + (size_t)j * V;
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) if (row[v] > mx) mx = row[v];
+        for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+        double lse = mx + log(sum), want = row[tok[j + 1]] - lse;
+        if (fabs(plp[j] - want) > worst) worst = fabs(plp[j] - want);
+        int32_t best[3] = {-1, -1, -1};
+        for (int v = 0; v < V; v++)
+            for (int t = 0; t < 3; t++)
+                if (best[t] < 0 || row[v] > row[best[t]]) {
+                    for (int u = 2; u > t; u--) best[u] = best[u - 1];
+                    best[t] = v;
+                    break;
+                }
+        for (int t = 0; t < 3; t++) if (pti[j][t] != best[t]) worst_top++;
+        if (j == n - 2) {
+            /* the last prompt row is the sampled row */
+        }
+    }
+    CHECK(isnan(plp[n - 1]), "the prompt's last row has no successor (NAN)");
+    CHECK(worst < 1e-4, "prompt log-probs == log_softmax of the raw rows (max |diff| %.3g)", worst);
+    CHECK(worst_top == 0, "prompt top-3 ids == the rows' top 3 (%d differ)", worst_top);
+    {
+        const float *row = rows + (size_t)(n - 1) * V;
+        int32_t best = 0;
+        for (int v = 1; v < V; v++) if (row[v] > row[best]) best = v;
+        CHECK(sampled == best && alt_ids[0] == best, "greedy token %d == the last row's argmax %d", sampled, best);
+    }
+    /* presence / frequency penalties, greedy, 8 decode steps */
+    int32_t rel = 0;
+    pln_step_plan pr = {.n_release = 1, .release = &rel};
+    pln_engine_step(e, &pr, NULL);
+    int32_t cnt_ids[16], cnt[16], ncnt = 0, cur = -1, mismatches = 0;
+    for (int st = 0; st < 9; st++) {
+        pln_step_seq sq = fixture_seq(0, st == 0 ? tok : &cur, st == 0 ? n : 1, true);
+        sq.params.presence_penalty = 1.5f;
+        sq.params.frequency_penalty = 0.75f;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &sq, .want_logits = true};
+        pln_step_out o;
+        if (pln_engine_step(e, &p, &o)) { CHECK(0, "penalty step %d: %s", st, pln_error()); break; }
+        if (st > 0) {   /* the fed token was generated */
+            int k = 0;
+            while (k < ncnt && cnt_ids[k] != cur) k++;
+            if (k == ncnt) { cnt_ids[ncnt] = cur; cnt[ncnt++] = 0; }
+            cnt[k]++;
+        }
+        const float *row = o.logits + (size_t)(sq.n_new - 1) * V;
+        int32_t best = -1;
+        float bv = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            float x = row[v];
+            for (int k = 0; k < ncnt; k++) if (cnt_ids[k] == v) x -= 0.75f * (float)cnt[k] + 1.5f;
+            if (x > bv) { bv = x; best = v; }
+        }
+        mismatches += o.token != best;
+        cur = o.token;
+    }
+    CHECK(mismatches == 0, "presence/frequency-penalised greedy picks == argmax of the penalised raw rows (%d differ)", mismatches);
+    free(rows);
+    pln_engine_close(e);
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--cmp-dump")) {
         test_begin("cmp-dump");
@@ -552,6 +656,7 @@ int main(int argc, char **argv) {
                 if (k == 0) {
                     check_sampling(dir, &r);
                     check_errors(dir, &r, alone[0]);
+                    check_scoring(dir, &r);
                 }
             }
         }
