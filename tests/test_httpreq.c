@@ -111,7 +111,26 @@ int main(void) {
         {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[1]}}", 422, "`stop[0]` must be a string"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[\"\"]}}", 422, "`stop[0]` cannot be empty"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}}", 422, "at most 4"},
-        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2}}", 422, "`best_of` other than 1"},
+        /* TGI's further parameters, with TGI's own messages */
+        {"{\"inputs\":\"hi\",\"stream\":true,\"parameters\":{\"top_n_tokens\":5,\"typical_p\":0.5,\"truncate\":3,"
+         "\"return_full_text\":true,\"watermark\":false,\"grammar\":null,\"adapter_id\":null}}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2,\"do_sample\":true,\"decoder_input_details\":true}}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2}}", 422, "you must use sampling when `best_of` is > 1"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2,\"do_sample\":true,\"seed\":1}}", 422, "`seed` must not be set"},
+        {"{\"inputs\":\"hi\",\"stream\":true,\"parameters\":{\"best_of\":2,\"do_sample\":true}}", 422, "not supported when streaming"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":5,\"do_sample\":true}}", 422, "`best_of` must be > 0 and <= 4"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":0}}", 422, "`best_of` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"stream\":true,\"parameters\":{\"decoder_input_details\":true}}", 422, "not supported when streaming"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_n_tokens\":6}}", 422, "`top_n_tokens` must be >= 0 and <= 5"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_n_tokens\":-1}}", 422, "`top_n_tokens` must be between 0"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"typical_p\":0}}", 422, "`typical_p` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"typical_p\":1.5}}", 422, "`typical_p` must be in (0, 1]"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"truncate\":0}}", 422, "`truncate` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"truncate\":5000}}", 422, "`truncate` must be strictly positive and less than 1025"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"watermark\":true}}", 422, "`watermark` is not supported"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"grammar\":{\"type\":\"json\"}}}", 422, "`grammar` is not supported"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"adapter_id\":\"a\"}}", 422, "`adapter_id` is not supported"},
+        {"{\"inputs\":\"hi\",\"stream\":1}", 422, "`stream` must be true or false"},
     };
     run_table("tgi", PLN_API_TGI, tgi, sizeof tgi / sizeof tgi[0], &lim);
 
@@ -139,12 +158,21 @@ int main(void) {
         {"{\"prompt\":\"hi\",\"top_p\":2}", 400, "`top_p` must be in (0, 1]"},
         {"{\"prompt\":\"hi\",\"stop\":5}", 400, "`stop` must be a string or an array"},
         {"{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "`stream` must be true or false"},
-        {"{\"prompt\":\"hi\",\"n\":2}", 400, "`n` other than 1"},
+        {"{\"prompt\":\"hi\",\"n\":2,\"best_of\":3,\"logprobs\":5,\"echo\":true,\"presence_penalty\":-2,"
+         "\"frequency_penalty\":2,\"suffix\":\"\",\"logit_bias\":{},\"user\":\"u\",\"typical_p\":0.9}", 0, NULL},
+        {"{\"prompt\":\"hi\",\"n\":0}", 400, "`n` must be strictly positive"},
+        {"{\"prompt\":\"hi\",\"n\":5}", 400, "`n` must be between 1 and 4"},
+        {"{\"prompt\":\"hi\",\"n\":3,\"best_of\":2}", 400, "greater than or equal to `n`"},
+        {"{\"prompt\":\"hi\",\"n\":1,\"best_of\":2,\"stream\":true}", 400, "cannot be streamed"},
+        {"{\"prompt\":\"hi\",\"logprobs\":6}", 400, "`logprobs` must be between 0 and 5"},
+        {"{\"prompt\":\"hi\",\"logprobs\":true}", 400, "`logprobs` must be an integer"},
+        {"{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "`suffix` is not supported"},
+        {"{\"prompt\":\"hi\",\"logit_bias\":{\"5\":1}}", 400, "`logit_bias` is not supported"},
+        {"{\"prompt\":\"hi\",\"frobnicate\":1}", 400, "Unrecognized request argument supplied: frobnicate"},
+        {"{\"prompt\":\"hi\",\"presence_penalty\":2.5}", 400, "`presence_penalty` must be in [-2, 2]"},
         {"{\"prompt\":\"hi\",\"stream_options\":true}", 400, "`stream_options` must be an object"},
         {"{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":1}}", 400, "`include_usage` must be true or false"},
-        {"{\"prompt\":\"hi\",\"echo\":true}", 400, "`echo` is not supported"},
         {"{\"prompt\":\"hi\",\"model\":5}", 400, "`model` must be a string"},
-        {"{\"prompt\":\"hi\",\"frequency_penalty\":1}", 400, "`frequency_penalty` is not supported"},
         {"{\"prompt\":\"hi\",\"seed\":-4}", 400, "`seed` must be between 0"},
     };
     run_table("openai", PLN_API_OPENAI, oai, sizeof oai / sizeof oai[0], &lim);
@@ -152,6 +180,21 @@ int main(void) {
     /* parsed values */
     pln_gen_request r;
     pln_req_error err;
+    {
+        const char *o = "{\"prompt\":[\"a\",\"b\"],\"n\":2,\"best_of\":3,\"logprobs\":2,\"echo\":true,\"presence_penalty\":0.5,"
+                        "\"frequency_penalty\":-1}";
+        CHECK(pln_req_parse_completions(o, strlen(o), &lim, &r, &err) == 0, "parse: %s", err.message);
+        CHECK(r.n == 2 && r.best_of == 3 && r.top_n == 2 && r.logprobs && r.echo && r.prompt_logprobs,
+              "n/best_of/logprobs/echo parsed (%d %d %d)", r.n, r.best_of, r.top_n);
+        CHECK(r.sample.presence_penalty == 0.5f && r.sample.frequency_penalty == -1.0f, "penalties parsed");
+        pln_gen_request_free(&r);
+        const char *t = "{\"inputs\":\"a\",\"parameters\":{\"typical_p\":0.5,\"best_of\":2,\"top_n_tokens\":3,"
+                        "\"decoder_input_details\":true,\"truncate\":7}}";
+        CHECK(pln_req_parse_generate(t, strlen(t), &lim, &r, &err) == 0, "parse: %s", err.message);
+        CHECK(r.sample.typical_p == 0.5f && r.sample.do_sample && r.best_of == 2 && r.n == 1 && r.top_n == 3 &&
+              r.prompt_logprobs && r.truncate == 7 && !r.stream, "TGI extras parsed; typical_p turns sampling on");
+        pln_gen_request_free(&r);
+    }
     const char *b = "{\"inputs\":\"hello\",\"parameters\":{\"max_new_tokens\":7,\"top_k\":5,\"seed\":42,\"stop\":[\"x\",\"yz\"],\"details\":true}}";
     CHECK(pln_req_parse_generate(b, strlen(b), &lim, &r, &err) == 0, "parse: %s", err.message);
     CHECK(r.n_prompts == 1 && !strcmp(r.prompts[0], "hello"), "inputs");

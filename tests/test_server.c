@@ -350,6 +350,74 @@ static bool wait_metric(int port, const char *name, double want, double secs) {
     return false;
 }
 
+/* The routes and shapes the real clients use: the TGI compatibility route (an array, or SSE by
+ * `stream`), the chat route's explanation, a JSON 404, OpenAI n / best_of / logprobs / echo and
+ * TGI best_of_sequences, over the wire. */
+static void test_compat(int port) {
+    const char *b = "{\"inputs\":\"abc\",\"parameters\":{\"max_new_tokens\":5}}";
+    int st;
+    char *want = tgi_text(port, b, &st);
+    resp r = http(port, "POST", "/", b);
+    json_t *o = jparse(r.body);
+    CHECK(r.status == 200 && json_is_array(o) && json_array_size(o) == 1 &&
+              !strcmp(jstr(json_array_get(o, 0), "generated_text"), want),
+          "POST / answers [{generated_text}] like /generate: %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "POST", "/", "{\"inputs\":\"abc\",\"stream\":true,\"parameters\":{\"max_new_tokens\":5}}");
+    char *ev[64];
+    int n = sse_events(r.body, ev, 64);
+    o = n > 0 ? jparse(ev[n - 1]) : NULL;
+    CHECK(r.status == 200 && n == 5 && o && jstr(o, "generated_text") && !strcmp(jstr(o, "generated_text"), want),
+          "POST / with stream: 5 events, the last with the same text (%d events)", n);
+    json_decref(o);
+    free(r.body);
+    free(want);
+
+    r = http(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    o = jparse(r.body);
+    json_t *e = json_object_get(o, "error");
+    CHECK(r.status == 400 && e && !strcmp(jstr(e, "type"), "invalid_request_error") &&
+              !strcmp(jstr(e, "code"), "chat_template_missing") && strstr(jstr(e, "message"), "/v1/completions"),
+          "chat without a template: 400 in the OpenAI shape, pointing at /v1/completions: %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "GET", "/no/such/route", NULL);
+    o = jparse(r.body);
+    CHECK(r.status == 404 && o && !strcmp(jstr(o, "error_type"), "not_found"), "unknown route: JSON 404 %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    r = http(port, "POST", "/v1/completions", "{\"prompt\":\"abc\",\"max_tokens\":4,\"temperature\":0,\"n\":2,\"logprobs\":0,\"echo\":true}");
+    o = jparse(r.body);
+    json_t *ch = json_object_get(o, "choices");
+    json_t *c0 = json_array_get(ch, 0), *c1 = json_array_get(ch, 1);
+    json_t *lp = json_object_get(c0, "logprobs");
+    CHECK(r.status == 200 && json_array_size(ch) == 2 && json_integer_value(json_object_get(c1, "index")) == 1 &&
+              !strcmp(jstr(c0, "text"), jstr(c1, "text")) && !strncmp(jstr(c0, "text"), "abc", 3),
+          "n=2 echo: two choices starting with the prompt: %s", r.body);
+    /* echo + logprobs: 3 prompt tokens (the test engine scores none: null) then 4 generated at -0.25 */
+    json_t *tl = json_object_get(lp, "token_logprobs"), *to = json_object_get(lp, "text_offset");
+    CHECK(json_array_size(json_object_get(lp, "tokens")) == 7 && json_is_null(json_array_get(tl, 0)) &&
+              json_real_value(json_array_get(tl, 6)) == -0.25 && json_integer_value(json_array_get(to, 3)) == 3 &&
+              json_integer_value(json_array_get(to, 6)) == 6,
+          "logprobs: tokens, token_logprobs, text_offset: %s", r.body);
+    CHECK(json_integer_value(json_object_get(json_object_get(o, "usage"), "completion_tokens")) == 8 &&
+              json_integer_value(json_object_get(json_object_get(o, "usage"), "prompt_tokens")) == 3,
+          "usage: the prompt once, both completions");
+    json_decref(o);
+    free(r.body);
+
+    r = http(port, "POST", "/generate", "{\"inputs\":\"abc\",\"parameters\":{\"max_new_tokens\":4,\"do_sample\":true,\"best_of\":3,\"details\":true}}");
+    o = jparse(r.body);
+    json_t *d = json_object_get(o, "details");
+    CHECK(r.status == 200 && json_array_size(json_object_get(d, "best_of_sequences")) == 2 &&
+              jstr(json_array_get(json_object_get(d, "best_of_sequences"), 0), "generated_text"),
+          "best_of 3: the answer and two best_of_sequences: %s", r.body);
+    json_decref(o);
+    free(r.body);
+}
+
 int main(void) {
     test_begin("test_server");
     signal(SIGPIPE, SIG_IGN);
@@ -386,6 +454,7 @@ int main(void) {
     CHECK(r.status == 200 && !strcmp(jstr(json_array_get(json_object_get(o, "data"), 0), "id"), "fake-model"), "models %s", r.body);
     json_decref(o);
     free(r.body);
+    test_compat(port);
 
     /* ---- validation over the wire: status, error shape, message ---- */
     static const struct { const char *path, *body; int status; const char *msg; } bad[] = {
