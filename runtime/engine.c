@@ -31,6 +31,8 @@ typedef struct {
     int32_t n_seen, cap_seen;
     pln_rng rng;                 /* rank 0: seeded on the slot's first step */
     bool sampled;                /* a token was sampled: every token fed from now on was generated */
+    bool shared;                 /* every position so far sits in shared blocks (may share more) */
+    int32_t *hist;               /* [max_seq_len] tokens fed (block hashes, fork checks) */
     int32_t *gen_ids, *gen_cnt;  /* distinct generated ids fed so far and their counts (OpenAI
                                     presence / frequency penalties) */
     int32_t n_gen_ids, cap_gen;
@@ -41,7 +43,7 @@ typedef struct {
     int32_t cmd, n_seqs, n_release, want_logits, n_tokens, pad_;
 } wire_head;
 typedef struct {
-    int32_t slot, n_new, sample, top_n, prompt_logprobs, next_token;
+    int32_t slot, n_new, sample, top_n, prompt_logprobs, next_token, share_from, pad_;
     pln_sample_params params;
 } wire_seq;
 
@@ -63,6 +65,7 @@ struct pln_engine {
     int64_t step_no;
     bool shut_down;
     double load_seconds;
+    int64_t fork_tokens;
     /* host scratch */
     gbuf wire, ids, seq, pos, bt, rows, cand, gath, full, out_logits, lp_host[4];
     gbuf plp, plp_ids, plp_lp;   /* prompt log-prob results handed out in pln_step_out */
@@ -245,8 +248,11 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     if ((bad = agree(comm, rc)) != -1) goto fail_rank;
 
     e->slots = pln_xcalloc((size_t)e->opts.max_seqs, sizeof *e->slots);
-    for (int32_t s = 0; s < e->opts.max_seqs; s++)
+    for (int32_t s = 0; s < e->opts.max_seqs; s++) {
         e->slots[s].seen_bits = pln_xcalloc((size_t)(e->cfg.vocab_size + 7) / 8, 1);
+        e->slots[s].hist = pln_xmalloc((size_t)e->opts.max_seq_len * sizeof(int32_t));
+    }
+    if (!e->opts.no_prefix_cache && !e->opts.no_block_sharing && pln_kv_prefix_enable(&e->kv)) goto fail_rank;
     e->load_seconds = pln_now() - t0;
     return e;
 
@@ -265,6 +271,7 @@ void pln_engine_close(pln_engine *e) {
     if (e->slots) {
         for (int32_t s = 0; s < e->opts.max_seqs; s++) {
             free(e->slots[s].seen_bits); free(e->slots[s].seen); free(e->slots[s].gen_ids); free(e->slots[s].gen_cnt);
+            free(e->slots[s].hist);
         }
         free(e->slots);
     }
@@ -295,9 +302,10 @@ static int validate(pln_engine *e, const pln_step_plan *p) {
     for (int32_t i = 0; i < p->n_release && !rc; i++) {
         int32_t s = p->release[i];
         if (s < 0 || s >= ms) { rc = pln_errorf("step plan: release of unknown slot %d (slots 0..%d)", s, ms - 1); break; }
-        if (!rel[s]) free_blocks += e->kv.n_used[s];
         rel[s] = true;
     }
+    /* shared blocks come free only when every slot holding them goes */
+    if (!rc && p->n_release) free_blocks += pln_kv_free_after_release(&e->kv, rel);
     for (int32_t i = 0; i < p->n_seqs && !rc; i++) {
         const pln_step_seq *q = &p->seqs[i];
         int32_t s = q->slot;
@@ -313,6 +321,7 @@ static int validate(pln_engine *e, const pln_step_plan *p) {
             }
         if (rc) break;
         if (q->sample && pln_sample_params_check(&q->params)) { rc = pln_error_context("slot %d", s); break; }
+        if (q->share_from < 0 || q->share_from > ms) { rc = pln_errorf("step plan: slot %d: share_from %d (0..%d)", s, q->share_from, ms); break; }
         if (q->top_n < 0 || q->top_n > PLN_TOP_MAX) { rc = pln_errorf("step plan: slot %d: top_n %d (0..%d)", s, q->top_n, PLN_TOP_MAX); break; }
         if (q->prompt_logprobs && q->next_token >= e->cfg.vocab_size) {
             rc = pln_errorf("step plan: slot %d: next_token %d out of range", s, q->next_token);
@@ -350,7 +359,8 @@ static size_t pack(pln_engine *e, const pln_step_plan *p, wire_head *h) {
     for (int32_t i = 0; i < p->n_seqs; i++) {
         wire_seq w = {.slot = p->seqs[i].slot, .n_new = p->seqs[i].n_new, .sample = p->seqs[i].sample,
                       .top_n = p->seqs[i].top_n, .prompt_logprobs = p->seqs[i].prompt_logprobs,
-                      .next_token = p->seqs[i].next_token, .params = p->seqs[i].params};
+                      .next_token = p->seqs[i].next_token, .share_from = p->seqs[i].share_from,
+                      .params = p->seqs[i].params};
         memcpy(o, &w, sizeof w);
         o += sizeof w;
     }
@@ -381,6 +391,7 @@ static int unpack(pln_engine *e, const wire_head *h, pln_step_plan *p, pln_step_
         seqs[i].top_n = w.top_n;
         seqs[i].prompt_logprobs = w.prompt_logprobs;
         seqs[i].next_token = w.next_token;
+        seqs[i].share_from = w.share_from;
         seqs[i].params = w.params;
     }
     for (int32_t i = 0; i < h->n_seqs; i++) {
@@ -683,6 +694,20 @@ static int prompt_rows(pln_engine *e, const pln_step_plan *p, float *logits, int
     return 0;
 }
 
+/* Fork: the fresh slot of q takes the leading full blocks of the slot named by share_from, as
+ * many as hold the same tokens (at most limit). Returns the blocks taken. */
+static int32_t share_fork(pln_engine *e, const pln_step_seq *q, int32_t limit) {
+    int32_t src = q->share_from - 1, bs = e->kv.block_size;
+    if (src == q->slot || !e->slots[src].active) return 0;
+    int32_t nb = e->slots[src].n_pos / bs;
+    if (nb > limit) nb = limit;
+    int32_t same = 0;
+    while (same < nb && !memcmp(e->slots[src].hist + (int64_t)same * bs, q->tokens + (int64_t)same * bs, (size_t)bs * 4)) same++;
+    int32_t got = pln_kv_fork(&e->kv, q->slot, src, same);
+    e->fork_tokens += (int64_t)got * bs;
+    return got;
+}
+
 /* Runs one validated plan on this rank (every rank runs it). */
 static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
     pln_model *m = e->model;
@@ -699,29 +724,48 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
     int32_t *rows = grow(&e->rows, (size_t)(p->n_seqs + 2 * T) * 4);
     int32_t *srow_seq = pln_xmalloc((size_t)p->n_seqs * 4);
     int32_t *tok0 = pln_xmalloc((size_t)p->n_seqs * 4);   /* first token index of each sequence */
-    int32_t ns = 0, t = 0;
+    int32_t ns = 0, t = 0, S = 0, bs = e->kv.block_size;
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pln_step_seq *q = &p->seqs[i];
         eng_slot *sl = &e->slots[q->slot];
         if (!sl->active) {
             sl->active = true;
             sl->n_pos = 0;
+            sl->shared = true;
             pln_rng_seed(&sl->rng, q->params.seed);
         }
+        /* Share whole blocks while every earlier position was shared too; the block of the row
+         * this step samples after stays the slot's own. Every rank takes the same decisions. */
+        int32_t skip = 0;
+        if (sl->shared && !e->opts.no_block_sharing && !p->want_logits && !q->prompt_logprobs && sl->n_pos % bs == 0 &&
+            (int64_t)e->kv.n_used[q->slot] * bs == sl->n_pos) {
+            int32_t limit = (q->n_new - (q->sample ? 1 : 0)) / bs, k = 0;
+            if (sl->n_pos == 0 && q->share_from > 0) k = share_fork(e, q, limit);
+            k += pln_kv_match(&e->kv, q->slot, q->tokens + (int64_t)k * bs, q->n_new - (int64_t)k * bs, limit - k);
+            skip = k * bs;
+        }
+        if (skip < q->n_new) sl->shared = false;
         /* Validated on rank 0 against the same state: cannot fail here. */
         PLN_ASSERT(pln_kv_reserve(&e->kv, q->slot, (int64_t)sl->n_pos + q->n_new) == 0);
-        memcpy(bt + (size_t)i * mb, pln_kv_table(&e->kv, q->slot), (size_t)mb * 4);
         tok0[i] = t;
-        for (int32_t j = 0; j < q->n_new; j++, t++) {
-            ids[t] = q->tokens[j];
-            seq[t] = i;
-            pos[t] = sl->n_pos + j;
+        for (int32_t j = 0; j < q->n_new; j++) {
+            sl->hist[sl->n_pos + j] = q->tokens[j];
             slot_see(e, sl, q->tokens[j]);
             if (sl->sampled) slot_count_gen(sl, q->tokens[j]);
+        }
+        if (skip < q->n_new) {
+            memcpy(bt + (size_t)S * mb, pln_kv_table(&e->kv, q->slot), (size_t)mb * 4);
+            for (int32_t j = skip; j < q->n_new; j++, t++) {
+                ids[t] = q->tokens[j];
+                seq[t] = S;
+                pos[t] = sl->n_pos + j;
+            }
+            S++;
         }
         if (q->sample) { srow_seq[ns] = i; rows[ns++] = t - 1; sl->sampled = true; }
         if (out) memset(&out[i], 0, sizeof out[i]), out[i].token = -1;
     }
+    T = t;   /* tokens computed: shared ones are not */
     int32_t nrows = ns;
     if (p->want_logits) for (int32_t j = 0; j < T; j++) rows[nrows++] = j;
     int32_t prow0 = nrows;   /* prompt-scoring rows follow */
@@ -730,17 +774,21 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
             for (int32_t j = 0; j < p->seqs[i].n_new; j++) rows[nrows++] = tok0[i] + j;
 
     float *logits = NULL;
-    int rc;
+    int rc = 0;
     if (e->opts.fail_at_step > 0 && e->step_no == e->opts.fail_at_step)
         rc = pln_errorf("forward pass: injected failure at step %lld (fail_at_step)", (long long)e->step_no);
-    else
-        rc = pln_model_forward(m, &e->kv, ids, (int32_t)T, seq, pos, p->n_seqs, bt, rows, nrows, &logits);
+    else if (T > 0)   /* else every token of the step was shared: nothing to compute */
+        rc = pln_model_forward(m, &e->kv, ids, (int32_t)T, seq, pos, S, bt, rows, nrows, &logits);
     int bad = agree(e->comm, rc);
     if (bad != -1) {
         if (!rc) pln_errorf("forward pass failed on rank %d (its message is on its stderr)", bad);
         goto fail;
     }
-    for (int32_t i = 0; i < p->n_seqs; i++) e->slots[p->seqs[i].slot].n_pos += p->seqs[i].n_new;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        eng_slot *sl = &e->slots[p->seqs[i].slot];
+        sl->n_pos += p->seqs[i].n_new;
+        pln_kv_commit(&e->kv, p->seqs[i].slot, sl->hist, sl->n_pos);
+    }
 
     if (p->want_logits) {
         /* Raw rows first (sampling processes its rows in place, which come before these). */
@@ -846,6 +894,11 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;
+    info->prefix_cache = e->kv.prefix_on;
+    info->kv_blocks_cached = e->kv.n_cached;
+    info->prefix_query_tokens = e->kv.query_blocks * e->kv.block_size;
+    info->prefix_hit_tokens = e->kv.hit_blocks * e->kv.block_size;
+    info->fork_tokens = e->fork_tokens;
     info->block_size = e->kv.block_size;
     info->max_seqs = e->opts.max_seqs;
     info->max_seq_len = e->opts.max_seq_len;

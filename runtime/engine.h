@@ -8,7 +8,11 @@
  * calls pln_engine_shutdown(). With one rank no launcher is needed.
  *
  * Sequences live in slots 0..max_seqs-1. A slot is claimed by the first step that feeds it and
- * keeps its KV blocks and token history until released in a plan. Tokens of a prompt may be fed
+ * keeps its KV blocks and token history until released in a plan. Full KV blocks are shared
+ * between slots (kvcache.h): a fresh slot takes the full blocks of its prompt from the prefix
+ * cache or from the sibling named by share_from, and computes only the rest; the block holding
+ * the token it samples after is always its own. Sharing is skipped for want_logits plans and
+ * prompt_logprobs sequences (they need every row's logits). Tokens of a prompt may be fed
  * in several steps (chunked prefill); any step may mix prefills and decodes of different lengths. */
 #ifndef PLN_ENGINE_H
 #define PLN_ENGINE_H
@@ -36,6 +40,10 @@ typedef struct {
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
     int32_t fail_at_step;       /* test-only fault injection: step N's forward fails (0 = off) */
+    bool no_prefix_cache;       /* off: full KV blocks are not cached for later requests (forks of
+                                   one prompt's sequences still share blocks) */
+    bool no_block_sharing;      /* test only: no sharing at all (prefix cache off, share_from ignored),
+                                   the reference that sharing must match */
 } pln_engine_opts;
 
 void pln_engine_opts_default(pln_engine_opts *o);
@@ -63,6 +71,10 @@ typedef struct {
                                    logits are computed for every fed row, so only when asked */
     int32_t next_token;         /* prompt_logprobs: the token after this chunk (-1: none, e.g. the
                                    prompt's end, where the sampled token takes over) */
+    int32_t share_from;         /* slot + 1 of a running sequence with the same prompt whose full KV
+                                   blocks a fresh slot shares instead of computing them (n > 1,
+                                   best_of); 0 = none. Checked token by token: a mismatch just
+                                   shares less */
 } pln_step_seq;
 
 typedef struct {
@@ -117,6 +129,11 @@ typedef struct {
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */
     uint64_t kv_bytes_per_token;/* this rank's KV cache bytes per token (all layers, K and V) */
+    bool prefix_cache;          /* automatic prefix caching on */
+    int64_t kv_blocks_cached;   /* full blocks registered in the prefix cache */
+    int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache (whole blocks) */
+    int64_t prefix_hit_tokens;  /* of those, found: their KV was not computed again */
+    int64_t fork_tokens;        /* tokens whose KV blocks a sequence shared from a sibling */
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 

@@ -221,6 +221,7 @@ pln_sched *pln_sched_create(const pln_sched_engine *eng, const pln_sched_tok *to
     s->st.healthy = true;
     s->st.kv_blocks_total = s->info.kv_blocks_total;
     s->st.kv_blocks_free = s->info.kv_blocks_free;
+    s->st.prefix_cache = s->info.prefix_cache;
     s->st.block_size = s->info.block_size;
     s->st.max_seqs = s->info.max_seqs;
     return s;
@@ -519,6 +520,11 @@ int pln_sched_run(pln_sched *s) {
             for (int32_t i = 0; i < j->n_seqs; i++) {
                 pln_seq *q = &j->seqs[i];
                 if (!q->queued || q->finish != PLN_FINISH_NONE) continue;
+                /* n > 1 / best_of: a prompt's other sequences start once the first has its prompt
+                 * in the KV cache, and share its full blocks instead of computing them again */
+                const pln_seq *first = &j->seqs[i - i % j->best_of];
+                if (first != q && first->finish == PLN_FINISH_NONE && (first->queued || first->n_fed < first->n_prompt))
+                    continue;
                 int64_t need = blocks_for(s, (int64_t)q->n_prompt + j->max_new_tokens);
                 if (s->n_free_slots == 0 || s->blocks_reserved + need > s->info.kv_blocks_total) { blocked = true; break; }
                 q->slot = s->free_slots[--s->n_free_slots];
@@ -542,6 +548,7 @@ int pln_sched_run(pln_sched *s) {
                 ps->sample = true;
                 ps->prompt_logprobs = false;
                 ps->next_token = -1;
+                ps->share_from = 0;
                 s->plan_owner[n] = q;
                 s->plan_job[n] = j;
                 n++;
@@ -566,6 +573,9 @@ int pln_sched_run(pln_sched *s) {
                 ps->sample = q->n_fed + chunk == q->n_prompt;
                 ps->prompt_logprobs = j->prompt_logprobs;
                 ps->next_token = ps->sample ? -1 : q->prompt_ids[q->n_fed + chunk];
+                const pln_seq *first = &j->seqs[(q - j->seqs) - (q - j->seqs) % j->best_of];
+                ps->share_from = q->n_fed == 0 && first != q && first->slot >= 0 && first->finish == PLN_FINISH_NONE &&
+                                         first->n_fed == first->n_prompt ? first->slot + 1 : 0;
                 s->plan_owner[n] = q;
                 s->plan_job[n] = j;
                 n++;
@@ -609,6 +619,11 @@ int pln_sched_run(pln_sched *s) {
         s->st.steps++;
         s->st.kv_blocks_free = info.kv_blocks_free;
         s->st.kv_blocks_total = info.kv_blocks_total;
+        s->st.prefix_cache = info.prefix_cache;
+        s->st.kv_blocks_cached = info.kv_blocks_cached;
+        s->st.prefix_query_tokens = info.prefix_query_tokens;
+        s->st.prefix_hit_tokens = info.prefix_hit_tokens;
+        s->st.fork_tokens = info.fork_tokens;
         if (n) {
             s->st.last_batch_size = n;
             s->st.last_batch_tokens = n_tokens;

@@ -167,6 +167,8 @@ typedef struct {
     uint64_t generated_tokens, prompt_tokens;
     uint64_t finished[PLN_FINISH_CANCELLED + 1];
     int64_t kv_blocks_total, kv_blocks_free, kv_blocks_reserved;
+    bool prefix_cache;
+    int64_t kv_blocks_cached, prefix_query_tokens, prefix_hit_tokens, fork_tokens;
     int32_t block_size, max_seqs;
     pln_hist ttft, tpot, batch;
 } pln_sched_stats;

@@ -641,6 +641,9 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "kv_block_size", json_integer(in->block_size));
     json_object_set_new(o, "kv_dtype", json_string(in->kv_dtype ? in->kv_dtype : "?"));
     json_object_set_new(o, "kv_blocks", json_integer(in->kv_blocks_total));
+    json_object_set_new(o, "prefix_cache", json_boolean(in->prefix_cache));
+    json_object_set_new(o, "max_best_of", json_integer(l->max_best_of));
+    json_object_set_new(o, "max_top_n_tokens", json_integer(l->max_top_n_tokens));
     json_object_set_new(o, "n_vocab", json_integer(in->n_vocab));
     json_object_set_new(o, "hidden_size", json_integer(in->hidden));
     json_object_set_new(o, "n_head", json_integer(in->n_head));
@@ -713,6 +716,16 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
               (long long)st.kv_blocks_reserved);
     sb_printf(&b, "# HELP pln_kv_cache_usage Fraction of KV-cache blocks in use.\n# TYPE pln_kv_cache_usage gauge\npln_kv_cache_usage %.6f\n",
               st.kv_blocks_total ? (double)(st.kv_blocks_total - st.kv_blocks_free) / (double)st.kv_blocks_total : 0.0);
+    sb_printf(&b, "# HELP pln_kv_blocks_cached Full KV blocks kept in the prefix cache.\n# TYPE pln_kv_blocks_cached gauge\npln_kv_blocks_cached %lld\n",
+              (long long)st.kv_blocks_cached);
+    sb_printf(&b, "# HELP pln_prefix_cache_query_tokens_total Prompt tokens looked up in the prefix cache (whole blocks).\n"
+                  "# TYPE pln_prefix_cache_query_tokens_total counter\npln_prefix_cache_query_tokens_total %lld\n",
+              (long long)st.prefix_query_tokens);
+    sb_printf(&b, "# HELP pln_prefix_cache_hit_tokens_total Prompt tokens found in the prefix cache (not computed again).\n"
+                  "# TYPE pln_prefix_cache_hit_tokens_total counter\npln_prefix_cache_hit_tokens_total %lld\n",
+              (long long)st.prefix_hit_tokens);
+    sb_printf(&b, "# HELP pln_kv_fork_tokens_total Prompt tokens whose KV blocks a sequence shared from a sibling (n, best_of).\n"
+                  "# TYPE pln_kv_fork_tokens_total counter\npln_kv_fork_tokens_total %lld\n", (long long)st.fork_tokens);
     sb_printf(&b, "# HELP pln_healthy 1 when generation works and the server is not draining.\n# TYPE pln_healthy gauge\npln_healthy %d\n",
               st.healthy && !st.draining);
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",

@@ -32,6 +32,7 @@ static void usage(FILE *f) {
             "  --max-seqs N                   engine sequence slots (default 32)\n"
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
+            "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
@@ -43,7 +44,8 @@ static void usage(FILE *f) {
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
             "  --populate, --verify, --quiet  as for generate\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
-            "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
+            "  --step-delay-ms N              test only: sleep N ms before every engine step\n"
+            "  --no-block-sharing             test only: no KV block sharing at all (prefix cache and n/best_of forks)\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
             l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
 }
@@ -154,6 +156,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
+        else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
+        else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
         else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
