@@ -16,6 +16,7 @@
 #include "formats/shard.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
+#include "runtime/kvcache.h"
 
 #include <jansson.h>
 
@@ -407,6 +408,99 @@ static int load_logits(pln_safetensors *st, const char *path, const float **l, i
     return 0;
 }
 
+/* The KV cache's sharing bookkeeping, checked against its invariants after every call of a
+ * seeded random workload (reserve, match, fork, commit, release) on a small cache: free blocks =
+ * free list + evictable cached blocks, every reference counted, every cached block findable by
+ * its own tokens, a slot's matched prefix equal to the tokens it asked for. Then eviction: once
+ * other sequences need every block, a cached prefix is gone (matching finds nothing). */
+static void check_kvcache(void) {
+    pln_backend *be = pln_backend_create("cpu", 0);
+    CHECK(be != NULL, "cpu backend");
+    if (!be) return;
+    pln_kvcache kv;
+    enum { NB = 48, BS = 2, SLOTS = 6, MAXLEN = 24 };
+    CHECK(pln_kv_init(&kv, be, 1, 1, 4, NB, BS, SLOTS, MAXLEN) == 0 && pln_kv_prefix_enable(&kv) == 0, "kv init");
+    int32_t hist[SLOTS][MAXLEN], len[SLOTS] = {0};
+    uint64_t x = 12345;
+    int bad = 0, hits = 0;
+    for (int it = 0; it < 4000 && !bad; it++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        int32_t s = (int32_t)(x % SLOTS);
+        if (len[s] > 0 && (x >> 8) % 4 == 0) {
+            pln_kv_release(&kv, s);
+            len[s] = 0;
+        } else if (len[s] == 0) {
+            /* a fresh sequence: a prompt over 3 tokens (so prefixes repeat), matched, then filled */
+            int32_t n = 4 + (int32_t)((x >> 12) % 12);
+            for (int32_t j = 0; j < n; j++) hist[s][j] = (int32_t)((x >> (20 + j % 8)) % 3);
+            int32_t got = 0;
+            int32_t src = (int32_t)((x >> 40) % SLOTS);
+            if ((x >> 50) % 3 == 0 && src != s && len[src] >= BS && !memcmp(hist[src], hist[s], BS * 4))
+                got = pln_kv_fork(&kv, s, src, 1);
+            got += pln_kv_match(&kv, s, hist[s] + got * BS, n - got * BS, (n - 1) / BS - got);
+            hits += got;
+            if (pln_kv_reserve(&kv, s, n) == 0) {
+                len[s] = n;
+                pln_kv_commit(&kv, s, hist[s], n);
+            } else {
+                pln_kv_release(&kv, s);
+            }
+        } else if (len[s] < MAXLEN) {
+            hist[s][len[s]] = (int32_t)((x >> 16) % 3);
+            if (pln_kv_reserve(&kv, s, len[s] + 1) == 0) pln_kv_commit(&kv, s, hist[s], ++len[s]);
+        }
+        /* invariants */
+        int32_t refs[NB] = {0}, lru = 0, cached = 0;
+        for (int32_t q = 0; q < SLOTS; q++)
+            for (int32_t i = 0; i < kv.n_used[q]; i++) refs[kv.tables[q * kv.max_blocks + i]]++;
+        for (int32_t b = kv.lru_head; b >= 0; b = kv.lru_next[b]) lru++;
+        for (int32_t b = 0; b < NB; b++) {
+            if (refs[b] != kv.ref[b]) bad++;
+            if (kv.cached[b]) {
+                cached++;
+                /* findable: match a throwaway copy of its tokens through the table */
+                uint64_t mask = (uint64_t)kv.tcap - 1, i = kv.bhash[b] & mask;
+                while (kv.table[i] >= 0 && kv.table[i] != b) i = (i + 1) & mask;
+                if (kv.table[i] != b) bad++;
+            }
+        }
+        if (kv.n_free != kv.n_free_list + lru || cached != kv.n_cached) bad++;
+        /* a slot's blocks hold its own tokens: every cached block it holds carries them */
+        for (int32_t q = 0; q < SLOTS; q++)
+            for (int32_t i = 0; i < kv.n_used[q] && (i + 1) * BS <= len[q]; i++) {
+                int32_t b = kv.tables[q * kv.max_blocks + i];
+                if (kv.cached[b] && memcmp(kv.btok + b * BS, hist[q] + i * BS, BS * 4)) bad++;
+            }
+        if (bad) fprintf(stderr, "kvcache invariant broken at iteration %d\n", it);
+    }
+    CHECK(!bad, "kv cache invariants hold over 4000 random calls");
+    CHECK(hits > 50, "the workload shares blocks (%d taken from the cache or a fork)", hits);
+    for (int32_t q = 0; q < SLOTS; q++) pln_kv_release(&kv, q);
+    CHECK(kv.n_free == NB, "all blocks free after releasing every slot (%d)", kv.n_free);
+    /* eviction: cache a prefix, then let other tokens take every block */
+    int32_t a[8] = {7, 7, 8, 8, 9, 9, 5, 5}, b2[MAXLEN];
+    CHECK(pln_kv_reserve(&kv, 0, 8) == 0, "reserve prefix");
+    pln_kv_commit(&kv, 0, a, 8);
+    pln_kv_release(&kv, 0);
+    CHECK(pln_kv_match(&kv, 1, a, 8, 3) == 3, "cached prefix matches");
+    pln_kv_release(&kv, 1);
+    int32_t taken = 0;
+    for (int32_t q = 0; q < SLOTS; q++) {
+        for (int32_t j = 0; j < MAXLEN; j++) b2[j] = 100 + q * MAXLEN + j;
+        int32_t n = MAXLEN;
+        while (n > 0 && pln_kv_reserve(&kv, q, n)) n -= BS;
+        if (n > 0) pln_kv_commit(&kv, q, b2, n);
+        taken += kv.n_used[q];
+    }
+    CHECK(taken == NB && kv.n_free == 0, "other sequences took every block (%d of %d)", taken, NB);
+    CHECK(kv.evictions > 0, "cached blocks were evicted for them (%lld)", (long long)kv.evictions);
+    for (int32_t q = 0; q < SLOTS; q++) pln_kv_release(&kv, q);
+    CHECK(pln_kv_match(&kv, 2, a, 8, 3) < 3, "an evicted prefix no longer matches whole");
+    pln_kv_release(&kv, 2);
+    pln_kv_free(&kv);
+    pln_backend_destroy(be);
+}
+
 /* Prompt scoring and token alternatives against the raw logits of the same rows (want_logits):
  * prompt 0 fed in two chunks (the first chunk's last row scores next_token), every row's
  * log-prob and top 3 equal log_softmax of the row; the sampled token's 3 alternatives equal the
@@ -611,6 +705,7 @@ int main(int argc, char **argv) {
     }
     test_begin("test_engine");
     g_comm = pln_comm_init(&argc, &argv);
+    check_kvcache();
     if (!fixture_can_reshard()) {
         printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
         pln_comm_free(g_comm);
