@@ -469,6 +469,175 @@ fail:
     return -1;
 }
 
+/* ---- OpenAI chat ------------------------------------------------------------------------- */
+
+static const char *const g_chat_roles[PLN_CHAT_ROLES] = {"system", "user", "assistant"};
+
+void pln_chat_template_free(pln_chat_template *t) {
+    if (!t) return;
+    for (int i = 0; i < PLN_CHAT_ROLES; i++) { free(t->prefix[i]); free(t->suffix[i]); }
+    free(t->generation_prompt);
+    for (int32_t i = 0; i < t->n_stop; i++) free(t->stop[i]);
+    free(t->stop);
+    memset(t, 0, sizeof *t);
+}
+
+static int tpl_string(const char *path, json_t *o, const char *key, const char *where, char **out) {
+    json_t *v = json_object_get(o, key);
+    if (!v) { *out = pln_xstrdup(""); return 0; }
+    if (!json_is_string(v)) return pln_errorf("%s: `%s%s` must be a string", path, where, key);
+    *out = pln_xstrdup(json_string_value(v));
+    return 0;
+}
+
+int pln_chat_template_load(const char *path, pln_chat_template *t) {
+    memset(t, 0, sizeof *t);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return pln_errorf("%s: not a chat template: %s (line %d)", path, je.text, je.line);
+    int rc = 0;
+    const char *key;
+    json_t *v;
+    if (!json_is_object(root)) rc = pln_errorf("%s: a chat template is a JSON object (see docs/SERVING.md)", path);
+    json_object_foreach(root, key, v) {
+        if (rc) break;
+        int role = -1;
+        for (int i = 0; i < PLN_CHAT_ROLES; i++) if (!strcmp(key, g_chat_roles[i])) role = i;
+        if (role < 0 && strcmp(key, "generation_prompt") && strcmp(key, "stop"))
+            rc = pln_errorf("%s: unknown key `%s` (expected system, user, assistant, generation_prompt, stop)", path, key);
+        else if (role >= 0 && !json_is_object(v))
+            rc = pln_errorf("%s: `%s` must be an object {\"prefix\": str, \"suffix\": str}", path, key);
+        const char *k2;
+        json_t *v2;
+        if (!rc && role >= 0)
+            json_object_foreach(v, k2, v2)
+                if (!rc && strcmp(k2, "prefix") && strcmp(k2, "suffix"))
+                    rc = pln_errorf("%s: unknown key `%s.%s` (expected prefix, suffix)", path, key, k2);
+    }
+    for (int i = 0; i < PLN_CHAT_ROLES && !rc; i++) {
+        json_t *r = json_object_get(root, g_chat_roles[i]);
+        char where[32];
+        snprintf(where, sizeof where, "%s.", g_chat_roles[i]);
+        json_t *empty = json_object();
+        rc = tpl_string(path, r ? r : empty, "prefix", where, &t->prefix[i]);
+        if (!rc) rc = tpl_string(path, r ? r : empty, "suffix", where, &t->suffix[i]);
+        json_decref(empty);
+    }
+    if (!rc) rc = tpl_string(path, root, "generation_prompt", "", &t->generation_prompt);
+    json_t *st = rc ? NULL : json_object_get(root, "stop");
+    if (st) {
+        if (!json_is_array(st) || json_array_size(st) > 4) rc = pln_errorf("%s: `stop` must be a list of at most 4 strings", path);
+        t->stop = pln_xcalloc(json_array_size(st) + 1, sizeof *t->stop);
+        for (size_t i = 0; !rc && i < json_array_size(st); i++) {
+            json_t *x = json_array_get(st, i);
+            if (!json_is_string(x) || json_string_length(x) == 0 || json_string_length(x) > 256)
+                rc = pln_errorf("%s: `stop[%zu]` must be a string of 1 to 256 bytes", path, i);
+            else
+                t->stop[t->n_stop++] = pln_xstrdup(json_string_value(x));
+        }
+    }
+    json_decref(root);
+    if (rc) pln_chat_template_free(t);
+    return rc;
+}
+
+/* Appends s to the growing buffer *b (length *n). */
+static void cat(char **b, size_t *n, const char *s) {
+    size_t l = strlen(s);
+    *b = pln_xrealloc(*b, *n + l + 1);
+    memcpy(*b + *n, s, l + 1);
+    *n += l;
+}
+
+int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
+                       pln_gen_request *r, pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    memset(r, 0, sizeof *r);
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    static const char *const known[] = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+        "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
+        "user", "logit_bias", "top_k", "repetition_penalty", "typical_p"};
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    json_t *c = json_object();   /* the equivalent completions request */
+    json_object_foreach(root, key, v) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++) ok = !strcmp(key, known[i]);
+        if (!ok) { rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s", key); break; }
+        if (!strcmp(key, "messages") || !strcmp(key, "logprobs") || !strcmp(key, "top_logprobs") ||
+            !strcmp(key, "max_completion_tokens"))
+            continue;
+        json_object_set(c, key, v);
+    }
+    json_t *mc = opt(root, "max_completion_tokens");
+    if (!rc && mc && !json_object_get(c, "max_tokens")) json_object_set(c, "max_tokens", mc);
+    /* logprobs: true + top_logprobs N is completions' logprobs N */
+    bool lp = false;
+    if (!rc) rc = get_bool(api, root, "logprobs", &lp, NULL, err);
+    json_t *tl = opt(root, "top_logprobs");
+    if (!rc && tl && !lp) rc = pln_req_fail(err, api, 400, "top_logprobs", "`top_logprobs` needs `logprobs` true");
+    if (!rc && lp) json_object_set_new(c, "logprobs", tl ? json_incref(tl) : json_integer(0));
+    json_t *msgs = rc ? NULL : opt(root, "messages");
+    if (!rc && (!msgs || !json_is_array(msgs) || json_array_size(msgs) == 0))
+        rc = pln_req_fail(err, api, 400, "messages", "`messages` must be a non-empty list of {\"role\", \"content\"}");
+    char *prompt = NULL;
+    size_t pn = 0;
+    cat(&prompt, &pn, "");
+    for (size_t i = 0; !rc && i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = json_is_object(m) ? json_string_value(json_object_get(m, "role")) : NULL;
+        int ri = -1;
+        for (int k = 0; role && k < PLN_CHAT_ROLES; k++) if (!strcmp(role, g_chat_roles[k])) ri = k;
+        if (ri < 0) {
+            rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].role` must be system, user or assistant", i);
+            break;
+        }
+        json_t *ct = json_object_get(m, "content");
+        cat(&prompt, &pn, tpl->prefix[ri]);
+        if (json_is_string(ct)) {
+            cat(&prompt, &pn, json_string_value(ct));
+        } else if (json_is_array(ct)) {   /* [{"type": "text", "text": str}, ...] */
+            for (size_t k = 0; !rc && k < json_array_size(ct); k++) {
+                json_t *part = json_array_get(ct, k);
+                const char *ty = json_string_value(json_object_get(part, "type"));
+                const char *tx = json_string_value(json_object_get(part, "text"));
+                if (!ty || strcmp(ty, "text") || !tx)
+                    rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].content[%zu]`: only {\"type\": \"text\", \"text\": str} parts are supported", i, k);
+                else
+                    cat(&prompt, &pn, tx);
+            }
+        } else {
+            rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].content` must be a string or a list of text parts", i);
+        }
+        cat(&prompt, &pn, tpl->suffix[ri]);
+    }
+    if (!rc) {
+        cat(&prompt, &pn, tpl->generation_prompt);
+        json_object_set_new(c, "prompt", json_string(prompt));
+        /* the template's stop sequences join the request's */
+        json_t *st = json_object_get(c, "stop");
+        json_t *all = json_is_array(st) ? json_copy(st) : json_array();
+        if (json_is_string(st)) json_array_append(all, st);
+        for (int32_t i = 0; i < tpl->n_stop; i++) json_array_append_new(all, json_string(tpl->stop[i]));
+        if (json_array_size(all)) json_object_set_new(c, "stop", all); else json_decref(all);
+    }
+    free(prompt);
+    json_decref(root);
+    if (rc) { json_decref(c); return -1; }
+    char *cb = json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    if (!cb) return pln_req_fail(err, api, 400, "messages", "`messages` must be valid UTF-8 text");
+    pln_serve_limits l2 = *lim;
+    l2.max_body_bytes = 0;   /* the rendered prompt may exceed the body limit the original met */
+    rc = pln_req_parse_completions(cb, strlen(cb), &l2, r, err);
+    free(cb);
+    if (!rc) r->chat = true;
+    return rc;
+}
+
 int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens, const pln_serve_limits *lim,
                           pln_req_error *err) {
     int bad = api == PLN_API_TGI ? 422 : 400;

@@ -71,6 +71,7 @@ typedef struct {
     bool prompt_logprobs;    /* TGI decoder_input_details, OpenAI echo + logprobs: prompt log-probs */
     bool echo;               /* OpenAI: the text starts with the prompt */
     int32_t truncate;        /* TGI: keep only the last `truncate` prompt tokens (0 = off) */
+    bool chat;               /* OpenAI chat: answered as chat.completion(.chunk) */
 } pln_gen_request;
 
 /* TGI body {"inputs": str, "parameters": {...}, "stream": bool}. Unknown parameters are ignored
@@ -86,6 +87,33 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
  * ("Unrecognized request argument supplied"), as the OpenAI API answers. */
 int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limits *lim,
                               pln_gen_request *out, pln_req_error *err);
+/* A chat template (`pollen serve --chat-template FILE`): a JSON object
+ *   {"system":    {"prefix": str, "suffix": str},   (each role optional; "" when absent)
+ *    "user":      {"prefix": str, "suffix": str},
+ *    "assistant": {"prefix": str, "suffix": str},
+ *    "generation_prompt": str,                      (appended after the last message)
+ *    "stop": [str, ...]}                            (added to every chat request's stop list)
+ * A conversation becomes prefix(role) + content + suffix(role) per message, then
+ * generation_prompt. Unknown keys are refused (a typo must not silently change prompts). */
+#define PLN_CHAT_ROLES 3
+typedef struct {
+    char *prefix[PLN_CHAT_ROLES], *suffix[PLN_CHAT_ROLES];   /* system, user, assistant */
+    char *generation_prompt;
+    char **stop;
+    int32_t n_stop;
+} pln_chat_template;
+/* Loads and checks path; -1 + error naming the file and the field. */
+int pln_chat_template_load(const char *path, pln_chat_template *t);
+void pln_chat_template_free(pln_chat_template *t);
+
+/* OpenAI /v1/chat/completions body {"messages": [{"role", "content"}], "model", "max_tokens" |
+ * "max_completion_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+ * "seed", "presence_penalty", "frequency_penalty", "logprobs" (bool), "top_logprobs", "user",
+ * "logit_bias"} rendered with tpl into one prompt, then checked as a completions request.
+ * out->chat is set. Other fields: 400 as for completions. */
+int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
+                       pln_gen_request *out, pln_req_error *err);
+
 /* TGI /tokenize body {"inputs": str}; *text_out is owned by the caller. */
 int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits *lim,
                            char **text_out, pln_req_error *err);

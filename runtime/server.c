@@ -39,6 +39,7 @@ struct pln_server {
     char *host;
     int port;
     pln_engine_info info;
+    const pln_chat_template *chat;      /* NULL: no chat template */
     time_t started;
     atomic_int open;                              /* connection contexts alive */
     atomic_ullong counts[R_COUNT][O_COUNT];
@@ -64,6 +65,7 @@ typedef struct {
     bool logprobs;                  /* OpenAI: a logprobs object per choice */
     bool echo;                      /* OpenAI: the prompt starts the text */
     bool root;                      /* TGI compatibility route: a non-streamed answer is an array */
+    bool chat;                      /* OpenAI chat: chat.completion(.chunk) shapes */
     char **prompts;                 /* the request's prompt texts (echo) */
     int32_t n_prompts;
     int64_t *text_off;              /* streaming OpenAI logprobs: text_offset reached per sequence */
@@ -257,6 +259,25 @@ static json_t *openai_logprobs(const pln_server *s, const pln_job *j, const pln_
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
 }
 
+/* OpenAI chat logprobs {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
+static json_t *bytes_json(const char *t) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+static json_t *chat_logprobs(const pln_tok_event *ev, int32_t n) {
+    json_t *content = json_array();
+    for (int32_t i = 0; i < n; i++) {
+        json_t *top = json_array();
+        for (int32_t k = 0; k < ev[i].n_top; k++)
+            json_array_append_new(top, json_pack("{s:s, s:o, s:o}", "token", ev[i].top[k].text, "logprob",
+                                                 lp_json(ev[i].top[k].logprob), "bytes", bytes_json(ev[i].top[k].text)));
+        json_array_append_new(content, json_pack("{s:s, s:o, s:o, s:o}", "token", ev[i].text, "logprob", lp_json(ev[i].logprob),
+                                                 "bytes", bytes_json(ev[i].text), "top_logprobs", top));
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
 /* TGI details of one sequence (generate: with prefill and tokens). */
 static json_t *tgi_details(const conn_ctx *c, const pln_job *j, const pln_seq *q) {
     json_t *toks = json_array();
@@ -322,7 +343,7 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
         /* the compatibility route answers a list, as TGI's does */
         return send_json(con, 200, c->root ? json_pack("[o]", o) : o);
     }
-    json_t *o = openai_envelope(c, "text_completion");
+    json_t *o = openai_envelope(c, c->chat ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
     json_int_t pt = 0, ct = 0;
     for (int32_t i = 0; i < j->n_seqs; i++) ct += j->seqs[i].n_gen;
@@ -331,6 +352,13 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
         pt += j->seqs[order[0]].n_prompt;
         for (int32_t k = 0; k < j->n_answer; k++) {
             pln_seq *q = &j->seqs[order[k]];
+            if (c->chat) {
+                json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s}, s:o, s:s}", "index", (json_int_t)(p * j->n_answer + k),
+                                                         "message", "role", "assistant", "content", q->text, "logprobs",
+                                                         c->logprobs ? chat_logprobs(q->events, q->n_events) : json_null(),
+                                                         "finish_reason", openai_finish(q->finish)));
+                continue;
+            }
             char *text = c->echo ? pln_xasprintf("%s%s", c->prompts[p], q->text) : pln_xstrdup(q->text);
             int64_t off = 0;
             json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, q->events, q->n_events, c->echo, &off) : json_null();
@@ -394,6 +422,15 @@ static bool format_new(conn_ctx *c) {
                     json_object_set_new(o, "details", json_null());
                 }
                 out_event(c, o);
+            } else if (c->chat) {
+                json_t *o = openai_envelope(c, "chat.completion.chunk");
+                json_t *delta = k == 0 ? json_pack("{s:s, s:s}", "role", "assistant", "content", e->delta)
+                                       : json_pack("{s:s}", "content", e->delta);
+                json_object_set_new(o, "choices", json_pack("[{s:i, s:o, s:o, s:o}]", "index", (json_int_t)i, "delta", delta,
+                                                            "logprobs", c->logprobs ? chat_logprobs(e, 1) : json_null(),
+                                                            "finish_reason",
+                                                            last ? json_string(openai_finish(q->finish)) : json_null()));
+                out_event(c, o);
             } else if (e->delta[0] || last || c->logprobs) {
                 /* with echo the prompt goes first, in the chunk of the first token */
                 bool with_prompt = c->echo && k == 0;
@@ -431,7 +468,7 @@ static bool format_new(conn_ctx *c) {
             if (c->api == PLN_API_OPENAI && c->include_usage) {
                 json_int_t pt = 0, ct = 0;
                 for (int32_t i = 0; i < j->n_seqs; i++) { pt += j->seqs[i].n_prompt; ct += j->seqs[i].n_gen; }
-                json_t *o = openai_envelope(c, "text_completion");
+                json_t *o = openai_envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(o, "choices", json_array());
                 json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                                           "total_tokens", pt + ct));
@@ -486,9 +523,11 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     pln_gen_request req;
     pln_req_error err;
     int rc = c->route == R_COMPLETIONS ? pln_req_parse_completions(c->body, c->len, &s->lim, &req, &err)
+             : c->route == R_CHAT      ? pln_req_parse_chat(c->body, c->len, &s->lim, s->chat, &req, &err)
                                        : pln_req_parse_generate(c->body, c->len, &s->lim, &req, &err);
     if (rc) return send_error(c, con, &err);
-    bool stream = c->route == R_GENERATE_STREAM || ((c->route == R_COMPLETIONS || c->route == R_ROOT) && req.stream);
+    bool stream = c->route == R_GENERATE_STREAM ||
+                  ((c->route == R_COMPLETIONS || c->route == R_ROOT || c->route == R_CHAT) && req.stream);
     if (c->route == R_GENERATE_STREAM && (req.best_of > 1 || req.prompt_logprobs)) {
         /* the body had no `stream`: the route streams, so TGI's streaming rules apply */
         pln_req_fail(&err, c->api, 422, req.best_of > 1 ? "best_of" : "decoder_input_details", "%s",
@@ -533,6 +572,7 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     c->logprobs = req.logprobs;
     c->echo = req.echo;
     c->root = c->route == R_ROOT;
+    c->chat = req.chat;
     c->n_prompts = req.n_prompts;
     c->prompts = req.prompts;          /* taken over: echo needs them */
     req.prompts = NULL;
@@ -544,7 +584,7 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
         return send_error(c, con, &err);
     }
     c->job = job;
-    snprintf(c->id, sizeof c->id, "cmpl-%llx%04llx", (unsigned long long)time(NULL),
+    snprintf(c->id, sizeof c->id, "%s-%llx%04llx", c->chat ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL),
              (unsigned long long)atomic_fetch_add(&s->id_counter, 1) & 0xFFFF);
     c->created = time(NULL);
     if (!stream) return finish_blocking(c, con);
@@ -598,6 +638,7 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
 
 /* BLOOM ships no chat template: rather than guess one, say so and point at /v1/completions. */
 static enum MHD_Result handle_chat(conn_ctx *c, struct MHD_Connection *con) {
+    if (c->srv->chat) return handle_generate(c, con);
     pln_req_error err;
     pln_req_fail(&err, PLN_API_OPENAI, 400, "messages",
                  "`%s` has no chat template (BLOOM models ship none), so /v1/chat/completions cannot turn messages "
@@ -841,6 +882,7 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
     s->tok = *tok;
     s->lim = o->lim;
     s->model_id = pln_xstrdup(o->model_id ? o->model_id : "bloom");
+    s->chat = o->chat_template;
     s->host = pln_xstrdup(o->host ? o->host : "127.0.0.1");
     s->started = time(NULL);
     pln_sched_engine_info(sched, &s->info);

@@ -4,9 +4,11 @@
  * documented status and a message naming the problem; plus the accepted forms and the UTF-8
  * helpers the streaming path relies on. */
 #include "runtime/httpreq.h"
+#include "formats/common.h"
 #include "tests/test.h"
 
 #include <jansson.h>
+#include <unistd.h>
 
 typedef struct {
     const char *body;
@@ -284,5 +286,61 @@ int main(void) {
     sz = pln_utf8_sanitize(full, fl, NULL);
     CHECK(!strcmp(acc, sz), "streamed pieces equal the whole");
     free(sz);
+    /* chat: template loading (bad files name the field) and rendering into a completions request */
+    {
+        char dir[] = "/tmp/pln-test-chat-XXXXXX", path[64];
+        CHECK(mkdtemp(dir) != NULL, "tmp dir");
+        snprintf(path, sizeof path, "%s/t.json", dir);
+        static const struct { const char *text, *msg; } bad_tpl[] = {
+            {"[1]", "is a JSON object"},
+            {"{\"user\":{\"prefx\":\"\"}}", "unknown key `user.prefx`"},
+            {"{\"robot\":{}}", "unknown key `robot`"},
+            {"{\"user\":{\"prefix\":3}}", "`user.prefix` must be a string"},
+            {"{\"stop\":[\"\"]}", "`stop[0]` must be a string of 1 to 256 bytes"},
+            {"{\"user\": ", "not a chat template"},
+        };
+        pln_chat_template t;
+        for (size_t i = 0; i < sizeof bad_tpl / sizeof bad_tpl[0]; i++) {
+            FILE *f = fopen(path, "w");
+            fputs(bad_tpl[i].text, f);
+            fclose(f);
+            int rc = pln_chat_template_load(path, &t);
+            CHECK(rc == -1 && strstr(pln_error(), bad_tpl[i].msg) && strstr(pln_error(), path), "template %s: '%s' lacks '%s'",
+                  bad_tpl[i].text, pln_error(), bad_tpl[i].msg);
+        }
+        FILE *f = fopen(path, "w");
+        fputs("{\"system\":{\"suffix\":\"\\n\"},\"user\":{\"prefix\":\"U: \",\"suffix\":\"\\n\"},"
+              "\"assistant\":{\"prefix\":\"A: \",\"suffix\":\"\\n\"},\"generation_prompt\":\"A:\",\"stop\":[\"\\nU:\"]}", f);
+        fclose(f);
+        CHECK(pln_chat_template_load(path, &t) == 0, "template loads: %s", pln_error());
+        const char *cb = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\","
+                         "\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]},{\"role\":\"assistant\",\"content\":\"yo\"},"
+                         "{\"role\":\"user\",\"content\":\"more\"}],\"max_completion_tokens\":7,\"logprobs\":true,"
+                         "\"top_logprobs\":3,\"stop\":\"X\"}";
+        CHECK(pln_req_parse_chat(cb, strlen(cb), &lim, &t, &r, &err) == 0, "chat parses: %s", err.message);
+        CHECK(r.chat && r.n_prompts == 1 && !strcmp(r.prompts[0], "S\nU: hi\nA: yo\nU: more\nA:"), "rendered prompt '%s'",
+              r.n_prompts ? r.prompts[0] : "");
+        CHECK(r.max_new_tokens == 7 && r.logprobs && r.top_n == 3, "max_completion_tokens, logprobs + top_logprobs");
+        CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "X") && !strcmp(r.stop[1], "\nU:"), "request stop + the template's");
+        pln_gen_request_free(&r);
+        static const row chat_bad[] = {
+            {"{\"messages\":[]}", 400, "`messages` must be a non-empty list"},
+            {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "must be system, user or assistant"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "must be a string or a list of text parts"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "only {\"type\": \"text\""},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400, "Unrecognized request argument supplied: tools"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400, "needs `logprobs` true"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "`temperature` must be in [0, 2]"},
+        };
+        for (size_t i = 0; i < sizeof chat_bad / sizeof chat_bad[0]; i++) {
+            int rc = pln_req_parse_chat(chat_bad[i].body, strlen(chat_bad[i].body), &lim, &t, &r, &err);
+            CHECK(rc == -1 && err.status == 400 && strstr(err.message, chat_bad[i].msg), "chat %s: %d '%s'", chat_bad[i].body,
+                  err.status, err.message);
+            if (!rc) pln_gen_request_free(&r);
+        }
+        pln_chat_template_free(&t);
+        unlink(path);
+        rmdir(dir);
+    }
     return test_done();
 }

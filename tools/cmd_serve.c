@@ -33,6 +33,7 @@ static void usage(FILE *f) {
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
             "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
+            "  --chat-template FILE           serve /v1/chat/completions with this template (docs/SERVING.md)\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
@@ -128,6 +129,9 @@ int cmd_serve(int argc, char **argv) {
     const char *port_file = NULL;
     bool input_set = false;
     int threads = 0;
+    const char *chat_path = NULL;
+    pln_chat_template chat_tpl;
+    memset(&chat_tpl, 0, sizeof chat_tpl);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -157,6 +161,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
+        else if (!strcmp(a, "--chat-template")) chat_path = VAL();
         else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
@@ -172,6 +177,10 @@ int cmd_serve(int argc, char **argv) {
     eo.max_seq_len = so.lim.max_total_tokens;
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
+    if (chat_path) {   /* before anything loads: a broken template fails at once */
+        if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
+        so.chat_template = &chat_tpl;
+    }
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
@@ -240,6 +249,7 @@ out:
     pln_engine_close(eng);
     pln_tok_free(tok);
     free(model_id);
+    pln_chat_template_free(&chat_tpl);
     pln_comm_free(comm);
     return status;
 }

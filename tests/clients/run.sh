@@ -35,5 +35,13 @@ fail=0
 for t in tgi hub openai; do
   timeout 300 "$VENV/bin/python" "tests/clients/test_$t.py" || fail=1
 done
+# the chat route, with the example template
+kill -TERM $SRV; wait $SRV 2>/dev/null; SRV=; rm -f "$TMP/port"
+"$POLLEN" serve "$TMP/s1" --port 0 --port-file "$TMP/port" --quiet \
+  --chat-template docs/examples/chat-template-bloomz.json >"$TMP/log" 2>&1 &
+SRV=$!
+for _ in $(seq 300); do [ -s "$TMP/port" ] && break; kill -0 $SRV 2>/dev/null || break; sleep 0.1; done
+[ -s "$TMP/port" ] || { echo "test-clients: chat server did not start"; cat "$TMP/log"; exit 1; }
+PLN_URL="http://127.0.0.1:$(cat "$TMP/port")" timeout 300 "$VENV/bin/python" tests/clients/test_openai_chat.py || fail=1
 [ $fail = 0 ] && echo "test-clients: all passed" || echo "test-clients: FAILED"
 exit $fail
