@@ -467,7 +467,10 @@ static bool format_new(conn_ctx *c) {
         if (all_closed && !c->stream_done) {
             if (c->api == PLN_API_OPENAI && c->include_usage) {
                 json_int_t pt = 0, ct = 0;
-                for (int32_t i = 0; i < j->n_seqs; i++) { pt += j->seqs[i].n_prompt; ct += j->seqs[i].n_gen; }
+                for (int32_t i = 0; i < j->n_seqs; i++) {   /* each prompt once, every sequence generated */
+                    if (i % j->best_of == 0) pt += j->seqs[i].n_prompt;
+                    ct += j->seqs[i].n_gen;
+                }
                 json_t *o = openai_envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(o, "choices", json_array());
                 json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,

@@ -55,6 +55,11 @@ parts = list(oc.completions.create(model=MODEL, prompt=P, max_tokens=4, temperat
 check(sum(len(p.choices[0].logprobs.tokens) for p in parts) == 4, "stream + logprobs: one token per chunk")
 parts = list(oc.completions.create(model=MODEL, prompt=P, max_tokens=4, temperature=0, stream=True, n=2))
 check(sorted({p.choices[0].index for p in parts}) == [0, 1], "stream n=2: chunks for both choices")
+parts = list(oc.completions.create(model=MODEL, prompt=P, max_tokens=4, temperature=0, stream=True, n=2,
+                                   stream_options={"include_usage": True}))
+u = parts[-1].usage
+check(u is not None and u.prompt_tokens == ntok and u.completion_tokens == 8,
+      "stream n=2 usage: the prompt once, both completions")
 
 # refusals in the OpenAI error shape
 for kw, what in (({"suffix": "tail"}, "suffix"), ({"extra_body": {"frobnicate": 1}}, "frobnicate")):
