@@ -144,6 +144,7 @@ typedef struct {
 } inst;
 
 static void *sched_thread(void *a) { pln_sched_run(a); return NULL; }
+static const pln_chat_template *g_chat;   /* the next instance's --chat-template (NULL: none) */
 
 static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int64_t fail_at) {
     memset(in, 0, sizeof *in);
@@ -155,7 +156,7 @@ static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int6
     pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
     in->sched = pln_sched_create(&se, &st, lim);
     if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
-    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim};
+    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat};
     in->srv = pln_server_start(&so, in->sched, &st);
     if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
     in->port = pln_server_port(in->srv);
@@ -418,6 +419,53 @@ static void test_compat(int port) {
     free(r.body);
 }
 
+/* /v1/chat/completions with a template: the messages are rendered into one prompt and answered
+ * exactly as /v1/completions answers that prompt, in the chat shapes, streamed or not. */
+static void test_chat(const pln_serve_limits *lim) {
+    static char empty[] = "", u[] = "U:", nl[] = "|", gp[] = "A:";
+    static char *stops[] = {nl};
+    static const pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp,
+                                          .stop = stops, .n_stop = 1};
+    g_chat = &tpl;
+    inst C;
+    inst_start(&C, lim, 0, 0);
+    g_chat = NULL;
+    int st;
+    char fin[32] = "";
+    char *want = oai_text(C.port, "{\"prompt\":\"sys|U:hi|A:\",\"max_tokens\":6,\"temperature\":0,\"stop\":\"|\"}", &st, fin, sizeof fin);
+    const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"hi\"}],"
+                       "\"max_tokens\":6,\"temperature\":0";
+    char b1[512];
+    snprintf(b1, sizeof b1, "%s}", body);
+    resp r = http(C.port, "POST", "/v1/chat/completions", b1);
+    json_t *o = jparse(r.body);
+    json_t *c0 = json_array_get(json_object_get(o, "choices"), 0), *msg = json_object_get(c0, "message");
+    CHECK(r.status == 200 && !strcmp(jstr(o, "object"), "chat.completion") && !strncmp(jstr(o, "id"), "chatcmpl-", 9) &&
+              !strcmp(jstr(msg, "role"), "assistant") && !strcmp(jstr(msg, "content"), want),
+          "chat answer == completion of the rendered prompt '%s': %s", want, r.body);
+    json_decref(o);
+    free(r.body);
+    snprintf(b1, sizeof b1, "%s,\"stream\":true}", body);
+    r = http(C.port, "POST", "/v1/chat/completions", b1);
+    char *ev[64], acc[256] = "";
+    int n = sse_events(r.body, ev, 64);
+    bool role_first = false;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(ev[i], "[DONE]")) continue;
+        json_t *e = jparse(ev[i]);
+        json_t *d = json_object_get(json_array_get(json_object_get(e, "choices"), 0), "delta");
+        if (i == 0) role_first = jstr(d, "role") && !strcmp(jstr(d, "role"), "assistant") &&
+                                 !strcmp(jstr(e, "object"), "chat.completion.chunk");
+        if (jstr(d, "content")) strncat(acc, jstr(d, "content"), sizeof acc - strlen(acc) - 1);
+        json_decref(e);
+    }
+    CHECK(n > 1 && !strcmp(ev[n - 1], "[DONE]") && role_first && !strcmp(acc, want),
+          "chat stream: role first, deltas add up ('%s' vs '%s'), [DONE] last", acc, want);
+    free(r.body);
+    free(want);
+    inst_stop(&C);
+}
+
 int main(void) {
     test_begin("test_server");
     signal(SIGPIPE, SIG_IGN);
@@ -455,6 +503,7 @@ int main(void) {
     json_decref(o);
     free(r.body);
     test_compat(port);
+    test_chat(&lim);
 
     /* ---- validation over the wire: status, error shape, message ---- */
     static const struct { const char *path, *body; int status; const char *msg; } bad[] = {
