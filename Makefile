@@ -106,7 +106,13 @@ test: deps
 	@BUILD=$(BUILD) tests/run.sh
 
 # The real Python clients (PyPI) against a real server; make test stays Python-free.
+CLIENT_PKGS := python3-venv
 test-clients: deps
+	@for p in $(CLIENT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
 	$(MAKE) --no-print-directory $(BUILD)/pollen $(BUILD)/tests/test_shard
 	@BUILD=$(BUILD) tests/clients/run.sh
 
