@@ -668,6 +668,7 @@ static int prompt_rows(pln_engine *e, const pln_step_plan *p, float *logits, int
             int32_t *bi = tid + (size_t)r * PLN_TOP_MAX;
             float *bv = tlp + (size_t)r * PLN_TOP_MAX;
             int32_t nb = 0;
+            for (int32_t c = 0; c < PLN_TOP_MAX; c++) { bi[c] = -1; bv[c] = NAN; }   /* fewer than top_n: id -1 */
             for (int qq = 0; qq < tp; qq++) {
                 const uint8_t *o = all + pk * (size_t)qq + per * (size_t)r;
                 float qm, qs, qt;

@@ -96,7 +96,7 @@ typedef struct {
     /* prompt_logprobs (engine-owned, valid until the next step): row j (0 <= j < n_new) scores the
      * token after fed token j (tokens[j + 1], or next_token for the last row; NAN when there is
      * none): its raw log-prob in prompt_lp[j], and the top_n most likely raw tokens in
-     * prompt_top_ids / prompt_top_lp[j * PLN_TOP_MAX + 0 .. top_n). */
+     * prompt_top_ids / prompt_top_lp[j * PLN_TOP_MAX + 0 .. top_n) (id -1 past the vocabulary). */
     const float *prompt_lp;
     const int32_t *prompt_top_ids;
     const float *prompt_top_lp;

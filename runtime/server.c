@@ -236,6 +236,7 @@ static json_t *openai_logprobs(const pln_server *s, const pln_job *j, const pln_
             json_t *d = json_object();
             for (int32_t k = 0; q->prompt_top && k < j->top_n; k++) {
                 const pln_tok_alt *a = &q->prompt_top[(size_t)i * j->top_n + k];
+                if (a->id < 0) continue;
                 char *at = tok_text(s, a->id);
                 json_object_set_new(d, at, lp_json(a->logprob));
                 free(at);
