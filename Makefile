@@ -62,7 +62,7 @@ GPU_TEST_SRCS := $(sort $(wildcard tests/gpu/*.c))
 GPU_TEST_BINS := $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%))
 LIB       := $(BUILD)/libpollen.a
 
-.PHONY: all deps test test-gpu demo fuzz clean bench
+.PHONY: all deps test test-gpu test-clients demo fuzz clean bench
 all: $(BUILD)/pollen
 
 $(BUILD)/%.o: %.c
@@ -105,6 +105,17 @@ deps:
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS)
 	@BUILD=$(BUILD) tests/run.sh
+
+# The real Python clients (PyPI) against a real server; make test stays Python-free.
+CLIENT_PKGS := python3-venv
+test-clients: deps
+	@for p in $(CLIENT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(MAKE) --no-print-directory $(BUILD)/pollen $(BUILD)/tests/test_shard
+	@BUILD=$(BUILD) tests/clients/run.sh
 
 test-gpu: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS)

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -23,9 +24,10 @@
 #include <time.h>
 
 enum { R_GENERATE, R_GENERATE_STREAM, R_TOKENIZE, R_HEALTH, R_INFO, R_METRICS, R_COMPLETIONS, R_MODELS,
-       R_NOT_FOUND, R_COUNT };
+       R_ROOT, R_CHAT, R_NOT_FOUND, R_COUNT };
 static const char *const g_route_names[R_COUNT] = {"generate", "generate_stream", "tokenize", "health", "info",
-                                                   "metrics", "completions", "models", "not_found"};
+                                                   "metrics", "completions", "models", "compat", "chat_completions",
+                                                   "not_found"};
 enum { O_SUCCESS, O_VALIDATION, O_OVERLOADED, O_GENERATION, O_UNAVAILABLE, O_CANCELLED, O_COUNT };
 static const char *const g_outcome_names[O_COUNT] = {"success", "validation_error", "overloaded",
                                                      "generation_error", "unavailable", "cancelled"};
@@ -39,6 +41,7 @@ struct pln_server {
     char *host;
     int port;
     pln_engine_info info;
+    const pln_chat_template *chat;      /* NULL: no chat template */
     time_t started;
     atomic_int open;                              /* connection contexts alive */
     atomic_ullong counts[R_COUNT][O_COUNT];
@@ -67,6 +70,15 @@ typedef struct {
     bool include_usage;
     char *full_prefix;              /* TGI return_full_text: the prompt, put before the text */
     bool openai_stream;
+    /* token details (route layer: see the "token details" section) */
+    int32_t top_n;                  /* alternatives per token */
+    bool logprobs;                  /* OpenAI: a logprobs object per choice */
+    bool echo;                      /* OpenAI: the prompt starts the text */
+    bool root;                      /* TGI compatibility route: a non-streamed answer is an array */
+    bool chat;                      /* OpenAI chat: chat.completion(.chunk) shapes */
+    char **prompts;                 /* the request's prompt texts (echo) */
+    int32_t n_prompts;
+    int64_t *text_off;              /* streaming OpenAI logprobs: text_offset reached per sequence */
     char id[40];
     time_t created;
     /* streaming state */
@@ -88,6 +100,9 @@ static void ctx_unref(conn_ctx *c) {
     atomic_fetch_sub(&c->srv->open, 1);
     free(c->body);
     free(c->full_prefix);
+    for (int32_t i = 0; i < c->n_prompts; i++) free(c->prompts[i]);
+    free(c->prompts);
+    free(c->text_off);
     free(c->consumed);
     free(c->seq_closed);
     free(c->out);
@@ -177,6 +192,124 @@ static json_t *generated_text_json(const conn_ctx *c, const pln_seq *q) {
     return v;
 }
 
+/* ---- token details (TGI details / top_tokens / prefill, OpenAI logprobs) -------------------- */
+
+/* A log-prob as JSON: null when there is none (the first prompt token) or it is not finite. */
+static json_t *lp_json(float v) { return isfinite(v) ? json_real((double)v) : json_null(); }
+
+static char *tok_text(const pln_server *s, int32_t id) {
+    size_t tl = 0;
+    char *raw = s->tok.decode(s->tok.ctx, &id, 1, false, &tl);
+    char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+    free(raw);
+    return t;
+}
+
+static bool tok_special(const pln_server *s, int32_t id) {
+    return s->tok.is_special ? s->tok.is_special(s->tok.ctx, id) : id < 4;
+}
+
+/* TGI Token {id, text, logprob, special} of an alternative. */
+static json_t *alt_json(const pln_server *s, const pln_tok_alt *a) {
+    char *t = a->text ? NULL : tok_text(s, a->id);
+    json_t *o = json_pack("{s:i, s:s, s:o, s:b}", "id", (json_int_t)a->id, "text", a->text ? a->text : t, "logprob",
+                          lp_json(a->logprob), "special", tok_special(s, a->id));
+    free(t);
+    return o;
+}
+
+static json_t *tgi_top_tokens(const pln_server *s, const pln_tok_event *e) {
+    json_t *a = json_array();
+    for (int32_t t = 0; t < e->n_top; t++) json_array_append_new(a, alt_json(s, &e->top[t]));
+    return a;
+}
+
+/* TGI prefill: [{id, text, logprob}] of the prompt, the first logprob null; [] unless
+ * decoder_input_details. */
+static json_t *tgi_prefill(const pln_server *s, const pln_seq *q) {
+    json_t *a = json_array();
+    for (int32_t i = 0; q->prompt_lp && i < q->n_prompt; i++) {
+        char *t = tok_text(s, q->prompt_ids[i]);
+        json_array_append_new(a, json_pack("{s:i, s:s, s:o}", "id", (json_int_t)q->prompt_ids[i], "text", t, "logprob",
+                                           lp_json(i ? q->prompt_lp[i] : NAN)));
+        free(t);
+    }
+    return a;
+}
+
+/* OpenAI logprobs {tokens, token_logprobs, top_logprobs, text_offset} of the events ev[0..n) of
+ * q, after the prompt's tokens when with_prompt (echo). *off is the text offset reached so far
+ * (advanced by each token's text). */
+static json_t *openai_logprobs(const pln_server *s, const pln_job *j, const pln_seq *q, const pln_tok_event *ev,
+                               int32_t n, bool with_prompt, int64_t *off) {
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = 0; with_prompt && i < q->n_prompt; i++) {
+        char *t = tok_text(s, q->prompt_ids[i]);
+        json_array_append_new(toks, json_string(t));
+        json_array_append_new(lps, lp_json(i && q->prompt_lp ? q->prompt_lp[i] : NAN));
+        if (i == 0 || !q->prompt_lp) {
+            json_array_append_new(tops, json_null());
+        } else {
+            json_t *d = json_object();
+            for (int32_t k = 0; q->prompt_top && k < j->top_n; k++) {
+                const pln_tok_alt *a = &q->prompt_top[(size_t)i * j->top_n + k];
+                if (a->id < 0) continue;
+                char *at = tok_text(s, a->id);
+                json_object_set_new(d, at, lp_json(a->logprob));
+                free(at);
+            }
+            json_array_append_new(tops, d);
+        }
+        json_array_append_new(offs, json_integer(*off));
+        *off += (int64_t)strlen(t);
+        free(t);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const pln_tok_event *e = &ev[i];
+        json_array_append_new(toks, json_string(e->text));
+        json_array_append_new(lps, lp_json(e->logprob));
+        json_t *d = json_object();
+        for (int32_t k = 0; k < e->n_top; k++) json_object_set_new(d, e->top[k].text, lp_json(e->top[k].logprob));
+        json_array_append_new(tops, d);
+        json_array_append_new(offs, json_integer(*off));
+        *off += (int64_t)strlen(e->text);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+}
+
+/* OpenAI chat logprobs {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
+static json_t *bytes_json(const char *t) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+static json_t *chat_logprobs(const pln_tok_event *ev, int32_t n) {
+    json_t *content = json_array();
+    for (int32_t i = 0; i < n; i++) {
+        json_t *top = json_array();
+        for (int32_t k = 0; k < ev[i].n_top; k++)
+            json_array_append_new(top, json_pack("{s:s, s:o, s:o}", "token", ev[i].top[k].text, "logprob",
+                                                 lp_json(ev[i].top[k].logprob), "bytes", bytes_json(ev[i].top[k].text)));
+        json_array_append_new(content, json_pack("{s:s, s:o, s:o, s:o}", "token", ev[i].text, "logprob", lp_json(ev[i].logprob),
+                                                 "bytes", bytes_json(ev[i].text), "top_logprobs", top));
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* TGI details of one sequence (generate: with prefill and tokens). */
+static json_t *tgi_details(const conn_ctx *c, const pln_job *j, const pln_seq *q) {
+    json_t *toks = json_array();
+    for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
+    json_t *d = json_pack("{s:s, s:i, s:o, s:o, s:o}", "finish_reason", pln_finish_name(q->finish), "generated_tokens",
+                          (json_int_t)q->n_gen, "seed", seed_json(j, q), "prefill", tgi_prefill(c->srv, q), "tokens", toks);
+    if (c->top_n > 0) {
+        json_t *tt = json_array();
+        for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(tt, tgi_top_tokens(c->srv, &q->events[e]));
+        json_object_set_new(d, "top_tokens", tt);
+    }
+    return d;
+}
+
 /* ---- non-streaming generation ------------------------------------------------------------- */
 
 static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) {
@@ -205,29 +338,55 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
     }
     c->outcome = O_SUCCESS;
     c->answered = true;
+    int32_t *order = pln_xmalloc(sizeof(int32_t) * (size_t)j->best_of);
     if (c->api == PLN_API_TGI) {
-        pln_seq *q = &j->seqs[0];
+        pln_job_rank(j, 0, order);
+        pln_seq *q = &j->seqs[order[0]];
         json_t *o = json_pack("{s:o}", "generated_text", generated_text_json(c, q));
         if (c->details) {
-            json_t *toks = json_array();
-            for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
-            json_t *d = json_pack("{s:s, s:i, s:o, s:[], s:o}", "finish_reason", pln_finish_name(q->finish),
-                                  "generated_tokens", (json_int_t)q->n_gen, "seed", seed_json(j, q), "prefill",
-                                  "tokens", toks);
+            json_t *d = tgi_details(c, j, q);
+            if (j->best_of > 1) {
+                json_t *bo = json_array();
+                for (int32_t k = 1; k < j->best_of; k++) {
+                    pln_seq *b = &j->seqs[order[k]];
+                    json_t *bd = tgi_details(c, j, b);
+                    json_object_set_new(bd, "generated_text", generated_text_json(c, b));
+                    json_array_append_new(bo, bd);
+                }
+                json_object_set_new(d, "best_of_sequences", bo);
+            }
             json_object_set_new(o, "details", d);
         }
-        return send_json(con, 200, o);
+        free(order);
+        /* the compatibility route answers a list, as TGI's does */
+        return send_json(con, 200, c->root ? json_pack("[o]", o) : o);
     }
-    json_t *o = openai_envelope(c, "text_completion");
+    json_t *o = openai_envelope(c, c->chat ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
     json_int_t pt = 0, ct = 0;
-    for (int32_t i = 0; i < j->n_seqs; i++) {
-        pln_seq *q = &j->seqs[i];
-        json_array_append_new(choices, json_pack("{s:s, s:i, s:n, s:s}", "text", q->text, "index", (json_int_t)i,
-                                                 "logprobs", "finish_reason", openai_finish(q->finish)));
-        pt += q->n_prompt;
-        ct += q->n_gen;
+    for (int32_t i = 0; i < j->n_seqs; i++) ct += j->seqs[i].n_gen;
+    for (int32_t p = 0; p < j->n_prompts; p++) {
+        pln_job_rank(j, p, order);
+        pt += j->seqs[order[0]].n_prompt;
+        for (int32_t k = 0; k < j->n_answer; k++) {
+            pln_seq *q = &j->seqs[order[k]];
+            if (c->chat) {
+                json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s}, s:o, s:s}", "index", (json_int_t)(p * j->n_answer + k),
+                                                         "message", "role", "assistant", "content", q->text, "logprobs",
+                                                         c->logprobs ? chat_logprobs(q->events, q->n_events) : json_null(),
+                                                         "finish_reason", openai_finish(q->finish)));
+                continue;
+            }
+            char *text = c->echo ? pln_xasprintf("%s%s", c->prompts[p], q->text) : pln_xstrdup(q->text);
+            int64_t off = 0;
+            json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, q->events, q->n_events, c->echo, &off) : json_null();
+            json_array_append_new(choices, json_pack("{s:s, s:i, s:o, s:s}", "text", text, "index",
+                                                     (json_int_t)(p * j->n_answer + k), "logprobs", lp,
+                                                     "finish_reason", openai_finish(q->finish)));
+            free(text);
+        }
     }
+    free(order);
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                               "total_tokens", pt + ct));
@@ -271,6 +430,7 @@ static bool format_new(conn_ctx *c) {
             bool last = fin && !failed && k == q->n_events - 1;
             if (c->api == PLN_API_TGI) {
                 json_t *o = json_pack("{s:i, s:o}", "index", (json_int_t)k + 1, "token", token_json(e));
+                if (c->top_n > 0) json_object_set_new(o, "top_tokens", tgi_top_tokens(c->srv, e));
                 if (last) {
                     json_object_set_new(o, "generated_text", generated_text_json(c, q));
                     json_object_set_new(o, "details", json_pack("{s:s, s:i, s:o}", "finish_reason", pln_finish_name(q->finish),
@@ -280,11 +440,25 @@ static bool format_new(conn_ctx *c) {
                     json_object_set_new(o, "details", json_null());
                 }
                 out_event(c, o);
-            } else if (e->delta[0] || last) {
-                json_t *o = openai_envelope(c, "text_completion");
-                json_object_set_new(o, "choices", json_pack("[{s:s, s:i, s:n, s:o}]", "text", e->delta, "index", (json_int_t)i,
-                                                            "logprobs", "finish_reason",
+            } else if (c->chat) {
+                json_t *o = openai_envelope(c, "chat.completion.chunk");
+                json_t *delta = k == 0 ? json_pack("{s:s, s:s}", "role", "assistant", "content", e->delta)
+                                       : json_pack("{s:s}", "content", e->delta);
+                json_object_set_new(o, "choices", json_pack("[{s:i, s:o, s:o, s:o}]", "index", (json_int_t)i, "delta", delta,
+                                                            "logprobs", c->logprobs ? chat_logprobs(e, 1) : json_null(),
+                                                            "finish_reason",
                                                             last ? json_string(openai_finish(q->finish)) : json_null()));
+                out_event(c, o);
+            } else if (e->delta[0] || last || c->logprobs) {
+                /* with echo the prompt goes first, in the chunk of the first token */
+                bool with_prompt = c->echo && k == 0;
+                char *text = with_prompt ? pln_xasprintf("%s%s", c->prompts[q->prompt_index], e->delta) : pln_xstrdup(e->delta);
+                json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, e, 1, with_prompt, &c->text_off[i]) : json_null();
+                json_t *o = openai_envelope(c, "text_completion");
+                json_object_set_new(o, "choices", json_pack("[{s:s, s:i, s:o, s:o}]", "text", text, "index", (json_int_t)i,
+                                                            "logprobs", lp, "finish_reason",
+                                                            last ? json_string(openai_finish(q->finish)) : json_null()));
+                free(text);
                 out_event(c, o);
             }
             added = true;
@@ -311,8 +485,11 @@ static bool format_new(conn_ctx *c) {
         if (all_closed && !c->stream_done) {
             if (c->api == PLN_API_OPENAI && c->include_usage) {
                 json_int_t pt = 0, ct = 0;
-                for (int32_t i = 0; i < j->n_seqs; i++) { pt += j->seqs[i].n_prompt; ct += j->seqs[i].n_gen; }
-                json_t *o = openai_envelope(c, "text_completion");
+                for (int32_t i = 0; i < j->n_seqs; i++) {   /* each prompt once, every sequence generated */
+                    if (i % j->best_of == 0) pt += j->seqs[i].n_prompt;
+                    ct += j->seqs[i].n_gen;
+                }
+                json_t *o = openai_envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(o, "choices", json_array());
                 json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                                           "total_tokens", pt + ct));
@@ -367,9 +544,19 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     pln_gen_request req;
     pln_req_error err;
     int rc = c->route == R_COMPLETIONS ? pln_req_parse_completions(c->body, c->len, &s->lim, &req, &err)
+             : c->route == R_CHAT      ? pln_req_parse_chat(c->body, c->len, &s->lim, s->chat, &req, &err)
                                        : pln_req_parse_generate(c->body, c->len, &s->lim, &req, &err);
     if (rc) return send_error(c, con, &err);
-    bool stream = c->route == R_GENERATE_STREAM || (c->route == R_COMPLETIONS && req.stream);
+    bool stream = c->route == R_GENERATE_STREAM ||
+                  ((c->route == R_COMPLETIONS || c->route == R_ROOT || c->route == R_CHAT) && req.stream);
+    if (c->route == R_GENERATE_STREAM && (req.best_of > 1 || req.prompt_logprobs)) {
+        /* the body had no `stream`: the route streams, so TGI's streaming rules apply */
+        pln_req_fail(&err, c->api, 422, req.best_of > 1 ? "best_of" : "decoder_input_details", "%s",
+                     req.best_of > 1 ? "`best_of` != 1 is not supported when streaming tokens"
+                                     : "`decoder_input_details` == true is not supported when streaming tokens");
+        pln_gen_request_free(&req);
+        return send_error(c, con, &err);
+    }
     if (req.api == PLN_API_OPENAI && req.model && strcmp(req.model, s->model_id)) {
         pln_req_fail(&err, c->api, 404, "model", "The model `%s` does not exist; this server serves `%s`", req.model, s->model_id);
         snprintf(err.code, sizeof err.code, "model_not_found");
@@ -385,6 +572,11 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
                               "could not tokenize the prompt: %s", pln_error());
             break;
         }
+        if (req.truncate > 0 && n_ids[i] > req.truncate) {
+            /* TGI keeps the last `truncate` tokens */
+            memmove(ids[i], ids[i] + (n_ids[i] - req.truncate), sizeof(int32_t) * (size_t)req.truncate);
+            n_ids[i] = req.truncate;
+        }
         rc = pln_req_check_lengths(req.api, n_ids[i], req.max_new_tokens, &s->lim, &err);
     }
     pln_job *job = NULL;
@@ -397,20 +589,30 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     free(n_ids);
     c->details = req.details;
     c->include_usage = req.include_usage;
-    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(req.prompts[0]);
+    c->top_n = req.top_n;
+    c->logprobs = req.logprobs;
+    c->echo = req.echo;
+    c->root = c->route == R_ROOT;
+    c->chat = req.chat;
+    c->n_prompts = req.n_prompts;
+    c->prompts = req.prompts;          /* taken over: echo needs them */
+    req.prompts = NULL;
+    req.n_prompts = 0;
+    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(c->prompts[0]);
     pln_gen_request_free(&req);
     if (rc) {
         pln_job_unref(job);
         return send_error(c, con, &err);
     }
     c->job = job;
-    snprintf(c->id, sizeof c->id, "cmpl-%llx%04llx", (unsigned long long)time(NULL),
+    snprintf(c->id, sizeof c->id, "%s-%llx%04llx", c->chat ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL),
              (unsigned long long)atomic_fetch_add(&s->id_counter, 1) & 0xFFFF);
     c->created = time(NULL);
     if (!stream) return finish_blocking(c, con);
 
     c->consumed = pln_xcalloc((size_t)job->n_seqs, sizeof *c->consumed);
     c->seq_closed = pln_xcalloc((size_t)job->n_seqs, sizeof *c->seq_closed);
+    c->text_off = pln_xcalloc((size_t)job->n_seqs, sizeof *c->text_off);
     atomic_fetch_add(&c->refs, 1);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, stream_free);
     if (!r) { ctx_unref(c); pln_job_cancel(job); return MHD_NO; }
@@ -459,6 +661,20 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
     return send_json(con, 200, arr);
 }
 
+/* ---- OpenAI chat -------------------------------------------------------------------------- */
+
+/* BLOOM ships no chat template: rather than guess one, say so and point at /v1/completions. */
+static enum MHD_Result handle_chat(conn_ctx *c, struct MHD_Connection *con) {
+    if (c->srv->chat) return handle_generate(c, con);
+    pln_req_error err;
+    pln_req_fail(&err, PLN_API_OPENAI, 400, "messages",
+                 "`%s` has no chat template (BLOOM models ship none), so /v1/chat/completions cannot turn messages "
+                 "into a prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
+                 "--chat-template FILE (see docs/SERVING.md)", c->srv->model_id);
+    snprintf(err.code, sizeof err.code, "chat_template_missing");
+    return send_error(c, con, &err);
+}
+
 /* ---- GET routes --------------------------------------------------------------------------- */
 
 static enum MHD_Result handle_health(conn_ctx *c, struct MHD_Connection *con) {
@@ -495,6 +711,9 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "kv_block_size", json_integer(in->block_size));
     json_object_set_new(o, "kv_dtype", json_string(in->kv_dtype ? in->kv_dtype : "?"));
     json_object_set_new(o, "kv_blocks", json_integer(in->kv_blocks_total));
+    json_object_set_new(o, "prefix_cache", json_boolean(in->prefix_cache));
+    json_object_set_new(o, "max_best_of", json_integer(l->max_best_of));
+    json_object_set_new(o, "max_top_n_tokens", json_integer(l->max_top_n_tokens));
     json_object_set_new(o, "n_vocab", json_integer(in->n_vocab));
     json_object_set_new(o, "hidden_size", json_integer(in->hidden));
     json_object_set_new(o, "n_head", json_integer(in->n_head));
@@ -567,6 +786,16 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
               (long long)st.kv_blocks_reserved);
     sb_printf(&b, "# HELP pln_kv_cache_usage Fraction of KV-cache blocks in use.\n# TYPE pln_kv_cache_usage gauge\npln_kv_cache_usage %.6f\n",
               st.kv_blocks_total ? (double)(st.kv_blocks_total - st.kv_blocks_free) / (double)st.kv_blocks_total : 0.0);
+    sb_printf(&b, "# HELP pln_kv_blocks_cached Full KV blocks kept in the prefix cache.\n# TYPE pln_kv_blocks_cached gauge\npln_kv_blocks_cached %lld\n",
+              (long long)st.kv_blocks_cached);
+    sb_printf(&b, "# HELP pln_prefix_cache_query_tokens_total Prompt tokens looked up in the prefix cache (whole blocks).\n"
+                  "# TYPE pln_prefix_cache_query_tokens_total counter\npln_prefix_cache_query_tokens_total %lld\n",
+              (long long)st.prefix_query_tokens);
+    sb_printf(&b, "# HELP pln_prefix_cache_hit_tokens_total Prompt tokens found in the prefix cache (not computed again).\n"
+                  "# TYPE pln_prefix_cache_hit_tokens_total counter\npln_prefix_cache_hit_tokens_total %lld\n",
+              (long long)st.prefix_hit_tokens);
+    sb_printf(&b, "# HELP pln_kv_fork_tokens_total Prompt tokens whose KV blocks a sequence shared from a sibling (n, best_of).\n"
+                  "# TYPE pln_kv_fork_tokens_total counter\npln_kv_fork_tokens_total %lld\n", (long long)st.fork_tokens);
     sb_printf(&b, "# HELP pln_healthy 1 when generation works and the server is not draining.\n# TYPE pln_healthy gauge\npln_healthy %d\n",
               st.healthy && !st.draining);
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",
@@ -805,6 +1034,7 @@ static int route_of(const char *url, bool *is_post, bool *known) {
         {"/tokenize", R_TOKENIZE, true},       {"/health", R_HEALTH, false},
         {"/info", R_INFO, false},              {"/metrics", R_METRICS, false},
         {"/v1/completions", R_COMPLETIONS, true}, {"/v1/models", R_MODELS, false},
+        {"/", R_ROOT, true},                   {"/v1/chat/completions", R_CHAT, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) { *is_post = t[i].post; *known = true; return t[i].route; }
@@ -856,7 +1086,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
     }
     if (c->answered) return MHD_YES;
     switch (c->route) {
-    case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: return handle_generate(c, con);
+    case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: case R_ROOT: return handle_generate(c, con);
+    case R_CHAT: return handle_chat(c, con);
     case R_TOKENIZE: return handle_tokenize(c, con);
     case R_HEALTH: return handle_health(c, con);
     case R_INFO: return handle_info(c, con);
@@ -887,6 +1118,7 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
     s->tok = *tok;
     s->lim = o->lim;
     s->model_id = pln_xstrdup(o->model_id ? o->model_id : "bloom");
+    s->chat = o->chat_template;
     s->host = pln_xstrdup(o->host ? o->host : "127.0.0.1");
     s->started = time(NULL);
     pln_sched_engine_info(sched, &s->info);

@@ -47,6 +47,7 @@ int cmd_bench(int argc, char **argv) {
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
     eo.populate = true;
+    eo.no_block_sharing = true;   /* repeated prompts must be computed, not found in the prefix cache */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))

@@ -32,6 +32,8 @@ static void usage(FILE *f) {
             "  --max-seqs N                   engine sequence slots (default 32)\n"
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
+            "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
+            "  --chat-template FILE           serve /v1/chat/completions with this template (docs/SERVING.md)\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
@@ -47,7 +49,8 @@ static void usage(FILE *f) {
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
             "  --populate, --verify, --quiet  as for generate\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
-            "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
+            "  --step-delay-ms N              test only: sleep N ms before every engine step\n"
+            "  --no-block-sharing             test only: no KV block sharing at all (prefix cache and n/best_of forks)\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
             l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
 }
@@ -130,6 +133,9 @@ int cmd_serve(int argc, char **argv) {
     const char *port_file = NULL;
     bool input_set = false;
     int threads = 0;
+    const char *chat_path = NULL;
+    pln_chat_template chat_tpl;
+    memset(&chat_tpl, 0, sizeof chat_tpl);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -160,6 +166,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
+        else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
+        else if (!strcmp(a, "--chat-template")) chat_path = VAL();
+        else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
         else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
@@ -174,6 +183,10 @@ int cmd_serve(int argc, char **argv) {
     eo.max_seq_len = so.lim.max_total_tokens;
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
+    if (chat_path) {   /* before anything loads: a broken template fails at once */
+        if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
+        so.chat_template = &chat_tpl;
+    }
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
@@ -246,6 +259,7 @@ out:
     pln_engine_close(eng);
     pln_tok_free(tok);
     free(model_id);
+    pln_chat_template_free(&chat_tpl);
     pln_comm_free(comm);
     return status;
 }

@@ -1,5 +1,5 @@
 /* fuzz_request.c — libFuzzer target: any bytes as a request body for every route's parser
- * (TGI /generate, /tokenize, OpenAI /v1/completions), then the error serializer and the UTF-8
+ * (TGI /generate, /tokenize, OpenAI /v1/completions and /v1/chat/completions), then the error serializer and the UTF-8
  * helpers on the same bytes. Accepted requests must satisfy the ranges the scheduler relies on;
  * rejected ones must carry a 4xx status and serialize to JSON. The same bytes, read as a request
  * head ("name: value" lines), go through the body-framing check (httpframe.h): it must decide
@@ -25,6 +25,11 @@ static void check_request(const pln_gen_request *r, const pln_serve_limits *lim)
     if (r->n_stop > lim->max_stop_sequences) __builtin_trap();
     for (int32_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i][0] || strlen(r->stop[i]) > (size_t)lim->max_stop_bytes) __builtin_trap();
+    if (r->n < 1 || r->best_of < r->n || r->best_of > lim->max_best_of) __builtin_trap();
+    if (r->top_n < 0 || r->top_n > PLN_TOP_MAX || r->top_n > lim->max_top_n_tokens) __builtin_trap();
+    if (!(p->typical_p > 0 && p->typical_p <= 1) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        __builtin_trap();
+    if (r->truncate < 0 || r->truncate > lim->max_input_tokens) __builtin_trap();
 }
 
 static void check_error(const pln_req_error *e, pln_api api) {
@@ -84,6 +89,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (pln_req_parse_completions(body, size, &lim, &r, &err) == 0) {
         check_request(&r, &lim);
+        pln_gen_request_free(&r);
+    } else {
+        check_error(&err, PLN_API_OPENAI);
+    }
+    /* chat, with a fixed template (the loader reads files; this target reads none) */
+    static char empty[] = "", u[] = "U: ", nl[] = "\n", gp[] = "A:";
+    static char *stops[] = {nl};
+    pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp,
+                             .stop = stops, .n_stop = 1};
+    if (pln_req_parse_chat(body, size, &lim, &tpl, &r, &err) == 0) {
+        check_request(&r, &lim);
+        if (!r.chat || r.n_prompts != 1) __builtin_trap();
         pln_gen_request_free(&r);
     } else {
         check_error(&err, PLN_API_OPENAI);
