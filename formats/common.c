@@ -436,6 +436,15 @@ static char *base_of(const char *path) {
     return pln_xasprintf("%.*s", (int)(n - b), path + b);
 }
 
+/* path without trailing slashes ("/" stays "/"), owned: "out/" must name out itself, not a place
+ * inside it (its temporary sibling is "out.tmp-...", and a link "out/" would be followed). */
+static char *trimmed(const char *path) {
+    char *p = pln_xstrdup(path);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = 0;
+    return p;
+}
+
 /* ---- signals while an output is being written ----
  * The temporary directory is flat (pollen writes no subdirectories into it), so the handler can
  * empty and remove it with async-signal-safe system calls only: open, getdents64, unlinkat, rmdir.
@@ -676,7 +685,15 @@ static bool id_in(const file_id *ids, int n, const struct stat *st) {
     return false;
 }
 
+static int path_guard(const char *out, const char *const *protect, int n);
 int pln_path_guard(const char *out, const char *const *protect, int n) {
+    char *t = trimmed(out);
+    int rc = path_guard(t, protect, n);
+    free(t);
+    return rc;
+}
+
+static int path_guard(const char *out, const char *const *protect, int n) {
     struct stat ost;
     bool out_exists = lstat(out, &ost) == 0;
     if (!out_exists && errno != ENOENT) return pln_errorf("%s: cannot stat: %s", out, strerror(errno));
@@ -734,7 +751,15 @@ int pln_path_guard(const char *out, const char *const *protect, int n) {
     return rc;
 }
 
+static char *outdir_begin(const char *final_path, bool force);
 char *pln_outdir_begin(const char *final_path, bool force) {
+    char *t = trimmed(final_path);
+    char *tmp = outdir_begin(t, force);
+    free(t);
+    return tmp;
+}
+
+static char *outdir_begin(const char *final_path, bool force) {
     struct stat st;
     if (lstat(final_path, &st) == 0) {
         if (S_ISLNK(st.st_mode)) {
@@ -823,8 +848,10 @@ static int commit_renames(const char *tmp_path, const char *final_path) {
 }
 
 int pln_outdir_commit(const char *tmp_path, const char *final_path) {
+    char *t = trimmed(final_path);
     g_committing = 1;
-    int rc = commit_renames(tmp_path, final_path);
+    int rc = commit_renames(tmp_path, t);
+    free(t);
     g_committing = 0;
     /* A signal that came during the renames: the handler runs now, with the output either fully
      * in place (nothing left to remove) or still only in tmp (removed). */
