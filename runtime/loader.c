@@ -111,8 +111,8 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     /* Test hook: a slow load, so tests can signal a process or change its files mid-load. */
     const char *delay = getenv("PLN_TEST_LOAD_DELAY_MS");
     if (delay && atoi(delay) > 0) {
-        fprintf(stderr, "pollen: PLN_TEST_LOAD_DELAY_MS: rank %d pausing %d ms with %s open\n", rank, atoi(delay),
-                l->shard->path);
+        fprintf(stderr, "pollen: PLN_TEST_LOAD_DELAY_MS: rank %d (pid %d) pausing %d ms with %s open\n", rank,
+                (int)getpid(), atoi(delay), l->shard->path);
         usleep((useconds_t)atoi(delay) * 1000);
     }
 
