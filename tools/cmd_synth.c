@@ -88,7 +88,12 @@ static void gen_values(const sy_tensor *t, uint64_t seed, bool bf16, uint64_t e0
     }
 }
 
+/* Fault injection for tests: PLN_FAULT_DELAY_MS per write (a slow disk), as in reshard, so a
+ * signal can land mid-way on a small model. */
+static unsigned g_delay_ms;
+
 static int write_all(int fd, const void *data, size_t n, const char *path) {
+    if (g_delay_ms) usleep(g_delay_ms * 1000u);
     const uint8_t *p = data;
     while (n) {
         ssize_t w = write(fd, p, n);
@@ -289,6 +294,8 @@ int cmd_synth(int argc, char **argv) {
         total += ts[i].nbytes;
     }
 
+    const char *dl = getenv("PLN_FAULT_DELAY_MS");
+    if (dl) g_delay_ms = (unsigned)atoi(dl);
     const char *tok_src = find_tokenizer(tok);
     if (tok_src && pln_check_file(tok_src)) pln_die("--tokenizer: %s", pln_error());
     /* The files synth reads must survive it: the output may not be, hold or lie inside them. */
