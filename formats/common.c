@@ -257,6 +257,8 @@ static bool g_no_mmap;
 static char g_cleanup_path[PATH_MAX];
 static void remove_tmp_signal_safe(void);
 
+static char g_fault_hint[256];
+void pln_map_fault_hint(const char *hint) { snprintf(g_fault_hint, sizeof g_fault_hint, "%s", hint ? hint : ""); }
 void pln_map_set_no_mmap(bool on) { g_no_mmap = on; }
 bool pln_map_no_mmap(void) { return g_no_mmap; }
 
@@ -280,7 +282,9 @@ static void sigbus_handler(int sig, siginfo_t *si, void *uctx) {
             sig_puts(", and byte ");
             sig_putu(at);
             sig_puts(" was needed. The file was changed under this running process: put the whole file back "
-                     "(or make it again) and restart; --no-mmap reads files into memory instead of mapping them\n");
+                     "(or make it again) and restart");
+            if (g_fault_hint[0]) { sig_puts("; "); sig_puts(g_fault_hint); }
+            sig_puts("\n");
         } else {
             sig_puts(": I/O error reading byte ");
             sig_putu(at);

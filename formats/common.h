@@ -105,6 +105,8 @@ int pln_map_open(pln_map *m, const char *path);
  * nothing can change under the process afterwards). Process-wide; for the runtime commands. */
 void pln_map_set_no_mmap(bool on);
 bool pln_map_no_mmap(void);
+/* Words the SIGBUS message adds after "restart" (say, the command's --no-mmap); copied. */
+void pln_map_fault_hint(const char *hint);
 /* Asks the kernel to read the whole mapping ahead, in order (MADV_SEQUENTIAL, then MADV_WILLNEED). */
 void pln_map_advise_sequential(pln_map *m);
 void pln_map_close(pln_map *m);

@@ -55,6 +55,7 @@ truncate_during_load t1 "$S1" rank-0-of-1.pln "$POLLEN" $GEN
 check "TP 1 truncated: exit status 1 (got $RC)" test "$RC" = 1
 check "TP 1 truncated: message names the file" grep -q "rank-0-of-1.pln shrank while mapped" "$TMP/t1.err"
 check "TP 1 truncated: no core, no backtrace" clean_exit "$TMP/t1.err"
+check "TP 1 truncated: the message offers --no-mmap" grep -q -- "--no-mmap reads the rank file into memory" "$TMP/t1.err"
 truncate_during_load n1 "$S1" rank-0-of-1.pln "$POLLEN" $GEN --no-mmap
 check "TP 1 --no-mmap survives the truncation (exit $RC)" test "$RC" = 0
 check "TP 1 --no-mmap output unchanged" test "$(ids "$TMP/n1.out")" = "$(ids "$TMP/ref1.json")"
@@ -76,6 +77,22 @@ if command -v mpirun >/dev/null; then
 else
   echo "SKIP: TP 2: mpirun not installed"
 fi
+
+# ---- reshard: a source weight file truncated while it is being converted ----
+FIX=tests/fixtures/models/bloom-4h/fp16-st
+rm -rf "$TMP/src"; cp -r $FIX "$TMP/src"
+PLN_FAULT_DELAY_MS=100 "$POLLEN" reshard "$TMP/src" -o "$TMP/rs" --tp 2 --dtype int8 --quiet 2>"$TMP/rs.err" &
+pid=$!
+for _ in $(seq 100); do ls -d "$TMP"/rs.tmp-* >/dev/null 2>&1 && break; sleep 0.05; done
+truncate -s 4096 "$TMP/src/model-00003-of-00003.safetensors"
+wait_exit $pid 60
+check "reshard, source truncated: exit status 1 (got $RC)" test "$RC" = 1
+check "reshard, source truncated: message names the source file" \
+  grep -q "model-00003-of-00003.safetensors shrank while mapped" "$TMP/rs.err"
+check "reshard, source truncated: no core" clean_exit "$TMP/rs.err"
+check "reshard, source truncated: no --no-mmap hint (reshard has no such flag)" bash -c "! grep -q -- --no-mmap '$TMP/rs.err'"
+check "reshard, source truncated: no output, no temporary sibling" \
+  bash -c "[ ! -e '$TMP/rs' ] && [ -z \"\$(ls -d '$TMP'/rs.tmp-* 2>/dev/null)\" ]"
 
 # ---- serve: the file shrinks while the server runs; the next request touches it ----
 # start NAME SET LAUNCH...: a server on a copy of SET; sets PORT and SRV_PID.

@@ -78,6 +78,7 @@ int cmd_bench(int argc, char **argv) {
         else dir = a;
 #undef ARG
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SHARDS [options] (--help)\n"); pln_comm_free(comm); return 2; }
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;

@@ -127,6 +127,7 @@ int cmd_generate(int argc, char **argv) {
         else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
 #undef ARG
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir || (n_prompts + n_idlists) == 0) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
     if (dump) {
         const char *protect[1] = {dir};

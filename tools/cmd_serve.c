@@ -185,6 +185,7 @@ int cmd_serve(int argc, char **argv) {
         else { fprintf(stderr, "pollen serve: unexpected argument %s\n", a); usage(stderr); return 2; }
 #undef VAL
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!eo.shard_dir) { usage(stderr); return 2; }
     /* A signal that came during argument parsing is pending and taken here. */
     pthread_t sig_thr;
