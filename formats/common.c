@@ -569,7 +569,7 @@ static int list_dir(const char *dir, name_list *l) {
         l->v[l->n++] = pln_xstrdup(e->d_name);
     }
     closedir(d);
-    qsort(l->v, l->n, sizeof *l->v, cmp_str);
+    if (l->n) qsort(l->v, l->n, sizeof *l->v, cmp_str);
     return 0;
 }
 
@@ -606,7 +606,7 @@ static bool synth_name(const char *n) {
 }
 
 static bool has_name(const name_list *l, const char *n) {
-    return bsearch(&n, l->v, l->n, sizeof *l->v, cmp_str) != NULL;
+    return l->n && bsearch(&n, l->v, l->n, sizeof *l->v, cmp_str) != NULL;
 }
 
 /* Which files of dir (listed in l) pollen wrote: a shard set (its manifest says pollen-shards) or a
