@@ -139,8 +139,10 @@ static void add_file(pln_ckpt *ck, const char *path) {
 
 /* A directory without an index or the standard single-file names: take its only weight file. */
 static int find_single(pln_ckpt *ck, const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return pln_errorf("%s: cannot open directory", dir);
+    int fd = pln_open_file(dir, true);
+    if (fd < 0) return -1;
+    DIR *d = fdopendir(fd);
+    if (!d) { close(fd); return pln_errorf("%s: cannot open directory", dir); }
     struct dirent *e;
     char *found = NULL;
     int count = 0;

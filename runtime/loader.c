@@ -115,6 +115,12 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
                 (int)getpid(), atoi(delay), l->shard->path);
         usleep((useconds_t)atoi(delay) * 1000);
     }
+    /* Always, unlike the data checksums (--verify): the scales are a small part of the file, and a
+     * NaN or infinite one would turn every logit into NaN without any error. */
+    if (pln_layout_check_scales(l->shard)) goto fail;
+    if (!l->set->small_files_checked && rank == 0)   /* a warning, not progress: --quiet keeps it */
+        fprintf(stderr, "pollen: warning: %s: manifest version %u records no checksums of its config block, tokenizer and "
+                "config.json (only their agreement was checked); re-run reshard to add them\n", dir, l->set->version);
 
     const pln_bloom_config *bc = &l->set->config;
     pln_model_config *c = &l->cfg;
@@ -187,8 +193,8 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
         if (!l->base) { pln_error_context("%s: weights", s->path); goto fail; }
         if (l->base != region) l->owned = (void *)l->base;   /* a device copy (cuda, --no-mmap) */
     }
+    /* The file the manifest names (checked at set open), or none: never a guessed name. */
     if (l->set->tokenizer_path) l->tokenizer_path = pln_xstrdup(l->set->tokenizer_path);
-    else l->tokenizer_path = pln_xasprintf("%s/tokenizer.json", dir);
     l->seconds = pln_now() - t0;
     return l;
 fail:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# e2e_nonregular.sh — a FIFO, a socket, a directory or a character device (a link to /dev/zero)
+# e2e_nonregular.sh — a FIFO, a socket, a directory or a character device (/dev/zero's node)
 # in place of each kind of file pollen reads (checkpoint weights, index, config.json,
-# tokenizer.json, a shard set's manifest.json and rank files, synth's --model and --tokenizer)
+# tokenizer.json, a shard set's manifest.json, config.json, tokenizer.json and rank files, synth's --model and --tokenizer)
 # gives every command (reshard, inspect, verify, generate, serve, synth) a clear error naming
 # the file and what it is, a non-zero exit, and never a hang: each run has 20 s.
 source "$(dirname "$0")/e2e.sh"
@@ -17,12 +17,15 @@ make_kind() {
     fifo) mkfifo "$2" ;;
     socket) perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => $ARGV[0], Listen => 1) or die "$!"' "$2" ;;
     dir) mkdir "$2" ;;
-    chardev) ln -s /dev/zero "$2" ;;
+    # a device node where the system lets us make one (root), else a link to one (which a shard
+    # set also refuses as leading out of its directory: either way a clear error naming the file)
+    chardev) mknod "$2" c 1 5 2>/dev/null || ln -s /dev/zero "$2" ;;
   esac
 }
 what_of() {
   case $1 in
-    fifo) echo "is a FIFO" ;; socket) echo "is a socket" ;; dir) echo "is a directory" ;; chardev) echo "is a character device" ;;
+    fifo) echo "is a FIFO" ;; socket) echo "is a socket" ;; dir) echo "is a directory" ;;
+    chardev) echo "(is a character device|leads out of the set directory \(to /dev/zero\))" ;;
   esac
 }
 # bounded CMD...: the command with a 20 s limit (a hang fails with rc 124, which check_fails refuses)
@@ -47,7 +50,7 @@ S=$TMP/set
 check "sample TP-1 set" "$HELPER" --write-sample "$S" --tp 1
 for kind in $KINDS; do
   re=$(what_of $kind)
-  for f in manifest.json rank-0-of-1.pln tokenizer.json; do
+  for f in manifest.json rank-0-of-1.pln config.json tokenizer.json; do
     d=$TMP/set-$kind; rm -rf "$d"; cp -r "$S" "$d"; make_kind $kind "$d/$f"
     if [ $f != tokenizer.json ]; then
       check_fails "verify, $f $re" "$f: $re" bounded "$POLLEN" verify "$d"
