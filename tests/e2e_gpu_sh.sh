@@ -41,7 +41,11 @@ case $0 in
   sanitizer-memcheck) echo "========= ERROR SUMMARY: 0 errors";;
   sanitizer-racecheck) echo "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)"; exit 99;;
 esac'
-check "test mode: ends quickly" within 30 run_gpu_sh OUT="$TMP/fake" PLN_GPU_FAKE=1 PLN_GPU_FAKE_STAGE="$FAKE"
+mkdir -p "$TMP/keep/sub" && echo precious > "$TMP/keep/own.txt" && echo precious > "$TMP/keep/sub/own.txt"
+check "test mode: ends quickly" within 30 run_gpu_sh OUT="$TMP/fake" PLN_GPU_FAKE=1 PLN_GPU_FAKE_STAGE="$FAKE" PLN_BENCH_DIR="$TMP/keep"
+check "test mode: PLN_BENCH_DIR keeps what the caller had there" \
+  sh -c "grep -qx precious '$TMP/keep/own.txt' && grep -qx precious '$TMP/keep/sub/own.txt'"
+check "test mode: and holds nothing of the run afterwards" test "$(ls -A "$TMP/keep" | sort | tr '\n' ' ')" = "own.txt sub "
 check "test mode: exit 0 when the tests pass (was $last_rc)" test "$last_rc" = 0
 check "test mode: exactly the four files" four "$TMP/fake"
 check "test mode: test counts in results.txt" grep -qx 'test_gpu_passed 7 tests' "$TMP/fake/results.txt"

@@ -41,7 +41,9 @@ T0=$(date +%s)
 TMPW=$(mktemp -d "${TMPDIR:-/tmp}/pln-gpu.XXXXXX")
 LOGS=$TMPW/logs
 mkdir -p "$LOGS"
-WORK=${PLN_BENCH_DIR:-$TMPW/work}
+# Scratch for the loader stage: a fresh directory inside PLN_BENCH_DIR (made here, so removing it
+# never touches what the caller keeps there), else inside the run's own temporary directory.
+if [ -n "${PLN_BENCH_DIR:-}" ]; then mkdir -p "$PLN_BENCH_DIR"; WORK=$(mktemp -d "$PLN_BENCH_DIR/pln-gpu-work.XXXXXX"); else WORK=$TMPW/work; fi
 RES=$TMPW/results.txt SUM=$TMPW/summary.txt
 : > "$RES"; : > "$SUM"
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -118,7 +120,7 @@ finish() {
   cp "$RES" "$OUT/results.txt"
   timeout -k 2 10 tar -C "$TMPW" -czf "$OUT/logs.tar.gz" logs || echo "gpu.sh: could not pack the logs" >> "$OUT/summary.txt"
   cat "$OUT/table.txt"
-  rm -rf "$TMPW"
+  rm -rf "$TMPW"; [ -n "${PLN_BENCH_DIR:-}" ] && rm -rf "$WORK"   # both made by this run
   exit $STATUS
 }
 trap finish EXIT
@@ -271,7 +273,7 @@ fi
 # ---- 5. loader on a synthesized checkpoint file (only when time is left) ---------------------------
 MODEL=${PLN_GPU_LOAD_MODEL:-bloom-1b7}
 if [ "$(elapsed)" -lt "$BUDGET" ] && [ "$(left)" -ge 90 ]; then
-  rm -rf "$WORK"; mkdir -p "$WORK"
+  mkdir -p "$WORK"
   F=""
   if stage synth 60 "$BUILD/pollen" synth --model "$MODEL" -o "$WORK/src" --quiet; then
     F=$(ls -S "$WORK"/src/*.safetensors 2>/dev/null | head -1)   # the loader streams bytes: any large file
