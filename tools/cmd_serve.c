@@ -41,6 +41,10 @@ static void usage(FILE *f) {
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
+            "  --step-timeout S|auto|off      step watchdog (TP > 1): a step past S seconds fails every request in\n"
+            "                                 flight, /health turns 503 naming the rank that stopped answering, and\n"
+            "                                 every rank exits 3 (default auto: 10 s + the step's work at a pessimistic rate)\n"
+            "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate, --verify, --quiet  as for generate\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
             "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
@@ -84,9 +88,34 @@ static bool tok_special(void *ctx, int32_t id) { return pln_tok_is_special(ctx, 
 /* --step-delay-ms (test only) stretches every step so tests can act while requests are running
  * on a tiny model: disconnects, overload, draining. */
 static int g_step_delay_ms;
+/* Set when a step failed because the rank group broke (watchdog or a lost peer): after a
+ * moment of answering 503 (so probes and clients see why), the scheduler drains and the job ends. */
+static pln_comm *g_comm;
+static pln_sched *g_sched;
+static bool g_group_lost;
+static char g_group_msg[512];
+#define LOST_LINGER_S 1
+
+static void *stop_after_linger(void *arg) {
+    (void)arg;
+    sleep(LOST_LINGER_S);
+    pln_sched_stop(g_sched);
+    return NULL;
+}
+
 static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
     if (g_step_delay_ms && p->n_seqs) usleep((useconds_t)g_step_delay_ms * 1000);
-    return pln_engine_step(ctx, p, o);
+    int rc = pln_engine_step(ctx, p, o);
+    if (rc && !g_group_lost && g_comm && pln_comm_broken(g_comm)) {
+        g_group_lost = true;
+        snprintf(g_group_msg, sizeof g_group_msg, "%s", pln_error());
+        fprintf(stderr, "pollen serve: %s\npollen serve: failing the requests in flight; /health is 503; exiting in %d s\n",
+                g_group_msg, LOST_LINGER_S);
+        pthread_t t;
+        if (pthread_create(&t, NULL, stop_after_linger, NULL) == 0) pthread_detach(t);
+        else pln_sched_stop(g_sched);
+    }
+    return rc;
 }
 static void eng_info(void *ctx, pln_engine_info *i) { pln_engine_get_info(ctx, i); }
 
@@ -126,6 +155,7 @@ int cmd_serve(int argc, char **argv) {
     const char *port_file = NULL;
     bool input_set = false;
     int threads = 0;
+    bool show_placement = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -153,6 +183,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
+        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, VAL());
+        else if (!strcmp(a, "--show-placement")) show_placement = true;
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
@@ -171,7 +203,8 @@ int cmd_serve(int argc, char **argv) {
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
-    threads = pln_cli_threads(threads, pln_comm_size(comm));
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
+    if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
@@ -196,6 +229,8 @@ int cmd_serve(int argc, char **argv) {
     pln_sched_tok st = {.ctx = tok, .encode = tok_encode, .decode = tok_decode, .is_special = tok_special};
     sched = pln_sched_create(&se, &st, &so.lim);
     if (!sched) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    g_comm = comm;
+    g_sched = sched;
     if (!so.model_id) {
         size_t n = strlen(eo.shard_dir);
         while (n > 1 && eo.shard_dir[n - 1] == '/') n--;
@@ -227,6 +262,12 @@ int cmd_serve(int argc, char **argv) {
     srv = NULL;
     pthread_kill(sig_thr, SIGUSR1);
     pthread_join(sig_thr, NULL);
+    if (g_group_lost) {
+        /* pln_comm_free aborts every rank (exit 3): the others are stuck or gone. */
+        fprintf(stderr, "pollen serve: exiting: %s\n", g_group_msg);
+        status = 3;
+        goto out;
+    }
     fprintf(stderr, "pollen serve: drained, exiting\n");
     status = 0;
 out:
