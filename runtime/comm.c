@@ -9,7 +9,7 @@
  * next step plan for minutes, and two ranks that share a core (an oversubscribed node, or two
  * "nodes" of one machine whose launchers each bind their local rank 0 to core 0) then take turns
  * spinning for a whole scheduler time slice: a 0.1 ms decode step took 32 ms. Our wait spins
- * briefly, then yields, then sleeps with a backoff capped at 1 ms, and it can give up at a
+ * briefly, then yields, then sleeps with a backoff capped at 1 ms (2 ms once idle), and it can give up at a
  * deadline, which is what the step watchdog needs (see comm.h). */
 #include "runtime/comm.h"
 #include "kernels/backend.h"
@@ -17,6 +17,8 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,6 +50,8 @@ struct pln_comm {
     bool broken;
     char *broken_msg;
     int64_t *arrived;         /* rank 0: the latest collective each rank reported waiting in */
+    int32_t *node_peers;      /* rank 0: [world rank, pid] of the other ranks on its node */
+    int n_node_peers;
 #ifdef PLN_HAVE_MPI
     MPI_Comm ctl;             /* arrival reports (worker -> rank 0), apart from the collectives */
     MPI_Request ctl_req;      /* rank 0: the posted receive of the next report */
@@ -97,8 +101,9 @@ static const char *env_get(const char *name) { return getenv(name); }
 /* ---- waiting ------------------------------------------------------------------------------ */
 
 /* Spin this long, then yield the core until YIELD_S, then sleep from SLEEP_MIN_NS doubling up to
- * SLEEP_MAX_NS, and after IDLE_S of waiting up to SLEEP_IDLE_NS: each wake-up costs ~10 us of
- * kernel time, so 1 ms sleeps would keep an idle rank at ~1 % of a core, 2 ms at ~0.5 %. Yielding
+ * SLEEP_MAX_NS, and after IDLE_S of waiting (idleness, or a step so long that 2 ms do not matter) up to
+ * SLEEP_IDLE_NS: each wake-up costs ~10 us of kernel time, so 1 ms sleeps would keep an idle rank
+ * at ~1 % of a core (twice that on a loaded virtual machine), 2 ms at half of it. Yielding
  * only briefly matters: a waiter that keeps yielding to a peer on its core is picked again
  * for up to the scheduler's wake-up granularity (~1 ms), so it sleeps soon instead. A rank past
  * REPORT_S in one wait tells rank 0 it has arrived (watchdog). */
@@ -106,7 +111,7 @@ static const char *env_get(const char *name) { return getenv(name); }
 #define YIELD_S 200e-6
 #define SLEEP_MIN_NS 10000L
 #define SLEEP_MAX_NS 1000000L
-#define IDLE_S 1.0
+#define IDLE_S 0.1
 #define SLEEP_IDLE_NS 2000000L
 #define REPORT_S 20e-3
 
@@ -141,6 +146,30 @@ static void ctl_drain(pln_comm *c) {
     }
 }
 
+/* Rank 0: a rank on this node that has exited or been killed. Shared memory does not notice a
+ * dead peer (TCP does, as an error): without this, rank 0 would wait out the step bound while the
+ * launcher is already tearing the job down. Returns the rank or -1. */
+static int node_peer_gone(pln_comm *c, int *pid_out) {
+    for (int i = 0; i < c->n_node_peers; i++) {
+        int pid = c->node_peers[2 * i + 1];
+        bool gone = kill(pid, 0) != 0 && errno == ESRCH;
+        if (!gone) {
+            char path[64], st[256];
+            snprintf(path, sizeof path, "/proc/%d/stat", pid);
+            FILE *f = fopen(path, "r");
+            if (f) {
+                size_t n = fread(st, 1, sizeof st - 1, f);
+                st[n] = 0;
+                fclose(f);
+                const char *e = strrchr(st, ')');
+                gone = e && (e[2] == 'Z' || e[2] == 'X');   /* exited, not yet reaped */
+            }
+        }
+        if (gone) { *pid_out = pid; return c->node_peers[2 * i]; }
+    }
+    return -1;
+}
+
 /* Rank 0, at a deadline: gives the others' reports a moment to come in, then names the ranks that
  * never reported arriving at collective seq. */
 static int name_missing(pln_comm *c, int64_t seq, const char *what) {
@@ -169,7 +198,7 @@ static int name_missing(pln_comm *c, int64_t seq, const char *what) {
 
 /* Completes req by polling (see the file comment). seq is the collective's number. */
 static int comm_wait(pln_comm *c, MPI_Request *req, int64_t seq, const char *what) {
-    double t0 = pln_now();
+    double t0 = pln_now(), next_peer_check = t0 + REPORT_S;
     long sleep_ns = SLEEP_MIN_NS;
     bool reported = false;
     for (;;) {
@@ -195,6 +224,15 @@ static int comm_wait(pln_comm *c, MPI_Request *req, int64_t seq, const char *wha
                 if (!d) MPI_Request_free(&r);
             }
             reported = true;
+        }
+        if (c->n_node_peers && now > next_peer_check) {
+            next_peer_check = now + REPORT_S;
+            int pid = 0, gone = node_peer_gone(c, &pid);
+            if (gone >= 0) {
+                pln_errorf("rank %d (pid %d) is gone: it exited or was killed while rank 0 waited in collective %lld (%s)",
+                           gone, pid, (long long)seq, what);
+                return comm_break(c);
+            }
         }
         if (c->deadline > 0 && now > c->deadline) {
             /* The request stays active (a collective cannot be cancelled): the comm is done for. */
@@ -247,6 +285,19 @@ pln_comm *pln_comm_init(int *argc, char ***argv) {
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_rank(node, &c->local_rank);
         MPI_Comm_size(node, &c->local_size);
+        /* Rank 0 keeps the pids of its node's other ranks, to notice one that dies. */
+        int32_t me[2] = {c->rank, (int32_t)getpid()};
+        int32_t *all = pln_xmalloc((size_t)c->local_size * sizeof me);
+        if (MPI_Allgather(me, 2, MPI_INT32_T, all, 2, MPI_INT32_T, node) == MPI_SUCCESS && c->rank == 0) {
+            c->node_peers = pln_xmalloc((size_t)c->local_size * sizeof me);
+            for (int i = 0; i < c->local_size; i++)
+                if (all[2 * i] != 0) {
+                    c->node_peers[2 * c->n_node_peers] = all[2 * i];
+                    c->node_peers[2 * c->n_node_peers + 1] = all[2 * i + 1];
+                    c->n_node_peers++;
+                }
+        }
+        free(all);
         MPI_Comm_free(&node);
         c->local_from_mpi = true;
     }
@@ -441,6 +492,7 @@ void pln_comm_free(pln_comm *c) {
     }
 #endif
     free(c->arrived);
+    free(c->node_peers);
     free(c->broken_msg);
     free(c);
 }
