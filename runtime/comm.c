@@ -8,9 +8,9 @@
  * spin at 100 % of a core for as long as they wait. An idle rank of `pollen serve` waits for the
  * next step plan for minutes, and two ranks that share a core (an oversubscribed node, or two
  * "nodes" of one machine whose launchers each bind their local rank 0 to core 0) then take turns
- * spinning for a whole scheduler time slice: a 0.1 ms decode step took 32 ms. Our wait spins
- * briefly, then yields, then sleeps with a backoff capped at 1 ms (2 ms once idle), and it can give up at a
- * deadline, which is what the step watchdog needs (see comm.h). */
+ * spinning for a whole scheduler time slice: a decode step took tens of ms instead of a fraction
+ * of one. Our wait spins briefly, then yields, then sleeps with a backoff capped at 1 ms (2 ms
+ * once idle), and it can give up at a deadline, which is what the step watchdog needs (comm.h). */
 #include "runtime/comm.h"
 #include "kernels/backend.h"
 #include "kernels/pln_math.h"

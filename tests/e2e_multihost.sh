@@ -4,7 +4,7 @@
 # host's namespace (tests/netns.sh), TCP only (btl tcp,self), so every collective crosses a real
 # network stack. Checks: generate at TP 2 and TP 3 across hosts matches transformers and TP 1
 # (tests/e2e.sh's fidelity checks), its logits are bit-identical to the same TP on one host and its
-# greedy ids equal TP 1's; a decode step of the tiny model takes a few ms, not the 32-40 ms of
+# greedy ids equal TP 1's; a decode step of the tiny model takes a few ms, not the tens of ms of
 # spinning ranks sharing a core; the node-local rank and the device follow the hosts; `serve` with
 # rank 0 on host 1 answers a client on host 3 like a single-host server; a stopped rank on another
 # host fails the request naming it and ends the job. Only the namespaces' own addresses are used;
@@ -56,7 +56,7 @@ median_step_ms() { # the median of generate --json's per_token_ms
     awk '{v[NR]=$1} END{if (NR) print v[int((NR+1)/2)]; else print 999}'
 }
 # The best of up to three runs: on a machine shared with other work one run can be starved of
-# CPU; spinning ranks that share a core are slow in every run (32-40 ms per step).
+# CPU; spinning ranks that share a core are slow in every run (tens of ms per step).
 for tp in 2 3; do
   slots="1 1"; [ $tp = 3 ] && slots="1 1 1"
   best=999
