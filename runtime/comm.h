@@ -49,9 +49,9 @@ int pln_comm_barrier(pln_comm *c);
 
 /* Waiting. Host collectives are started nonblocking and completed by polling: a short spin, then
  * yielding the core, then sleeps that back off to 1 ms (2 ms once a wait passes 100 ms). A rank
- * waiting for work therefore uses well under 1 % of a core, and ranks that share a core (oversubscribed, or bound to the same core by
- * launchers on different "nodes" of one machine) hand it to each other instead of spinning out
- * their time slices; the first message after an idle spell is seen within about 2 ms.
+ * waiting for work therefore uses about 1 % of a core or less, and ranks that share a core
+ * (oversubscribed, or bound to the same core by launchers on different "nodes" of one machine)
+ * hand it to each other instead of spinning out their time slices; the first message after an idle spell is seen within about 2 ms.
  *
  * Step watchdog: after pln_comm_step_begin(c, bound_s) (bound_s > 0) every collective must
  * complete within bound_s seconds of that call, until pln_comm_step_end(c). When one does not,
