@@ -5,6 +5,7 @@
 #   make deps       install the Debian packages pollen needs (idempotent)
 #   make fuzz       build the libFuzzer targets with clang and run each for a bounded time
 #   make test-gpu   op checks and end-to-end tests on the CUDA backend (SKIP without a GPU)
+#   make sass-tools cuobjdump + nvdisasm (PyPI wheels) into build/sass-tools for the SASS checks
 #   SANITIZE=address,undefined   checked build (in build-san/)
 
 CC      ?= cc
@@ -110,6 +111,12 @@ test: deps
 test-gpu: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS)
 	@BUILD=$(BUILD) CUDA=$(CUDA) tests/run-gpu.sh
+
+# cuobjdump and nvdisasm for tests/e2e_sass.sh (the toolkit here lacks them); never fails, the
+# test SKIPs without them. `make test` itself never needs Python.
+.PHONY: sass-tools
+sass-tools:
+	@tools/sass-tools.sh
 
 demo: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen

@@ -57,6 +57,7 @@ struct pln_engine {
     pln_model_config cfg;
     eng_slot *slots;
     int64_t step_no;
+    int64_t fault_nan_step;     /* PLN_ENGINE_FAULT_NAN_ENV (0 = off) */
     bool shut_down;
     double load_seconds;
     /* host scratch */
@@ -178,6 +179,8 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     if (e->opts.max_seq_len < 1) e->opts.max_seq_len = 2048;
     if (e->opts.block_size < 1) e->opts.block_size = 16;
     e->comm = comm;
+    const char *fault = getenv(PLN_ENGINE_FAULT_NAN_ENV);
+    if (fault && *fault) e->fault_nan_step = strtoll(fault, NULL, 10);
     e->rank = pln_comm_rank(comm);
     e->tp = pln_comm_size(comm);
     int bad;
@@ -495,6 +498,19 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
                         if (qi[j] >= 0 && qi[j] < V && qv[j] != -INFINITY) { cv[n] = qv[j]; ci[n] = qi[j]; n++; }
                 }
             }
+            /* NaN or infinite logits on any rank show in its raw row statistics (a NaN row has
+             * max -inf, an infinite logit max +inf, either a NaN softmax sum): sampling from
+             * them would produce a meaningless token and a NaN log-prob, so the row fails. */
+            bool finite = isfinite(lse[r]);
+            for (int qq = 0; qq < tp; qq++) {
+                const float *qm = (const float *)(all + pk * (size_t)qq + (size_t)ns * k * 8);
+                finite &= isfinite(qm[2 * ns + r]) && isfinite(qm[3 * ns + r]) && isfinite(qm[r]) && isfinite(qm[ns + r]);
+            }
+            if (!finite) {
+                out[si].nonfinite = true;
+                if (fi < nf && full_rows[fi] == r) fi++;
+                continue;
+            }
             pln_sample_params sp = q->params;
             if (row_is_greedy(&sp)) sp.do_sample = false;
             int32_t tok = pln_sample_pick(&sp, &e->slots[q->slot].rng, use_v, use_i, n, lse[r], NULL);
@@ -508,6 +524,7 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
             if (pr == 1.0f && it == 1.0f) raw = v;
             out[si].token = tok;
             out[si].logprob = raw - rawlse[r];
+            if (!isfinite(out[si].logprob)) { out[si].token = -1; out[si].nonfinite = true; }
             free(fv);
             free(fids);
         }
@@ -550,7 +567,7 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
             slot_see(e, sl, q->tokens[j]);
         }
         if (q->sample) { srow_seq[ns] = i; rows[ns++] = t - 1; }
-        if (out) { out[i].token = -1; out[i].logprob = 0; out[i].logits = NULL; }
+        if (out) { out[i].token = -1; out[i].logprob = 0; out[i].logits = NULL; out[i].nonfinite = false; }
     }
     int32_t nrows = ns;
     if (p->want_logits) for (int32_t j = 0; j < T; j++) rows[nrows++] = j;
@@ -588,6 +605,15 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
                 for (int32_t i = 0; i < p->n_seqs; i++) { out[i].logits = o + at * V; at += p->seqs[i].n_new; }
             }
         }
+    }
+    if (ns > 0 && e->fault_nan_step > 0 && e->step_no == e->fault_nan_step) {
+        /* the sampled rows come first in logits; the raw rows of want_logits were copied above */
+        size_t nb = (size_t)ns * (size_t)m->Vr * 4;
+        float *nan_rows = pln_xmalloc(nb);
+        for (size_t i = 0; i < nb / 4; i++) nan_rows[i] = NAN;
+        rc = be->upload(be, logits, nan_rows, nb);
+        free(nan_rows);
+        if (agree(e->comm, rc) != -1) { rc = -1; goto fail; }
     }
     if (ns > 0 && sample_rows(e, p, srow_seq, ns, logits, out)) { rc = -1; goto fail; }
     free(srow_seq);

@@ -79,11 +79,24 @@ typedef struct {
 } pln_step_plan;
 
 typedef struct {
-    int32_t token;              /* sampled id (-1 when !sample) */
+    int32_t token;              /* sampled id (-1 when !sample, or when nonfinite) */
+    bool nonfinite;             /* sample: this row's logits were not finite (NaN or infinite on some
+                                   rank: corrupt weights or an overflow), so nothing was sampled and
+                                   the sequence must end with an error; the slot stays claimed and
+                                   the step counts as done (other rows are unaffected) */
     float logprob;              /* log-softmax of the raw logits at that id */
     float *logits;              /* want_logits: [n_new, n_vocab] raw logits (engine-owned,
                                    valid until the next step) */
 } pln_step_out;
+
+/* The error of a sequence whose logits were not finite (pln_step_out.nonfinite). */
+#define PLN_NONFINITE_MSG "the model produced non-finite logits (NaN or infinite): its weights may be corrupt " \
+                          "(run `pollen verify` on the shard set) or the temperature is too small"
+
+/* Test-only fault injection: with PLN_FAULT_NAN_LOGITS_AT_STEP=N in the environment (read at
+ * open, on every rank), the sampled rows of step N (counting steps that feed tokens, from 1)
+ * are overwritten with NaN after the forward pass, as corrupt weights would leave them. */
+#define PLN_ENGINE_FAULT_NAN_ENV "PLN_FAULT_NAN_LOGITS_AT_STEP"
 
 /* Rank 0 only. Runs one step; out has plan->n_seqs entries. -1 + error when the plan is invalid
  * (unknown slot, over max_seq_len, out of KV blocks) or the forward pass fails; after a forward
@@ -113,7 +126,7 @@ typedef struct {
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 
-/* The tokenizer.json path of the set (borrowed). */
+/* The tokenizer file the set's manifest names (borrowed), or NULL when it names none. */
 const char *pln_engine_tokenizer_path(const pln_engine *e);
 
 #endif

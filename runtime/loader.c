@@ -5,6 +5,7 @@
 #include "runtime/loader.h"
 #include "formats/shard.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -106,6 +107,12 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     }
     l->shard = pln_shardset_open_rank(l->set, rank);
     if (!l->shard) goto fail;
+    /* Always, unlike the data checksums (--verify): the scales are a small part of the file, and a
+     * NaN or infinite one would turn every logit into NaN without any error. */
+    if (pln_layout_check_scales(l->shard)) goto fail;
+    if (!l->set->small_files_checked && rank == 0)   /* a warning, not progress: --quiet keeps it */
+        fprintf(stderr, "pollen: warning: %s: manifest version %u records no checksums of its config block, tokenizer and "
+                "config.json (only their agreement was checked); re-run reshard to add them\n", dir, l->set->version);
 
     const pln_bloom_config *bc = &l->set->config;
     pln_model_config *c = &l->cfg;
@@ -174,8 +181,8 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
         l->base = be->weights_from_host(be, NULL, region, s->data_size);
         if (!l->base) { pln_error_context("%s: weights", s->path); goto fail; }
     }
+    /* The file the manifest names (checked at set open), or none: never a guessed name. */
     if (l->set->tokenizer_path) l->tokenizer_path = pln_xstrdup(l->set->tokenizer_path);
-    else l->tokenizer_path = pln_xasprintf("%s/tokenizer.json", dir);
     l->seconds = pln_now() - t0;
     return l;
 fail:

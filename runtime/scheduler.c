@@ -565,6 +565,10 @@ int pln_sched_run(pln_sched *s) {
                     s->st.prompt_tokens += (uint64_t)s->plan_seqs[k].n_new;
                 }
                 if (!s->plan_seqs[k].sample || q->finish != PLN_FINISH_NONE) continue;
+                if (s->outs[k].nonfinite) {   /* this sequence only; the engine stays trusted */
+                    finish_seq(s, j, q, PLN_FINISH_ERROR, PLN_NONFINITE_MSG, false);
+                    continue;
+                }
                 on_token(s, j, q, s->outs[k].token, s->outs[k].logprob);
             }
         }

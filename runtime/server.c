@@ -134,8 +134,11 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ms) {
 /* ---- JSON pieces -------------------------------------------------------------------------- */
 
 static json_t *token_json(const pln_tok_event *e) {
-    return json_pack("{s:i, s:s, s:f, s:b}", "id", (json_int_t)e->id, "text", e->text, "logprob", (double)e->logprob,
-                     "special", e->special);
+    /* jansson refuses NaN/Inf (the whole event would be lost): a non-finite log-prob is null
+     * (x - x is 0 exactly when x is finite) */
+    bool finite = e->logprob - e->logprob == 0.0f;
+    return json_pack("{s:i, s:s, s:o, s:b}", "id", (json_int_t)e->id, "text", e->text, "logprob",
+                     finite ? json_real((double)e->logprob) : json_null(), "special", e->special);
 }
 
 static json_t *seed_json(const pln_job *j, const pln_seq *q) {

@@ -2,7 +2,7 @@
  * fixtures: prefill logits at every position, 20-step greedy continuations with log-probs,
  * batches of different lengths at different positions, chunked prefill, the left-padded batch
  * reference, int8 shards within a bound derived from the recorded quantization error, sampling,
- * invalid plans and an injected forward failure.
+ * invalid plans, an injected forward failure and injected NaN logits.
  *
  * Also the comparison helper of tests/e2e_generate.sh (TP > 1 runs under mpirun write their logits
  * with `pollen generate --dump-logits`):
@@ -288,6 +288,36 @@ static void check_corrupt(const char *dir) {
     pln_engine_close(e);
 }
 
+/* NaN logits at one step (PLN_FAULT_NAN_LOGITS_AT_STEP): the rows sampled in that step come back
+ * nonfinite with no token, the step succeeds, and the engine goes on exactly as before. */
+static void check_nonfinite(const char *dir, const ref_t *r) {
+    setenv(PLN_ENGINE_FAULT_NAN_ENV, "2", 1);
+    pln_engine *e = open_set(dir, 0, 0);
+    unsetenv(PLN_ENGINE_FAULT_NAN_ENV);
+    if (!e) { CHECK(0, "nonfinite: engine opens"); return; }
+    int32_t n0 = r->n[0];
+    const int32_t *g = r->gids[0];   /* the prompt then transformers' greedy continuation */
+    pln_step_seq s[2] = {fixture_seq(0, r->ids[0], n0, true), fixture_seq(1, r->ids[1], r->n[1], true)};
+    pln_step_out o[2];
+    pln_step_plan p = {.n_seqs = 2, .seqs = s};
+    CHECK(pln_engine_step(e, &p, o) == 0 && !o[0].nonfinite && !o[1].nonfinite && o[0].token == g[n0],
+          "step 1 (prefill) samples normally: %d vs %d", o[0].token, g[n0]);
+    int32_t t0 = o[0].token, t1 = o[1].token;
+    s[0] = fixture_seq(0, &t0, 1, true);
+    s[1] = fixture_seq(1, &t1, 1, true);
+    int rc = pln_engine_step(e, &p, o);
+    CHECK(rc == 0, "a step with NaN logits still succeeds: %s", rc ? pln_error() : "");
+    CHECK(o[0].nonfinite && o[1].nonfinite && o[0].token == -1 && o[1].token == -1, "both rows nonfinite, no token (%d %d)",
+          o[0].token, o[1].token);
+    /* slot 1 is given up (as the scheduler does); slot 0 goes on with the reference token */
+    int32_t rel = 1, t2 = g[n0 + 1];
+    s[0] = fixture_seq(0, &t2, 1, true);
+    pln_step_plan p2 = {.n_seqs = 1, .seqs = s, .n_release = 1, .release = &rel};
+    CHECK(pln_engine_step(e, &p2, o) == 0 && !o[0].nonfinite && o[0].token == g[n0 + 2] && isfinite(o[0].logprob),
+          "the next step is exact again: %d vs %d", o[0].token, g[n0 + 2]);
+    pln_engine_close(e);
+}
+
 /* Seeded sampling, top-k/top-p, the full-row fallback and raw log-probs. */
 static void check_sampling(const char *dir, const ref_t *r) {
     pln_engine *e = open_set(dir, 0, 0);
@@ -552,6 +582,7 @@ int main(int argc, char **argv) {
                 if (k == 0) {
                     check_sampling(dir, &r);
                     check_errors(dir, &r, alone[0]);
+                    check_nonfinite(dir, &r);
                 }
             }
         }

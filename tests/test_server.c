@@ -24,7 +24,8 @@
  *   prompt starting '!': three letters then EOS;   prompt starting '~': the bytes of "é€" over
  *   and over (UTF-8 split across tokens);          otherwise 'a' + (first + pos) % 26.
  * Sampling mixes the seed in. Each step sleeps delay_us; step fail_at (counting steps that feed
- * tokens) fails and releases the plan's slots, as the real engine does. */
+ * tokens) fails and releases the plan's slots, as the real engine does; step nan_at reports its
+ * sampled rows nonfinite (NaN logits), as the real engine does for a corrupt model. */
 #define FE_SLOTS 8
 #define FE_BLOCK 4
 #define FE_BLOCKS 96
@@ -36,6 +37,7 @@ typedef struct {
     int64_t n_free;
     int64_t step_no;
     int64_t fail_at;
+    int64_t nan_at;            /* this step's sampled rows are nonfinite (NaN logits), no token */
     int delay_us;
     int max_batch_seen;
     int max_tokens_seen;       /* tokens fed in one step */
@@ -82,7 +84,9 @@ static int fe_step(void *ctx, const pln_step_plan *plan, pln_step_out *out) {
         f->n_free -= want - f->used[s];
         f->used[s] = want;
         out[i].token = -1;
-        if (q->sample) {
+        if (q->sample && f->nan_at && f->step_no == f->nan_at) {
+            out[i].nonfinite = true;
+        } else if (q->sample) {
             out[i].token = fe_next(f, s, &q->params);
             out[i].logprob = -0.25f;
             f->n_gen[s]++;
@@ -685,6 +689,41 @@ int main(void) {
     CHECK(r.status == 503, "new request on an unhealthy server -> %d", r.status);
     free(r.body);
     inst_stop(&B);
+
+    /* ---- NaN logits: the sequences of that step fail, the server stays healthy ---- */
+    inst N;
+    inst_start(&N, &lim, 0, 0);
+    int np = N.port;
+    pthread_mutex_lock(&N.fe.mu);
+    N.fe.nan_at = 3;   /* one request alone: prefill, one decode, then NaN */
+    pthread_mutex_unlock(&N.fe.mu);
+    r = http(np, "POST", "/generate", "{\"inputs\":\"x\",\"parameters\":{\"max_new_tokens\":30}}");
+    CHECK(r.status == 424 && strstr(r.body, "non-finite logits") && strstr(r.body, "\"error_type\":\"generation\""),
+          "NaN logits: the non-stream request gets 424 (%d %s)", r.status, r.body);
+    free(r.body);
+    pthread_mutex_lock(&N.fe.mu);
+    N.fe.nan_at = N.fe.step_no + 3;
+    pthread_mutex_unlock(&N.fe.mu);
+    last = NULL;
+    st_text = tgi_stream_text(np, "{\"inputs\":\"y\",\"parameters\":{\"max_new_tokens\":30}}", &final, &nev, &last);
+    CHECK(nev == 3 && last && !strcmp(jstr(last, "error_type") ? jstr(last, "error_type") : "", "generation") &&
+          strstr(jstr(last, "error"), "non-finite logits"), "NaN logits: two tokens, then an error event (%d events)", nev);
+    json_decref(last);
+    free(final);
+    free(st_text);
+    CHECK(metric(np, "pln_requests_total{route=\"generate\",outcome=\"generation_error\"}") == 1 &&
+          metric(np, "pln_requests_total{route=\"generate_stream\",outcome=\"generation_error\"}") == 1 &&
+          metric(np, "pln_requests_total{route=\"generate\",outcome=\"success\"}") == 0,
+          "NaN logits: both requests counted as generation errors");
+    CHECK(metric(np, "pln_sequences_finished_total{reason=\"error\"}") == 2, "NaN logits: two sequences finished with an error");
+    CHECK(wait_metric(np, "pln_kv_blocks_free", FE_BLOCKS, 3.0), "NaN logits: KV memory freed");
+    r = http(np, "GET", "/health", NULL);
+    CHECK(r.status == 200, "NaN logits: still healthy (%d)", r.status);
+    free(r.body);
+    r = http(np, "POST", "/generate", "{\"inputs\":\"after\",\"parameters\":{\"max_new_tokens\":5}}");
+    CHECK(r.status == 200 && strstr(r.body, "generated_text"), "NaN logits: the next request is served (%d)", r.status);
+    free(r.body);
+    inst_stop(&N);
 
     /* ---- connection limit and idle timeout ---- */
     pln_serve_limits lc = lim;

@@ -4,6 +4,7 @@
  * writes the raw logits of every fed token to a safetensors file. */
 #include "formats/common.h"
 #include "formats/safetensors.h"
+#include "formats/shard.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -150,16 +151,17 @@ int cmd_generate(int argc, char **argv) {
     double t0 = pln_now();
     /* Sizes come from the prompts, known only after tokenizing; a cheap first pass on the ids. */
     if (rank == 0) {
-        char *man = pln_xasprintf("%s/manifest.json", dir);
-        if (access(man, R_OK) != 0)
-            pln_die("%s: cannot read manifest.json: is this a shard set? (make one with `pollen reshard`)", dir);
-        free(man);
-        char *tokp = pln_xasprintf("%s/tokenizer.json", dir);
-        if (n_prompts > 0 || access(tokp, R_OK) == 0) {
-            tok = pln_tok_load(tokp);
+        /* The tokenizer is the file the manifest names (the set's small files are checked here). */
+        pln_shardset *set = pln_shardset_open(dir);
+        if (!set) pln_die("%s", pln_error());
+        if (set->tokenizer_path) {
+            tok = pln_tok_load(set->tokenizer_path);
             if (!tok && n_prompts > 0) pln_die("%s", pln_error());
+        } else if (n_prompts > 0) {
+            pln_die("%s: the manifest records no tokenizer (\"tokenizer\": null): give prompts with --token-ids, or re-run "
+                    "reshard from a checkpoint that has tokenizer.json", dir);
         }
-        free(tokp);
+        pln_shardset_close(set);
         for (int i = 0; i < n_prompts; i++) {
             g[i].text = prompts[i];
             if (pln_tok_encode(tok, prompts[i], strlen(prompts[i]), &g[i].ids, &g[i].n_ids))
@@ -235,6 +237,13 @@ int cmd_generate(int argc, char **argv) {
         pln_step_plan plan = {.n_seqs = ns, .seqs = seqs, .want_logits = dump != NULL};
         double ts = pln_now();
         if (pln_engine_step(e, &plan, outs)) { fprintf(stderr, "pollen: step %lld: %s\n", (long long)step + 1, pln_error()); rc = 1; break; }
+        int bad_row = -1;
+        for (int j = 0; j < ns && bad_row < 0; j++) if (outs[j].nonfinite) bad_row = j;
+        if (bad_row >= 0) {
+            fprintf(stderr, "pollen: step %lld, sequence %d: %s\n", (long long)step + 1, map[bad_row] + 1, PLN_NONFINITE_MSG);
+            rc = 1;
+            break;
+        }
         double dt = pln_now() - ts;
         if (step == 0) t_prefill = dt;
         else step_ms[n_steps++] = dt * 1e3;

@@ -220,11 +220,15 @@ int cmd_serve(int argc, char **argv) {
     }
 
     int status = 1;
-    pln_tokenizer *tok = pln_tok_load(pln_engine_tokenizer_path(eng));
+    const char *tokp = pln_engine_tokenizer_path(eng);
+    pln_tokenizer *tok = tokp ? pln_tok_load(tokp) : NULL;
     pln_sched *sched = NULL;
     pln_server *srv = NULL;
     char *model_id = NULL;
-    if (!tok) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    if (!tokp) fprintf(stderr, "pollen serve: %s: the manifest records no tokenizer (\"tokenizer\": null) and serving text needs one: "
+                       "re-run reshard from a checkpoint that has tokenizer.json\n", eo.shard_dir);
+    else if (!tok) fprintf(stderr, "pollen serve: %s\n", pln_error());
+    if (!tok) goto out;
     pln_sched_engine se = {.ctx = eng, .step = eng_step, .get_info = eng_info};
     pln_sched_tok st = {.ctx = tok, .encode = tok_encode, .decode = tok_decode, .is_special = tok_special};
     sched = pln_sched_create(&se, &st, &so.lim);
