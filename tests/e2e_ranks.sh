@@ -4,7 +4,9 @@
 # serve worker's CPU time from /proc while no request runs); a collective that a rank never joins
 # fails at its bound naming that rank (test_comm --stall, 2 and 3 ranks); `serve` with a worker
 # stopped by SIGSTOP fails the request in flight naming rank 1, turns /health 503, and every rank
-# exits non-zero within the bound; a worker killed by SIGKILL ends the job with rank 0 naming it.
+# exits non-zero within the bound; a worker killed by SIGKILL ends the job with rank 0 naming it;
+# a step that never returns (simulated by a 9 s test delay, TP 1) ends serve with exit 3 after twice
+# its bound plus 5 s.
 # Every wait is bounded; servers use --port 0 --port-file.
 source "$(dirname "$0")/e2e.sh"
 HELPER=${PLN_BUILD:-build}/tests/test_shard
@@ -114,4 +116,29 @@ dt=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "the job ends non-zero (exit $RC) within 10 s (${dt} ms)" test "$RC" != 0 -a "$RC" != 999 -a $dt -lt 10000
 check "the stream ends with an error naming rank 1" grep -q '"error":".*rank 1 (pid [0-9]*) is gone' "$TMP/kill.body"
 check "rank 0 says which rank is gone" grep -q 'pollen serve: rank 1 (pid [0-9]*) is gone' "$TMP/kill.log"
+# ---- a step that never returns (what a hung device collective looks like to the host) -----------
+S1=$TMP/s1
+check "sample TP-1 set" "$HELPER" --write-sample "$S1" --tp 1
+rm -f "$TMP/hang.port"
+timeout -k 5 60 "$POLLEN" serve "$S1" --port 0 --port-file "$TMP/hang.port" --quiet --step-timeout 1 --step-delay-ms 9000 \
+  >"$TMP/hang.log" 2>&1 &
+SRV_PID=$!; RANK0=$SRV_PID; RANK1=$SRV_PID
+for _ in $(seq 300); do [ -s "$TMP/hang.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
+PORT=$(cat "$TMP/hang.port" 2>/dev/null)
+t0=$(date +%s%N)
+post /generate '{"inputs":"Hi","parameters":{"max_new_tokens":2}}' >/dev/null &
+REQ=$!
+seen=""
+for _ in $(seq 200); do
+  c=$($CURL --max-time 1 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")
+  [ "$c" = 503 ] && { seen=$c; break; }
+  kill -0 $SRV_PID 2>/dev/null || break
+  sleep 0.05
+done
+wait $REQ
+wait_exit 20
+dt=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "a step stuck past 2 x 1 s + 5 s: exit 3 ($RC) after 7-9.5 s (${dt} ms)" test "$RC" = 3 -a $dt -ge 7000 -a $dt -lt 9500
+check "... with /health 503 before it" test "$seen" = 503
+check "... and a message saying so" grep -q 'pollen serve: a step has run 7.*s, past twice its bound (1 s, --step-timeout) plus 5 s' "$TMP/hang.log"
 e2e_done

@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,7 +44,8 @@ static void usage(FILE *f) {
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
             "  --step-timeout S|auto|off      step watchdog (TP > 1): a step past S seconds fails every request in\n"
             "                                 flight, /health turns 503 naming the rank that stopped answering, and\n"
-            "                                 every rank exits 3 (default auto: 10 s + the step's work at a pessimistic rate)\n"
+            "                                 every rank exits 3 (default auto: 10 s + the step's work at a pessimistic rate);\n"
+            "                                 a step that never returns (any TP) ends the process after 2 S + 5 s\n"
             "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate, --verify, --quiet  as for generate\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
@@ -103,9 +105,45 @@ static void *stop_after_linger(void *arg) {
     return NULL;
 }
 
+/* Backstop for a hang the comm watchdog cannot see (a device collective or kernel that never
+ * returns, a stuck rank 0, or TP 1): a thread watches the running step's age; past twice its
+ * bound plus 5 s it says so, turns /health 503 (draining) and a second later ends the process
+ * with exit 3, and the launcher ends the job. The scheduler is stuck inside that step, so the
+ * requests in flight see their connections close rather than an error body. */
+static atomic_llong g_step_t0_ms;       /* start of the running step, ms of pln_now(); 0 = none */
+static atomic_llong g_step_bound_ms;
+static double g_step_timeout;
+static uint64_t g_weight_bytes;
+static const char *g_backend;
+
+static void *backstop_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        usleep(100000);
+        long long t0 = atomic_load(&g_step_t0_ms), b = atomic_load(&g_step_bound_ms);
+        if (!t0 || b <= 0) continue;
+        double age = pln_now() - (double)t0 / 1e3, limit = 2.0 * (double)b / 1e3 + 5;
+        if (age < limit) continue;
+        fprintf(stderr, "pollen serve: a step has run %.1f s, past twice its bound (%.3g s, --step-timeout) plus 5 s, "
+                        "and has not returned (a device collective or kernel that hangs?); /health is 503; exiting in %d s\n",
+                age, (double)b / 1e3, LOST_LINGER_S);
+        pln_sched_stop(g_sched);
+        sleep(LOST_LINGER_S);
+        fflush(NULL);
+        _exit(3);
+    }
+    return NULL;
+}
+
 static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
+    int64_t n_tokens = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) n_tokens += p->seqs[i].n_new;
+    double bound = pln_engine_step_bound(g_step_timeout, g_backend, g_weight_bytes, n_tokens);
+    atomic_store(&g_step_bound_ms, (long long)(bound * 1e3));
+    atomic_store(&g_step_t0_ms, (long long)(pln_now() * 1e3));
     if (g_step_delay_ms && p->n_seqs) usleep((useconds_t)g_step_delay_ms * 1000);
     int rc = pln_engine_step(ctx, p, o);
+    atomic_store(&g_step_t0_ms, 0);
     if (rc && !g_group_lost && g_comm && pln_comm_broken(g_comm)) {
         g_group_lost = true;
         snprintf(g_group_msg, sizeof g_group_msg, "%s", pln_error());
@@ -258,6 +296,11 @@ int cmd_serve(int argc, char **argv) {
         int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));
         if (pln_write_file_atomic(port_file, buf, (size_t)n)) fprintf(stderr, "pollen serve: %s\n", pln_error());
     }
+    g_step_timeout = eo.step_timeout;
+    g_weight_bytes = info.weight_bytes;
+    g_backend = info.backend;
+    pthread_t backstop;
+    if (pthread_create(&backstop, NULL, backstop_thread, NULL) == 0) pthread_detach(backstop);
     sc.sched = sched;
     pthread_t sig_thr;
     pthread_create(&sig_thr, NULL, signal_thread, &sc);
