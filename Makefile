@@ -14,6 +14,8 @@ SANITIZE ?=
 OPT     ?= -O2
 DEBIAN_PKGS := build-essential pkg-config libjansson-dev libarchive-dev zlib1g-dev libxxhash-dev \
                libpcre2-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin python3 curl
+# network namespaces for the multi-host test (tests/e2e_multihost.sh)
+DEBIAN_PKGS += iproute2
 
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)

@@ -108,6 +108,19 @@ int pln_engine_pick_device(int device, int gpus_per_node, int local_rank) {
     return gpus_per_node > 0 ? local_rank % gpus_per_node : local_rank;
 }
 
+double pln_engine_step_bound(double timeout_s, const char *backend, uint64_t weight_bytes, int64_t n_tokens) {
+    if (timeout_s > 0) return timeout_s;
+    if (timeout_s < 0) return 0;
+    double rate = backend && !strcmp(backend, "cuda") ? 1e12 : 1e10;
+    return 10.0 + 2.0 * (double)weight_bytes * (double)(n_tokens > 0 ? n_tokens : 1) / rate;
+}
+
+static double step_bound(const pln_engine *e, int64_t n_tokens) {
+    if (e->tp == 1) return 0;   /* nothing to wait for */
+    return pln_engine_step_bound(e->opts.step_timeout, e->backend_name, e->ld ? pln_loader_weight_bytes(e->ld) : 0,
+                                 n_tokens);
+}
+
 /* The backend's message knows only the device index (and, when it is out of range, says how to
  * pick another); say which rank picked it and how. Never starts with "rank ": generate prints such
  * messages from rank 0 only. */
@@ -870,31 +883,42 @@ int pln_engine_step(pln_engine *e, const pln_step_plan *plan, pln_step_out *out)
         }
         return -1;
     }
+    int64_t n_tokens = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++) n_tokens += plan->seqs[i].n_new;
+    pln_comm_step_begin(e->comm, step_bound(e, n_tokens));
     if (e->tp > 1) {
         wire_head h;
         size_t n = pack(e, plan, &h);
-        if (pln_comm_bcast(e->comm, &h, sizeof h, 0) || pln_comm_bcast(e->comm, e->wire.p, n, 0))
+        if (pln_comm_bcast(e->comm, &h, sizeof h, 0) || pln_comm_bcast(e->comm, e->wire.p, n, 0)) {
+            pln_comm_step_end(e->comm);
             return pln_error_context("broadcasting the step plan");
+        }
     }
-    return run_step(e, plan, out);
+    int rc = run_step(e, plan, out);
+    pln_comm_step_end(e->comm);
+    return rc;
 }
 
 int pln_engine_worker_loop(pln_engine *e) {
     if (e->rank == 0) return pln_errorf("pln_engine_worker_loop: rank 0 drives steps");
     for (;;) {
         wire_head h;
+        /* No bound while idle: the wait for the next plan sleeps (comm.h) for as long as it takes. */
         if (pln_comm_bcast(e->comm, &h, sizeof h, 0)) return pln_error_context("waiting for a step plan");
         if (h.cmd == CMD_SHUTDOWN) { e->shut_down = true; return 0; }
         if (h.cmd != CMD_STEP || h.n_seqs < 0 || h.n_release < 0 || h.n_tokens < 0)
             return pln_errorf("worker: malformed step plan header (cmd %d)", h.cmd);
         size_t n = (size_t)h.n_release * 4 + (size_t)h.n_seqs * sizeof(wire_seq) + (size_t)h.n_tokens * 4;
         grow(&e->wire, n + 1);
+        double bound = step_bound(e, h.n_tokens);
+        pln_comm_step_begin(e->comm, bound > 0 ? 2 * bound + 5 : 0);
         if (pln_comm_bcast(e->comm, e->wire.p, n, 0)) return pln_error_context("receiving a step plan");
         pln_step_plan p;
         pln_step_seq *seqs;
         unpack(e, &h, &p, &seqs);
         if (run_step(e, &p, NULL))
             fprintf(stderr, "pollen: rank %d: step %lld failed: %s\n", e->rank, (long long)e->step_no, pln_error());
+        pln_comm_step_end(e->comm);
         free(seqs);
     }
 }

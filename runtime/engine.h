@@ -44,6 +44,8 @@ typedef struct {
                                    one prompt's sequences still share blocks) */
     bool no_block_sharing;      /* test only: no sharing at all (prefix cache off, share_from ignored),
                                    the reference that sharing must match */
+    double step_timeout;        /* step watchdog, seconds (TP > 1): > 0 this bound for every step,
+                                   0 derived per step (pln_engine_step_bound), < 0 off */
 } pln_engine_opts;
 
 void pln_engine_opts_default(pln_engine_opts *o);
@@ -54,6 +56,14 @@ void pln_engine_opts_default(pln_engine_opts *o);
  * for device; gpus_per_node 0 means unset. Returns the device, or -1 with an error naming the
  * field when device < -1, gpus_per_node < 0 or local_rank < 0. Pure: touches no device. */
 int pln_engine_pick_device(int device, int gpus_per_node, int local_rank);
+
+/* The step watchdog's bound in seconds for a step feeding n_tokens tokens (0 = no bound):
+ * timeout_s itself when > 0; 0 when timeout_s < 0; else derived from the model size: 10 s plus
+ * the step's arithmetic (2 FLOP per weight byte per token, int8 or fp16 alike, pessimistic) at
+ * 10 GFLOP/s on the CPU backend or 1 TFLOP/s on CUDA. Rank 0 fails a step past its bound with
+ * a message naming the rank that stopped answering (comm.h); the other ranks wait twice the
+ * bound plus 5 s, so rank 0 speaks first. Pure. */
+double pln_engine_step_bound(double timeout_s, const char *backend, uint64_t weight_bytes, int64_t n_tokens);
 
 /* Opens this rank's shard of the set (the comm's rank and size must match the set's TP; else a
  * clear error). NULL + error on failure. */

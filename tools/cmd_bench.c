@@ -39,7 +39,7 @@ static int32_t rand_token(int64_t vocab) {
 
 int cmd_bench(int argc, char **argv) {
     pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    int rank = pln_comm_rank(comm);
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
@@ -85,7 +85,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
-    threads = pln_cli_threads(threads, size);
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
     double bw = rank == 0 && on_cpu ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;

@@ -50,6 +50,9 @@ static void usage(void) {
             "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
             "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --threads N             threads per rank (default: cores / ranks on the node)\n"
+            "  --step-timeout S|auto|off  step watchdog (TP > 1): a step past S seconds fails, naming the\n"
+            "                          rank that stopped answering, and every rank exits 3 (default auto)\n"
+            "  --show-placement        each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
             "  --no-mmap               read the rank file into memory instead of mapping it (for file\n"
             "                          systems where a mapping is fragile; needs RAM for the whole file)\n"
@@ -92,7 +95,7 @@ int cmd_generate(int argc, char **argv) {
     const char **stops = pln_xcalloc((size_t)argc, sizeof(char *));
     int n_prompts = 0, n_idlists = 0, n_stops = 0, threads = 0;
     int64_t max_new = 32;
-    bool json = false, quiet = false, do_sample = false;
+    bool json = false, quiet = false, do_sample = false, show_placement = false;
     pln_sample_params sp;
     pln_sample_params_default(&sp);
     pln_engine_opts eo;
@@ -116,6 +119,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
+        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, ARG());
+        else if (!strcmp(a, "--show-placement")) show_placement = true;
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
@@ -140,7 +145,8 @@ int cmd_generate(int argc, char **argv) {
     if (pln_sample_params_check(&sp)) pln_die("%s", pln_error());
     if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
-    threads = pln_cli_threads(threads, size);
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
+    if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
 
     /* Prompts: token ids on rank 0 (the tokenizer lives there). */
     int n_seq = n_prompts + n_idlists;

@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,6 +48,11 @@ static void usage(FILE *f) {
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
+            "  --step-timeout S|auto|off      step watchdog (TP > 1): a step past S seconds fails every request in\n"
+            "                                 flight, /health turns 503 naming the rank that stopped answering, and\n"
+            "                                 every rank exits 3 (default auto: 10 s + the step's work at a pessimistic rate);\n"
+            "                                 a step that never returns (any TP) ends the process after 2 S + 5 s\n"
+            "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate, --verify, --quiet  as for generate\n"
             "  --no-mmap                      read the rank file into memory instead of mapping it\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
@@ -92,9 +98,70 @@ static bool tok_special(void *ctx, int32_t id) { return pln_tok_is_special(ctx, 
 /* --step-delay-ms (test only) stretches every step so tests can act while requests are running
  * on a tiny model: disconnects, overload, draining. */
 static int g_step_delay_ms;
+/* Set when a step failed because the rank group broke (watchdog or a lost peer): after a
+ * moment of answering 503 (so probes and clients see why), the scheduler drains and the job ends. */
+static pln_comm *g_comm;
+static pln_sched *g_sched;
+static bool g_group_lost;
+static char g_group_msg[512];
+#define LOST_LINGER_S 1
+
+static void *stop_after_linger(void *arg) {
+    (void)arg;
+    sleep(LOST_LINGER_S);
+    pln_sched_stop(g_sched);
+    return NULL;
+}
+
+/* Backstop for a hang the comm watchdog cannot see (a device collective or kernel that never
+ * returns, a stuck rank 0, or TP 1): a thread watches the running step's age; past twice its
+ * bound plus 5 s it says so, turns /health 503 (draining) and a second later ends the process
+ * with exit 3, and the launcher ends the job. The scheduler is stuck inside that step, so the
+ * requests in flight see their connections close rather than an error body. */
+static atomic_llong g_step_t0_ms;       /* start of the running step, ms of pln_now(); 0 = none */
+static atomic_llong g_step_bound_ms;
+static double g_step_timeout;
+static uint64_t g_weight_bytes;
+static const char *g_backend;
+
+static void *backstop_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        usleep(100000);
+        long long t0 = atomic_load(&g_step_t0_ms), b = atomic_load(&g_step_bound_ms);
+        if (!t0 || b <= 0) continue;
+        double age = pln_now() - (double)t0 / 1e3, limit = 2.0 * (double)b / 1e3 + 5;
+        if (age < limit) continue;
+        fprintf(stderr, "pollen serve: a step has run %.1f s, past twice its bound (%.3g s, --step-timeout) plus 5 s, "
+                        "and has not returned (a device collective or kernel that hangs?); /health is 503; exiting in %d s\n",
+                age, (double)b / 1e3, LOST_LINGER_S);
+        pln_sched_stop(g_sched);
+        sleep(LOST_LINGER_S);
+        fflush(NULL);
+        _exit(3);
+    }
+    return NULL;
+}
+
 static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
+    int64_t n_tokens = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) n_tokens += p->seqs[i].n_new;
+    double bound = pln_engine_step_bound(g_step_timeout, g_backend, g_weight_bytes, n_tokens);
+    atomic_store(&g_step_bound_ms, (long long)(bound * 1e3));
+    atomic_store(&g_step_t0_ms, (long long)(pln_now() * 1e3));
     if (g_step_delay_ms && p->n_seqs) usleep((useconds_t)g_step_delay_ms * 1000);
-    return pln_engine_step(ctx, p, o);
+    int rc = pln_engine_step(ctx, p, o);
+    atomic_store(&g_step_t0_ms, 0);
+    if (rc && !g_group_lost && g_comm && pln_comm_broken(g_comm)) {
+        g_group_lost = true;
+        snprintf(g_group_msg, sizeof g_group_msg, "%s", pln_error());
+        fprintf(stderr, "pollen serve: %s\npollen serve: failing the requests in flight; /health is 503; exiting in %d s\n",
+                g_group_msg, LOST_LINGER_S);
+        pthread_t t;
+        if (pthread_create(&t, NULL, stop_after_linger, NULL) == 0) pthread_detach(t);
+        else pln_sched_stop(g_sched);
+    }
+    return rc;
 }
 static void eng_info(void *ctx, pln_engine_info *i) { pln_engine_get_info(ctx, i); }
 
@@ -159,6 +226,7 @@ int cmd_serve(int argc, char **argv) {
     const char *chat_path = NULL;
     pln_chat_template chat_tpl;
     memset(&chat_tpl, 0, sizeof chat_tpl);
+    bool show_placement = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -188,6 +256,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
+        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, VAL());
+        else if (!strcmp(a, "--show-placement")) show_placement = true;
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
         else if (!strcmp(a, "--chat-template")) chat_path = VAL();
@@ -222,7 +292,8 @@ int cmd_serve(int argc, char **argv) {
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
-    threads = pln_cli_threads(threads, pln_comm_size(comm));
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
+    if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
@@ -256,6 +327,8 @@ int cmd_serve(int argc, char **argv) {
     pln_sched_tok st = {.ctx = tok, .encode = tok_encode, .decode = tok_decode, .is_special = tok_special};
     sched = pln_sched_create(&se, &st, &so.lim);
     if (!sched) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    g_comm = comm;
+    g_sched = sched;
     if (!so.model_id) {
         size_t n = strlen(eo.shard_dir);
         while (n > 1 && eo.shard_dir[n - 1] == '/') n--;
@@ -284,9 +357,20 @@ int cmd_serve(int argc, char **argv) {
         int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));
         if (pln_write_file_atomic(port_file, buf, (size_t)n)) fprintf(stderr, "pollen serve: %s\n", pln_error());
     }
+    g_step_timeout = eo.step_timeout;
+    g_weight_bytes = info.weight_bytes;
+    g_backend = info.backend;
+    pthread_t backstop;
+    if (pthread_create(&backstop, NULL, backstop_thread, NULL) == 0) pthread_detach(backstop);
     pln_sched_run(sched);            /* returns once drained */
     pln_server_stop(srv, 30.0);      /* let the last responses reach their clients */
     srv = NULL;
+    if (g_group_lost) {
+        /* pln_comm_free aborts every rank (exit 3): the others are stuck or gone. */
+        fprintf(stderr, "pollen serve: exiting: %s\n", g_group_msg);
+        status = 3;
+        goto out;
+    }
     fprintf(stderr, "pollen serve: drained, exiting\n");
     status = 0;
 out:
