@@ -46,6 +46,10 @@ typedef struct {
                      const uint16_t *w, int64_t nr, int64_t K);
     void (*gemm_i8)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* Packed int4 (docs/FORMAT.md): w is the first of nr rows of K/2 bytes, w = q * scale[r *
+     * (K / group) + k / group] with q = pln_i4_get(row, k); group % 32 == 0, K % group == 0. */
+    void (*gemm_i4)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                    const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):
      * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
     void (*dots)(float *scores, const float *q, const float *k, int64_t n, int64_t d);

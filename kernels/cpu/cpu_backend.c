@@ -138,12 +138,15 @@ static int check_weight(const char *op, const pln_weight *W) {
          (long long)W->rows, (long long)W->cols);
     NEED(W->w, "%s: weight data is NULL", op);
     if (W->dtype == PLN_DTYPE_F16) return 0;
-    NEED(W->dtype == PLN_DTYPE_I8, "%s: weight dtype %s is not supported (F16 or I8 + F16 scales)",
+    NEED(W->dtype == PLN_DTYPE_I8 || W->dtype == PLN_DTYPE_U8,
+         "%s: weight dtype %s is not supported (F16, I8 or packed int4 U8 + F16 scales)",
          op, pln_dtype_name(W->dtype));
-    NEED(W->scale, "%s: I8 weight has no scales", op);
+    NEED(W->scale, "%s: quantized weight has no scales", op);
     NEED(W->group > 0 && W->cols % W->group == 0,
-         "%s: I8 group size %lld does not divide the %lld input columns", op,
+         "%s: group size %lld does not divide the %lld input columns", op,
          (long long)W->group, (long long)W->cols);
+    NEED(W->dtype != PLN_DTYPE_U8 || W->group % 32 == 0,
+         "%s: int4 group size %lld is not a multiple of 32 (the packed block)", op, (long long)W->group);
     return 0;
 }
 

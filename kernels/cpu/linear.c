@@ -1,4 +1,4 @@
-/* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16 or I8 weights, fp32 accumulation; also
+/* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16, I8 or packed int4 weights, fp32 accumulation; also
  * the logits (the tied embedding slice, rows beyond n_valid left to the caller).
  *
  * Fast path: the weight is read from memory once per PLN_CPU_TCHUNK tokens. Threads take the
@@ -15,6 +15,7 @@
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
     float scale = pln_f16_to_f32(W->scale[r * (W->cols / W->group) + k / W->group]);
+    if (W->dtype == PLN_DTYPE_U8) return pln_dequant_i4(pln_i4_get((const uint8_t *)W->w + r * (W->cols / 2), k), scale);
     return pln_dequant_i8(((const int8_t *)W->w)[r * W->cols + k], scale);
 }
 
@@ -48,6 +49,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
             if (W->dtype == PLN_DTYPE_F16)
                 k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
+            else if (W->dtype == PLN_DTYPE_U8)
+                k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
+                           W->scale + r0 * (K / W->group), W->group, nr, K);
             else
                 k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
                            W->scale + r0 * (K / W->group), W->group, nr, K);

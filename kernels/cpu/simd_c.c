@@ -51,6 +51,30 @@ static void gemm_i8_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
     }
 }
 
+static void gemm_i4_c(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                      const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    float wf[KSTEP], acc[PLN_CPU_TCHUNK];
+    int64_t ng = K / group;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *row = w + r * (K / 2);
+        for (int64_t t = 0; t < nt; t++) acc[t] = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += KSTEP) {
+            int64_t n = K - k0 < KSTEP ? K - k0 : KSTEP;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t k = k0 + i;
+                wf[i] = pln_dequant_i4(pln_i4_get(row, k), pln_f16_to_f32(scale[r * ng + k / group]));
+            }
+            for (int64_t t = 0; t < nt; t++) {
+                const float *xt = x + t * ldx + k0;
+                float s = 0.0f;
+                for (int64_t i = 0; i < n; i++) s += wf[i] * xt[i];
+                acc[t] += s;
+            }
+        }
+        for (int64_t t = 0; t < nt; t++) out[t * ldo + r] = acc[t];
+    }
+}
+
 /* The attention loops are written once over a row loader: the F16-cache versions do the same
  * arithmetic in the same order on the converted (exact) values, so an F16 cache gives exactly
  * what an F32 cache holding the same rounded keys and values gives. */
@@ -99,7 +123,7 @@ static float sum_exp_c(const float *x, int64_t n, float mx) {
 }
 
 const pln_cpu_kernels pln_cpu_kernels_c = {
-    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dots = dots_c,
+    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .gemm_i4 = gemm_i4_c, .dots = dots_c,
     .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
     .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c,
 };
