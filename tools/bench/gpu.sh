@@ -8,7 +8,8 @@
 #   3. tests/gpu/bench_decode: device copy GB/s and fp16 GEMM TFLOP/s ceilings, then one TP-8 rank
 #      of BLOOM-176B with random weights made on the device (no files; all-reduces are no-ops on a
 #      single rank): decode ms/token and MBU at batch 1, 8, 32, 128 for fp16 and int8, prefill
-#      tokens/s for 512 tokens, per-op GB/s of the decode kernels against the copy ceiling;
+#      tokens/s for 512 tokens, per-op GB/s of the decode kernels against the copy ceiling; and the
+#      int4 (groups of 128) linears at BLOOM-176B's full TP-1 width at T 1, 8, 16 and 512;
 #   4. loader GB/s on a synthesized bloom-7b1 shard on local disk (pollen synth + reshard), cold
 #      (page cache dropped, where allowed) and warm, next to `cat FILE > /dev/null`; then, with
 #      what time is left, compute-sanitizer memcheck and racecheck on the op checks' small shapes;
@@ -63,6 +64,11 @@ table() {
   echo "decode kernels, batch 1 (GB/s; copy ceiling $(f copy_gbs 0)):"
   for op in query_key_value dense dense_h_to_4h+gelu dense_4h_to_h attention residual+layernorm logits; do
     printf "  %-20s fp16 %8s  int8 %8s\n" $op "$(f op_${op}_fp16_b1_gbs 0)" "$(f op_${op}_int8_b1_gbs 0)"
+  done
+  echo "int4 g128 at BLOOM-176B's full width (TP 1: the model on one GPU), GB/s of weights+scales (T 512: TFLOP/s follows in the log):"
+  for op in query_key_value dense dense_h_to_4h dense_4h_to_h; do
+    printf "  %-20s T1 %6s  T8 %6s  T16 %6s  T512 %6s us\n" $op "$(f op_int4_tp1_${op}_T1_gbs 0)" "$(f op_int4_tp1_${op}_T8_gbs 0)" \
+      "$(f op_int4_tp1_${op}_T16_gbs 0)" "$(f op_int4_tp1_${op}_T512_us 0)"
   done
   echo "loader ($(f load_file_gb 1) GB $(v load_file) file): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
        "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"
