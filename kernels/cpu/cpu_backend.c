@@ -74,6 +74,9 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa) {
     return 0;
 }
 
+void pln_cpu_set_int_dot(pln_backend *be, bool on) { pln_cpu_of(be)->int_dot = on; }
+bool pln_cpu_no_vnni;
+
 /* ---- threads ----------------------------------------------------------------------------- */
 /* Ranks launched together on one machine without binding would each start a thread per core
  * (2 ranks on 16 cores: 32 spinning threads); give each rank its share instead. A launcher that
@@ -304,6 +307,10 @@ pln_backend *pln_backend_cpu_create(void) {
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());
     c->n_threads = default_threads();
+    const char *idot = getenv("PLN_CPU_INT_DOT");
+    c->int_dot = idot && !strcmp(idot, "1");
+    const char *nv = getenv("PLN_CPU_NO_VNNI");
+    if (nv && !strcmp(nv, "1")) pln_cpu_no_vnni = true;
     return be;
 }
 

@@ -9,6 +9,7 @@
 #ifdef PLN_CPU_X86
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
@@ -301,6 +302,62 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
     }
 }
 
+/* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
+ * Per block of 32 columns: |w| (u8) times x with w's sign (s8), summed in pairs then in int32
+ * (vpmaddubsw + vpmaddwd; weights and activations are within +-127, so no pair saturates) or in
+ * one AVX-VNNI vpdpbusd instruction; the block's exact int32 dot then gets one fmaf with the two scales, as
+ * gemm_q8_c does. int4 rows are unpacked to int8 once per call and reused by every token. */
+INL int32_t q8_hsum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+INL int32_t q8_dot32(const int8_t *w, const int8_t *x) {
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    return q8_hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) int32_t q8_dot32_vnni(const int8_t *w, const int8_t *x) {
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
+    return q8_hsum(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)));
+}
+INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
+    const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
+    for (int64_t b = 0; b < K / 32; b++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * b));
+        _mm_storeu_si128((__m128i *)(row + 32 * b), _mm_sub_epi8(_mm_and_si128(v, m), bias));
+        _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bias));
+    }
+}
+#define DEF_GEMM_Q8(NAME, ATTR, DOT)                                                                            \
+    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,               \
+                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) { \
+        int64_t ng = K / group, nb = K / 32;                                                                     \
+        int8_t *row = i4 ? pln_xmalloc((size_t)K) : NULL;                                                       \
+        for (int64_t r = 0; r < nr; r++) {                                                                       \
+            const int8_t *wr = (const int8_t *)w + r * K;                                                        \
+            if (i4) { q8_unpack_i4((const uint8_t *)w + r * (K / 2), K, row); wr = row; }                        \
+            for (int64_t t = 0; t < nt; t++) {                                                                   \
+                const int8_t *xt = xq + t * K;                                                                   \
+                float acc = 0.0f;                                                                                \
+                for (int64_t b = 0; b < nb; b++)                                                                 \
+                    acc = fmaf((float)DOT(wr + 32 * b, xt + 32 * b),                                             \
+                               xs[t * nb + b] * _cvtsh_ss(scale[r * ng + 32 * b / group]), acc);                 \
+                out[t * ldo + r] = acc;                                                                          \
+            }                                                                                                    \
+        }                                                                                                        \
+        free(row);                                                                                               \
+    }
+DEF_GEMM_Q8(gemm_q8_avx2_base, TGT, q8_dot32)
+DEF_GEMM_Q8(gemm_q8_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dot32_vnni)
+
+static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt, const void *w,
+                        bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni")) gemm_q8_avx2_vnni(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
+    else gemm_q8_avx2_base(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
+}
+
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
  * F16-cache versions do the same arithmetic in the same order on the exactly converted values,
  * so an F16 cache gives bit for bit what an F32 cache holding the same rounded rows gives. */
@@ -444,7 +501,7 @@ static TGT float sum_exp_avx2(const float *x, int64_t n, float mx) {
 }
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
-    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2,
+    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2,
