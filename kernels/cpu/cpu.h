@@ -53,8 +53,8 @@ typedef struct {
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
      * xq int8 [nt, K] and xs fp32 [nt, K / 32] (their scales); w is I8 (rows of K bytes) or, when
      * i4, packed int4 (rows of K / 2 bytes), group % 32 == 0. For every block b the integer dot
-     * d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b, in order, of
-     * (float)d * (xs[t][b] * scale[r][32 b / group]) in fp32: every tier gives the same bits. */
+     * d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
+     * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,
                     const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):

@@ -300,22 +300,21 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
 /* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
  * Per block of 32 columns: |w| (u8) times x with w's sign (s8), summed in pairs then in int32
  * (vpmaddubsw + vpmaddwd; weights and activations are within +-127, so no pair saturates) or in
- * one AVX-512 VNNI vpdpbusd instruction; the block's exact int32 dot then gets one fmaf with the two scales, as
- * gemm_q8_c does. int4 rows are unpacked to int8 once per call and reused by every token. */
-INL int32_t q8_hsum(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+ * one AVX-512 VNNI vpdpbusd instruction: eight exact int32 partial dots, converted to float and added with one FMA
+ * by the block's two scales into a float accumulator per row. A tile is 4 rows: each activation
+ * block is loaded once for the 4 rows, and the rows (int4 ones unpacked to int8 once per call)
+ * stay in cache while every token of the chunk passes. */
+INL float q8_hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
-INL int32_t q8_dot32(const int8_t *w, const int8_t *x) {
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-    return q8_hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+INL __m256i q8_dotv(__m256i aw, __m256i sx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
 }
-static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))) int32_t q8_dot32_vnni(const int8_t *w, const int8_t *x) {
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
-    return q8_hsum(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)));
+static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))) __m256i q8_dotv_vnni(__m256i aw, __m256i sx) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
 }
 INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
     const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
@@ -325,27 +324,50 @@ INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
         _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bias));
     }
 }
-#define DEF_GEMM_Q8(NAME, ATTR, DOT)                                                                            \
+#define DEF_GEMM_Q8(NAME, ATTR, DOTV)                                                                           \
+    static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
+        const int NR, float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,                   \
+        const int8_t *const *wr, const float *wsb, int64_t K) {                                                  \
+        int64_t nb = K / 32;                                                                                     \
+        for (int64_t t = 0; t < nt; t++) {                                                                       \
+            const int8_t *xt = xq + t * K;                                                                       \
+            const float *xst = xs + t * nb;                                                                      \
+            __m256 acc[4];                                                                                       \
+            for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();                                           \
+            for (int64_t b = 0; b < nb; b++) {                                                                   \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + 32 * b));                                 \
+                for (int i = 0; i < NR; i++) {                                                                   \
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(wr[i] + 32 * b));                          \
+                    __m256i d = DOTV(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                        \
+                    __m256 s = _mm256_set1_ps(xst[b] * wsb[i * nb + b]);                                         \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[i]);                                  \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int i = 0; i < NR; i++) out[t * ldo + i] = q8_hsum_ps(acc[i]);                                  \
+        }                                                                                                        \
+    }                                                                                                            \
     static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,               \
                           const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) { \
         int64_t ng = K / group, nb = K / 32;                                                                     \
-        int8_t *row = i4 ? pln_xmalloc((size_t)K) : NULL;                                                       \
-        for (int64_t r = 0; r < nr; r++) {                                                                       \
-            const int8_t *wr = (const int8_t *)w + r * K;                                                        \
-            if (i4) { q8_unpack_i4((const uint8_t *)w + r * (K / 2), K, row); wr = row; }                        \
-            for (int64_t t = 0; t < nt; t++) {                                                                   \
-                const int8_t *xt = xq + t * K;                                                                   \
-                float acc = 0.0f;                                                                                \
-                for (int64_t b = 0; b < nb; b++)                                                                 \
-                    acc = fmaf((float)DOT(wr + 32 * b, xt + 32 * b),                                             \
-                               xs[t * nb + b] * _cvtsh_ss(scale[r * ng + 32 * b / group]), acc);                 \
-                out[t * ldo + r] = acc;                                                                          \
+        int8_t *buf = i4 ? pln_xmalloc((size_t)4 * (size_t)K) : NULL;                                           \
+        float *wsb = pln_xmalloc((size_t)4 * (size_t)nb * sizeof(float)); /* the tile's scales per block */    \
+        for (int64_t r = 0; r < nr; r += 4) {                                                                    \
+            int n = nr - r < 4 ? (int)(nr - r) : 4;                                                              \
+            const int8_t *wr[4];                                                                                 \
+            for (int i = 0; i < n; i++) {                                                                        \
+                wr[i] = (const int8_t *)w + (r + i) * K;                                                         \
+                if (i4) { q8_unpack_i4((const uint8_t *)w + (r + i) * (K / 2), K, buf + i * K); wr[i] = buf + i * K; } \
+                for (int64_t b = 0; b < nb; b++) wsb[i * nb + b] = _cvtsh_ss(scale[(r + i) * ng + 32 * b / group]);      \
             }                                                                                                    \
+            if (n == 4) NAME##_tile(4, out + r, ldo, xq, xs, nt, wr, wsb, K);                                    \
+            else                                                                                                 \
+                for (int i = 0; i < n; i++) NAME##_tile(1, out + r + i, ldo, xq, xs, nt, wr + i, wsb + i * nb, K); \
         }                                                                                                        \
-        free(row);                                                                                               \
+        free(buf);                                                                                               \
+        free(wsb);                                                                                               \
     }
-DEF_GEMM_Q8(gemm_q8_avx512_base, TGT, q8_dot32)
-DEF_GEMM_Q8(gemm_q8_avx512_vnni, __attribute__((target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))), q8_dot32_vnni)
+DEF_GEMM_Q8(gemm_q8_avx512_base, TGT, q8_dotv)
+DEF_GEMM_Q8(gemm_q8_avx512_vnni, __attribute__((target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))), q8_dotv_vnni)
 
 static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt, const void *w,
                         bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {

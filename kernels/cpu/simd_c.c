@@ -76,7 +76,7 @@ static void gemm_i4_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
     }
 }
 
-/* The integer-dot path in plain C: the definition the SIMD versions equal bit for bit (the
+/* The integer-dot path in plain C: the definition the SIMD versions are checked against (the
  * integer dots are exact; the fp32 accumulation is one fmaf per block, in block order). */
 static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,
                       const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
