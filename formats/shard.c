@@ -1061,7 +1061,7 @@ static int shardset_parse(pln_shardset *set, const char *path) {
         struct stat st;
         if (stat(sf->path, &st) != 0)
             return pln_errorf("%s: rank file missing (%s; the manifest lists %d rank files)", sf->path, strerror(errno), (int)set->tp);
-        if (!S_ISREG(st.st_mode)) return pln_errorf("%s: not a regular file", sf->path);
+        if (!S_ISREG(st.st_mode)) return pln_errorf("%s: is %s, not a regular file", sf->path, pln_file_type_name(st.st_mode));
         if ((uint64_t)st.st_size != sf->size)
             return pln_errorf("%s: file size %lld differs from the manifest's %llu (truncated or replaced; re-copy the set or re-run reshard)",
                               sf->path, (long long)st.st_size, (unsigned long long)sf->size);

@@ -8,7 +8,11 @@
  * calls pln_engine_shutdown(). With one rank no launcher is needed.
  *
  * Sequences live in slots 0..max_seqs-1. A slot is claimed by the first step that feeds it and
- * keeps its KV blocks and token history until released in a plan. Tokens of a prompt may be fed
+ * keeps its KV blocks and token history until released in a plan. Full KV blocks are shared
+ * between slots (kvcache.h): a fresh slot takes the full blocks of its prompt from the prefix
+ * cache or from the sibling named by share_from, and computes only the rest; the block holding
+ * the token it samples after is always its own. Sharing is skipped for want_logits plans and
+ * prompt_logprobs sequences (they need every row's logits). Tokens of a prompt may be fed
  * in several steps (chunked prefill); any step may mix prefills and decodes of different lengths. */
 #ifndef PLN_ENGINE_H
 #define PLN_ENGINE_H
@@ -36,6 +40,10 @@ typedef struct {
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
     int32_t fail_at_step;       /* test-only fault injection: step N's forward fails (0 = off) */
+    bool no_prefix_cache;       /* off: full KV blocks are not cached for later requests (forks of
+                                   one prompt's sequences still share blocks) */
+    bool no_block_sharing;      /* test only: no sharing at all (prefix cache off, share_from ignored),
+                                   the reference that sharing must match */
 } pln_engine_opts;
 
 void pln_engine_opts_default(pln_engine_opts *o);
@@ -58,6 +66,15 @@ typedef struct {
     const int32_t *tokens;      /* [n_new] */
     bool sample;                /* sample a next token after this step's last token */
     pln_sample_params params;   /* used when sample (seeded on the slot's first step) */
+    int32_t top_n;              /* sample: also return the top_n (<= PLN_TOP_MAX) most likely tokens */
+    bool prompt_logprobs;       /* return the log-prob of each fed token's successor (prompt scoring):
+                                   logits are computed for every fed row, so only when asked */
+    int32_t next_token;         /* prompt_logprobs: the token after this chunk (-1: none, e.g. the
+                                   prompt's end, where the sampled token takes over) */
+    int32_t share_from;         /* slot + 1 of a running sequence with the same prompt whose full KV
+                                   blocks a fresh slot shares instead of computing them (n > 1,
+                                   best_of); 0 = none. Checked token by token: a mismatch just
+                                   shares less */
 } pln_step_seq;
 
 typedef struct {
@@ -75,6 +92,18 @@ typedef struct {
                                    the sequence must end with an error; the slot stays claimed and
                                    the step counts as done (other rows are unaffected) */
     float logprob;              /* log-softmax of the raw logits at that id */
+    int32_t n_top;              /* top_n: the most likely tokens of the sampling distribution (the
+                                   candidates after penalties and temperature, best first), each with
+                                   its log-prob under the raw logits like `logprob` */
+    int32_t top_ids[PLN_TOP_MAX];
+    float top_logprobs[PLN_TOP_MAX];
+    /* prompt_logprobs (engine-owned, valid until the next step): row j (0 <= j < n_new) scores the
+     * token after fed token j (tokens[j + 1], or next_token for the last row; NAN when there is
+     * none): its raw log-prob in prompt_lp[j], and the top_n most likely raw tokens in
+     * prompt_top_ids / prompt_top_lp[j * PLN_TOP_MAX + 0 .. top_n) (id -1 past the vocabulary). */
+    const float *prompt_lp;
+    const int32_t *prompt_top_ids;
+    const float *prompt_top_lp;
     float *logits;              /* want_logits: [n_new, n_vocab] raw logits (engine-owned,
                                    valid until the next step) */
 } pln_step_out;
@@ -113,6 +142,11 @@ typedef struct {
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */
     uint64_t kv_bytes_per_token;/* this rank's KV cache bytes per token (all layers, K and V) */
+    bool prefix_cache;          /* automatic prefix caching on */
+    int64_t kv_blocks_cached;   /* full blocks registered in the prefix cache */
+    int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache (whole blocks) */
+    int64_t prefix_hit_tokens;  /* of those, found: their KV was not computed again */
+    int64_t fork_tokens;        /* tokens whose KV blocks a sequence shared from a sibling */
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 

@@ -51,6 +51,8 @@ static void usage(void) {
             "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --threads N             threads per rank (default: cores / ranks on the node)\n"
             "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
+            "  --no-mmap               read the rank file into memory instead of mapping it (for file\n"
+            "                          systems where a mapping is fragile; needs RAM for the whole file)\n"
             "  --quiet                 no progress, no streaming\n");
 }
 
@@ -116,6 +118,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
+        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
@@ -125,7 +128,12 @@ int cmd_generate(int argc, char **argv) {
         else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
 #undef ARG
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir || (n_prompts + n_idlists) == 0) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
+    if (dump) {
+        const char *protect[1] = {dir};
+        if (pln_path_guard(dump, protect, 1)) pln_die("--dump-logits: %s", pln_error());
+    }
     if (sp.temperature == 0) do_sample = false;
     if (sp.temperature == 0) sp.temperature = 1.0f;
     sp.do_sample = do_sample;

@@ -32,20 +32,28 @@ static void usage(FILE *f) {
             "  --max-seqs N                   engine sequence slots (default 32)\n"
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
+            "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
+            "  --chat-template FILE           serve /v1/chat/completions with this template (docs/SERVING.md)\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
             "  --max-body-bytes N             request body (default %lld)\n"
             "  --max-connections N            open HTTP connections (default %d)\n"
             "  --timeout S                    idle connection timeout in seconds (default %d)\n"
+            "  --request-timeout S            each request's head and body must arrive within S seconds of the\n"
+            "                                 connection being ready for it; also bounds keep-alive idling (default %d)\n"
+            "  --max-connections-per-client N open connections from one client address (default %d; 0 = no limit;\n"
+            "                                 behind a reverse proxy every request comes from its address)\n"
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
             "  --populate, --verify, --quiet  as for generate\n"
+            "  --no-mmap                      read the rank file into memory instead of mapping it\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
-            "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
+            "  --step-delay-ms N              test only: sleep N ms before every engine step\n"
+            "  --no-block-sharing             test only: no KV block sharing at all (prefix cache and n/best_of forks)\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
-            l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
+            l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
 }
 
 static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) {
@@ -90,9 +98,16 @@ static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
 }
 static void eng_info(void *ctx, pln_engine_info *i) { pln_engine_get_info(ctx, i); }
 
-/* ---- signals: blocked everywhere, taken by one thread ------------------------------------- */
-
-typedef struct { sigset_t set; pln_sched *sched; } sig_ctx;
+/* ---- signals: blocked everywhere, taken by one thread -------------------------------------
+ * The thread starts before anything else, so a signal is never ignored: while the process starts
+ * (MPI, loading weights, the tokenizer) it ends it at once; once rank 0 serves, it drains. On the
+ * other ranks it then does nothing: rank 0's drain ends them. */
+typedef struct {
+    sigset_t set;
+    pthread_mutex_t mu;
+    pln_sched *sched;          /* set once rank 0 serves */
+    bool serving;              /* this rank is past start-up */
+} sig_ctx;
 
 static void *signal_thread(void *arg) {
     sig_ctx *c = arg;
@@ -100,16 +115,31 @@ static void *signal_thread(void *arg) {
         int sig = 0;
         if (sigwait(&c->set, &sig)) continue;
         if (sig == SIGUSR1) return NULL;   /* main is done */
-        fprintf(stderr, "pollen serve: %s: draining (new requests get 503, in-flight ones finish)\n",
-                sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        pln_sched_stop(c->sched);
+        const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+        pthread_mutex_lock(&c->mu);
+        pln_sched *sched = c->sched;
+        bool serving = c->serving;
+        pthread_mutex_unlock(&c->mu);
+        if (!serving) {
+            /* Nothing to drain and nothing written yet: stop now, whatever start-up is doing. */
+            fprintf(stderr, "pollen serve: %s during start-up: exiting\n", name);
+            _exit(128 + sig);
+        }
+        if (!sched) continue;
+        fprintf(stderr, "pollen serve: %s: draining (new requests get 503, in-flight ones finish)\n", name);
+        pln_sched_stop(sched);
     }
+}
+
+static void stop_signal_thread(pthread_t t) {
+    pthread_kill(t, SIGUSR1);
+    pthread_join(t, NULL);
 }
 
 int cmd_serve(int argc, char **argv) {
     /* Block the shutdown signals before MPI or the HTTP server start threads, so they all inherit
      * the mask and only the signal thread ever sees them (workers just wait for rank 0). */
-    sig_ctx sc;
+    static sig_ctx sc = {.mu = PTHREAD_MUTEX_INITIALIZER};
     sigemptyset(&sc.set);
     sigaddset(&sc.set, SIGTERM);
     sigaddset(&sc.set, SIGINT);
@@ -126,6 +156,9 @@ int cmd_serve(int argc, char **argv) {
     const char *port_file = NULL;
     bool input_set = false;
     int threads = 0;
+    const char *chat_path = NULL;
+    pln_chat_template chat_tpl;
+    memset(&chat_tpl, 0, sizeof chat_tpl);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -148,26 +181,44 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body-bytes")) so.lim.max_body_bytes = int_arg(a, VAL(), 64, INT32_MAX);
         else if (!strcmp(a, "--max-connections")) so.lim.max_connections = int_arg(a, VAL(), 1, 100000);
         else if (!strcmp(a, "--timeout")) so.lim.timeout_s = int_arg(a, VAL(), 0, 86400);
+        else if (!strcmp(a, "--request-timeout")) so.lim.request_timeout_s = int_arg(a, VAL(), 1, 86400);
+        else if (!strcmp(a, "--max-connections-per-client")) so.lim.max_connections_per_client = int_arg(a, VAL(), 0, 100000);
         else if (!strcmp(a, "--max-batch-tokens")) so.lim.max_batch_tokens = int_arg(a, VAL(), 1, 1 << 20);
         else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
         else if (!strcmp(a, "--populate")) eo.populate = true;
+        else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
+        else if (!strcmp(a, "--chat-template")) chat_path = VAL();
+        else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
+        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
         else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
         else if (!eo.shard_dir) eo.shard_dir = a;
         else { fprintf(stderr, "pollen serve: unexpected argument %s\n", a); usage(stderr); return 2; }
 #undef VAL
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!eo.shard_dir) { usage(stderr); return 2; }
+    /* A signal that came during argument parsing is pending and taken here. */
+    pthread_t sig_thr;
+    if (pthread_create(&sig_thr, NULL, signal_thread, &sc)) pln_die("cannot start the signal thread");
+    if (port_file) {
+        const char *protect[1] = {eo.shard_dir};
+        if (pln_path_guard(port_file, protect, 1)) pln_die("--port-file: %s", pln_error());
+    }
     if (!input_set && so.lim.max_input_tokens >= so.lim.max_total_tokens) so.lim.max_input_tokens = so.lim.max_total_tokens - 1;
     if (so.lim.max_input_tokens >= so.lim.max_total_tokens)
         pln_die("--max-input-tokens (%d) must be below --max-total-tokens (%d)", so.lim.max_input_tokens, so.lim.max_total_tokens);
     eo.max_seq_len = so.lim.max_total_tokens;
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
+    if (chat_path) {   /* before anything loads: a broken template fails at once */
+        if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
+        so.chat_template = &chat_tpl;
+    }
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
@@ -175,13 +226,18 @@ int cmd_serve(int argc, char **argv) {
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
+        stop_signal_thread(sig_thr);
         pln_comm_free(comm);
         return 1;
     }
     if (rank != 0) {
+        pthread_mutex_lock(&sc.mu);
+        sc.serving = true;
+        pthread_mutex_unlock(&sc.mu);
         int rc = pln_engine_worker_loop(eng);
         if (rc) fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
         pln_engine_close(eng);
+        stop_signal_thread(sig_thr);
         pln_comm_free(comm);
         return rc ? 1 : 0;
     }
@@ -210,6 +266,11 @@ int cmd_serve(int argc, char **argv) {
     }
     srv = pln_server_start(&so, sched, &st);
     if (!srv) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    /* From here a signal drains (pln_sched_run sees a stop made before it starts). */
+    pthread_mutex_lock(&sc.mu);
+    sc.sched = sched;
+    sc.serving = true;
+    pthread_mutex_unlock(&sc.mu);
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
     fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s] pid %d\n",
@@ -223,23 +284,23 @@ int cmd_serve(int argc, char **argv) {
         int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));
         if (pln_write_file_atomic(port_file, buf, (size_t)n)) fprintf(stderr, "pollen serve: %s\n", pln_error());
     }
-    sc.sched = sched;
-    pthread_t sig_thr;
-    pthread_create(&sig_thr, NULL, signal_thread, &sc);
     pln_sched_run(sched);            /* returns once drained */
     pln_server_stop(srv, 30.0);      /* let the last responses reach their clients */
     srv = NULL;
-    pthread_kill(sig_thr, SIGUSR1);
-    pthread_join(sig_thr, NULL);
     fprintf(stderr, "pollen serve: drained, exiting\n");
     status = 0;
 out:
+    pthread_mutex_lock(&sc.mu);
+    sc.sched = NULL;                 /* freed below: a late signal must not reach it */
+    pthread_mutex_unlock(&sc.mu);
     pln_server_stop(srv, 0);
     pln_engine_shutdown(eng);
     pln_sched_free(sched);
     pln_engine_close(eng);
     pln_tok_free(tok);
     free(model_id);
+    pln_chat_template_free(&chat_tpl);
+    stop_signal_thread(sig_thr);
     pln_comm_free(comm);
     return status;
 }
