@@ -753,8 +753,8 @@ static int small_file_hex(const char *dir, const char *name, char hex[17]) {
 
 int pln_manifest_write(const char *dir, const pln_manifest *m) {
     if (m->tp < 1) return pln_errorf("%s: manifest: tp %d must be >= 1", dir, (int)m->tp);
-    if (!m->dtype || (strcmp(m->dtype, "fp16") && strcmp(m->dtype, "int8")))
-        return pln_errorf("%s: manifest: dtype must be \"fp16\" or \"int8\"", dir);
+    if (!m->dtype || (strcmp(m->dtype, "fp16") && strcmp(m->dtype, "int8") && strcmp(m->dtype, "int4")))
+        return pln_errorf("%s: manifest: dtype must be \"fp16\", \"int8\" or \"int4\"", dir);
     if (!m->layout || strcmp(m->layout, PLN_LAYOUT_BLOOM_TP_V1))
         return pln_errorf("%s: manifest: unknown layout \"%s\"", dir, m->layout ? m->layout : "(null)");
     if (!m->files) return pln_errorf("%s: manifest: no files", dir);
@@ -1018,13 +1018,16 @@ static int shardset_parse(pln_shardset *set, const char *path) {
     if (json_array_size(files) != (size_t)set->tp)
         return pln_errorf("%s: %zu rank files listed but tp is %d", path, json_array_size(files), (int)set->tp);
     if (get_str(root, "dtype", &s, path, "")) return -1;
-    if (strcmp(s, "fp16") && strcmp(s, "int8")) return pln_errorf("%s: dtype \"%s\" is not \"fp16\" or \"int8\"", path, s);
+    if (strcmp(s, "fp16") && strcmp(s, "int8") && strcmp(s, "int4"))
+        return pln_errorf("%s: dtype \"%s\" is not \"fp16\", \"int8\" or \"int4\"", path, s);
     snprintf(set->dtype, sizeof set->dtype, "%s", s);
     if (get_int(root, "group_size", &set->group_size, path, "")) return -1;
     if (set->group_size < 0) return pln_errorf("%s: group_size %lld is negative", path, (long long)set->group_size);
     json_t *qe = json_object_get(root, "quantize_embedding");
     if (!json_is_boolean(qe)) return pln_errorf("%s: \"quantize_embedding\" is missing or not a boolean", path);
     set->quantize_embedding = json_is_true(qe);
+    if (!strcmp(set->dtype, "int4") && set->group_size != 32 && set->group_size != 64 && set->group_size != 128)
+        return pln_errorf("%s: group_size %lld: dtype \"int4\" needs 32, 64 or 128", path, (long long)set->group_size);
     if (!strcmp(set->dtype, "fp16") && (set->group_size != 0 || set->quantize_embedding))
         return pln_errorf("%s: \"%s\" must be %s for dtype \"fp16\"", path, set->group_size ? "group_size" : "quantize_embedding",
                           set->group_size ? "0" : "false");
@@ -1117,7 +1120,8 @@ pln_shard *pln_shardset_open_rank(const pln_shardset *set, int32_t rank) {
     const pln_shardset_file *f = &set->files[rank];
     pln_shard *s = pln_shard_open(f->path);
     if (!s) return NULL;
-    pln_layout_params lp = {&set->config, set->tp, !strcmp(set->dtype, "int8"), set->group_size, set->quantize_embedding, set->vocab_padded};
+    pln_layout_params lp = {&set->config, set->tp, !strcmp(set->dtype, "int8"), set->group_size, set->quantize_embedding, set->vocab_padded,
+                            !strcmp(set->dtype, "int4")};
     pln_shard_spec *specs = NULL;
     size_t n = 0;
     if (s->rank != (uint32_t)rank || s->n_ranks != (uint32_t)set->tp) {
@@ -1187,12 +1191,15 @@ static void add_spec(spec_list *l, pln_dtype dt, int ndim, int64_t d0, int64_t d
     if (ndim > 1) s->shape[1] = d1;
 }
 
-/* A linear weight [rows, cols]: F16, or I8 followed by its F16 scales [rows, cols / G]. */
-static int add_linear(spec_list *l, bool int8, int64_t group, int64_t rows, int64_t cols, const char *name) {
-    if (!int8) { add_spec(l, PLN_DTYPE_F16, 2, rows, cols, "%s", name); return 0; }
+/* A linear weight [rows, cols]: F16 (bits 16), or I8 (bits 8) or packed int4 U8 [rows, cols / 2]
+ * (bits 4) followed by its F16 scales [rows, cols / G]. */
+static int add_linear(spec_list *l, int bits, int64_t group, int64_t rows, int64_t cols, const char *name) {
+    if (bits == 16) { add_spec(l, PLN_DTYPE_F16, 2, rows, cols, "%s", name); return 0; }
     int64_t g = group ? group : cols;
     if (cols % g) return pln_errorf("%s: group size %lld does not divide its %lld input columns", name, (long long)g, (long long)cols);
-    add_spec(l, PLN_DTYPE_I8, 2, rows, cols, "%s", name);
+    if (bits == 4 && g % 32) return pln_errorf("%s: int4 group size %lld is not a multiple of 32", name, (long long)g);
+    if (bits == 4) add_spec(l, PLN_DTYPE_U8, 2, rows, cols / 2, "%s", name);
+    else add_spec(l, PLN_DTYPE_I8, 2, rows, cols, "%s", name);
     add_spec(l, PLN_DTYPE_F16, 2, rows, cols / g, "%s_scale", name);
     return 0;
 }
@@ -1210,30 +1217,34 @@ pln_shard_spec *pln_layout_bloom_tp_v1(const pln_layout_params *p, int32_t rank,
                    (long long)c->vocab_size, (long long)tp);
         return NULL;
     }
-    if (p->group_size < 0 || (!p->int8 && p->group_size)) { pln_errorf("bloom-tp-v1: group_size %lld needs dtype int8", (long long)p->group_size); return NULL; }
-    if (p->quantize_embedding && !p->int8) { pln_errorf("bloom-tp-v1: quantize_embedding needs dtype int8"); return NULL; }
+    bool quant = p->int8 || p->int4;
+    if (p->int8 && p->int4) { pln_errorf("bloom-tp-v1: dtype int8 and int4 at once"); return NULL; }
+    if (p->group_size < 0 || (!quant && p->group_size)) { pln_errorf("bloom-tp-v1: group_size %lld needs dtype int8 or int4", (long long)p->group_size); return NULL; }
+    if (p->int4 && !p->group_size) { pln_errorf("bloom-tp-v1: dtype int4 needs a group_size"); return NULL; }
+    if (p->quantize_embedding && !quant) { pln_errorf("bloom-tp-v1: quantize_embedding needs dtype int8 or int4"); return NULL; }
+    int lin = p->int4 ? 4 : p->int8 ? 8 : 16;
     int64_t Vr = p->vocab_padded / tp, Hl = H / tp;
     spec_list l = {0};
     char nm[96];
-    if (add_linear(&l, p->int8 && p->quantize_embedding, p->group_size, Vr, H, "word_embeddings.weight")) goto fail;
+    if (add_linear(&l, p->quantize_embedding ? 8 : 16, p->group_size, Vr, H, "word_embeddings.weight")) goto fail;
     add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "word_embeddings_layernorm.weight");
     add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "word_embeddings_layernorm.bias");
     for (int64_t i = 0; i < c->n_layer; i++) {
         add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "h.%lld.input_layernorm.weight", (long long)i);
         add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "h.%lld.input_layernorm.bias", (long long)i);
         snprintf(nm, sizeof nm, "h.%lld.self_attention.query_key_value.weight", (long long)i);
-        if (add_linear(&l, p->int8, p->group_size, 3 * Hl, H, nm)) goto fail;
+        if (add_linear(&l, lin, p->group_size, 3 * Hl, H, nm)) goto fail;
         add_spec(&l, PLN_DTYPE_F16, 1, 3 * Hl, 0, "h.%lld.self_attention.query_key_value.bias", (long long)i);
         snprintf(nm, sizeof nm, "h.%lld.self_attention.dense.weight", (long long)i);
-        if (add_linear(&l, p->int8, p->group_size, H, Hl, nm)) goto fail;
+        if (add_linear(&l, lin, p->group_size, H, Hl, nm)) goto fail;
         add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "h.%lld.self_attention.dense.bias", (long long)i);
         add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "h.%lld.post_attention_layernorm.weight", (long long)i);
         add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "h.%lld.post_attention_layernorm.bias", (long long)i);
         snprintf(nm, sizeof nm, "h.%lld.mlp.dense_h_to_4h.weight", (long long)i);
-        if (add_linear(&l, p->int8, p->group_size, 4 * Hl, H, nm)) goto fail;
+        if (add_linear(&l, lin, p->group_size, 4 * Hl, H, nm)) goto fail;
         add_spec(&l, PLN_DTYPE_F16, 1, 4 * Hl, 0, "h.%lld.mlp.dense_h_to_4h.bias", (long long)i);
         snprintf(nm, sizeof nm, "h.%lld.mlp.dense_4h_to_h.weight", (long long)i);
-        if (add_linear(&l, p->int8, p->group_size, H, 4 * Hl, nm)) goto fail;
+        if (add_linear(&l, lin, p->group_size, H, 4 * Hl, nm)) goto fail;
         add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "h.%lld.mlp.dense_4h_to_h.bias", (long long)i);
     }
     add_spec(&l, PLN_DTYPE_F16, 1, H, 0, "ln_f.weight");
@@ -1265,7 +1276,7 @@ int pln_layout_check_scales(const pln_shard *s) {
             if (h >= 1 && h <= 0x7bff) continue;
             int64_t cols = t->ndim == 2 && t->shape[1] > 0 ? t->shape[1] : 1;
             const char *what = (h & 0x7c00) == 0x7c00 ? ((h & 0x3ff) ? "NaN" : "infinite") : (h & 0x7fff) == 0 ? "zero" : "negative";
-            return pln_errorf("%s: tensor \"%s\": scale [%lld, %lld] is %s (fp16 bits 0x%04x); int8 scales must be finite and "
+            return pln_errorf("%s: tensor \"%s\": scale [%lld, %lld] is %s (fp16 bits 0x%04x); scales must be finite and "
                               "positive: the file is corrupt; re-run reshard", s->path, t->name, (long long)(k / (uint64_t)cols),
                               (long long)(k % (uint64_t)cols), what, h);
         }

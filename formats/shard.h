@@ -161,8 +161,8 @@ const char *pln_shard_file_name(uint32_t rank, uint32_t n_ranks, char *buf, size
 typedef struct {
     pln_bloom_config config;
     int32_t tp;
-    const char *dtype;           /* "fp16" or "int8" */
-    int64_t group_size;          /* int8: input columns per scale, 0 = per output channel */
+    const char *dtype;           /* "fp16", "int8" or "int4" */
+    int64_t group_size;          /* int8: input columns per scale, 0 = per output channel; int4: 32, 64 or 128 */
     bool quantize_embedding;
     int64_t vocab_padded;        /* vocab_size rounded up to a multiple of tp */
     const char *layout;          /* PLN_LAYOUT_BLOOM_TP_V1 */
@@ -200,8 +200,8 @@ typedef struct {
     char layout[PLN_SHARD_LAYOUT_MAX];
     pln_bloom_config config;
     int32_t tp;
-    char dtype[8];               /* "fp16" or "int8" */
-    int64_t group_size;          /* 0 = per channel */
+    char dtype[8];               /* "fp16", "int8" or "int4" */
+    int64_t group_size;          /* 0 = per channel (int8 only) */
     bool quantize_embedding;
     int64_t vocab_padded;
     pln_shardset_file *files;    /* [tp], index = rank */
@@ -235,12 +235,13 @@ typedef struct {
     int32_t tp;
     bool int8;                   /* dtype "int8" */
     int64_t group_size;          /* 0 = per channel */
-    bool quantize_embedding;
+    bool quantize_embedding;     /* int8 embedding (dtype int8 or int4) */
     int64_t vocab_padded;
+    bool int4;                   /* dtype "int4": the four linear weights packed int4 (U8) + scales */
 } pln_layout_params;
 pln_shard_spec *pln_layout_bloom_tp_v1(const pln_layout_params *p, int32_t rank, size_t *n);
 void pln_layout_free(pln_shard_spec *specs, size_t n);
-/* Checks that every int8 scale (each F16 tensor whose name ends in "_scale") is finite and
+/* Checks that every int8/int4 scale (each F16 tensor whose name ends in "_scale") is finite and
  * positive, as the writer makes them: a NaN, infinite, zero or negative scale turns whole rows of
  * weights into garbage. Reads only the scales (~1/(2G) of the int8 weights' bytes). -1 with an
  * error naming the file, tensor, element and value on the first bad one. */

@@ -45,10 +45,14 @@ int pln_tp_check(const pln_tp_model *m, const pln_tp_opts *o) {
         return pln_errorf("--tp %d: n_head %lld is not divisible by %d (each rank needs whole attention heads); TP sizes that work: %s",
                           o->tp, (long long)m->n_head, o->tp, list);
     }
-    if (o->quantize_embedding && !o->int8)
-        return pln_errorf("--quantize-embedding needs --dtype int8");
+    if (o->int8 && o->int4) return pln_errorf("--dtype: int8 and int4 exclude each other");
+    if (o->quantize_embedding && !o->int8 && !o->int4)
+        return pln_errorf("--quantize-embedding needs --dtype int8 or int4");
     if (o->group_size < 0) return pln_errorf("--group-size %lld: must be positive", (long long)o->group_size);
-    if (o->int8 && o->group_size > 0) {
+    if (o->int4 && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
+        return pln_errorf("--group-size %lld: int4 needs 32, 64 or 128 (the packed layout works in blocks of 32 columns)",
+                          (long long)o->group_size);
+    if ((o->int8 || o->int4) && o->group_size > 0) {
         int64_t H = m->hidden, tp = o->tp;
         int64_t dims[3] = {H, H / tp, 4 * H / tp};
         for (int i = 0; i < 3; i++)
@@ -109,10 +113,10 @@ static void add_vector_split(plan_buf *b, const char *name, int64_t n) {
     e->rows = per;
 }
 
-/* A matrix [R, C]: rows split (padded to padded_rows first), columns split, or whole; int8 when
- * quant, followed by its scale entry. */
+/* A matrix [R, C]: rows split (padded to padded_rows first), columns split, or whole; int8
+ * (quant 8) or packed int4 (quant 4) followed by its scale entry, else fp16 (quant 0). */
 static void add_matrix(plan_buf *b, const char *name, int64_t R, int64_t C, pln_tp_split split,
-                       int64_t padded_rows, bool quant) {
+                       int64_t padded_rows, int quant) {
     int tp = b->o->tp, r = b->rank;
     pln_tp_entry *e = push(b);
     set_names(e, name);
@@ -141,10 +145,11 @@ static void add_matrix(plan_buf *b, const char *name, int64_t R, int64_t C, pln_
         e->dtype = PLN_DTYPE_F16;
         return;
     }
-    e->transform = PLN_TP_QUANT_I8;
-    e->dtype = PLN_DTYPE_I8;
+    e->transform = quant == 4 ? PLN_TP_QUANT_I4 : PLN_TP_QUANT_I8;
+    e->dtype = quant == 4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8;
     e->group = b->o->group_size ? b->o->group_size : e->cols;
     pln_tp_entry w = *e;
+    if (quant == 4) e->shape[1] /= 2;   /* two weights per byte */
     pln_tp_entry *s = push(b);
     *s = w;
     size_t len = strlen(w.name);
@@ -163,23 +168,25 @@ int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_en
     plan_buf b = {.o = o, .rank = rank};
     int64_t H = m->hidden;
     char name[PLN_TP_NAME_MAX];
+    /* the embedding is int8 at most: it is also the logits matrix, the most sensitive one */
+    int lin = o->int4 ? 4 : o->int8 ? 8 : 0;
     add_matrix(&b, "word_embeddings.weight", m->vocab_size, H, PLN_TP_SPLIT_ROWS,
-               pln_tp_vocab_padded(m->vocab_size, o->tp), o->int8 && o->quantize_embedding);
+               pln_tp_vocab_padded(m->vocab_size, o->tp), o->quantize_embedding ? 8 : 0);
     add_vector(&b, "word_embeddings_layernorm.weight", H);
     add_vector(&b, "word_embeddings_layernorm.bias", H);
     for (int64_t i = 0; i < m->n_layer; i++) {
 #define NM(suffix) (snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix), name)
         add_vector(&b, NM("input_layernorm.weight"), H);
         add_vector(&b, NM("input_layernorm.bias"), H);
-        add_matrix(&b, NM("self_attention.query_key_value.weight"), 3 * H, H, PLN_TP_SPLIT_ROWS, 3 * H, o->int8);
+        add_matrix(&b, NM("self_attention.query_key_value.weight"), 3 * H, H, PLN_TP_SPLIT_ROWS, 3 * H, lin);
         add_vector_split(&b, NM("self_attention.query_key_value.bias"), 3 * H);
-        add_matrix(&b, NM("self_attention.dense.weight"), H, H, PLN_TP_SPLIT_COLS, H, o->int8);
+        add_matrix(&b, NM("self_attention.dense.weight"), H, H, PLN_TP_SPLIT_COLS, H, lin);
         add_vector(&b, NM("self_attention.dense.bias"), H);
         add_vector(&b, NM("post_attention_layernorm.weight"), H);
         add_vector(&b, NM("post_attention_layernorm.bias"), H);
-        add_matrix(&b, NM("mlp.dense_h_to_4h.weight"), 4 * H, H, PLN_TP_SPLIT_ROWS, 4 * H, o->int8);
+        add_matrix(&b, NM("mlp.dense_h_to_4h.weight"), 4 * H, H, PLN_TP_SPLIT_ROWS, 4 * H, lin);
         add_vector_split(&b, NM("mlp.dense_h_to_4h.bias"), 4 * H);
-        add_matrix(&b, NM("mlp.dense_4h_to_h.weight"), H, 4 * H, PLN_TP_SPLIT_COLS, H, o->int8);
+        add_matrix(&b, NM("mlp.dense_4h_to_h.weight"), H, 4 * H, PLN_TP_SPLIT_COLS, H, lin);
         add_vector(&b, NM("mlp.dense_4h_to_h.bias"), H);
 #undef NM
     }
@@ -224,6 +231,15 @@ int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, 
         srcs[i] = t;
     }
     return 0;
+}
+
+bool pln_tp_is_quant(const pln_tp_entry *e) {
+    return e->transform == PLN_TP_QUANT_I8 || e->transform == PLN_TP_QUANT_I4;
+}
+
+size_t pln_tp_row_bytes(const pln_tp_entry *e) {
+    if (e->transform == PLN_TP_QUANT_I4) return (size_t)e->cols / 2;
+    return (size_t)e->cols * (e->transform == PLN_TP_QUANT_I8 ? 1 : 2);
 }
 
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e) {
@@ -627,4 +643,89 @@ void pln_tp_quant_rows(const float *w, size_t ld, int64_t nr, int64_t cols, int6
 #endif
     for (; r < nr; r++)
         pln_tp_quant_row(w + (size_t)r * ld, cols, group, q + (size_t)r * (size_t)cols, scales + r * ngroups, err + r);
+}
+
+/* ---- int4 ---- */
+
+/* round(x * inv) clamped to [-8, 7], ties away from zero (quant_fast's rule on the int4 range). */
+static inline int quant4(float x, float inv) {
+    float v = x * inv;
+    v = v == v ? v : 0.0f;
+    v = v < 7.0f ? v : 7.0f;
+    v = v > -8.0f ? v : -8.0f;
+    int t = (int)v;
+    float frac = v - (float)t;
+    return t + (frac >= 0.5f) - (frac <= -0.5f);
+}
+
+/* A positive, finite fp16 scale for s (> 0 or not), as pln_tp_scale_f16 clamps. */
+static uint16_t scale16(float s) {
+    if (!(s > 0)) return 0x3c00;
+    if (s > PLN_F16_MAX) return 0x7bff;
+    uint16_t h = pln_f32_to_f16(s);
+    return (h & 0x7fff) == 0 ? 0x0001 : h;
+}
+
+/* Squared error of the group quantized with the fp16 scale h (q written to qs). */
+static double group_err4(const float *w, int64_t n, uint16_t h, int8_t *qs) {
+    float s = pln_f16_to_f32(h), inv = 1.0f / s;
+    double e = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int q = quant4(w[j], inv);
+        qs[j] = (int8_t)q;
+        double d = (double)w[j] - (double)pln_dequant_i4(q, s);
+        e += d * d;
+    }
+    return e;
+}
+
+/* Clipping grid: the group's largest magnitude maps to +-D levels. D = 7 clips nothing (absmax);
+ * D up to 8 loses nothing either for a negative extreme (the -8 level); larger D clips the tails
+ * to round the bulk of the group more finely. Each candidate is then refined by the least-squares
+ * scale for its rounding, sum(w q) / sum(q q), the calibration-free search of the best RTN int4
+ * quantizers (llama.cpp's make_qx_quants, the clip search of AWQ). */
+static const float I4_GRID[] = {6.75f, 7.0f, 7.25f, 7.5f, 7.75f, 8.0f, 8.25f, 8.5f, 8.75f, 9.0f, 9.5f};
+
+void pln_tp_quant_row_i4(const float *restrict w, int64_t cols, int64_t group, pln_tp_i4_method method,
+                         uint8_t *restrict packed, uint16_t *restrict scales, pln_tp_qerr *err) {
+    PLN_ASSERT(group % 32 == 0 && group <= 4096 && cols % group == 0);
+    int8_t qbest[4096], qtry[4096];
+    double se = 0, sr = 0, m = 0;
+    memset(packed, 0, (size_t)cols / 2);
+    for (int64_t g0 = 0, gi = 0; g0 < cols; g0 += group, gi++) {
+        const float *x = w + g0;
+        float amax = 0;
+        for (int64_t j = 0; j < group; j++) { float a = fabsf(x[j]); amax = a > amax ? a : amax; }
+        uint16_t best = scale16(amax / 7.0f);
+        double best_e = group_err4(x, group, best, qbest);
+        if (method == PLN_TP_I4_SEARCH && amax > 0) {
+            for (size_t c = 0; c < sizeof I4_GRID / sizeof I4_GRID[0]; c++) {
+                uint16_t h = scale16(amax / I4_GRID[c]);
+                for (int pass = 0; pass < 2; pass++) {
+                    double e = group_err4(x, group, h, qtry);
+                    if (e < best_e) { best_e = e; best = h; memcpy(qbest, qtry, (size_t)group); }
+                    if (pass) break;
+                    double wq = 0, qq = 0;   /* least-squares scale for this rounding */
+                    for (int64_t j = 0; j < group; j++) { wq += (double)x[j] * qtry[j]; qq += (double)qtry[j] * qtry[j]; }
+                    if (!(qq > 0) || !(wq > 0)) break;
+                    uint16_t h2 = scale16((float)(wq / qq));
+                    if (h2 == h) break;
+                    h = h2;
+                }
+            }
+        }
+        scales[gi] = best;
+        float s = pln_f16_to_f32(best);
+        for (int64_t j = 0; j < group; j++) {
+            pln_i4_set(packed, g0 + j, qbest[j]);
+            double d = (double)x[j] - (double)pln_dequant_i4(qbest[j], s);
+            se += d * d;
+            sr += (double)x[j] * x[j];
+            m = fabs(d) > m ? fabs(d) : m;
+        }
+    }
+    err->err2 += se;
+    err->ref2 += sr;
+    if (m > err->max_abs) err->max_abs = m;
+    err->n += (uint64_t)cols;
 }

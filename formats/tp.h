@@ -25,8 +25,9 @@ typedef struct {
 typedef struct {
     int tp;                   /* number of ranks, >= 1 */
     bool int8;                /* int8 weight-only for the four linear weights of every layer */
-    int64_t group_size;       /* input columns per scale; 0 = one scale per output channel */
-    bool quantize_embedding;  /* int8 also for word_embeddings.weight (needs int8) */
+    bool int4;                /* int4 weight-only for them instead (packed, grouped: needs group_size) */
+    int64_t group_size;       /* input columns per scale; 0 = one scale per output channel (int8 only) */
+    bool quantize_embedding;  /* int8 for word_embeddings.weight (needs int8 or int4) */
 } pln_tp_opts;
 
 typedef enum {
@@ -39,6 +40,7 @@ typedef enum {
     PLN_TP_TO_F16 = 0,        /* round to fp16 (RNE), out-of-range values clamped and counted */
     PLN_TP_QUANT_I8,          /* symmetric int8; the entry after it holds its scales */
     PLN_TP_QUANT_SCALE,       /* F16 scales [rows, cols/group] of the entry before it */
+    PLN_TP_QUANT_I4,          /* symmetric int4, packed two per byte (U8 [rows, cols/2]); scales follow */
 } pln_tp_transform;
 
 /* One rank tensor. 1-D tensors are seen as [n, 1] matrices so every slice is rows x columns. */
@@ -47,7 +49,7 @@ typedef struct {
     char source[PLN_TP_NAME_MAX];  /* source tensor, without "transformer." */
     pln_tp_transform transform;
     pln_tp_split split;
-    pln_dtype dtype;               /* F16 or I8 */
+    pln_dtype dtype;               /* F16, I8, or U8 (packed int4) */
     int ndim;                      /* 1 or 2 */
     int64_t shape[2];              /* rank tensor shape (shape[1] = 1 when ndim == 1) */
     int src_ndim;
@@ -55,7 +57,7 @@ typedef struct {
     int64_t row0, rows;            /* source rows taken: [row0, row0 + rows) */
     int64_t pad_rows;              /* zero rows written after them */
     int64_t col0, cols;            /* source columns taken: [col0, col0 + cols) */
-    int64_t group;                 /* columns per scale for I8 and scale entries, else 0 */
+    int64_t group;                 /* columns per scale for I8/I4 and scale entries, else 0 */
 } pln_tp_entry;
 
 /* The split-relevant part of a parsed config.json. */
@@ -72,6 +74,11 @@ int pln_tp_check(const pln_tp_model *m, const pln_tp_opts *o);
 /* The rank's tensors in file order. *out is allocated (free() it); -1 with an error when
  * pln_tp_check fails or rank is out of range. */
 int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_entry **out, size_t *n_out);
+
+/* True for the weight entries of a quantized matrix (I8 or I4; the next entry holds its scales). */
+bool pln_tp_is_quant(const pln_tp_entry *e);
+/* Bytes of one stored row of a matrix entry: cols x 2 (F16), cols (I8), cols / 2 (packed I4). */
+size_t pln_tp_row_bytes(const pln_tp_entry *e);
 
 /* Bytes of the rank tensor (rows + pad_rows for the data, per-group scales for scale entries). */
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e);
@@ -128,5 +135,22 @@ void pln_tp_quant_rows(const float *w, size_t ld, int64_t nr, int64_t cols, int6
 /* The rounding pln_tp_quant_row uses: identical to pln_quant_i8 (kernels/pln_math.h) for every
  * input, without a libm call. Exposed for the test that proves it. */
 int8_t pln_tp_quant_one(float x, float inv_scale);
+
+/* ---- int4 ------------------------------------------------------------------------------
+ * Symmetric: w ~ q * scale with q in [-8, 7], one fp16 scale per group of G columns (G a
+ * multiple of 32), packed as docs/FORMAT.md says (pln_i4_* in kernels/pln_math.h). */
+
+/* How a group's int4 scale is chosen. */
+typedef enum {
+    PLN_TP_I4_ABSMAX = 0,  /* scale = fp16(absmax / 7): no value clipped (the baseline) */
+    PLN_TP_I4_SEARCH,      /* the scale of least squared error over a grid of clipping ratios, each
+                            * refined by least squares for its rounding (what reshard writes) */
+} pln_tp_i4_method;
+
+/* Quantizes one row of cols values (cols % 32 == 0, group % 32 == 0, group divides cols) into
+ * cols/2 packed bytes and cols/group fp16 scales; adds the row's error to *err (double sums in
+ * a fixed order: deterministic). The error is measured with the stored (fp16) scale. */
+void pln_tp_quant_row_i4(const float *w, int64_t cols, int64_t group, pln_tp_i4_method method,
+                         uint8_t *packed, uint16_t *scales, pln_tp_qerr *err);
 
 #endif

@@ -25,12 +25,14 @@
 
 /* A linear layer's weight as the kernels consume it (the shard stores exactly this). */
 typedef struct {
-    pln_dtype dtype;        /* PLN_DTYPE_F16 or PLN_DTYPE_I8 */
+    pln_dtype dtype;        /* PLN_DTYPE_F16, PLN_DTYPE_I8, or PLN_DTYPE_U8 = packed int4 */
     int64_t rows;           /* out features */
-    int64_t cols;           /* in features */
-    const void *w;          /* [rows, cols] row-major, F16 or I8 */
-    const uint16_t *scale;  /* I8 only: F16 [rows, cols / group] (group = cols for per-channel) */
-    int64_t group;          /* I8 only: input columns per scale; == cols for per-output-channel */
+    int64_t cols;           /* in features (int4: a multiple of 32) */
+    const void *w;          /* [rows, cols] row-major, F16 or I8; int4: [rows, cols / 2] bytes in
+                             * the packed layout of docs/FORMAT.md (pln_i4_get in pln_math.h) */
+    const uint16_t *scale;  /* I8/int4: F16 [rows, cols / group] (group = cols for per-channel) */
+    int64_t group;          /* I8/int4: input columns per scale; == cols for per-output-channel
+                             * (int8 only); int4: a multiple of 32 */
 } pln_weight;
 
 /* Where each token of the step sits, for attention over the paged KV cache. All pointers are

@@ -108,6 +108,23 @@ PLN_HD int8_t pln_quant_i8(float x, float inv_scale) {
     return (int8_t)v;
 }
 
+/* Packed int4 (docs/FORMAT.md, "int4 weight-only"): a row of C columns (C % 32 == 0) is C/2
+ * bytes; the 32 columns of block b = k / 32 are the 16 bytes at 16·b, byte j holding column
+ * 32b + j in its low nibble and column 32b + 16 + j in its high nibble, each as q + 8 with q in
+ * [-8, 7]. One 16-byte load gives a whole block: the low nibbles (x & 0x0f) are its first 16
+ * columns in order, the high ones (x >> 4) its last 16, so SIMD unpacks with one mask and one
+ * shift and no shuffle. w = q * scale[row, k / G]. */
+PLN_HD int pln_i4_get(const uint8_t *row, int64_t k) {
+    uint8_t b = row[(k >> 5) * 16 + (k & 15)];
+    return (int)((k & 16) ? b >> 4 : b & 15) - 8;
+}
+PLN_HD void pln_i4_set(uint8_t *row, int64_t k, int q) {
+    uint8_t *b = &row[(k >> 5) * 16 + (k & 15)];
+    uint8_t v = (uint8_t)(q + 8) & 15;
+    *b = (k & 16) ? (uint8_t)((*b & 0x0f) | (v << 4)) : (uint8_t)((*b & 0xf0) | v);
+}
+PLN_HD float pln_dequant_i4(int q, float scale) { return (float)q * scale; }
+
 /* ALiBi slope of head h (0-based) for n_head heads, exactly as modeling_bloom.py's
  * build_alibi_tensor: p = 2^floor(log2(n)); base = 2^(-(2^-(log2(p)-3))) = 2^(-8/p);
  * heads < p get base^(h+1); the others get extra^(1,3,5,...) with extra = 2^(-4/p). */

@@ -143,7 +143,7 @@ typedef struct {
     int32_t tp, rank;
     int64_t n_vocab;            /* real vocabulary (logits beyond are never sampled) */
     int64_t hidden, n_head, n_layer;
-    const char *dtype;          /* "fp16" or "int8" */
+    const char *dtype;          /* "fp16", "int8" or "int4" */
     const char *backend;
     int64_t kv_blocks_total, kv_blocks_free;
     int32_t block_size, max_seqs, max_seq_len;

@@ -243,8 +243,11 @@ static int weight(pln_loader *l, const char *name, int64_t rows, int64_t cols, p
     const pln_shard_tensor *t = find(l, name);
     if (!t) return -1;
     char sh[64];
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols || (t->dtype != PLN_DTYPE_F16 && t->dtype != PLN_DTYPE_I8))
-        return pln_errorf("%s: tensor %s is %s %s, expected F16 or I8 [%lld, %lld]", l->shard->path, name,
+    /* packed int4 (U8) holds two weights per byte: [rows, cols / 2] */
+    int64_t stored = t->dtype == PLN_DTYPE_U8 ? cols / 2 : cols;
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != stored || (t->dtype == PLN_DTYPE_U8 && cols % 32) ||
+        (t->dtype != PLN_DTYPE_F16 && t->dtype != PLN_DTYPE_I8 && t->dtype != PLN_DTYPE_U8))
+        return pln_errorf("%s: tensor %s is %s %s, expected F16 or I8 [%lld, %lld] (or U8, packed int4, with half the columns)", l->shard->path, name,
                           pln_dtype_name(t->dtype), pln_shape_str(t->shape, t->ndim, sh, sizeof sh),
                           (long long)rows, (long long)cols);
     memset(out, 0, sizeof *out);
@@ -252,7 +255,7 @@ static int weight(pln_loader *l, const char *name, int64_t rows, int64_t cols, p
     out->rows = rows;
     out->cols = cols;
     out->w = host ? pln_shard_data(l->shard, t) : dev_ptr(l, t);
-    if (t->dtype == PLN_DTYPE_I8) {
+    if (t->dtype == PLN_DTYPE_I8 || t->dtype == PLN_DTYPE_U8) {
         char sname[PLN_SHARD_NAME_MAX + 8];
         snprintf(sname, sizeof sname, "%s_scale", name);
         const pln_shard_tensor *st = find(l, sname);
@@ -263,6 +266,9 @@ static int weight(pln_loader *l, const char *name, int64_t rows, int64_t cols, p
                               (long long)rows, (long long)cols);
         out->scale = host ? pln_shard_data(l->shard, st) : dev_ptr(l, st);
         out->group = cols / st->shape[1];
+        if (t->dtype == PLN_DTYPE_U8 && out->group % 32)
+            return pln_errorf("%s: tensor %s: int4 groups of %lld columns; the packed layout needs a multiple of 32", l->shard->path,
+                              sname, (long long)out->group);
     }
     return 0;
 }

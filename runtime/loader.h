@@ -19,7 +19,7 @@ typedef struct {
     float eps;
     int32_t tp, rank;
     int32_t eos_id, bos_id, pad_id;
-    char dtype[8];              /* "fp16" or "int8" */
+    char dtype[8];              /* "fp16", "int8" or "int4" */
     int64_t group_size;         /* int8: 0 = per output channel */
     bool quantize_embedding;
 } pln_model_config;

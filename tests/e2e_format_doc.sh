@@ -2,7 +2,7 @@
 # e2e_format_doc.sh — proves docs/FORMAT.md: tests/tools/read_shard.py, a reader written from the
 # document alone (stdlib Python, its own XXH3), must validate pollen-written sets, verify every
 # checksum, and agree with `pollen inspect --json` on names, dtypes, shapes, offsets, checksums and
-# values (int8 dequantized as the document says). Needs python3; SKIPs without it.
+# values (int8 and int4 dequantized as the document says). Needs python3; SKIPs without it.
 source tests/e2e.sh
 HELPER=${PLN_BUILD:-build}/tests/test_shard
 PY=tests/tools/read_shard.py
@@ -72,6 +72,14 @@ if "$POLLEN" reshard --help >/dev/null 2>&1 && [ -d tests/fixtures/models/bloom-
   [ -d "$R1" ] && check_set "$R1" "reshard int8 tp2"
   check "reshard bloom-6h tp3 fp16" "$POLLEN" reshard tests/fixtures/models/bloom-6h/fp32-st -o "$R2" --tp 3 --dtype fp16
   [ -d "$R2" ] && check_set "$R2" "reshard fp16 tp3"
+  R3=$TMP/r-int4
+  check "reshard bloom-6h tp3 int4 g32 + int8 embedding" "$POLLEN" reshard tests/fixtures/models/bloom-6h/fp32-st -o "$R3" \
+    --tp 3 --dtype int4 --group-size 32 --quantize-embedding
+  [ -d "$R3" ] && check_set "$R3" "reshard int4 tp3"
+  check "values: int4 dequantized (packed nibbles)" same_head "$R3" 2 h.1.mlp.dense_4h_to_h.weight
+  check "values: int4 qkv dequantized" same_head "$R3" 0 h.0.self_attention.query_key_value.weight
+  check "values: int8 embedding of an int4 set" same_head "$R3" 1 word_embeddings.weight
+  check "doc reader: one int4 rank file alone" python3 "$PY" "$R3/rank-1-of-3.pln"
 else
   echo "SKIP: pollen reshard not in this build"
 fi

@@ -133,6 +133,19 @@ if "$POLLEN" reshard --help >/dev/null 2>&1 && [ -d "$FIX/bloom-4h" ]; then
   check "int8 dequantized values within half a step of the source (max $d)" lt "$d" 0.002
   o=$(out "$R8" --stats)
   check "stats show the converter's quantization error" has "$o" "^1 +$Q +I8 .*quant rel rms 0\.00[0-9]+"
+  # int4: the set line names the group, the packed tensor shows U8 [rows, cols/2] with its
+  # dequantized statistics and recorded error, and --head gives dequantized values within a step.
+  R4=$TMP/r-int4
+  check "reshard int4 g32 tp2" "$POLLEN" reshard "$SRC" -o "$R4" --tp 2 --dtype int4 --group-size 32 --quiet
+  o=$(out "$R4" --stats)
+  check "int4 set line" has "$o" "dtype int4 \(group size 32\), quantize_embedding no"
+  check "int4 stats: U8 packed, dequantized, scale range, recorded error" has "$o" \
+    "^0 +$Q +U8 +\[96, 32\] .*\[0\.0[0-9]+, 0\.0[0-9]+\]  quant rel rms 0\.0[5-9][0-9]*"
+  q4=$(head_vals "$R4" --tensor $Q --head 8 | head -n 8)
+  d=$(paste <(echo "$src") <(echo "$q4") | awk 'BEGIN{m=0} {d=$1-$2; if(d<0)d=-d; if(d>m)m=d} END{print m}')
+  echo "int4 rank 0 qkv head vs source: max abs diff $d"
+  check "int4 dequantized values near the source (max $d)" lt "$d" 0.05
+  check "int4 head differs from the source (it is quantized)" [ "$src" != "$q4" ]
 else
   echo "SKIP: pollen reshard not in this build"
 fi

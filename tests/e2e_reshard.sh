@@ -64,7 +64,8 @@ done
 if [ -z "$direct_dir" ]; then
   echo "SKIP: O_DIRECT compare: neither $TMP ($(df -T "$TMP" | awk 'NR==2{print $2}')) nor ${PLN_BUILD:-build} takes O_DIRECT writes"
 else
-  for c in "bloom-4h/fp16-st 2 fp16" "bloom-6h/bf16-st 3 int8" "bloom-4h/fp32-bin 4 int8 --group-size 16 --quantize-embedding"; do
+  for c in "bloom-4h/fp16-st 2 fp16" "bloom-6h/bf16-st 3 int8" "bloom-4h/fp32-bin 4 int8 --group-size 16 --quantize-embedding" \
+           "bloom-6h/bf16-st 3 int4 --group-size 32 --quantize-embedding"; do
     set -- $c; src=$1 tp=$2 dt=$3; shift 3
     for mode in 0 1; do
       check "reshard $src TP $tp $dt $* with PLN_WRITE_DIRECT=$mode" env PLN_WRITE_DIRECT=$mode PLN_RESHARD_TIMING=1 \
@@ -127,7 +128,24 @@ check_fails "verify --source against another model fails" "differs from the mani
 check_fails "TP not dividing n_head lists the sizes that work" "TP sizes that work: 1, 2, 3, 6" \
   "$POLLEN" reshard $F/bloom-6h/fp32-st -o $TMP/e1 --tp 4 --dtype fp16
 check "nothing left by a refused TP" no_leftovers $TMP/e1
-check_fails "unknown dtype" "fp16 or int8" "$POLLEN" reshard $F/bloom-6h/fp32-st -o $TMP/e1 --tp 2 --dtype fp8
+check "int4 g32 TP 2: the same set twice, byte for byte" "$POLLEN" reshard $F/bloom-4h/fp32-st -o $TMP/i4a --tp 2 --dtype int4 --group-size 32 --quiet
+"$POLLEN" reshard $F/bloom-4h/fp32-st -o $TMP/i4b --tp 2 --dtype int4 --group-size 32 --quiet --threads 1
+check "int4 is deterministic (threads 1 and default threads agree)" diff -r $TMP/i4a $TMP/i4b
+check "int4 set verifies against its source" "$POLLEN" verify $TMP/i4a --source $F/bloom-4h/fp32-st
+# a manifest that under-states the int4 error (edited after reshard) fails verify --source
+cp -r $TMP/i4a $TMP/i4e
+python3 - "$TMP/i4e/manifest.json" <<'PY' 2>/dev/null || sed -i '0,/"quant_rel_rms": [0-9.e+-]*/s//"quant_rel_rms": 0.01/' "$TMP/i4e/manifest.json"
+import json, sys
+p = sys.argv[1]; m = json.load(open(p))
+m["tensors"]["h.0.mlp.dense_h_to_4h.weight"]["quant_rel_rms"] = 0.01
+json.dump(m, open(p, "w"), indent=2)
+PY
+check_fails "int4: verify --source holds the set to its recorded error" "exceeds the recorded" \
+  "$POLLEN" verify $TMP/i4e --source $F/bloom-4h/fp32-st
+check_fails "int4 default groups of 128 need columns that 128 divides" "group-size 128 does not divide" \
+  "$POLLEN" reshard $F/bloom-4h/fp16-st -o $TMP/i4c --tp 1 --dtype int4
+check "nothing left by a refused int4 group" no_leftovers $TMP/i4c
+check_fails "unknown dtype" "fp16, int8 or int4" "$POLLEN" reshard $F/bloom-6h/fp32-st -o $TMP/e1 --tp 2 --dtype fp8
 mk_src() { rm -rf "$TMP/$1"; cp -r $F/bloom-4h/fp16-st "$TMP/$1"; }
 mk_src more_layers; sed -i 's/"n_layer": 2/"n_layer": 3/' $TMP/more_layers/config.json
 check_fails "missing tensor is named" "missing tensor h.2.input_layernorm.weight" \

@@ -710,7 +710,7 @@ int main(int argc, char **argv) {
         return test_done();
     }
     if (argc == 5 && !strcmp(argv[1], "--cmp-int8")) {
-        /* int8 logits vs fp16 logits within 2 sqrt(sum eps_i^2) of the int8 set's manifest. */
+        /* int8/int4 logits vs fp16 logits within 2 sqrt(sum eps_i^2) of the quantized set's manifest. */
         test_begin("cmp-int8");
         pln_shardset *set = pln_shardset_open(argv[4]);
         CHECK(set != NULL, "int8 set opens: %s", pln_error());
@@ -729,7 +729,7 @@ int main(int argc, char **argv) {
         if (load_logits(&a, argv[2], &la, &na) || load_logits(&b, argv[3], &lb, &nb)) return 2;
         CHECK(na == nb, "same shape");
         double rel = na == nb ? test_rel_l2(la, lb, (size_t)na) : 1, bound = 2 * sqrt(sum2);
-        printf("int8 %s vs fp16 %s: rel L2 %.4g, bound 2 sqrt(sum eps^2) = %.4g %s\n", argv[2], argv[3], rel, bound, rel <= bound ? "OK" : "NOT OK");
+        printf("quantized %s vs fp16 %s: rel L2 %.4g, bound 2 sqrt(sum eps^2) = %.4g %s\n", argv[2], argv[3], rel, bound, rel <= bound ? "OK" : "NOT OK");
         CHECK(rel <= bound && rel > 0, "int8 rel L2 %.4g vs bound %.4g", rel, bound);
         return test_done();
     }

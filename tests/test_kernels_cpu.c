@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
+#include "formats/tp.h"
 
 #include <float.h>
 #include <omp.h>
@@ -134,12 +135,25 @@ typedef struct {
     void *w; uint16_t *scale;
 } test_weight;
 
-/* F16 weight, or I8 (group = 0: per channel) quantized the way reshard does. */
-static test_weight make_weight(int64_t rows, int64_t cols, bool i8, int64_t group) {
+/* Weight kinds: F16, I8 (true), packed int4. */
+#define WQ_I8 1
+#define WQ_I4 4
+
+/* F16 weight, I8 (group = 0: per channel) or int4 (group a multiple of 32) quantized the way
+ * reshard does. */
+static test_weight make_weight(int64_t rows, int64_t cols, int i8, int64_t group) {
     test_weight tw = {0};
     tw.W.rows = rows; tw.W.cols = cols;
     float *wf = rnd_vec((size_t)(rows * cols), -1, 1);
-    if (!i8) {
+    if (i8 == WQ_I4) {
+        int64_t ng = cols / group;
+        uint8_t *q = malloc((size_t)(rows * cols / 2));
+        tw.scale = malloc((size_t)(rows * ng) * 2);
+        pln_tp_qerr e = {0};
+        for (int64_t r = 0; r < rows; r++)
+            pln_tp_quant_row_i4(wf + r * cols, cols, group, PLN_TP_I4_SEARCH, q + r * (cols / 2), tw.scale + r * ng, &e);
+        tw.W.dtype = PLN_DTYPE_U8; tw.W.w = tw.w = q; tw.W.scale = tw.scale; tw.W.group = group;
+    } else if (!i8) {
         uint16_t *w = malloc((size_t)(rows * cols) * 2);
         for (int64_t i = 0; i < rows * cols; i++) w[i] = pln_f32_to_f16(wf[i]);
         tw.W.dtype = PLN_DTYPE_F16; tw.W.w = tw.w = w;
@@ -164,12 +178,14 @@ static test_weight make_weight(int64_t rows, int64_t cols, bool i8, int64_t grou
 
 static double w_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return h2d(((const uint16_t *)W->w)[r * W->cols + k]);
+    if (W->dtype == PLN_DTYPE_U8)
+        return (double)pln_i4_get((const uint8_t *)W->w + r * (W->cols / 2), k) * h2d(W->scale[r * (W->cols / W->group) + k / W->group]);
     return (double)((const int8_t *)W->w)[r * W->cols + k] * h2d(W->scale[r * (W->cols / W->group) + k / W->group]);
 }
 
 static double gelu_d(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * x * (1 + 0.044715 * x * x))); }
 
-static void test_linear_case(int64_t rows, int64_t cols, int T, bool i8, int64_t group, bool bias_on, bool gelu) {
+static void test_linear_case(int64_t rows, int64_t cols, int T, int i8, int64_t group, bool bias_on, bool gelu) {
     test_weight tw = make_weight(rows, cols, i8, group);
     float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
     uint16_t *bias = bias_on ? rnd_f16((size_t)rows, -0.5f, 0.5f) : NULL;
@@ -192,7 +208,7 @@ static void test_linear_case(int64_t rows, int64_t cols, int T, bool i8, int64_t
             worst = fmax(worst, d / (mag[i] + 1e-30));
         }
         CHECK(bad == 0, "linear [%s] %s%s [%lld, %lld] T=%d bias=%d gelu=%d: %d wrong, worst rel %g", g_isa,
-              i8 ? "I8" : "F16", i8 ? (group ? "/group" : "/channel") : "", (long long)rows, (long long)cols,
+              i8 == WQ_I4 ? "I4" : i8 ? "I8" : "F16", i8 ? (group ? "/group" : "/channel") : "", (long long)rows, (long long)cols,
               T, bias_on, gelu, bad, worst);
     }
     free(tw.w); free(tw.scale); free(x); free(o); free(bias); free(want); free(mag);
@@ -224,6 +240,106 @@ static void test_linear(void) {
     test_linear_case(37, 2100, 9, true, 700, true, false);
     test_linear_case(37, 2100, 70, true, 12, false, false);
     test_linear_case(6, 3000, 5, true, 1500, true, true);
+    /* int4: every group size reshard writes, each tile shape (1..6 tokens, 1..4 rows and the
+     * row tail), one and several passes over the columns */
+    static const int64_t g4[] = {32, 64, 128};
+    static const int T4[] = {1, 2, 3, 4, 5, 7, 70};
+    for (size_t gi = 0; gi < 3; gi++)
+        for (size_t ti = 0; ti < sizeof T4 / sizeof T4[0]; ti++) {
+            test_linear_case(1, 128, T4[ti], WQ_I4, g4[gi], ti % 2, false);
+            test_linear_case(7, 256, T4[ti], WQ_I4, g4[gi], true, ti % 3 == 0);
+            test_linear_case(37, 384, T4[ti], WQ_I4, g4[gi], false, false);
+        }
+    test_linear_case(203, 512, 9, WQ_I4, 128, true, false);
+    test_linear_case(21, 4096, 9, WQ_I4, 32, false, true);
+    test_linear_case(21, 4096, 1, WQ_I4, 128, false, false);
+    /* grouped int8 at one token (the GEMV path that sums a group before scaling it) on the row
+     * tail and several rows */
+    test_linear_case(9, 4096, 1, true, 32, false, false);
+    test_linear_case(9, 4096, 1, true, 128, true, false);
+}
+
+/* The integer-dot path (off by default): on int8 and int4 weights at T >= 2, every tier (with and
+ * without VNNI) agrees with the C tier to fp32 rounding; that is what the definition (activations quantized per block of 32, exact
+ * integer dots, one scale product per block) gives in double within fp32 rounding; and the
+ * error it adds against the exact float result is measured and bounded. At T = 1 it stays off. */
+static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64_t group, bool bias_on, bool gelu,
+                              double *worst_rel) {
+    test_weight tw = make_weight(rows, cols, kind, group);
+    const pln_weight *W = &tw.W;
+    float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4), *first = malloc((size_t)(T * rows) * 4);
+    uint16_t *bias = bias_on ? rnd_f16((size_t)rows, -0.5f, 0.5f) : NULL;
+    float *exact = malloc((size_t)(T * rows) * 4), *defn = malloc((size_t)(T * rows) * 4);
+    int8_t *xq = malloc((size_t)cols);
+    float *xs = malloc((size_t)(cols / 32) * 4);
+    for (int t = 0; t < T; t++) {
+        pln_cpu_quant_act(x + t * cols, cols, xq, xs);
+        for (int64_t r = 0; r < rows; r++) {
+            double se = 0, sq = 0;
+            for (int64_t k = 0; k < cols; k++) {
+                se += x[t * cols + k] * w_at(W, r, k);
+                sq += (double)xq[k] * xs[k / 32] * w_at(W, r, k);
+            }
+            if (bias) { se += h2d(bias[r]); sq += h2d(bias[r]); }
+            exact[t * rows + r] = (float)(gelu ? gelu_d(se) : se);
+            defn[t * rows + r] = (float)(gelu ? gelu_d(sq) : sq);
+        }
+    }
+    const char *name = kind == WQ_I4 ? "I4" : "I8";
+    bool have_first = false;
+    pln_cpu_set_int_dot(g_be, true);
+    /* every tier, the SIMD ones with VNNI (where the CPU has it) and with vpmaddubsw */
+    for (int pass = 0; pass < 2 * PLN_CPU_ISA_COUNT; pass++) {
+        int isa = pass % PLN_CPU_ISA_COUNT;
+        pln_cpu_no_vnni = pass >= PLN_CPU_ISA_COUNT;
+        if (isa < PLN_CPU_ISA_C || !pln_cpu_isa_supported((pln_cpu_isa)isa) || pln_cpu_set_isa(g_be, (pln_cpu_isa)isa)) continue;
+        memset(o, 0xff, (size_t)(T * rows) * 4);
+        CHECK(g_be->linear(g_be, o, x, W, bias, T, gelu) == 0, "int-dot linear: %s", pln_error());
+        if (!have_first) { memcpy(first, o, (size_t)(T * rows) * 4); have_first = true; }
+        else   /* the same exact integer dots; only the fp32 summation order (and GeLU's form) differ */
+            CHECK(test_rel_l2(o, first, (size_t)(T * rows)) < 1e-6, "int-dot %s g%lld T=%d: tier %s%s far from the C tier",
+                  name, (long long)group, T, pln_cpu_isa_name((pln_cpu_isa)isa), pln_cpu_no_vnni ? " (no VNNI)" : "");
+    }
+    pln_cpu_no_vnni = false;
+    pln_cpu_set_int_dot(g_be, false);
+    pln_cpu_set_isa(g_be, pln_cpu_isa_best());
+    double rd = test_rel_l2(first, defn, (size_t)(T * rows)), re = test_rel_l2(first, exact, (size_t)(T * rows));
+    CHECK(rd < 1e-5, "int-dot %s g%lld [%lld, %lld] T=%d: rel L2 %.3g from its definition", name, (long long)group,
+          (long long)rows, (long long)cols, T, rd);
+    CHECK(re > 0 && re < 1.5e-2, "int-dot %s g%lld [%lld, %lld] T=%d: rel L2 %.3g from the exact result", name,
+          (long long)group, (long long)rows, (long long)cols, T, re);
+    if (re > *worst_rel) *worst_rel = re;
+    free(tw.w); free(tw.scale); free(x); free(o); free(first); free(bias); free(exact); free(defn); free(xq); free(xs);
+}
+
+static void test_int_dot(void) {
+    double worst = 0;
+    static const int Ts[] = {2, 5, 70};
+    for (size_t ti = 0; ti < 3; ti++) {
+        int T = Ts[ti];
+        test_int_dot_case(37, 256, T, WQ_I8, 0, true, false, &worst);
+        test_int_dot_case(19, 384, T, WQ_I8, 32, false, true, &worst);
+        test_int_dot_case(21, 384, T, WQ_I8, 96, true, true, &worst);
+        test_int_dot_case(37, 384, T, WQ_I4, 32, true, false, &worst);
+        test_int_dot_case(9, 512, T, WQ_I4, 128, false, false, &worst);
+        test_int_dot_case(40, 256, T, WQ_I4, 64, true, true, &worst);
+    }
+    printf("integer-dot path: worst rel L2 against the exact float result %.3g (activations rounded to int8 per "
+           "block of 32)\n", worst);
+    /* one token, or a shape the blocks do not fit: the float path, bit for bit */
+    pln_cpu_set_int_dot(g_be, true);
+    test_weight tw = make_weight(7, 96, WQ_I8, 48);
+    float *x = rnd_vec(2 * 96, -1, 1), a[14], b[14];
+    CHECK(g_be->linear(g_be, a, x, &tw.W, NULL, 1, false) == 0, "linear");
+    pln_cpu_set_int_dot(g_be, false);
+    CHECK(g_be->linear(g_be, b, x, &tw.W, NULL, 1, false) == 0, "linear");
+    CHECK(!memcmp(a, b, 7 * 4), "int-dot on, one token: the float path");
+    pln_cpu_set_int_dot(g_be, true);
+    CHECK(g_be->linear(g_be, a, x, &tw.W, NULL, 2, false) == 0, "linear");
+    pln_cpu_set_int_dot(g_be, false);
+    CHECK(g_be->linear(g_be, b, x, &tw.W, NULL, 2, false) == 0, "linear");
+    CHECK(!memcmp(a, b, 14 * 4), "int-dot on, groups of 48 (not whole blocks of 32): the float path");
+    free(tw.w); free(tw.scale); free(x);
 }
 
 /* The SIMD epilogue's GeLU (exp form) against the tanh form in double, over the whole range,
@@ -625,9 +741,13 @@ static void test_errors(void) {
 /* Weights are cycled through copies totalling 256 MiB so that every call reads them from memory,
  * not from the last-level cache, as a real model's layers do. */
 static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, double copy) {
-    for (int i8 = 0; i8 < 2; i8++) {
-        test_weight tw = make_weight(rows, cols, i8, 0);
-        size_t wbytes = (size_t)(rows * cols) * (i8 ? 1 : 2);
+    /* F16, I8 per output channel, I8 groups of 32, int4 groups of 128 and 32 */
+    static const struct { int kind; int64_t group; const char *name; } kinds[] = {
+        {0, 0, "F16    "}, {WQ_I8, 0, "I8     "}, {WQ_I8, 32, "I8 g32 "}, {WQ_I4, 128, "I4 g128"}, {WQ_I4, 32, "I4 g32 "}};
+    for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+        int i8 = kinds[kd].kind;
+        test_weight tw = make_weight(rows, cols, i8, kinds[kd].group);
+        size_t wbytes = (size_t)(rows * cols) * (i8 == WQ_I4 ? 1 : i8 ? 2 : 4) / 2;
         int n_copies = (int)(((size_t)256 << 20) / wbytes);
         pln_weight *Ws = malloc((size_t)n_copies * sizeof *Ws);
         for (int c = 0; c < n_copies; c++) {
@@ -636,10 +756,14 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
             memcpy(w, tw.w, wbytes);
             Ws[c].w = w;
         }
-        double bytes = (double)wbytes + (i8 ? (double)rows * 2 : 0);
+        double bytes = (double)wbytes + (i8 ? (double)rows * 2 * (double)(cols / tw.W.group) : 0);
         double tok1 = 0;
+        /* quantized weights: the float path, then the integer-dot path (at T >= 2) */
+        for (int idot = 0; idot < (i8 ? 2 : 1); idot++)
         for (int ti = 0; ti < n_t; ti++) {
             int T = Ts[ti];
+            if (idot && T < 2) continue;
+            pln_cpu_set_int_dot(g_be, idot);
             float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
             int warm = n_copies / 2, reps = warm + (T == 1 ? 4 * n_copies : T <= 32 ? n_copies : n_copies / 2);
             double best = 1e30, total = 0;
@@ -654,12 +778,13 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
             double gbs = bytes / mean / 1e9, gflops = 2.0 * rows * cols * T / mean / 1e9;
             if (T == 1) tok1 = T / mean;
             printf("linear %s [%lld, %lld] T=%-3d mean %7.3f ms (best %7.3f)  %5.1f GB/s of weights = %3.0f%% of copy  %6.1f GFLOP/s  %7.0f tokens/s",
-                   i8 ? "I8 " : "F16", (long long)rows, (long long)cols, T, mean * 1e3, best * 1e3, gbs,
+                   idot ? (kd == 1 ? "I8 idot" : kd == 2 ? "I8g32 i" : kd == 3 ? "I4g128 i" : "I4g32 i") : kinds[kd].name, (long long)rows, (long long)cols, T, mean * 1e3, best * 1e3, gbs,
                    100 * gbs / copy, gflops, T / mean);
             if (tok1 > 0) printf(" (%.1fx T=1)", T / mean / tok1);
             printf("\n");
             free(x); free(o);
         }
+        pln_cpu_set_int_dot(g_be, false);
         for (int c = 0; c < n_copies; c++) free((void *)Ws[c].w);
         free(Ws); free(tw.w); free(tw.scale);
     }
@@ -743,6 +868,7 @@ int main(int argc, char **argv) {
     test_embed();
     test_layernorm();
     test_linear();
+    test_int_dot();
     test_logits();
     test_threads();
     test_gelu();

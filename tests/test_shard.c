@@ -481,7 +481,7 @@ static void sample_fill(const pln_shard_spec *sp, uint8_t *buf, uint64_t nbytes,
 static int write_sample_set(const char *dir, int32_t tp, bool int8, int64_t group, bool qemb, bool force) {
     pln_bloom_config cfg = sample_config();
     int64_t vp = pln_vocab_padded(cfg.vocab_size, tp);
-    pln_layout_params lp = {&cfg, tp, int8, group, qemb, vp};
+    pln_layout_params lp = {&cfg, tp, int8, group, qemb, vp, false};
     char *tmp = pln_outdir_begin(dir, force);
     if (!tmp) return -1;
     pln_manifest_file *files = pln_xcalloc((size_t)tp, sizeof *files);
@@ -544,7 +544,7 @@ out:
 
 static void test_layout(void) {
     pln_bloom_config c = sample_config();
-    pln_layout_params lp = {&c, 2, false, 0, false, pln_vocab_padded(c.vocab_size, 2)};
+    pln_layout_params lp = {&c, 2, false, 0, false, pln_vocab_padded(c.vocab_size, 2), false};
     CHECK(lp.vocab_padded == 1004 && pln_vocab_padded(1003, 3) == 1005 && pln_vocab_padded(1003, 1) == 1003, "vocab padding");
     size_t n;
     pln_shard_spec *s = pln_layout_bloom_tp_v1(&lp, 1, &n);

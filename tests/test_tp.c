@@ -337,13 +337,142 @@ static void test_quant(void) {
     CHECK(a.err2 == 4 && a.ref2 == 16 && a.max_abs == 0.5 && a.n == 5 && pln_tp_qerr_rel_rms(&a) == 0.5, "merge");
 }
 
+/* int4: packed U8 [rows, cols / 2] + F16 scales [rows, cols / G] for the four linear weights; the
+ * embedding F16, or I8 with --quantize-embedding; group sizes the packing cannot hold refused. */
+static void test_int4_plan(void) {
+    pln_tp_model m = {.vocab_size = 1003, .hidden = 256, .n_head = 4, .n_layer = 1};
+    pln_tp_opts o = {.tp = 2, .int4 = true, .group_size = 64, .quantize_embedding = true};
+    pln_tp_entry *e;
+    size_t n;
+    CHECK(pln_tp_plan(&m, &o, 1, &e, &n) == 0, "int4 plan: %s", pln_error());
+    CHECK(n == 4 + 16 + 2, "int4 plan has %zu tensors", n);
+    CHECK(e[0].dtype == PLN_DTYPE_I8 && e[0].transform == PLN_TP_QUANT_I8 && e[1].shape[1] == 256 / 64, "embedding is int8 with groups of 64");
+    const pln_tp_entry *q = &e[6], *qs = &e[7];   /* h.0 query_key_value weight and its scales */
+    CHECK(!strcmp(q->name, "h.0.self_attention.query_key_value.weight") && q->dtype == PLN_DTYPE_U8 && q->transform == PLN_TP_QUANT_I4 &&
+          q->shape[0] == 384 && q->shape[1] == 128 && q->cols == 256 && q->group == 64, "qkv: U8 [384, 128] of 256 columns, group 64");
+    CHECK(pln_tp_row_bytes(q) == 128 && pln_tp_entry_nbytes(q) == 384 * 128, "qkv row bytes %zu", pln_tp_row_bytes(q));
+    CHECK(qs->transform == PLN_TP_QUANT_SCALE && qs->dtype == PLN_DTYPE_F16 && qs->shape[0] == 384 && qs->shape[1] == 4, "qkv scales [384, 4]");
+    const pln_tp_entry *d = &e[9];                /* dense: columns split, 128 per rank */
+    CHECK(!strcmp(d->name, "h.0.self_attention.dense.weight") && d->shape[1] == 64 && d->cols == 128 && e[10].shape[1] == 2,
+          "dense: U8 [256, 64] + scales [256, 2]");
+    free(e);
+    pln_tp_opts bad = {.tp = 1, .int4 = true, .group_size = 16};
+    CHECK(pln_tp_check(&m, &bad) == -1 && strstr(pln_error(), "32, 64 or 128"), "int4 group 16 refused: %s", pln_error());
+    bad.group_size = 0;
+    CHECK(pln_tp_check(&m, &bad) == -1, "int4 without a group size refused");
+    bad.group_size = 128; bad.tp = 4;   /* dense slices of 64 columns */
+    CHECK(pln_tp_check(&m, &bad) == -1 && strstr(pln_error(), "does not divide"), "int4 g128 at TP 4 of hidden 256: %s", pln_error());
+    pln_tp_opts both = {.tp = 1, .int4 = true, .int8 = true, .group_size = 32};
+    CHECK(pln_tp_check(&m, &both) == -1, "int8 and int4 together refused");
+}
+
+/* Asymmetric int4 (levels 0..15, w ~ q * scale + min, min and scale fp16) with the same clipping
+ * search on the range: only to measure whether a zero point would pay for its extra 2 bytes
+ * per group and the kernel's extra term. */
+static double asym_err(const float *w, int64_t n) {
+    float lo = w[0], hi = w[0];
+    for (int64_t j = 1; j < n; j++) { lo = fminf(lo, w[j]); hi = fmaxf(hi, w[j]); }
+    double best = INFINITY;
+    for (int c = 0; c <= 10; c++) {
+        float shrink = 1.0f - 0.02f * (float)c;   /* clip both ends symmetrically about the middle */
+        float mid = 0.5f * (lo + hi), half = 0.5f * (hi - lo) * shrink;
+        float mn = pln_f16_to_f32(pln_f32_to_f16(mid - half));
+        float s = pln_f16_to_f32(pln_f32_to_f16(2 * half / 15.0f));
+        if (!(s > 0)) return 0;
+        double e = 0;
+        for (int64_t j = 0; j < n; j++) {
+            float q = roundf((w[j] - mn) / s);
+            q = q < 0 ? 0 : q > 15 ? 15 : q;
+            double d = (double)w[j] - ((double)q * s + mn);
+            e += d * d;
+        }
+        best = fmin(best, e);
+    }
+    return best;
+}
+
+/* int4 quantization: packing round-trips, exactly representable groups come back exactly, the
+ * searched scale is never worse than absmax on any group and clearly better on Gaussian and
+ * heavy-tailed weights (the figures FORMAT.md quotes), and the zero-point variant's error. */
+static void test_int4_quant(void) {
+    uint8_t row[64];
+    memset(row, 0, sizeof row);
+    for (int k = 0; k < 128; k++) pln_i4_set(row, k, (k * 5) % 16 - 8);
+    int bad = 0;
+    for (int k = 0; k < 128; k++) bad += pln_i4_get(row, k) != (k * 5) % 16 - 8;
+    CHECK(bad == 0, "int4 pack/unpack round trip: %d wrong", bad);
+    CHECK((row[16] & 15) == (uint8_t)((32 * 5) % 16) && (row[16] >> 4) == (uint8_t)((48 * 5) % 16) && (row[0] >> 4) == (uint8_t)((16 * 5) % 16),
+          "byte 16·b + j holds columns 32b + j (low) and 32b + 16 + j (high), as q + 8");
+    /* values on the grid of a power-of-two scale: exact */
+    float w[256];
+    for (int j = 0; j < 64; j++) w[j] = 0.125f * (float)((j % 16) - 8);
+    uint8_t pk[128];
+    uint16_t sc[8];
+    pln_tp_qerr e = {0};
+    pln_tp_quant_row_i4(w, 64, 32, PLN_TP_I4_SEARCH, pk, sc, &e);
+    CHECK(e.err2 == 0 && e.n == 64 && pln_f16_to_f32(sc[0]) == 0.125f, "on-grid values exact (err %g, scale %g)", e.err2, pln_f16_to_f32(sc[0]));
+    /* an all-zero group: scale 1, q 0 (nibbles 8) */
+    memset(w, 0, sizeof w);
+    e = (pln_tp_qerr){0};
+    pln_tp_quant_row_i4(w, 32, 32, PLN_TP_I4_SEARCH, pk, sc, &e);
+    CHECK(sc[0] == 0x3c00 && pk[0] == 0x88 && pk[15] == 0x88 && e.err2 == 0, "zero group: scale 1.0, nibbles 8");
+    /* Gaussian (Box-Muller) and heavy-tailed (Gaussian cubed) rows, groups of 32/64/128 */
+    enum { N = 1 << 15 };
+    float *g = malloc(N * sizeof *g), *h = malloc(N * sizeof *h);
+    uint32_t st = 12345;
+    for (int i = 0; i < N; i += 2) {
+        st = st * 1664525u + 1013904223u; double u1 = ((st >> 8) + 1.0) / 16777217.0;
+        st = st * 1664525u + 1013904223u; double u2 = (st >> 8) / 16777216.0;
+        double r = sqrt(-2 * log(u1));
+        g[i] = (float)(0.02 * r * cos(2 * M_PI * u2));
+        g[i + 1] = (float)(0.02 * r * sin(2 * M_PI * u2));
+    }
+    for (int i = 0; i < N; i++) h[i] = g[i] * g[i] * g[i] * 2500.0f;
+    uint8_t *p = malloc(N / 2);
+    uint16_t *s = malloc(N / 32 * 2);
+    const float *data[2] = {g, h};
+    const char *dname[2] = {"gaussian", "heavy-tailed"};
+    double sym_rms[2][3], zp_rms[2][3];
+    for (int d = 0; d < 2; d++)
+        for (int64_t G = 32, gi = 0; G <= 128; G *= 2, gi++) {
+            pln_tp_qerr ea = {0}, es = {0};
+            int worse = 0;
+            for (int64_t g0 = 0; g0 < N; g0 += G) {
+                pln_tp_qerr a1 = {0}, s1 = {0};
+                pln_tp_quant_row_i4(data[d] + g0, G, G, PLN_TP_I4_ABSMAX, p, s, &a1);
+                pln_tp_quant_row_i4(data[d] + g0, G, G, PLN_TP_I4_SEARCH, p, s, &s1);
+                worse += s1.err2 > a1.err2;
+                pln_tp_qerr_merge(&ea, &a1);
+                pln_tp_qerr_merge(&es, &s1);
+            }
+            double asym = 0;
+            for (int64_t g0 = 0; g0 < N; g0 += G) asym += asym_err(data[d] + g0, G);
+            double ra = pln_tp_qerr_rel_rms(&ea), rs = pln_tp_qerr_rel_rms(&es), rz = sqrt(asym / es.ref2);
+            printf("int4 %-12s g%-3lld rel rms: absmax %.4f, searched %.4f (%.1f%% lower), zero-point %.4f (%+.1f%% vs searched)\n",
+                   dname[d], (long long)G, ra, rs, 100 * (1 - rs / ra), rz, 100 * (rz / rs - 1));
+            sym_rms[d][gi] = rs;
+            zp_rms[d][gi] = rz;
+            CHECK(worse == 0, "%s g%lld: the search made %d groups worse than absmax", dname[d], (long long)G, worse);
+            CHECK(rs < 0.95 * ra, "%s g%lld: searched scale %.4f not clearly below absmax %.4f", dname[d], (long long)G, rs, ra);
+        }
+    /* At equal bytes a zero point buys nothing: its extra fp16 per group makes g128 cost 4.25 bits
+     * per weight, what symmetric g64 costs, and symmetric g64 is as good or better */
+    for (int d = 0; d < 2; d++) {
+        printf("int4 %-12s at 4.25 bits/weight: symmetric g64 %.4f, zero-point g128 %.4f\n", dname[d], sym_rms[d][1], zp_rms[d][2]);
+        CHECK(sym_rms[d][1] <= zp_rms[d][2] * 1.02, "%s: zero-point g128 %.4f clearly beats symmetric g64 %.4f", dname[d], zp_rms[d][2], sym_rms[d][1]);
+    }
+    free(g); free(h); free(p); free(s);
+}
+
 /* The plan and the shard format's own bloom-tp-v1 list (what the loader checks) must agree. */
-static void test_matches_layout(int64_t heads, int64_t hidden, int tp, bool int8, int64_t group, bool qemb) {
+/* bits: 16 (fp16), 8 or 4 (int4). */
+static void test_matches_layout(int64_t heads, int64_t hidden, int tp, int bits, int64_t group, bool qemb) {
+    bool int8 = bits == 8, int4 = bits == 4;
     pln_bloom_config cfg = {.vocab_size = 1003, .hidden_size = hidden, .n_head = heads, .n_layer = 3, .layer_norm_epsilon = 1e-5};
     pln_tp_model m = pln_tp_model_of(&cfg);
-    pln_tp_opts o = {.tp = tp, .int8 = int8, .group_size = group, .quantize_embedding = qemb};
+    pln_tp_opts o = {.tp = tp, .int8 = int8, .int4 = int4, .group_size = group, .quantize_embedding = qemb};
     pln_layout_params lp = {.config = &cfg, .tp = tp, .int8 = int8, .group_size = group, .quantize_embedding = qemb,
-                            .vocab_padded = pln_tp_vocab_padded(1003, tp)};
+                            .vocab_padded = pln_tp_vocab_padded(1003, tp), .int4 = int4};
     for (int r = 0; r < tp; r++) {
         pln_tp_entry *e;
         size_t n, ln;
@@ -354,7 +483,7 @@ static void test_matches_layout(int64_t heads, int64_t hidden, int tp, bool int8
         for (size_t i = 0; sp && i < n && i < ln; i++)
             bad += strcmp(sp[i].name, e[i].name) || sp[i].dtype != e[i].dtype || sp[i].ndim != e[i].ndim ||
                    sp[i].shape[0] != e[i].shape[0] || (e[i].ndim == 2 && sp[i].shape[1] != e[i].shape[1]);
-        CHECK(bad == 0, "TP %d rank %d %s: %d entries differ from pln_layout_bloom_tp_v1", tp, r, int8 ? "int8" : "fp16", bad);
+        CHECK(bad == 0, "TP %d rank %d %s: %d entries differ from pln_layout_bloom_tp_v1", tp, r, int4 ? "int4" : int8 ? "int8" : "fp16", bad);
         if (sp) pln_layout_free(sp, ln);
         free(e);
     }
@@ -515,10 +644,15 @@ int main(void) {
     test_f16();
     test_quant();
     test_fast_paths();
-    test_matches_layout(4, 64, 4, false, 0, false);
-    test_matches_layout(6, 96, 3, true, 0, false);
-    test_matches_layout(6, 96, 2, true, 16, true);
-    test_matches_layout(4, 64, 1, true, 32, false);
+    test_matches_layout(4, 64, 4, 16, 0, false);
+    test_matches_layout(6, 96, 3, 8, 0, false);
+    test_matches_layout(6, 96, 2, 8, 16, true);
+    test_matches_layout(4, 64, 1, 8, 32, false);
+    test_matches_layout(4, 64, 2, 4, 32, false);
+    test_matches_layout(6, 96, 3, 4, 32, true);
+    test_matches_layout(4, 128, 1, 4, 128, true);
+    test_int4_plan();
+    test_int4_quant();
     test_rank_files_fp16();
     test_rank_files_int8();
     return test_done();

@@ -32,7 +32,8 @@ typedef struct {
     bool contiguous;
     bool has_xxh3;
     uint64_t xxh3;
-    /* I8 weights stored with an F16 "_scale" companion [rows, cols / G]. */
+    /* I8 weights (or U8 packed int4, i4) stored with an F16 "_scale" companion [rows, cols / G]. */
+    bool i4;                     /* U8 [rows, cols / 2] + scales: 2 int4 values per byte */
     const uint16_t *scale;
     int64_t scale_cols;
     uint64_t scale_n;
@@ -71,7 +72,7 @@ static void usage(FILE *f) {
             "usage: pollen inspect PATH [--stats] [--tensor NAME [--head K]] [--json]\n\n"
             "PATH: a Hugging Face checkpoint directory, a .safetensors or .bin file, an index .json,\n"
             "      a pollen shard set directory (manifest.json) or a single rank file (.pln).\n"
-            "  --stats        per tensor: min, max, mean, std, absmax, NaN and Inf counts (int8: of the\n"
+            "  --stats        per tensor: min, max, mean, std, absmax, NaN and Inf counts (int8/int4: of the\n"
             "                 dequantized values, with the scale range); reads all data\n"
             "  --tensor NAME  show only tensor NAME (every rank of a shard set) and its first values\n"
             "  --head K       how many values --tensor prints (default 8)\n"
@@ -101,11 +102,15 @@ static void add_shard_rows(source *s, const pln_shard *sh) {
         r->contiguous = true;
         r->has_xxh3 = true;
         r->xxh3 = t->xxh3;
-        if (t->dtype == PLN_DTYPE_I8 && t->ndim == 2 && i + 1 < sh->n_tensors) {
+        if ((t->dtype == PLN_DTYPE_I8 || t->dtype == PLN_DTYPE_U8) && t->ndim == 2 && i + 1 < sh->n_tensors) {
             const pln_shard_tensor *c = &sh->tensors[i + 1];
             size_t ln = strlen(t->name);
+            bool i4 = t->dtype == PLN_DTYPE_U8;
+            int64_t cols = i4 ? 2 * t->shape[1] : t->shape[1];   /* logical columns */
             if (!strncmp(c->name, t->name, ln) && !strcmp(c->name + ln, "_scale") && c->dtype == PLN_DTYPE_F16 &&
-                c->ndim == 2 && c->shape[0] == t->shape[0] && c->shape[1] >= 1 && t->shape[1] % c->shape[1] == 0) {
+                c->ndim == 2 && c->shape[0] == t->shape[0] && c->shape[1] >= 1 && cols % c->shape[1] == 0 &&
+                (!i4 || (cols / c->shape[1]) % 32 == 0)) {
+                r->i4 = i4;
                 r->scale = pln_shard_data(sh, c);
                 r->scale_cols = c->shape[1];
                 r->scale_n = (uint64_t)c->shape[0] * (uint64_t)c->shape[1];
@@ -237,11 +242,20 @@ static void source_close(source *s) {
 static uint64_t row_numel(const row *r) {
     uint64_t n = 1;
     for (int d = 0; d < r->ndim; d++) n *= (uint64_t)r->shape[d];
-    return n;
+    return r->i4 ? 2 * n : n;   /* values, not bytes */
 }
 
 /* Elements [i0, i0+n) of r as float (dequantized for I8 with scales). */
 static void row_values(const row *r, uint64_t i0, uint64_t n, float *out) {
+    if (r->i4) {
+        uint64_t cols = 2 * (uint64_t)r->shape[1], g = cols / (uint64_t)r->scale_cols;
+        for (uint64_t k = 0; k < n; k++) {
+            uint64_t i = i0 + k, row_i = i / cols, col = i % cols;
+            int q = pln_i4_get(r->data + row_i * (uint64_t)r->shape[1], (int64_t)col);
+            out[k] = pln_dequant_i4(q, pln_f16_to_f32(r->scale[row_i * (uint64_t)r->scale_cols + col / g]));
+        }
+        return;
+    }
     size_t es = pln_dtype_size(r->dtype);
     pln_to_f32(r->dtype, r->data + i0 * es, out, n);
     if (r->scale) {
@@ -376,7 +390,7 @@ static void print_header(const source *s) {
     if (s->set) {
         const pln_shardset *set = s->set;
         printf("set: manifest version %u, layout %s, tp %d, dtype %s", set->version, set->layout, (int)set->tp, set->dtype);
-        if (!strcmp(set->dtype, "int8")) {
+        if (!strcmp(set->dtype, "int8") || !strcmp(set->dtype, "int4")) {
             if (set->group_size) printf(" (group size %lld)", (long long)set->group_size);
             else printf(" (per output channel)");
             printf(", quantize_embedding %s", set->quantize_embedding ? "yes" : "no");

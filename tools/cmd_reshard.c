@@ -1,4 +1,4 @@
-/* cmd_reshard.c — `pollen reshard SRC -o OUT --tp N --dtype fp16|int8`: converts a Hugging Face
+/* cmd_reshard.c — `pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4`: converts a Hugging Face
  * BLOOM checkpoint into a "bloom-tp-v1" shard set, streaming, in bounded memory, atomically.
  *
  * Order of work (how "written in kernel order" and "read once" hold together): every rank file
@@ -240,9 +240,9 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
     const pln_tensor *t = j->src;
     size_t esz = pln_dtype_size(t->dtype);
     int64_t src_cols = e->src_shape[1], cols = e->cols;
-    bool quant = e->transform == PLN_TP_QUANT_I8;
+    bool quant = pln_tp_is_quant(e), i4 = e->transform == PLN_TP_QUANT_I4;
     int64_t ngroups = quant ? cols / e->group : 0;
-    size_t out_row = (size_t)cols * (quant ? 1 : 2);
+    size_t out_row = pln_tp_row_bytes(e);
     uint64_t clamped = 0, nonfinite = 0;
     for (int64_t i = 0; i < nr; i++) j->row_err[i] = (pln_tp_qerr){0};
     /* small tensors stay on this thread: waking the team costs more than the work */
@@ -258,7 +258,7 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                 pln_tp_to_f16(t->dtype, s, (uint16_t *)o, (size_t)cols, &clamped, &nonfinite);
             }
         } else {
-            /* int8: blocks of RS_QROWS rows, quantized together (pln_tp_quant_rows: same results
+            /* int8/int4: blocks of RS_QROWS rows, quantized together (pln_tp_quant_rows: same results
              * as row by row, several times faster) */
             float *tmp = pln_xmalloc((size_t)RS_QROWS * (size_t)cols * sizeof(float));
             int64_t nblocks = (nr + RS_QROWS - 1) / RS_QROWS;
@@ -268,7 +268,7 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                 for (int64_t k = 0; k < n; k++) {
                     int64_t lr = lr0 + i0 + k;
                     if (lr >= e->rows) { /* vocabulary padding (always the last rows): zero rows, scale 1 */
-                        memset(out + (size_t)(i0 + k) * out_row, 0, out_row);
+                        memset(out + (size_t)(i0 + k) * out_row, i4 ? 0x88 : 0, out_row);   /* int4 zero: nibble 8 */
                         for (int64_t g = 0; g < ngroups; g++) j->scales[lr * ngroups + g] = 0x3c00;
                         continue;
                     }
@@ -276,8 +276,14 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                     pln_tp_to_f32(t->dtype, s, tmp + (size_t)k * (size_t)cols, (size_t)cols, &nonfinite);
                     real = k + 1;
                 }
-                pln_tp_quant_rows(tmp, (size_t)cols, real, cols, e->group, (int8_t *)(out + (size_t)i0 * out_row),
-                                  j->scales + (lr0 + i0) * ngroups, &j->row_err[i0]);
+                if (i4)   /* the scale search dominates; rows are independent */
+                    for (int64_t k = 0; k < real; k++)
+                        pln_tp_quant_row_i4(tmp + (size_t)k * (size_t)cols, cols, e->group, PLN_TP_I4_SEARCH,
+                                            out + (size_t)(i0 + k) * out_row, j->scales + (lr0 + i0 + k) * ngroups,
+                                            &j->row_err[i0 + k]);
+                else
+                    pln_tp_quant_rows(tmp, (size_t)cols, real, cols, e->group, (int8_t *)(out + (size_t)i0 * out_row),
+                                      j->scales + (lr0 + i0) * ngroups, &j->row_err[i0]);
             }
             free(tmp);
         }
@@ -330,7 +336,7 @@ static uint64_t rs_gcd(uint64_t a, uint64_t b) {
 }
 
 static int64_t chunk_rows(const pln_tp_entry *e) {
-    size_t row = (size_t)e->cols * (e->transform == PLN_TP_QUANT_I8 ? 1 : 2);
+    size_t row = pln_tp_row_bytes(e);
     int64_t k = (int64_t)(RS_BUF_BYTES / row);
     PLN_ASSERT(k >= 1);
     /* Chunks of whole 4096-byte blocks where the row size allows: an O_DIRECT writer then sends
@@ -360,7 +366,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
     const pln_tp_entry *e0 = &c->plans[0][i];
     const pln_tensor *t = c->srcs[i];
     int tp = c->tp;
-    bool quant = e0->transform == PLN_TP_QUANT_I8;
+    bool quant = pln_tp_is_quant(e0);
     rs_stat *st = &c->stats[i];
     st->e0 = e0; st->src = t; st->quant = quant;
     int64_t k = chunk_rows(e0);
@@ -384,7 +390,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
         }
     }
     int rc = 0;
-    size_t row_out = (size_t)e0->cols * (quant ? 1 : 2);
+    size_t row_out = pln_tp_row_bytes(e0);
     if (e0->split == PLN_TP_SPLIT_ROWS) {
         /* Every rank's next chunk in turn, so every writer thread (one per rank file) has work
          * at once (one rank after the other left all but one writer idle, and a single O_DIRECT
@@ -494,7 +500,8 @@ static json_t *tensors_json(const rs_ctx *c) {
         json_t *shape = json_array();
         for (int d = 0; d < s->src->ndim; d++) json_array_append_new(shape, json_integer(s->src->shape[d]));
         json_t *t = json_pack("{s:s, s:o, s:s, s:I}", "source_dtype", pln_dtype_name(s->src->dtype), "shape", shape,
-                              "transform", s->quant ? "int8" : "fp16", "clamped", (json_int_t)s->clamped);
+                              "transform", !s->quant ? "fp16" : s->e0->transform == PLN_TP_QUANT_I4 ? "int4" : "int8",
+                              "clamped", (json_int_t)s->clamped);
         if (s->quant) {
             json_object_set_new(t, "quant_rel_rms", json_real(pln_tp_qerr_rel_rms(&s->qerr)));
             json_object_set_new(t, "quant_max_abs", json_real(s->qerr.max_abs));
@@ -508,13 +515,14 @@ static json_t *tensors_json(const rs_ctx *c) {
 /* ---- command ---- */
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8 [options]\n"
+            "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4 [options]\n"
             "  SRC                    a Hugging Face BLOOM checkpoint (dir, .safetensors, .bin or index .json)\n"
             "  -o, --output OUT       shard set directory to create (appears atomically)\n"
             "  --tp N                 tensor-parallel size (must divide n_head)\n"
-            "  --dtype fp16|int8      int8: weight-only for the four linear weights of every layer\n"
-            "  --group-size G         int8: one scale per G input columns (default: per output channel)\n"
-            "  --quantize-embedding   int8: the word embeddings too\n"
+            "  --dtype fp16|int8|int4 int8/int4: weight-only for the four linear weights of every layer\n"
+            "  --group-size G         one scale per G input columns; int8: default per output channel;\n"
+            "                         int4: 32, 64 or 128 (default 128)\n"
+            "  --quantize-embedding   int8 word embeddings too (with int8 or int4)\n"
             "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at OUT\n"
             "  --threads N            conversion threads (default: all cores)\n"
             "  --quiet                no progress bar, no summary\n");
@@ -551,8 +559,9 @@ int cmd_reshard(int argc, char **argv) {
     if (optind != argc - 1 || !out || !o.tp || !dtype) { usage(stderr); return 2; }
     const char *src_path = argv[optind];
     if (!strcmp(dtype, "int8")) o.int8 = true;
-    else if (strcmp(dtype, "fp16")) pln_die("--dtype %s: expected fp16 or int8", dtype);
-    if (o.group_size && !o.int8) pln_die("--group-size needs --dtype int8");
+    else if (!strcmp(dtype, "int4")) { o.int4 = true; if (!o.group_size) o.group_size = 128; }
+    else if (strcmp(dtype, "fp16")) pln_die("--dtype %s: expected fp16, int8 or int4", dtype);
+    if (o.group_size && !o.int8 && !o.int4) pln_die("--group-size needs --dtype int8 or int4");
     if (threads) omp_set_num_threads(threads);
     double t0 = pln_now();
 
@@ -673,12 +682,15 @@ int cmd_reshard(int argc, char **argv) {
         json_t *extra = json_object();
         json_object_set_new(extra, "source", source_json(&ck, src_path));
         json_object_set_new(extra, "tensors", tensors_json(&c));
-        json_object_set_new(extra, "conversion", json_pack("{s:s, s:s, s:s}", "fp16",
+        json_object_set_new(extra, "conversion", json_pack("{s:s, s:s, s:s, s:s}", "fp16",
                             "round to nearest even; values past +-65504 clamped to +-65504 and counted (tensors.*.clamped)",
                             "int8", "symmetric, per rank slice after the TP split: q = round(w/scale) in [-127, 127], scale = fp16(absmax/127) per group, 1.0 for an all-zero group",
+                            "int4", "symmetric, per rank slice after the TP split, groups of group_size columns: q = round(w/scale) in [-8, 7], "
+                                    "scale = the fp16 scale of least squared error among absmax/D for D in 6.75..9.5 (clipping search), each "
+                                    "refined by least squares; packed two per byte (docs/FORMAT.md)",
                             "tool", "pollen " PLN_VERSION_STRING " reshard"));
         pln_manifest man = {
-            .config = ck.config, .tp = o.tp, .dtype = o.int8 ? "int8" : "fp16", .group_size = o.group_size,
+            .config = ck.config, .tp = o.tp, .dtype = o.int4 ? "int4" : o.int8 ? "int8" : "fp16", .group_size = o.group_size,
             .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(m.vocab_size, o.tp),
             .layout = PLN_TP_LAYOUT, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
             .hf_config = "config.json", .extra = extra};
@@ -701,9 +713,10 @@ int cmd_reshard(int argc, char **argv) {
         char a[32], b[32], rate[32];
         uint64_t clamped = 0;
         for (size_t i = 0; i < c.n; i++) clamped += c.stats[i].clamped;
-        if (o.int8 || clamped) {
+        bool q = o.int8 || o.int4 || o.quantize_embedding;
+        if (q || clamped) {
             printf("%-48s %-5s %-14s %9s", "tensor", "src", "shape", "clamped");
-            if (o.int8) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
+            if (q) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
             printf("\n");
         }
         for (size_t i = 0; i < c.n; i++) {
@@ -716,7 +729,7 @@ int cmd_reshard(int argc, char **argv) {
             printf("\n");
         }
         if (!clamped) printf("(no value needed clamping to fp16's range)\n");
-        printf("wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp, o.int8 ? "int8" : "fp16", o.tp,
+        printf("wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp, o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp,
                pln_human_bytes((double)total_out, a, sizeof a), pln_human_bytes((double)total_in, b, sizeof b), dt,
                pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
     }

@@ -3,11 +3,13 @@
  * Without --source: the manifest, its config block, the tokenizer and config.json against their
  * recorded checksums (manifest version 2) and config.json against the manifest, every rank file's
  * size and header checksum, the tensor table against the "bloom-tp-v1" plan, every tensor's XXH3
- * (a bad one is named), that all padding bytes are zero and every int8 scale finite and positive.
- * With --source: every source tensor is rebuilt from its slices on all ranks (int8 dequantized)
+ * (a bad one is named), that all padding bytes are zero and every int8/int4 scale finite and
+ * positive. With --source: every source tensor is rebuilt from its slices on all ranks (int8 and
+ * int4 dequantized)
  * and compared element by element with the source: fp16 must equal the round-to-nearest-even
- * fp16 of the source bit for bit (so an fp16 source must come back exactly), int8 must stay
- * within half a quantization step of the source everywhere and reproduce the relative-RMS and
+ * fp16 of the source bit for bit (so an fp16 source must come back exactly), int8/int4 must stay
+ * within half a quantization step of the source everywhere (int4: plus what the scale search
+ * chose to clip) and reproduce the relative-RMS and
  * max-abs errors the manifest records; vocabulary pad rows must be zero. Streaming, row chunks
  * at a time, so a set of any size verifies in bounded memory. */
 #include "formats/common.h"
@@ -61,9 +63,9 @@ typedef struct {
 } vf_cmp;
 
 static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const uint8_t *d, const uint16_t *sc, vf_cmp *out) {
-    bool quant = e->transform == PLN_TP_QUANT_I8;
+    bool quant = pln_tp_is_quant(e), i4 = e->transform == PLN_TP_QUANT_I4;
     int64_t cols = e->cols, src_cols = e->src_shape[1], ng = quant ? cols / e->group : 0;
-    size_t esz = pln_dtype_size(src->dtype), orow = (size_t)cols * (quant ? 1 : 2);
+    size_t esz = pln_dtype_size(src->dtype), orow = pln_tp_row_bytes(e);
     int64_t total = e->rows + e->pad_rows;
     int64_t k = (int64_t)(VF_CHUNK_ELEMS / (uint64_t)cols);
     if (k < 1) k = 1;
@@ -82,7 +84,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
                 const uint8_t *o = d + (size_t)lr * orow;
                 row_err[i] = (pln_tp_qerr){0};
                 if (lr >= e->rows) {
-                    for (size_t b = 0; b < orow; b++) padnz += o[b] != 0;
+                    for (size_t b = 0; b < orow; b++) padnz += o[b] != (i4 ? 0x88 : 0);   /* int4 zero: nibbles 8 */
                     continue;
                 }
                 const uint8_t *s = src->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
@@ -102,10 +104,13 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
                     double e2 = 0, r2 = 0, rmx = 0;
                     for (int64_t j = 0; j < cols; j++) {
                         float s_ = pln_f16_to_f32(sc[lr * ng + j / e->group]);
-                        double deq = pln_dequant_i8(q[j], s_), diff = fabs(deq - (double)w[j]);
-                        /* half a step, plus what clamping at +-127 costs when fp16 rounded the
-                         * scale down, plus float slack */
-                        double bound = 0.5 * s_ + fmax(0.0, fabs((double)w[j]) - 127.0 * s_) + 1e-6 * fabs((double)w[j]) + 1e-30;
+                        double deq = i4 ? pln_dequant_i4(pln_i4_get(o, j), s_) : pln_dequant_i8(q[j], s_);
+                        double diff = fabs(deq - (double)w[j]);
+                        /* half a step, plus what clamping at the end levels costs (int8: when fp16
+                         * rounded the scale down; int4: the clipping the scale search chose), plus
+                         * float slack */
+                        double top = i4 ? (w[j] < 0 ? 8.0 : 7.0) : 127.0;
+                        double bound = 0.5 * s_ + fmax(0.0, fabs((double)w[j]) - top * s_) + 1e-6 * fabs((double)w[j]) + 1e-30;
                         over += !(diff <= bound) || !(s_ > 0);
                         e2 += diff * diff;
                         r2 += (double)w[j] * w[j];
@@ -164,8 +169,8 @@ int cmd_verify(int argc, char **argv) {
     }
     bool small_checked = set->small_files_checked;
     pln_tp_model m = pln_tp_model_of(&set->config);
-    pln_tp_opts o = {.tp = set->tp, .int8 = !strcmp(set->dtype, "int8"), .group_size = set->group_size,
-                     .quantize_embedding = set->quantize_embedding};
+    pln_tp_opts o = {.tp = set->tp, .int8 = !strcmp(set->dtype, "int8"), .int4 = !strcmp(set->dtype, "int4"),
+                     .group_size = set->group_size, .quantize_embedding = set->quantize_embedding};
     int tp = set->tp;
     pln_tp_entry **plans = pln_xcalloc((size_t)tp, sizeof *plans);
     pln_shard **shards = pln_xcalloc((size_t)tp, sizeof *shards);
@@ -218,7 +223,8 @@ int cmd_verify(int argc, char **argv) {
                 for (size_t i = 0; i < n; i++) {
                     const pln_tp_entry *e0 = &plans[0][i];
                     if (e0->transform == PLN_TP_QUANT_SCALE) continue;
-                    bool quant = e0->transform == PLN_TP_QUANT_I8;
+                    bool quant = pln_tp_is_quant(e0);
+                    const char *as = e0->transform == PLN_TP_QUANT_I4 ? "int4" : quant ? "int8" : "fp16";
                     vf_cmp c = {0};
                     for (int r = 0; r < tp; r++) {
                         const pln_shard_tensor *t = &shards[r]->tensors[i];
@@ -246,7 +252,7 @@ int cmd_verify(int argc, char **argv) {
                         snprintf(rel_s, sizeof rel_s, "%.4e", rel);
                         snprintf(rec_s, sizeof rec_s, "%.4e", rec_rel);
                     }
-                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i]->dtype), quant ? "int8" : "fp16",
+                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i]->dtype), as,
                            c.max_abs, rel_s, rec_s,
                            why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
                            why[0] ? ": " : "", why);
@@ -273,7 +279,7 @@ int cmd_verify(int argc, char **argv) {
         printf("note: manifest version 1 records no checksums of its config block, tokenizer and config.json (config.json "
                "was checked against the manifest); re-run reshard to add them\n");
     printf("verify: OK — %s: TP %d %s, manifest, %s, sizes, checksums, padding, scales%s (%.2f s)\n", dir, tp,
-           o.int8 ? "int8" : "fp16", small_checked ? "config/tokenizer checksums" : "config/tokenizer NOT checksummed (v1)",
+           o.int4 ? "int4" : o.int8 ? "int8" : "fp16", small_checked ? "config/tokenizer checksums" : "config/tokenizer NOT checksummed (v1)",
            source ? ", and every tensor against the source" : "", dt);
     return 0;
 }

@@ -46,6 +46,17 @@ typedef struct {
                      const uint16_t *w, int64_t nr, int64_t K);
     void (*gemm_i8)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* Packed int4 (docs/FORMAT.md): w is the first of nr rows of K/2 bytes, w = q * scale[r *
+     * (K / group) + k / group] with q = pln_i4_get(row, k); group % 32 == 0, K % group == 0. */
+    void (*gemm_i4)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                    const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
+     * xq int8 [nt, K] and xs fp32 [nt, K / 32] (their scales); w is I8 (rows of K bytes) or, when
+     * i4, packed int4 (rows of K / 2 bytes), group % 32 == 0. For every block b the integer dot
+     * d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
+     * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order). */
+    void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,
+                    const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):
      * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
     void (*dots)(float *scores, const float *q, const float *k, int64_t n, int64_t d);
@@ -73,6 +84,8 @@ typedef struct {
     pln_cpu_isa isa;
     const pln_cpu_kernels *k;    /* NULL for PLN_CPU_ISA_REF */
     int n_threads;               /* 0: OpenMP's default team */
+    bool int_dot;                /* int8/int4 weights at T >= 2: the integer-dot path (off by
+                                    default; PLN_CPU_INT_DOT=1 or pln_cpu_set_int_dot) */
 } pln_cpu;
 
 static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
@@ -88,6 +101,20 @@ int pln_cpu_threads(const pln_cpu *c);
 
 /* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
 int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
+/* The integer-dot path for int8 and int4 weights when a step has 2 or more tokens (prefill,
+ * batched decode): each token's activations are quantized per block of 32 columns to int8
+ * (scale absmax / 127, round to nearest) and multiplied with the integer weights in integer
+ * arithmetic (vpdpbusd with AVX-512 VNNI or AVX-VNNI, vpmaddubsw on AVX2), one fp32 scale product
+ * per block. Off by default: it adds the activations' rounding (measured by test_kernels_cpu and
+ * tests/e2e_generate.sh) to the weights'; the float path stays the reference. The reference tier
+ * (PLN_CPU_ISA_REF) never uses it. The default comes from PLN_CPU_INT_DOT=1. */
+void pln_cpu_set_int_dot(pln_backend *be, bool on);
+/* true: the integer-dot path uses vpmaddubsw even where the CPU has VNNI (set from
+ * PLN_CPU_NO_VNNI=1 when a backend is created; tests flip it to cover both). */
+extern bool pln_cpu_no_vnni;
+/* The activation quantization of the integer-dot path, exposed for its test: x [K] (K % 32 == 0)
+ * -> q [K], s [K / 32]. */
+void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s);
 
 /* ---- ops (one file each; the backend table in cpu_backend.c checks arguments first) ---- */
 /* embed.c */

@@ -74,6 +74,9 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa) {
     return 0;
 }
 
+void pln_cpu_set_int_dot(pln_backend *be, bool on) { pln_cpu_of(be)->int_dot = on; }
+bool pln_cpu_no_vnni;
+
 /* ---- threads ----------------------------------------------------------------------------- */
 /* Ranks launched together on one machine without binding would each start a thread per core
  * (2 ranks on 16 cores: 32 spinning threads); give each rank its share instead. A launcher that
@@ -138,12 +141,15 @@ static int check_weight(const char *op, const pln_weight *W) {
          (long long)W->rows, (long long)W->cols);
     NEED(W->w, "%s: weight data is NULL", op);
     if (W->dtype == PLN_DTYPE_F16) return 0;
-    NEED(W->dtype == PLN_DTYPE_I8, "%s: weight dtype %s is not supported (F16 or I8 + F16 scales)",
+    NEED(W->dtype == PLN_DTYPE_I8 || W->dtype == PLN_DTYPE_U8,
+         "%s: weight dtype %s is not supported (F16, I8 or packed int4 U8 + F16 scales)",
          op, pln_dtype_name(W->dtype));
-    NEED(W->scale, "%s: I8 weight has no scales", op);
+    NEED(W->scale, "%s: quantized weight has no scales", op);
     NEED(W->group > 0 && W->cols % W->group == 0,
-         "%s: I8 group size %lld does not divide the %lld input columns", op,
+         "%s: group size %lld does not divide the %lld input columns", op,
          (long long)W->group, (long long)W->cols);
+    NEED(W->dtype != PLN_DTYPE_U8 || W->group % 32 == 0,
+         "%s: int4 group size %lld is not a multiple of 32 (the packed block)", op, (long long)W->group);
     return 0;
 }
 
@@ -301,6 +307,10 @@ pln_backend *pln_backend_cpu_create(void) {
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());
     c->n_threads = default_threads();
+    const char *idot = getenv("PLN_CPU_INT_DOT");
+    c->int_dot = idot && !strcmp(idot, "1");
+    const char *nv = getenv("PLN_CPU_NO_VNNI");
+    if (nv && !strcmp(nv, "1")) pln_cpu_no_vnni = true;
     return be;
 }
 

@@ -1,4 +1,4 @@
-/* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16 or I8 weights, fp32 accumulation; also
+/* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16, I8 or packed int4 weights, fp32 accumulation; also
  * the logits (the tied embedding slice, rows beyond n_valid left to the caller).
  *
  * Fast path: the weight is read from memory once per PLN_CPU_TCHUNK tokens. Threads take the
@@ -8,6 +8,9 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
+#include <math.h>
+#include <stdlib.h>
+
 /* Rows per unit of parallel work: small enough to balance 2..64 threads on 2048 rows, large
  * enough that each unit streams several KiB of weights. */
 #define RCHUNK 16
@@ -15,6 +18,7 @@
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
     float scale = pln_f16_to_f32(W->scale[r * (W->cols / W->group) + k / W->group]);
+    if (W->dtype == PLN_DTYPE_U8) return pln_dequant_i4(pln_i4_get((const uint8_t *)W->w + r * (W->cols / 2), k), scale);
     return pln_dequant_i8(((const int8_t *)W->w)[r * W->cols + k], scale);
 }
 
@@ -31,12 +35,56 @@ static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weigh
         }
 }
 
+void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s) {
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float sc = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        s[b] = sc;
+        for (int i = 0; i < 32; i++) {
+            float v = nearbyintf(xb[i] * inv);   /* |v| <= 127 by construction */
+            q[32 * b + i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+    }
+}
+
+/* The integer-dot path applies: asked for, a batch, quantized weights in whole 32-column blocks. */
+static bool use_int_dot(const pln_cpu *c, const pln_weight *W, int32_t T) {
+    return c->int_dot && T >= 2 && W->dtype != PLN_DTYPE_F16 && W->cols % 32 == 0 && W->group % 32 == 0;
+}
+
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
     if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, gelu); return; }
     const pln_cpu_kernels *k = c->k;
     int64_t K = W->cols;
     int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
+    if (use_int_dot(c, W, T)) {
+        /* each block of tokens quantized once, then shared by every row chunk */
+        bool i4 = W->dtype == PLN_DTYPE_U8;
+        int64_t rb = i4 ? K / 2 : K, nb = K / 32;
+        int8_t *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
+        float *xs = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
+        for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
+            int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
+            #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (nt * K > 65536)
+            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq + t * K, xs + t * nb);
+            float *o = out + t0 * ldo;
+            #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
+            for (int64_t ch = 0; ch < n_chunks; ch++) {
+                int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
+                k->gemm_q8(o + r0, ldo, xq, xs, nt, (const uint8_t *)W->w + r0 * rb, i4, W->scale + r0 * (K / W->group),
+                           W->group, nr, K);
+                if (bias || gelu)
+                    for (int64_t t = 0; t < nt; t++)
+                        k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
+            }
+        }
+        free(xq);
+        free(xs);
+        return;
+    }
     for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
         int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
         const float *x = in + t0 * K;
@@ -48,6 +96,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
             if (W->dtype == PLN_DTYPE_F16)
                 k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
+            else if (W->dtype == PLN_DTYPE_U8)
+                k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
+                           W->scale + r0 * (K / W->group), W->group, nr, K);
             else
                 k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
                            W->scale + r0 * (K / W->group), W->group, nr, K);

@@ -9,6 +9,7 @@
 #ifdef PLN_CPU_X86
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
@@ -93,12 +94,36 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
                 UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * x[j * ldx + k];
             }
         }
+    } else if (NT == 1) {
+        /* GEMV (decode): each row's group is summed unscaled in its own register and scaled by
+         * one FMA per group: per 8 weights one widen and one FMA, as in the per-channel loop
+         * (scaling every widened vector cost a multiply each and halved the rate) */
+        for (int64_t g = k0 / group; g < k1 / group; g++) {
+            __m256 ga[4];
+            UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_setzero_ps();
+            int64_t k = g * group, kend = k + group;
+            for (; k + 8 <= kend; k += 8) {
+                if (NR == 4 && (k & 63) == 0) {   /* see PREFETCH_NOTE */
+                    UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
+                }
+                __m256 xv = _mm256_loadu_ps(x + k);
+                UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_fmadd_ps(load_i8(w + i * K + k), xv, ga[i]);
+            }
+            UNROLL for (int i = 0; i < NR; i++) {
+                float sf = _cvtsh_ss(scale[i * ng + g]);
+                float t = 0.0f;
+                for (int64_t kk = k; kk < kend; kk++) t += (float)w[i * K + kk] * x[kk];
+                tail[i][0] += t * sf;
+                acc[i][0] = _mm256_fmadd_ps(ga[i], _mm256_set1_ps(sf), acc[i][0]);
+            }
+        }
     } else {
+        /* a block of tokens: each widened weight vector is scaled once and serves NT tokens */
         for (int64_t g = k0 / group; g < k1 / group; g++) {
             float sf[4];
             __m256 sv[4];
             UNROLL for (int i = 0; i < NR; i++) {
-                sf[i] = pln_f16_to_f32(scale[i * ng + g]);
+                sf[i] = _cvtsh_ss(scale[i * ng + g]);
                 sv[i] = _mm256_set1_ps(sf[i]);
             }
             int64_t k = g * group, kend = k + group;
@@ -121,6 +146,78 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         float s_end = ng == 1 ? pln_f16_to_f32(scale[i]) : 1.0f;
         UNROLL for (int j = 0; j < NT; j++) {
             float s = (hsum(acc[i][j]) + tail[i][j]) * s_end;
+            out[j * ldo + i] = add ? out[j * ldo + i] + s : s;
+        }
+    }
+}
+
+/* One 32-column block of a packed int4 row (16 bytes, docs/FORMAT.md) as q in four 8-float
+ * vectors, columns in order: the low nibbles are columns 0..15, the high ones 16..31, so one
+ * mask, one shift and a subtract of the +8 bias unpack it with no shuffle. */
+INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
+    const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m), bias);
+    __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), bias);
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+}
+
+/* Packed int4, [k0, k1) whole groups (multiples of 32 columns). One token (decode): each row's
+ * group is summed unscaled and scaled by one FMA per group; several tokens: the unpacked block
+ * is scaled once per row and serves them all. */
+INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
+                 const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
+                 int64_t k1, bool add) {
+    int64_t ng = K / group, rb = K / 2;
+    __m256 acc[4][2];
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    }
+    for (int64_t g = k0 / group; g < k1 / group; g++) {
+        int64_t kend = (g + 1) * group;
+        if (NT == 1) {
+            __m256 ga[4];
+            UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_setzero_ps();
+            for (int64_t k = g * group; k < kend; k += 32) {
+                if (NR == 4 && (k & 127) == 0) {   /* see PREFETCH_NOTE: 64 bytes = 128 columns */
+                    UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * rb + k / 2), _MM_HINT_T1);
+                }
+                __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+                __m256 x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
+                UNROLL for (int i = 0; i < NR; i++) {
+                    __m256 wv[4];
+                    load_i4x32(w + i * rb + k / 2, wv);
+                    ga[i] = _mm256_fmadd_ps(wv[0], x0, ga[i]);
+                    ga[i] = _mm256_fmadd_ps(wv[1], x1, ga[i]);
+                    ga[i] = _mm256_fmadd_ps(wv[2], x2, ga[i]);
+                    ga[i] = _mm256_fmadd_ps(wv[3], x3, ga[i]);
+                }
+            }
+            UNROLL for (int i = 0; i < NR; i++)
+                acc[i][0] = _mm256_fmadd_ps(ga[i], _mm256_set1_ps(_cvtsh_ss(scale[i * ng + g])), acc[i][0]);
+        } else {
+            for (int64_t k = g * group; k < kend; k += 32) {
+                UNROLL for (int i = 0; i < NR; i++) {
+                    __m256 wv[4], sv = _mm256_set1_ps(_cvtsh_ss(scale[i * ng + g]));
+                    load_i4x32(w + i * rb + k / 2, wv);
+                    UNROLL for (int q = 0; q < 4; q++) wv[q] = _mm256_mul_ps(wv[q], sv);
+                    UNROLL for (int j = 0; j < NT; j++) {
+                        const float *xj = x + j * ldx + k;
+                        acc[i][j] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xj), acc[i][j]);
+                        acc[i][j] = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xj + 8), acc[i][j]);
+                        acc[i][j] = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xj + 16), acc[i][j]);
+                        acc[i][j] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xj + 24), acc[i][j]);
+                    }
+                }
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) {
+            float s = hsum(acc[i][j]);
             out[j * ldo + i] = add ? out[j * ldo + i] + s : s;
         }
     }
@@ -177,6 +274,110 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
             }
         }
     }
+}
+
+static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                             const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
+                             int64_t K) {
+    int64_t ng = K / group, rb = K / 2;
+    /* passes cover whole groups */
+    int64_t ks = nt <= 2 ? K : group * (KSTEP / group > 0 ? KSTEP / group : 1);
+    for (int64_t r = 0; r < nr; r += 4) {
+        const uint8_t *wr = w + r * rb;
+        const uint16_t *sr = scale + r * ng;
+        float *o = out + r;
+        for (int64_t k0 = 0; k0 < K; k0 += ks) {
+            int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
+            bool add = k0 > 0;
+            if (nr - r >= 4) {
+                for (; t + 2 <= nt; t += 2) tile_i4(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+                for (; t < nt; t++) tile_i4(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+            } else {
+                for (int64_t i = 0; i < nr - r; i++) {
+                    for (t = 0; t + 2 <= nt; t += 2) tile_i4(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add);
+                    for (; t < nt; t++) tile_i4(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add);
+                }
+            }
+        }
+    }
+}
+
+/* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
+ * Per block of 32 columns: |w| (u8) times x with w's sign (s8), summed in pairs then in int32
+ * (vpmaddubsw + vpmaddwd; weights and activations are within +-127, so no pair saturates) or in
+ * one AVX-VNNI vpdpbusd instruction: eight exact int32 partial dots, converted to float and added with one FMA
+ * by the block's two scales into a float accumulator per row. A tile is 4 rows: each activation
+ * block is loaded once for the 4 rows, and the rows (int4 ones unpacked to int8 once per call)
+ * stay in cache while every token of the chunk passes. */
+INL float q8_hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+INL __m256i q8_dotv(__m256i aw, __m256i sx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __m256i q8_dotv_vnni(__m256i aw, __m256i sx) {
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
+}
+INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
+    const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
+    for (int64_t b = 0; b < K / 32; b++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * b));
+        _mm_storeu_si128((__m128i *)(row + 32 * b), _mm_sub_epi8(_mm_and_si128(v, m), bias));
+        _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bias));
+    }
+}
+#define DEF_GEMM_Q8(NAME, ATTR, DOTV)                                                                           \
+    static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
+        const int NR, float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,                   \
+        const int8_t *const *wr, const float *wsb, int64_t K) {                                                  \
+        int64_t nb = K / 32;                                                                                     \
+        for (int64_t t = 0; t < nt; t++) {                                                                       \
+            const int8_t *xt = xq + t * K;                                                                       \
+            const float *xst = xs + t * nb;                                                                      \
+            __m256 acc[4];                                                                                       \
+            for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();                                           \
+            for (int64_t b = 0; b < nb; b++) {                                                                   \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + 32 * b));                                 \
+                for (int i = 0; i < NR; i++) {                                                                   \
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(wr[i] + 32 * b));                          \
+                    __m256i d = DOTV(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                        \
+                    __m256 s = _mm256_set1_ps(xst[b] * wsb[i * nb + b]);                                         \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[i]);                                  \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int i = 0; i < NR; i++) out[t * ldo + i] = q8_hsum_ps(acc[i]);                                  \
+        }                                                                                                        \
+    }                                                                                                            \
+    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,               \
+                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) { \
+        int64_t ng = K / group, nb = K / 32;                                                                     \
+        int8_t *buf = i4 ? pln_xmalloc((size_t)4 * (size_t)K) : NULL;                                           \
+        float *wsb = pln_xmalloc((size_t)4 * (size_t)nb * sizeof(float)); /* the tile's scales per block */    \
+        for (int64_t r = 0; r < nr; r += 4) {                                                                    \
+            int n = nr - r < 4 ? (int)(nr - r) : 4;                                                              \
+            const int8_t *wr[4];                                                                                 \
+            for (int i = 0; i < n; i++) {                                                                        \
+                wr[i] = (const int8_t *)w + (r + i) * K;                                                         \
+                if (i4) { q8_unpack_i4((const uint8_t *)w + (r + i) * (K / 2), K, buf + i * K); wr[i] = buf + i * K; } \
+                for (int64_t b = 0; b < nb; b++) wsb[i * nb + b] = _cvtsh_ss(scale[(r + i) * ng + 32 * b / group]);      \
+            }                                                                                                    \
+            if (n == 4) NAME##_tile(4, out + r, ldo, xq, xs, nt, wr, wsb, K);                                    \
+            else                                                                                                 \
+                for (int i = 0; i < n; i++) NAME##_tile(1, out + r + i, ldo, xq, xs, nt, wr + i, wsb + i * nb, K); \
+        }                                                                                                        \
+        free(buf);                                                                                               \
+        free(wsb);                                                                                               \
+    }
+DEF_GEMM_Q8(gemm_q8_avx2_base, TGT, q8_dotv)
+DEF_GEMM_Q8(gemm_q8_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dotv_vnni)
+
+static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt, const void *w,
+                        bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni")) gemm_q8_avx2_vnni(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
+    else gemm_q8_avx2_base(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
 }
 
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
@@ -322,7 +523,7 @@ static TGT float sum_exp_avx2(const float *x, int64_t n, float mx) {
 }
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
-    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2,
+    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2,

@@ -5,6 +5,7 @@
 #include "kernels/pln_math.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* Columns converted at a time: 1 KiB of fp32, stays in L1 beside the tokens' activations. */
 #define KSTEP 256
@@ -49,6 +50,57 @@ static void gemm_i8_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
         }
         for (int64_t t = 0; t < nt; t++) out[t * ldo + r] = acc[t];
     }
+}
+
+static void gemm_i4_c(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                      const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    float wf[KSTEP], acc[PLN_CPU_TCHUNK];
+    int64_t ng = K / group;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *row = w + r * (K / 2);
+        for (int64_t t = 0; t < nt; t++) acc[t] = 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += KSTEP) {
+            int64_t n = K - k0 < KSTEP ? K - k0 : KSTEP;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t k = k0 + i;
+                wf[i] = pln_dequant_i4(pln_i4_get(row, k), pln_f16_to_f32(scale[r * ng + k / group]));
+            }
+            for (int64_t t = 0; t < nt; t++) {
+                const float *xt = x + t * ldx + k0;
+                float s = 0.0f;
+                for (int64_t i = 0; i < n; i++) s += wf[i] * xt[i];
+                acc[t] += s;
+            }
+        }
+        for (int64_t t = 0; t < nt; t++) out[t * ldo + r] = acc[t];
+    }
+}
+
+/* The integer-dot path in plain C: the definition the SIMD versions are checked against (the
+ * integer dots are exact; the fp32 accumulation is one fmaf per block, in block order). */
+static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,
+                      const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    int64_t ng = K / group, nb = K / 32;
+    int8_t *row = i4 ? pln_xmalloc((size_t)K) : NULL;
+    for (int64_t r = 0; r < nr; r++) {
+        const int8_t *wr = (const int8_t *)w + r * K;
+        if (i4) {
+            const uint8_t *p = (const uint8_t *)w + r * (K / 2);
+            for (int64_t k = 0; k < K; k++) row[k] = (int8_t)pln_i4_get(p, k);
+            wr = row;
+        }
+        for (int64_t t = 0; t < nt; t++) {
+            const int8_t *xt = xq + t * K;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t d = 0;
+                for (int i = 0; i < 32; i++) d += (int32_t)wr[32 * b + i] * xt[32 * b + i];
+                acc = fmaf((float)d, xs[t * nb + b] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
+            }
+            out[t * ldo + r] = acc;
+        }
+    }
+    free(row);
 }
 
 /* The attention loops are written once over a row loader: the F16-cache versions do the same
@@ -99,7 +151,7 @@ static float sum_exp_c(const float *x, int64_t n, float mx) {
 }
 
 const pln_cpu_kernels pln_cpu_kernels_c = {
-    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .dots = dots_c,
+    .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .gemm_i4 = gemm_i4_c, .gemm_q8 = gemm_q8_c, .dots = dots_c,
     .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
     .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c,
 };

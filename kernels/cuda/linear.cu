@@ -1,5 +1,5 @@
 /* linear.cu — the linear layers: tensor-core GEMV for decode, cuBLASLt and an int8 GEMM for
- * prefill and large batches, a plain fallback for odd shapes. See linear.cuh. */
+ * prefill and large batches, int4 GEMV and GEMM, a plain fallback for odd shapes. See linear.cuh. */
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -252,6 +252,216 @@ __global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bo
     if (lane == 0) epilogue(out, N, t, row, s, 1.0f, bias, gelu, n_valid);
 }
 
+/* ---- int4 (packed, docs/FORMAT.md "int4 weight-only") ------------------------------------------
+ * A lane's 16-byte load is one 32-column block of a row, inside one scale group (G is a multiple
+ * of 32). Word i of the block holds columns 4i..4i+3 in its low nibbles and 16+4i..16+4i+3 in its
+ * high ones, each as q + 8. Masking two nibbles (bytes 0 and 2, or 1 and 3, of the word, after a
+ * shift of 0/4/8/12) under the exponent of 1024.0 (0x6400 | n is the fp16 value 1024 + n) gives
+ * two fp16 weights at once, and one subtraction of 1032 makes them q exactly; the pairs come out
+ * as columns (4i, 4i+2), (4i+1, 4i+3), (16+4i, 16+4i+2), (16+4i+1, 16+4i+3). The activations
+ * are paired the same way with byte permutes, so the mma (which sums over whatever k order A and
+ * B agree on) needs no reordering of the weights. The scale multiplies the fp16 weights before
+ * the mma (the lanes of one mma hold different groups), as the grouped int8 kernels do. */
+__device__ __forceinline__ void i4x8_to_h2x4(uint32_t w, __half2 s, __half2 h[4])
+{
+    const uint32_t m = 0x000f000fu, e = 0x64006400u;
+    const __half2 bias = __half2half2(__ushort_as_half((unsigned short)0x6408));   /* 1032 */
+    h[0] = __hmul2(__hsub2(pln_bits_h2((w & m) | e), bias), s);
+    h[1] = __hmul2(__hsub2(pln_bits_h2(((w >> 8) & m) | e), bias), s);
+    h[2] = __hmul2(__hsub2(pln_bits_h2(((w >> 4) & m) | e), bias), s);
+    h[3] = __hmul2(__hsub2(pln_bits_h2(((w >> 12) & m) | e), bias), s);
+}
+
+/* Four consecutive fp16 activations (two words) -> the pairs (0, 2) and (1, 3). */
+__device__ __forceinline__ void x_pairs(uint2 v, uint32_t &p02, uint32_t &p13)
+{
+    p02 = __byte_perm(v.x, v.y, 0x5410);
+    p13 = __byte_perm(v.x, v.y, 0x7632);
+}
+
+/* GEMV for T <= NT: as gemv_kernel, 16 rows per block, 4 warps splitting k, GEMV_U 16-byte
+ * loads of rows g and g+8 in flight per lane; a warp step is 128 columns (a block per lane). */
+template <int NT, typename OT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
+               const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+               int64_t N, int64_t K, int gelu, int64_t n_valid)
+{
+    constexpr int NTILES = NT / 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    const int64_t ra = row0 + g, rb = row0 + g + 8;
+    const bool va = ra < N, vb = rb < N;
+    const int64_t rowbytes = K / 2;
+    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
+    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
+    const int64_t nsteps = K / 128, sgroups = K / G;
+
+    float acc[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    for (int64_t s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * GEMV_U) {
+        int4 wa[GEMV_U], wb[GEMV_U];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+            int4 z = make_int4(0, 0, 0, 0);
+            wa[u] = (s < nsteps && va) ? pln_ld_stream(pa + s * 4) : z;
+            wb[u] = (s < nsteps && vb) ? pln_ld_stream(pb + s * 4) : z;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+            if (s >= nsteps) break;
+            const int64_t k = s * 128 + 32 * q;   /* this lane's block */
+            const int64_t gi = k / G;
+            const __half2 sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
+            const __half2 sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
+            const uint32_t *A = (const uint32_t *)&wa[u];
+            const uint32_t *B = (const uint32_t *)&wb[u];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                __half2 ha[4], hb[4];
+                i4x8_to_h2x4(A[i], sa, ha);
+                i4x8_to_h2x4(B[i], sb, hb);
+#pragma unroll
+                for (int n = 0; n < NTILES; n++) {
+                    const int t = n * 8 + g;
+                    const __half *xp = x + (int64_t)t * K + k + 4 * i;
+                    uint2 lo = t < T ? __ldg((const uint2 *)xp) : make_uint2(0, 0);
+                    uint2 hi = t < T ? __ldg((const uint2 *)(xp + 16)) : make_uint2(0, 0);
+                    uint32_t l02, l13, h02, h13;
+                    x_pairs(lo, l02, l13);
+                    x_pairs(hi, h02, h13);
+                    pln_mma16816(acc[n], pln_h2_bits(ha[0]), pln_h2_bits(hb[0]), pln_h2_bits(ha[1]),
+                                 pln_h2_bits(hb[1]), l02, l13);
+                    pln_mma16816(acc[n], pln_h2_bits(ha[2]), pln_h2_bits(hb[2]), pln_h2_bits(ha[3]),
+                                 pln_h2_bits(hb[3]), h02, h13);
+                }
+            }
+        }
+    }
+
+    /* Sum the four warps' k-slices. */
+    __shared__ float red[GEMV_WARPS][16][NT + 1];
+#pragma unroll
+    for (int n = 0; n < NTILES; n++) {
+        red[warp][g][n * 8 + 2 * q] = acc[n][0];
+        red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
+        red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
+        red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
+        int t = i / 16, r = i % 16;
+        int64_t row = row0 + r;
+        if (t >= T || row >= N) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; w++) v += red[w][r][t];
+        epilogue(out, N, t, row, v, 1.0f, bias, gelu, n_valid);
+    }
+}
+
+/* GEMM for T > 16: as gemm_i8_kernel, 64 rows x 64 tokens per block, 4 warps of 16 rows; a
+ * k-step is 128 columns (one 16-byte block per lane), the 64 x 128 activation tile staged in
+ * shared memory, the next step's weights in flight during this step's math. */
+#define GEMM4_XS 136   /* halves per staged token row: 128 + 8 */
+
+template <typename OT>
+__global__ void __launch_bounds__(128)
+gemm_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
+               const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+               int64_t N, int64_t K, int gelu, int64_t n_valid)
+{
+    __shared__ __align__(16) __half xs[64 * GEMM4_XS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 64 + warp * 16;
+    const int t0 = blockIdx.y * 64;
+    const int64_t ra = row0 + g, rb = row0 + g + 8;
+    const bool va = ra < N, vb = rb < N;
+    const int64_t rowbytes = K / 2, sgroups = K / G;
+    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
+    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
+
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    int4 wa = va ? pln_ld_stream(pa) : make_int4(0, 0, 0, 0);
+    int4 wb = vb ? pln_ld_stream(pb) : make_int4(0, 0, 0, 0);
+    for (int64_t k0 = 0; k0 < K; k0 += 128) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < 64 * 16; i += 128) {
+            int t = i >> 4, c = i & 15;
+            int4 v = t0 + t < T ? __ldg((const int4 *)(x + (int64_t)(t0 + t) * K + k0) + c)
+                                : make_int4(0, 0, 0, 0);
+            *(int4 *)&xs[t * GEMM4_XS + c * 8] = v;
+        }
+        __syncthreads();
+        int4 ca = wa, cb = wb;
+        if (k0 + 128 < K) {
+            int64_t s = k0 / 128 + 1;
+            wa = va ? pln_ld_stream(pa + s * 4) : make_int4(0, 0, 0, 0);
+            wb = vb ? pln_ld_stream(pb + s * 4) : make_int4(0, 0, 0, 0);
+        }
+        const int64_t gi = (k0 + 32 * q) / G;
+        const __half2 sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
+        const __half2 sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
+        const uint32_t *A = (const uint32_t *)&ca;
+        const uint32_t *B = (const uint32_t *)&cb;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 ha[4], hb[4];
+            i4x8_to_h2x4(A[i], sa, ha);
+            i4x8_to_h2x4(B[i], sb, hb);
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                const __half *xr = &xs[(n * 8 + g) * GEMM4_XS + 32 * q + 4 * i];
+                uint32_t l02, l13, h02, h13;
+                x_pairs(*(const uint2 *)xr, l02, l13);
+                x_pairs(*(const uint2 *)(xr + 16), h02, h13);
+                pln_mma16816(acc[n], pln_h2_bits(ha[0]), pln_h2_bits(hb[0]), pln_h2_bits(ha[1]),
+                             pln_h2_bits(hb[1]), l02, l13);
+                pln_mma16816(acc[n], pln_h2_bits(ha[2]), pln_h2_bits(hb[2]), pln_h2_bits(ha[3]),
+                             pln_h2_bits(hb[3]), h02, h13);
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        int t = t0 + n * 8 + 2 * q;
+        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], 1.0f, bias, gelu, n_valid);
+        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], 1.0f, bias, gelu, n_valid);
+        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], 1.0f, bias, gelu, n_valid);
+        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], 1.0f, bias, gelu, n_valid);
+    }
+}
+
+/* Plain int4 fallback (any column count that is a multiple of 32; unaligned pointers): one warp
+ * per (row, token), pln_i4_get as the CPU reference reads it. */
+template <typename OT>
+__global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *W, const __half *scale,
+                                       int64_t G, const __half *bias, int T, int64_t N, int64_t K, int gelu,
+                                       int64_t n_valid)
+{
+    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wid >= (int64_t)T * N) return;
+    int t = (int)(wid / N);
+    int64_t row = wid % N;
+    const uint8_t *wr = W + row * (K / 2);
+    float s = 0.0f;
+    for (int64_t k = lane; k < K; k += 32)
+        s += pln_dequant_i4(pln_i4_get(wr, k), __half2float(scale[row * (K / G) + k / G])) *
+             __half2float(x[(int64_t)t * K + k]);
+    s = pln_warp_sum(s);
+    if (lane == 0) epilogue(out, N, t, row, s, 1.0f, bias, gelu, n_valid);
+}
+
 /* ---- GeLU/-inf pass for the cuBLASLt path when an epilogue cannot do it ------------------- */
 template <typename OT>
 __global__ void post_kernel(OT *out, int T, int64_t N, const __half *bias, int gelu, int64_t n_valid)
@@ -401,6 +611,43 @@ static void launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_wei
             out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
 }
 
+/* int4 weights: the GEMV (T <= 16), the GEMM, or the plain kernel (columns not a multiple of
+ * the 128-column step, or pointers not 16-byte aligned), by the same path rules as linear_typed. */
+template <typename OT>
+static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weight *W,
+                           const uint16_t *bias, int T, bool gelu, int64_t n_valid)
+{
+    const __half *x = (const __half *)in;
+    const __half *b = (const __half *)bias;
+    const __half *sc = (const __half *)W->scale;
+    const uint8_t *w = (const uint8_t *)W->w;
+    const bool fast = W->cols % 128 == 0 && W->group % 32 == 0 && ((uintptr_t)W->w % 16 == 0) &&
+                      ((uintptr_t)in % 16 == 0);
+    pln_linear_path path = c->linear_path;
+    if (path == PLN_LINEAR_AUTO) path = T <= 16 ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
+    if (path == PLN_LINEAR_GEMV && T > 16) path = PLN_LINEAR_GEMM;
+    if (!fast) path = PLN_LINEAR_NAIVE;
+    const int ig = gelu ? 1 : 0;
+    if (path == PLN_LINEAR_GEMV) {
+        dim3 grid((unsigned)pln_cdiv(W->rows, 16));
+        if (T <= 8)
+            gemv_i4_kernel<8, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(out, x, w, sc, W->group, b, T, W->rows,
+                                                                           W->cols, ig, n_valid);
+        else
+            gemv_i4_kernel<16, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(out, x, w, sc, W->group, b, T, W->rows,
+                                                                            W->cols, ig, n_valid);
+    } else if (path == PLN_LINEAR_GEMM) {
+        dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, 64));
+        gemm_i4_kernel<OT><<<grid, 128, 0, c->stream>>>(out, x, w, sc, W->group, b, T, W->rows, W->cols, ig, n_valid);
+    } else {
+        int64_t threads = (int64_t)T * W->rows * 32;
+        linear_naive_i4_kernel<OT><<<pln_cdiv(threads, 256), 256, 0, c->stream>>>(out, x, w, sc, W->group, b, T,
+                                                                                  W->rows, W->cols, ig, n_valid);
+    }
+    cudaCheckLaunch();
+    return 0;
+}
+
 template <typename OT>
 static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weight *W,
                         const uint16_t *bias, int T, bool gelu, int64_t n_valid)
@@ -475,8 +722,16 @@ int pln_cuda_linear(pln_cuda_ctx *c, void *out, bool out_f32, const void *in, co
                     const uint16_t *bias, int32_t T, bool gelu, int64_t n_valid)
 {
     if (T <= 0) return 0;
+    if (W->dtype == PLN_DTYPE_U8) {   /* packed int4 */
+        if (!W->scale || W->group <= 0 || W->group % 32 || W->cols % W->group)
+            return pln_errorf("linear: int4 weight [%lld, %lld] needs scales with a group that is a multiple of 32 and "
+                              "divides the columns (group %lld)", (long long)W->rows, (long long)W->cols, (long long)W->group);
+        if (n_valid > W->rows) n_valid = W->rows;
+        if (out_f32) return linear_i4_typed<float>(c, (float *)out, in, W, bias, T, gelu, n_valid);
+        return linear_i4_typed<__half>(c, (__half *)out, in, W, bias, T, gelu, n_valid);
+    }
     if (W->dtype != PLN_DTYPE_F16 && W->dtype != PLN_DTYPE_I8)
-        return pln_errorf("linear: weight dtype %s is not supported (F16 or I8)", pln_dtype_name(W->dtype));
+        return pln_errorf("linear: weight dtype %s is not supported (F16, I8 or packed int4)", pln_dtype_name(W->dtype));
     if (W->dtype == PLN_DTYPE_I8 && (!W->scale || W->group <= 0 || W->cols % W->group != 0))
         return pln_errorf("linear: int8 weight [%lld, %lld] needs scales with a group dividing the columns (group %lld)",
                           (long long)W->rows, (long long)W->cols, (long long)W->group);

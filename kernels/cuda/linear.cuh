@@ -1,9 +1,13 @@
-/* linear.cuh — out[T, rows] = in[T, cols] · Wᵀ (+ bias) (+ GeLU), fp16 or int8 weight-only.
+/* linear.cuh — out[T, rows] = in[T, cols] · Wᵀ (+ bias) (+ GeLU), fp16, int8 or int4 weight-only.
  *   T <= 16: a memory-bound tensor-core GEMV (16-byte weight loads, 8 in flight per lane,
  *            split along k inside the block), fp16 or int8 dequantized in registers;
  *   T  > 16: cuBLASLt fp16 with bias/GeLU epilogues, or an int8 tensor-core GEMM that
  *            dequantizes in registers (never an fp16 copy of the weights);
- *   other shapes (cols not a multiple of 64, group not a multiple of 16): a plain kernel.
+ *   int4 (packed, docs/FORMAT.md): a GEMV (T <= 16) and a GEMM that unpack 32 weights per
+ *            16-byte load to fp16 in registers (mask + OR under 1024.0's exponent, byte-permuted
+ *            activations), fp32 accumulation in the mma;
+ *   other shapes (cols not a multiple of 64, group not a multiple of 16; int4: cols not a
+ *            multiple of 128): a plain kernel.
  * out is F16 unless out_f32 (the logits); rows >= n_valid are set to -inf (vocab padding). */
 #ifndef PLN_CUDA_LINEAR_CUH
 #define PLN_CUDA_LINEAR_CUH

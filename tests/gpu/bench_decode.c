@@ -3,7 +3,7 @@
  * BLOOM-176B (70 layers, hidden 14336, 14 of 112 heads of 128, 4H/8 = 7168, vocab 31360 per
  * rank) with random weights made on the device (no files): decode ms/token and MBU at several
  * batch sizes, fp16 and int8, eager and replayed as a CUDA graph; prefill tokens/s; per-op GB/s of
- * the decode kernels. The all-reduces of a real TP-8 run are no-ops here (one rank): the figures
+ * the decode kernels; and the int4 linears at BLOOM-176B's full (TP 1) width. The all-reduces of a real TP-8 run are no-ops here (one rank): the figures
  * are one rank's compute and memory time, without NVLink time.
  *
  *   bench_decode [--quick] [--ctx N] [--batches 1,8,32,128] [--iters N]
@@ -406,6 +406,44 @@ static void per_op(model_t *m, int32_t B, int32_t ctx)
     state_free(&s);
 }
 
+/* ---- int4 at BLOOM-176B's full width (TP 1: the whole model on one 141 GB GPU) ----------------
+ * The four linears of one layer as a TP-1 rank holds them, int4 with groups of 128: weight + scale
+ * bytes per call against the copy ceiling, on the int4 GEMV (T <= 16) and GEMM, and the int4
+ * prefill-shaped GEMM's TFLOP/s. Each matrix (100-400 MB) is far larger than L2, so every call
+ * reads it from memory. */
+static void int4_tp1(void)
+{
+    const int64_t G = 128;
+    const int64_t shp[4][2] = {{3 * HID, HID}, {HID, HID}, {4 * HID, HID}, {HID, 4 * HID}};
+    const char *names[4] = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+    const int32_t Ts[4] = {1, 8, 16, 512};
+    void *in = dalloc((size_t)512 * 4 * HID * 2), *out = dalloc((size_t)512 * 4 * HID * 2);
+    fill(in, (size_t)512 * 4 * HID, PLN_DTYPE_F16, -1, 1);
+    for (int w = 0; w < 4; w++) {
+        int64_t R = shp[w][0], C = shp[w][1];
+        lin_arg l = {out, in, {PLN_DTYPE_U8, R, C, NULL, NULL, G}, 1};
+        l.w.w = dalloc((size_t)(R * C / 2));
+        l.w.scale = dalloc((size_t)(R * (C / G)) * 2);
+        fill((void *)l.w.w, (size_t)(R * C / 2), PLN_DTYPE_I8, 0, 0);   /* any byte is two valid int4 */
+        float amp = 1.0f / sqrtf((float)C);
+        fill((void *)l.w.scale, (size_t)(R * (C / G)), PLN_DTYPE_F16, amp / 8 * 0.5f, amp / 8 * 1.5f);
+        double bytes = (double)(R * C / 2) + (double)(R * (C / G)) * 2;
+        for (int i = 0; i < 4; i++) {
+            l.T = Ts[i];
+            double ms = time_ms(do_linear, &l, 2, Ts[i] > 16 ? 3 : 10);
+            double gbs = (bytes + (double)Ts[i] * (R + C) * 2) / (ms * 1e-3) / 1e9;
+            double tf = 2.0 * (double)R * C * Ts[i] / (ms * 1e-3) / 1e12;
+            printf("  int4 g128 TP 1 %-16s [%lld x %lld] T %3d: %8.1f us  %6.0f GB/s (%3.0f%% of copy)  %6.1f TFLOP/s\n",
+                   names[w], (long long)R, (long long)C, Ts[i], ms * 1e3, gbs, 100 * gbs / g_copy_gbs, tf);
+            char key[96];
+            snprintf(key, sizeof key, "op_int4_tp1_%s_T%d_gbs", names[w], Ts[i]); result(key, gbs, "GB/s");
+            snprintf(key, sizeof key, "op_int4_tp1_%s_T%d_us", names[w], Ts[i]); result(key, ms * 1e3, "us");
+        }
+        be->free(be, (void *)l.w.w); be->free(be, (void *)l.w.scale);
+    }
+    be->free(be, in); be->free(be, out);
+}
+
 /* ---- loader ---------------------------------------------------------------------------------- */
 static void load_hash(void *ctx, uint64_t at, const void *p, size_t n)
 {
@@ -465,6 +503,7 @@ int main(int argc, char **argv)
     printf("model: one TP-8 rank of BLOOM-176B (70 layers, hidden %d, %d heads of %d, 4H/8 %d, vocab %d); "
            "all-reduces are no-ops (single rank), context %d\n", HID, NHL, HD, FF, VR, ctx);
     ceilings();
+    int4_tp1();
     for (int q = 0; q < 2; q++) {
         model_t m;
         model_make(&m, q == 1);

@@ -1,9 +1,9 @@
 /* test_cuda_e2e.c — the engine on the CUDA backend at TP 1 against the transformers fixtures:
  * prefill logits at every position within rel L2 1e-2 (fp16 activations), the 20 greedy tokens of
  * HF generate identical, the four prompts batched (prefills and decodes of different lengths in
- * one step, so decode attention runs at several positions at once) and int8 sets against the CPU
- * engine on the same set, and decode steps replayed as CUDA graphs against the same steps op by
- * op. Shard sets are made with `pollen reshard` from tests/fixtures.
+ * one step, so decode attention runs at several positions at once), int8 and int4 (groups of 32)
+ * sets against the CPU engine on the same set, and decode steps replayed as CUDA graphs against
+ * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures.
  *
  *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`)
  *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda" */
@@ -108,7 +108,8 @@ static void check_fp16(const char *label, const char *dir, const ref_t *r)
     pln_engine_close(e);
 }
 
-/* int8 on cuda against int8 on cpu (the same quantized weights): rel L2 <= 1e-2, same greedy ids.
+/* int8 (or int4) on cuda against the same set on cpu (the same quantized weights): rel L2 <= 1e-2,
+ * same greedy ids.
  * One engine at a time: both would attach to the one comm. */
 static int run_int8(const char *dir, const char *backend, const ref_t *r, float *lg[NPROMPT], int32_t gen[NPROMPT][NGEN])
 {
@@ -225,6 +226,18 @@ int main(int argc, char **argv)
         dir = fixture_reshard(sets[k].model, sets[k].src, 1, "int8");
         CHECK(dir != NULL, "%s: reshard int8", label);
         if (dir) check_int8(label, dir, &r);
+        free(dir);
+        /* int4 in groups of 32: the fixtures' 64/96-column matrices take the plain int4 kernel,
+         * dense_4h_to_h (256/384 columns) the int4 GEMV and GEMM */
+        dir = pln_xasprintf("%s/%s-%s-tp1-int4g32", test_tmpdir(), sets[k].model, sets[k].src);
+        char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp 1 --dtype int4 --group-size 32 --quiet",
+                                  fixture_build(), sets[k].model, sets[k].src, dir);
+        int src = system(cmd);
+        CHECK(src == 0, "%s: %s", label, cmd);
+        char l4[96];
+        snprintf(l4, sizeof l4, "%s int4 g32", label);
+        if (src == 0) check_int8(l4, dir, &r);
+        free(cmd);
         free(dir);
         pln_safetensors_close(&r.st);
     }

@@ -215,27 +215,34 @@ static void test_layernorm(int32_t T, int64_t H)
     free(x); free(y); free(gm); free(bt); free(bias);
 }
 
-/* ---- linear: fp16, int8 per channel, int8 per group; every kernel path ------------------------ */
+/* ---- linear: fp16, int8 per channel, int8 per group, int4 (U8 packed); every kernel path ------ */
 typedef struct {
     pln_dtype dt;
     int64_t rows, cols, group;
     uint16_t *w16;
     int8_t *w8;
     uint16_t *scale;
+    uint8_t *w4;                 /* PLN_DTYPE_U8: packed int4 [rows, cols / 2] */
 } host_weight;
 
 static host_weight make_weight(pln_dtype dt, int64_t rows, int64_t cols, int64_t group)
 {
-    host_weight h = {dt, rows, cols, group, NULL, NULL, NULL};
+    host_weight h = {dt, rows, cols, group, NULL, NULL, NULL, NULL};
     float amp = 1.0f / sqrtf((float)cols);
     if (dt == PLN_DTYPE_F16) { h.w16 = rnd_f16((size_t)(rows * cols), -amp * 2, amp * 2); return h; }
+    if (dt == PLN_DTYPE_U8) {   /* every nibble value, -8 included */
+        h.w4 = pln_xmalloc((size_t)(rows * cols / 2));
+        for (int64_t i = 0; i < rows * cols / 2; i++) h.w4[i] = (uint8_t)rnd_u32();
+        h.scale = rnd_f16((size_t)(rows * (cols / group)), amp / 8 * 0.5f, amp / 8 * 2);
+        return h;
+    }
     if (group <= 0) h.group = cols;
     h.w8 = pln_xmalloc((size_t)(rows * cols));
     for (int64_t i = 0; i < rows * cols; i++) h.w8[i] = (int8_t)((int)(rnd_u32() % 255) - 127);
     h.scale = rnd_f16((size_t)(rows * (cols / h.group)), amp / 127 * 0.5f, amp / 127 * 2);
     return h;
 }
-static void free_host_weight(host_weight *h) { free(h->w16); free(h->w8); free(h->scale); }
+static void free_host_weight(host_weight *h) { free(h->w16); free(h->w8); free(h->scale); free(h->w4); }
 
 static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
 {
@@ -243,6 +250,9 @@ static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
     if (h->dt == PLN_DTYPE_F16) {
         w.w = bufs[0] = up(be, h->w16, (size_t)(h->rows * h->cols) * 2);
         bufs[1] = NULL;
+    } else if (h->dt == PLN_DTYPE_U8) {
+        w.w = bufs[0] = up(be, h->w4, (size_t)(h->rows * h->cols / 2));
+        w.scale = bufs[1] = up(be, h->scale, (size_t)(h->rows * (h->cols / h->group)) * 2);
     } else {
         w.w = bufs[0] = up(be, h->w8, (size_t)(h->rows * h->cols));
         w.scale = bufs[1] = up(be, h->scale, (size_t)(h->rows * (h->cols / h->group)) * 2);
@@ -271,10 +281,10 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
                            int bias_off, int in_off, int w_off)
 {
     char shape[128];
-    snprintf(shape, sizeof shape, "%s%s [%lld x %lld] T %d%s%s", dt == PLN_DTYPE_F16 ? "f16" : "i8",
+    snprintf(shape, sizeof shape, "%s%s [%lld x %lld] T %d%s%s", dt == PLN_DTYPE_F16 ? "f16" : dt == PLN_DTYPE_U8 ? "i4" : "i8",
              dt == PLN_DTYPE_I8 ? (group > 0 && group != cols ? "/g" : "/ch") : "", (long long)rows, (long long)cols, T,
              bias ? (bias_off ? " +bias(unaligned)" : " +bias") : "", gelu ? " +gelu" : "");
-    if (dt == PLN_DTYPE_I8 && group > 0 && group != cols) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " G%lld", (long long)group);
+    if ((dt == PLN_DTYPE_I8 || dt == PLN_DTYPE_U8) && group > 0 && group != cols) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " G%lld", (long long)group);
     if (in_off) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " in+%d", in_off);
     if (w_off) snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " w+%dB", w_off);
     host_weight hw = make_weight(dt, rows, cols, group);
@@ -294,10 +304,11 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
     pln_weight gw = up_weight(g_gpu, &hw, gb);
     void *gw_buf = NULL;
     if (w_off) {   /* the same weight w_off bytes into a larger allocation */
-        size_t wbytes = (size_t)(rows * cols) * (dt == PLN_DTYPE_F16 ? 2 : 1);
+        size_t wbytes = (size_t)(rows * cols) * (dt == PLN_DTYPE_F16 ? 4 : dt == PLN_DTYPE_U8 ? 1 : 2) / 2;
         gw_buf = dalloc(g_gpu, wbytes + (size_t)w_off);
         gw.w = (uint8_t *)gw_buf + w_off;
-        g_gpu->upload(g_gpu, (void *)gw.w, dt == PLN_DTYPE_F16 ? (const void *)hw.w16 : (const void *)hw.w8, wbytes);
+        g_gpu->upload(g_gpu, (void *)gw.w, dt == PLN_DTYPE_F16 ? (const void *)hw.w16 : dt == PLN_DTYPE_U8 ? (const void *)hw.w4
+                                                                                     : (const void *)hw.w8, wbytes);
     }
     void *gx_buf = NULL, *gx = NULL, *gbias_buf = NULL, *gbias = NULL;
     if (in_off) {
@@ -647,6 +658,11 @@ static void test_errors(void)
     void *o = dalloc(g_gpu, 1024), *x = dalloc(g_gpu, 1024);
     CHECK(g_gpu->linear(g_gpu, o, x, &w, NULL, 1, false) != 0, "int8 without scales must fail");
     CHECK(strstr(pln_error(), "scale") != NULL, "message mentions scales: %s", pln_error());
+    uint16_t *s4 = dalloc(g_gpu, 64);
+    pln_weight w4 = {PLN_DTYPE_U8, 16, 64, x, s4, 16};
+    CHECK(g_gpu->linear(g_gpu, o, x, &w4, NULL, 1, false) != 0 && strstr(pln_error(), "multiple of 32"),
+          "int4 with groups of 16 must fail naming the group rule: %s", pln_error());
+    g_gpu->free(g_gpu, s4);
     pln_weight wb = {PLN_DTYPE_BF16, 16, 64, x, NULL, 0};
     CHECK(g_gpu->linear(g_gpu, o, x, &wb, NULL, 1, false) != 0, "bf16 weights must fail");
     CHECK(g_gpu->topk(g_gpu, (const float *)o, 1, 8, 0, 9, NULL, NULL, NULL, NULL) != 0, "k > vn must fail");
@@ -694,6 +710,19 @@ int main(int argc, char **argv)
         test_linear(PLN_DTYPE_I8, 96, 384, 0, T, true, false);
         test_linear(PLN_DTYPE_I8, 50, 72, 8, T, false, false);   /* odd group: plain kernel */
     }
+    /* int4: groups of 32/64/128 on the GEMV (T <= 16: 8- and 16-token tiles), the GEMM (several
+     * and partial 64-token tiles) and the plain kernel; 256 and 384 columns are 2 and 3 of the
+     * 128-column steps (a step holding several groups when G = 32, part of one when G = 128);
+     * 96 columns take the plain kernel on every path; an unaligned weight does too */
+    for (size_t ti = 0; ti < sizeof Tsmall / sizeof Tsmall[0]; ti++) {
+        const int32_t T = Tsmall[ti];
+        test_linear(PLN_DTYPE_U8, 192, 256, 32, T, true, false);
+        test_linear(PLN_DTYPE_U8, 200, 384, 128, T, true, true);
+        test_linear(PLN_DTYPE_U8, 70, 256, 64, T, false, false);
+        test_linear(PLN_DTYPE_U8, 40, 96, 32, T, true, false);
+    }
+    test_linear_ex(PLN_DTYPE_U8, 64, 256, 128, 3, true, false, 0, 0, 8);
+    test_linear_ex(PLN_DTYPE_U8, 64, 256, 32, 20, true, false, 0, 4, 0);
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 33, true, true, 1);   /* cuBLASLt with a misaligned bias */
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 3, true, false, 3);
     /* groups that straddle the int8 k-step of 64 columns (48) and the smallest group (16) */
@@ -755,6 +784,8 @@ int main(int argc, char **argv)
             test_linear(PLN_DTYPE_I8, 3 * H / 8, H, 0, T, true, false);
             test_linear(PLN_DTYPE_I8, H4, H, 128, T, true, true);
             test_linear(PLN_DTYPE_I8, H, H4, 0, T, false, false);
+            test_linear(PLN_DTYPE_U8, 3 * H / 8, H, 128, T, true, false);  /* int4 g128 */
+            test_linear(PLN_DTYPE_U8, H, H4, 128, T, false, false);
         }
         test_logits(PLN_DTYPE_F16, V, H, 0, 4, V);
         test_logits(PLN_DTYPE_F16, V, H, 0, 1, V - 200);

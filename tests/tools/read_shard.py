@@ -7,7 +7,8 @@
                                         every checksum, prints one line per tensor.
   read_shard.py PATH --json             the same as JSON: [{rank, name, dtype, shape, offset,
                                         nbytes, xxh3, head}] where head = first 8 values
-                                        (int8 weights dequantized with their _scale).
+                                        (int8 and packed int4 weights dequantized with their
+                                        _scale).
   read_shard.py SET --against FILE      compares with `pollen inspect SET --json` output in FILE:
                                         names, dtypes, shapes, offsets, sizes, checksums, config.
 
@@ -234,7 +235,19 @@ def read_rank_file(path, verify=True):
         else:
             vals = list(struct.unpack_from("<%d%s" % (k, UNPACK[t["dtype"]]), t["_data"], 0))
         sc = by_name.get(t["name"] + "_scale")
-        if t["dtype"] == "I8" and sc and len(t["shape"]) == 2:
+        if t["dtype"] == "U8" and sc and len(t["shape"]) == 2:
+            # packed int4 (FORMAT.md "int4 weight-only"): row of 2 x shape[1] columns; column k of
+            # a row is nibble (k % 32 < 16 ? low : high) of byte 16 (k // 32) + k % 16, minus 8
+            rb, scols = t["shape"][1], sc["shape"][1]
+            cols = 2 * rb
+            g = cols // scols
+            vals = []
+            for j in range(min(8, t["shape"][0] * cols)):
+                row, k = j // cols, j % cols
+                byte = t["_data"][row * rb + 16 * (k // 32) + k % 16]
+                q = (byte & 0x0F if k % 32 < 16 else byte >> 4) - 8
+                vals.append(q * struct.unpack_from("<e", sc["_data"], 2 * (row * scols + k // g))[0])
+        elif t["dtype"] == "I8" and sc and len(t["shape"]) == 2:
             cols, scols = t["shape"][1], sc["shape"][1]
             g = cols // scols
             vals = [v * struct.unpack_from("<e", sc["_data"], 2 * ((j // cols) * scols + (j % cols) // g))[0]
@@ -249,18 +262,25 @@ def bloom_tp_v1(m):
     c, tp = m["config"], m["tp"]
     H, L = c["hidden_size"], c["n_layer"]
     Hl, Vr = H // tp, m["vocab_padded"] // tp
-    int8 = m["dtype"] == "int8"
+    if m["dtype"] not in ("fp16", "int8", "int4"):
+        raise Bad(f"unknown dtype {m['dtype']}")
+    if m["dtype"] == "int4" and m["group_size"] not in (32, 64, 128):
+        raise Bad(f"int4 group_size {m['group_size']} is not 32, 64 or 128")
+    int8 = m["dtype"] if m["dtype"] != "fp16" else False   # "int8"/"int4": the four linear weights
     G = m["group_size"]
     out = []
 
     def lin(name, rows, cols, q):
-        if q:
+        if q == "int4":
+            out.append((name, "U8", [rows, cols // 2]))
+            out.append((name + "_scale", "F16", [rows, cols // G]))
+        elif q:
             out.append((name, "I8", [rows, cols]))
             out.append((name + "_scale", "F16", [rows, cols // (G or cols)]))
         else:
             out.append((name, "F16", [rows, cols]))
 
-    lin("word_embeddings.weight", Vr, H, int8 and m["quantize_embedding"])
+    lin("word_embeddings.weight", Vr, H, "int8" if int8 and m["quantize_embedding"] else False)
     out += [("word_embeddings_layernorm.weight", "F16", [H]), ("word_embeddings_layernorm.bias", "F16", [H])]
     for i in range(L):
         p = f"h.{i}."

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cpu.sh — the CPU runtime benchmark behind docs/BENCHMARKS.md ("CPU runtime"): synthesizes
 # bloom-560m and bloom-1b7 checkpoints (random weights, real shapes; 1b7 cut to LAYERS_1B7 layers to
-# fit a small machine's time), reshards each to TP 1 fp16 and int8, and runs `pollen bench` on each:
+# fit a small machine's time), reshards each to TP 1 in each of $VARIANTS (fp16, int8, int8 g32 with
+# an int8 embedding, int4 g128 and g32), and runs `pollen bench` on each:
 # prefill tokens/s for a 512-token prompt, decode ms/token at batch 1, 8 and 32, and MBU against a
 # STREAM copy measured in the same run. Scratch goes to $BENCH_DIR (default build/bench-cpu).
 set -euo pipefail
@@ -15,16 +16,24 @@ BATCHES=${BATCHES:-1,8,32}
 STEPS=${STEPS:-8}
 CONTEXT=${CONTEXT:-32}
 PROMPT_LEN=${PROMPT_LEN:-512}
+# precisions: fp16, int8 per row, int8 groups of 32 with an int8 embedding, int4 groups of 128 / 32
+VARIANTS=${VARIANTS:-fp16 int8 int8-g32-emb8 int4-g128 int4-g32}
 mkdir -p "$DIR"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GB"
 for spec in "bloom-560m $LAYERS_560M" "bloom-1b7 $LAYERS_1B7"; do
   set -- $spec; model=$1; layers=$2
   src=$DIR/$model-L$layers
   [ -d "$src" ] || "$POLLEN" synth --model "$model" --layers "$layers" -o "$src" --quiet
-  for dtype in fp16 int8; do
-    set_dir=$DIR/$model-L$layers-tp1-$dtype
-    [ -d "$set_dir" ] || "$POLLEN" reshard "$src" -o "$set_dir" --tp 1 --dtype "$dtype" --quiet
-    echo "## $model ($layers layers) TP 1 $dtype"
+  for variant in $VARIANTS; do
+    # variant: dtype[-gG][-emb8]: int8-g32-emb8 = --dtype int8 --group-size 32 --quantize-embedding
+    IFS=- read -r dtype g e <<<"$variant"
+    args=(--dtype "$dtype")
+    for part in $g $e; do
+      case $part in g*) args+=(--group-size "${part#g}") ;; emb8) args+=(--quantize-embedding) ;; esac
+    done
+    set_dir=$DIR/$model-L$layers-tp1-$variant
+    [ -d "$set_dir" ] || "$POLLEN" reshard "$src" -o "$set_dir" --tp 1 "${args[@]}" --quiet
+    echo "## $model ($layers layers) TP 1 $variant (reshard ${args[*]})"
     echo "\$ pollen bench $set_dir --prompt-len $PROMPT_LEN --batch $BATCHES --context $CONTEXT --steps $STEPS"
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch "$BATCHES" --context "$CONTEXT" --steps "$STEPS"
   done

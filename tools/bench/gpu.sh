@@ -9,7 +9,8 @@
 #   2. what `make test-gpu` runs (tests/run-gpu.sh: every op against the CPU backend, the engine
 #      end to end against the transformers fixtures);
 #   3. tests/gpu/bench_decode: device copy GB/s and fp16 GEMM TFLOP/s ceilings, one TP-8 rank of
-#      BLOOM-176B with random weights made on the device (--quick when time is short);
+#      BLOOM-176B with random weights made on the device (--quick when time is short), and the
+#      int4 (groups of 128) linears at BLOOM-176B's full TP-1 width at T 1, 8, 16 and 512;
 #   4. compute-sanitizer memcheck, then racecheck, on test_cuda_ops --quick (the machine's
 #      compute-sanitizer, else the one in the bundle; API errors not reported: the op checks fail a 1 PiB allocation on
 #      purpose, and any other failing call already fails the test itself);
@@ -94,6 +95,11 @@ table() {
   echo "decode kernels, batch 1 (GB/s; copy ceiling $(f copy_gbs 0)):"
   for op in query_key_value dense dense_h_to_4h+gelu dense_4h_to_h attention residual+layernorm logits; do
     printf "  %-20s fp16 %8s  int8 %8s\n" $op "$(f op_${op}_fp16_b1_gbs 0)" "$(f op_${op}_int8_b1_gbs 0)"
+  done
+  echo "int4 g128 at BLOOM-176B's full width (TP 1: the model on one GPU), GB/s of weights+scales (T 512: TFLOP/s follows in the log):"
+  for op in query_key_value dense dense_h_to_4h dense_4h_to_h; do
+    printf "  %-20s T1 %6s  T8 %6s  T16 %6s  T512 %6s us\n" $op "$(f op_int4_tp1_${op}_T1_gbs 0)" "$(f op_int4_tp1_${op}_T8_gbs 0)" \
+      "$(f op_int4_tp1_${op}_T16_gbs 0)" "$(f op_int4_tp1_${op}_T512_us 0)"
   done
   echo "loader ($(f load_file_gb 1) GB $(vd load_file)): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
        "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"

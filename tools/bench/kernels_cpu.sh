@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kernels_cpu.sh — CPU kernel microbenchmark: GEMV/GEMM of bloom-1b7-sized weights ([8192, 2048]
-# and [2048, 8192], F16 and I8 per channel) at T = 1, 8, 32, 128 tokens, and paged attention
+# and [2048, 8192]: F16, I8 per channel, I8 groups of 32, int4 groups of 128 and 32) at T = 1, 8,
+# 32, 128 tokens, and paged attention
 # (decode and a 512-token prefill), each beside a STREAM-style copy measured in the same run.
 # Weights are cycled through 256 MiB of copies so they come from memory, not the cache.
 #   tools/bench/kernels_cpu.sh                    all tiers' best, OpenMP default threads
