@@ -27,6 +27,10 @@ no_leftovers() { [ ! -e "$1" ] && [ -z "$(ls -d "$1".tmp-* "$1".old-* 2>/dev/nul
 # within 5 s. Leaves RC and $TMP/load.err.
 signal_during_load() {
   local label=$1 sig=$2 who=$3; shift 3
+  # The previous case's log must go first: the child truncates it only once it runs, and a stale
+  # "pausing" line would send the signal before the child is even a pollen process (a background
+  # job of a script starts with SIGINT ignored, so that signal would be lost).
+  rm -f "$TMP/load.out" "$TMP/load.err"
   PLN_TEST_LOAD_DELAY_MS=60000 "$@" >"$TMP/load.out" 2>"$TMP/load.err" &
   local pid=$!
   wait_line "$TMP/load.err" "rank 0 \(pid [0-9]+\) pausing" 30
