@@ -80,6 +80,8 @@ out=$("$POLLEN" perplexity "$TMP/f1" --file "$TXT" --ctx 32 --max-tokens 100 --j
 check "--max-tokens 100: 99 scored, default stride ctx/2" grep -q '"tokens":100,"scored":99,"ctx":32,"stride":16,"windows":6' <<<"$out"
 out=$("$POLLEN" perplexity "$TMP/f1" --file "$TXT" --ctx 4096 --json)
 check "ctx longer than the text: one window over it all" grep -q "\"tokens\":$n,\"scored\":$((n - 1)),\"ctx\":$n,\"stride\":$((n / 2)),\"windows\":1" <<<"$out"
+out=$("$POLLEN" perplexity "$TMP/f1" --file "$TXT" --ctx 4096 --stride 3000 --json)
+check "a stride longer than the text shrinks with the window" grep -q "\"scored\":$((n - 1)),\"ctx\":$n,\"stride\":$n,\"windows\":1" <<<"$out"
 
 # 5. The trained model: held-out perplexity equals transformers' and is far below uniform (2048).
 KJV=tests/fixtures/models/bloom-kjv

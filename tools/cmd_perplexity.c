@@ -254,6 +254,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (!dir || !file) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
     if (per_token && !json) pln_die("--per-token needs --json");
+    if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);
     r.dir = dir;
     r.quiet = quiet || json;
@@ -261,7 +262,7 @@ int cmd_perplexity(int argc, char **argv) {
 
     /* The text, tokenized on rank 0 with the set's tokenizer; the others need only the sizes. */
     int32_t *ids = NULL;
-    int64_t hdr[3] = {0, 0, 0};   /* tokens, ctx, stride (0 tokens: rank 0 failed, its message is out) */
+    int64_t hdr[3] = {0, 0, 0};   /* tokens, ctx, stride */
     if (rank == 0) {
         pln_shardset *set = pln_shardset_open(dir);
         if (!set) pln_die("%s", pln_error());
@@ -279,9 +280,9 @@ int cmd_perplexity(int argc, char **argv) {
         pln_tok_free(tok);
         if (max_tokens && (int64_t)n > max_tokens) n = (size_t)max_tokens;
         if (n < 2) pln_die("--file %s: %zu token%s; perplexity needs at least 2", file, n, n == 1 ? "" : "s");
-        if (ctx > (int64_t)n) ctx = (int64_t)n;
+        if (ctx > (int64_t)n) ctx = (int64_t)n;   /* one window over a short text */
         if (!stride) stride = ctx / 2 > 0 ? ctx / 2 : 1;
-        if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
+        if (stride > ctx) stride = ctx;
         hdr[0] = (int64_t)n; hdr[1] = ctx; hdr[2] = stride;
     }
     if (pln_comm_bcast(comm, hdr, sizeof hdr, 0)) pln_die("%s", pln_error());
