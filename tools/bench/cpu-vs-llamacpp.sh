@@ -61,15 +61,17 @@ if [ "$DO_BUILD" = 1 ]; then
   [ -d "$SRC_DIR" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
   nice cmake -S "$SRC_DIR" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$LLAMA_DIR/cmake.log"
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$LLAMA_DIR/cmake.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: cmake configure failed; see $LLAMA_DIR/cmake.log" >&2; exit 1; }
   nice cmake --build "$LLAMA_DIR/build" --config Release -j "$(getconf _NPROCESSORS_ONLN)" \
-    --target llama-bench llama-batched-bench llama-quantize >"$LLAMA_DIR/build.log"
+    --target llama-bench llama-batched-bench llama-quantize >"$LLAMA_DIR/build.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: building llama.cpp failed; see $LLAMA_DIR/build.log" >&2; exit 1; }
   if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "cpu-vs-llamacpp.sh: llama.cpp's converter needs torch: apt-get install python3-torch" >&2; exit 1
   fi
   [ -x "$PY" ] || /usr/bin/python3 -m venv --system-site-packages "$LLAMA_DIR/venv"
   "$PY" -m pip install -q "transformers==4.44.2" tokenizers safetensors sentencepiece pyyaml tqdm "protobuf<5"
-  echo "built llama.cpp $(cd "$SRC_DIR" && sed -n 's/.*LLAMA_BUILD_COMMIT *"\{0,1\}\([0-9a-f]*\).*/\1/p' "$LLAMA_DIR/build/common/build-info.cpp" 2>/dev/null | head -n 1) in $LLAMA_DIR"
+  echo "built llama.cpp (vendored by llama-cpp-python $LLAMA_CPP_PYTHON_VERSION) in $LLAMA_DIR"
 fi
 for t in llama-bench llama-batched-bench llama-quantize; do
   [ -x "$BIN/$t" ] || { echo "cpu-vs-llamacpp.sh: $BIN/$t missing: run with --build first (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
@@ -106,9 +108,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 EOF
 fi
 quant() { # quant NAME TYPE [llama-quantize options]: $DIR/$tag-NAME.gguf from the F16 one
-  local out=$DIR/$tag-$1.gguf type=$2; shift 2
-  [ -f "$out" ] || "$BIN/llama-quantize" "$@" "$f16" "$out" "$type" "$THREADS" >"$DIR/quantize-$type.log" 2>&1 \
-    || { echo "cpu-vs-llamacpp.sh: llama-quantize $type failed; see $DIR/quantize-$type.log" >&2; exit 1; }
+  local out=$DIR/$tag-$1.gguf type=$2 log=$DIR/quantize-$1.log; shift 2
+  [ -f "$out" ] || "$BIN/llama-quantize" "$@" "$f16" "$out" "$type" "$THREADS" >"$log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: llama-quantize $type failed; see $log" >&2; exit 1; }
   echo "$out"
 }
 q8=$(quant q8_0 Q8_0)
@@ -155,7 +157,7 @@ for pair in "${PAIRS[@]}"; do
     "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
     lpre=$(num avg_ts <"$DIR/llama-bench.json")
     "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
-      -npl 1,8,32 -t "$THREADS" --output-format jsonl 2>/dev/null | grep '"speed_tg"' >"$DIR/llama-batched.jsonl" || true
+      -npl 1,8,32 -t "$THREADS" --output-format jsonl 2>&1 | grep '"speed_tg"' >"$DIR/llama-batched.jsonl" || true
     ldec() { grep "\"pl\": $1," "$DIR/llama-batched.jsonl" | num speed_tg; }
     echo "$lpre $(ldec 1) $(ldec 8) $(ldec 32)" >>"$DIR/l.txt"
   done
