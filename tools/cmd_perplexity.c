@@ -421,8 +421,9 @@ int cmd_perplexity(int argc, char **argv) {
         printf("perplexity        %.4f ± %.4f   (mean NLL %.5f ± %.5f nats/token)\n", ppl, ppl_se, m, se);
         if (base_dir) {
             printf("base perplexity   %.4f ± %.4f   (%s, %s)\n", exp(bm), exp(bm) * bse, base_dir, pb.dtype);
-            printf("ln(PPL/PPL_base)  %.6f ± %.6f\n", dm, dse);
-            printf("KL(base || set)   mean %.6f ± %.6f   median %.6f   99%% %.6f   max %.6f nats\n", klm, klse, klmed, kl99, klmax);
+            /* %g: KL spans 1e-7 (int8) to 1 (a broken set); fixed decimals would print 0.000000 */
+            printf("ln(PPL/PPL_base)  %.4g ± %.2g\n", dm, dse);
+            printf("KL(base || set)   mean %.4g ± %.2g   median %.4g   99%% %.4g   max %.4g nats\n", klm, klse, klmed, kl99, klmax);
             printf("top-1 agreement   %.3f%% ± %.3f%%\n", 100 * agree, 100 * agree_se);
         }
     }
