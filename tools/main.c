@@ -19,13 +19,14 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     {"generate", cmd_generate, "generate text from a shard set (mpirun -np N for TP=N)"},
     {"serve", cmd_serve, "serve a shard set over HTTP (TGI and OpenAI routes)"},
     {"bench", cmd_bench, "measure prefill and decode speed on a shard set"},
+    {"perplexity", cmd_perplexity, "perplexity of a shard set on a text, and KL / top-1 agreement against a base set"},
 };
 
 static void usage(FILE *f) {
     fprintf(f, "pollen %s — BLOOM tensor-parallel shards and serving\n\nusage: pollen COMMAND [options]\n\ncommands:\n",
             PLN_VERSION_STRING);
     for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
-        fprintf(f, "  %-9s %s\n", g_cmds[i].name, g_cmds[i].help);
+        fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].help);
     fprintf(f, "\n`pollen COMMAND --help` shows a command's options.\n");
 }
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# cpu-vs-llamacpp.sh — pollen against llama.cpp on the CPU, side by side (docs/BENCHMARKS.md "CPU
+# against llama.cpp"). Optional: no test needs it.
+#
+#   tools/bench/cpu-vs-llamacpp.sh [--build] [--threads N] [--reps R] [--layers K] [--model NAME]
+#
+# --build     fetches the llama-cpp-python sdist from PyPI (it vendors llama.cpp with its
+#             convert_hf_to_gguf.py; version $LLAMA_CPP_PYTHON_VERSION, default 0.3.36 = llama.cpp
+#             0c1e570), builds llama-bench, llama-batched-bench and llama-quantize (Release,
+#             -DGGML_NATIVE=ON, CPU only; about 5 min on 2 idle cores) and a Python venv for the
+#             converter (Debian's python3-torch + transformers from PyPI), all under $LLAMA_DIR
+#             (default build/llamacpp). Without --build those must already be there.
+# Then: `pollen synth` writes a random bloom-560m (--layers K keeps K layers), llama.cpp's own
+# converter turns it into F16 GGUF (torch's float8 dtype names, missing from torch 1.13, are
+# stubbed; the synthetic tokenizer's unknown fingerprint is declared BLOOM's pre-tokenizer),
+# llama-quantize makes Q8_0, Q8_0 with an F16 embedding, Q4_0 and Q4_K_M (both with an F16
+# embedding, as pollen's int4 keeps it), and pollen reshards the same checkpoint to the matching
+# precisions. For each pair the two tools run in turn, R times (interleaved, so a disturbance hits
+# both), with the same threads and an f16 KV cache on both sides:
+#   prefill: a 512-token prompt (pollen bench --prompt-len 512; llama-bench -p 512 -n 0);
+#   decode at batch 1, 8, 32: CONTEXT tokens of context then STEPS steps (pollen bench --batch
+#   --context --steps; llama-batched-bench -npp CONTEXT -ntg STEPS -npl 1,8,32).
+# Each cell keeps the best of the R runs (the least disturbed); the ratio is pollen's throughput
+# over llama.cpp's, so > 1 means pollen is faster. Rows whose pollen dtype reshard refuses (int4
+# before it exists) print SKIP. The load average is printed before and after: figures from a
+# busy machine are not worth keeping. Scratch: $BENCH_DIR (default build/bench-llamacpp).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+POLLEN=$BUILD/pollen
+LLAMA_DIR=${LLAMA_DIR:-$BUILD/llamacpp}
+LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+DIR=${BENCH_DIR:-$BUILD/bench-llamacpp}
+THREADS=2; REPS=3; LAYERS=""; MODEL=bloom-560m; DO_BUILD=0
+PROMPT_LEN=${PROMPT_LEN:-512}; CONTEXT=${CONTEXT:-32}; STEPS=${STEPS:-16}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) DO_BUILD=1 ;;
+    --threads) THREADS=$2; shift ;;
+    --reps) REPS=$2; shift ;;
+    --layers) LAYERS=$2; shift ;;
+    --model) MODEL=$2; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "cpu-vs-llamacpp.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+for v in "$THREADS" "$REPS"; do [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --threads/--reps want a positive integer, got '$v'" >&2; exit 2; }; done
+[ -z "$LAYERS" ] || [[ $LAYERS =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --layers wants a positive integer, got '$LAYERS'" >&2; exit 2; }
+[ -x "$POLLEN" ] || { echo "cpu-vs-llamacpp.sh: $POLLEN not built (make build/pollen)" >&2; exit 1; }
+SRC_DIR=$LLAMA_DIR/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp
+BIN=$LLAMA_DIR/build/bin
+PY=$LLAMA_DIR/venv/bin/python
+
+if [ "$DO_BUILD" = 1 ]; then
+  mkdir -p "$LLAMA_DIR"
+  tarball=$LLAMA_DIR/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
+  if [ ! -f "$tarball" ]; then
+    python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$LLAMA_DIR"
+  fi
+  [ -d "$SRC_DIR" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
+  nice cmake -S "$SRC_DIR" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$LLAMA_DIR/cmake.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: cmake configure failed; see $LLAMA_DIR/cmake.log" >&2; exit 1; }
+  nice cmake --build "$LLAMA_DIR/build" --config Release -j "$(getconf _NPROCESSORS_ONLN)" \
+    --target llama-bench llama-batched-bench llama-quantize >"$LLAMA_DIR/build.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: building llama.cpp failed; see $LLAMA_DIR/build.log" >&2; exit 1; }
+  if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "cpu-vs-llamacpp.sh: llama.cpp's converter needs torch: apt-get install python3-torch" >&2; exit 1
+  fi
+  [ -x "$PY" ] || /usr/bin/python3 -m venv --system-site-packages "$LLAMA_DIR/venv"
+  "$PY" -m pip install -q "transformers==4.44.2" tokenizers safetensors sentencepiece pyyaml tqdm "protobuf<5"
+  echo "built llama.cpp (vendored by llama-cpp-python $LLAMA_CPP_PYTHON_VERSION) in $LLAMA_DIR"
+fi
+for t in llama-bench llama-batched-bench llama-quantize; do
+  [ -x "$BIN/$t" ] || { echo "cpu-vs-llamacpp.sh: $BIN/$t missing: run with --build first (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
+done
+[ -x "$PY" ] || { echo "cpu-vs-llamacpp.sh: $PY missing: run with --build first" >&2; exit 1; }
+
+# ---- the model, on both sides ------------------------------------------------------------------
+mkdir -p "$DIR"
+tag=$MODEL${LAYERS:+-L$LAYERS}
+src=$DIR/$tag
+[ -d "$src" ] || "$POLLEN" synth --model "$MODEL" ${LAYERS:+--layers "$LAYERS"} -o "$src" --quiet
+f16=$DIR/$tag-f16.gguf
+if [ ! -f "$f16" ]; then
+  # llama.cpp's converter, with two shims: torch 1.13 lacks the float8 dtypes its tables name, and
+  # a synthetic tokenizer's fingerprint is in no list, so it is declared BLOOM's pre-tokenizer.
+  PYTHONPATH="$SRC_DIR:$SRC_DIR/gguf-py" "$PY" - "$src" --outtype f16 --outfile "$f16" <<'EOF' >"$DIR/convert.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: llama.cpp's converter failed; see $DIR/convert.log" >&2; tail -n 5 "$DIR/convert.log" >&2; exit 1; }
+import runpy, sys, torch
+for name in ("float8_e4m3fn", "float8_e5m2"):
+    if not hasattr(torch, name):
+        setattr(torch, name, torch.uint8)
+import conversion.base as base
+for cls in vars(base).values():
+    if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
+        orig = cls.get_vocab_base_pre
+        def pre(self, tokenizer, _orig=orig):
+            try:
+                return _orig(self, tokenizer)
+            except NotImplementedError:
+                return "bloom"
+        cls.get_vocab_base_pre = pre
+sys.argv[0] = sys.modules["conversion"].__file__.rsplit("/conversion/", 1)[0] + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF
+fi
+quant() { # quant NAME TYPE [llama-quantize options]: $DIR/$tag-NAME.gguf from the F16 one
+  local out=$DIR/$tag-$1.gguf type=$2 log=$DIR/quantize-$1.log; shift 2
+  [ -f "$out" ] || "$BIN/llama-quantize" "$@" "$f16" "$out" "$type" "$THREADS" >"$log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: llama-quantize $type failed; see $log" >&2; exit 1; }
+  echo "$out"
+}
+q8=$(quant q8_0 Q8_0)
+q8e=$(quant q8_0-f16emb Q8_0 --token-embedding-type f16)
+q40=$(quant q4_0-f16emb Q4_0 --token-embedding-type f16)
+q4k=$(quant q4_k_m-f16emb Q4_K_M --token-embedding-type f16)
+# label | pollen reshard options | llama.cpp gguf
+PAIRS=(
+  "fp16 ↔ F16|--dtype fp16|$f16"
+  "int8 g32 + int8 embedding ↔ Q8_0|--dtype int8 --group-size 32 --quantize-embedding|$q8"
+  "int8 per-row ↔ Q8_0 body, F16 embedding|--dtype int8|$q8e"
+  "int4 g32 ↔ Q4_0, F16 embedding|--dtype int4 --group-size 32|$q40"
+  "int4 g128 ↔ Q4_K_M, F16 embedding|--dtype int4 --group-size 128|$q4k"
+)
+
+# ---- runs ----------------------------------------------------------------------------------------
+num() { grep -o "\"$1\": *[-0-9.eE+]*" | head -n 1 | sed 's/.*: *//'; }
+best() { awk 'BEGIN { b = "" } $1 != "" && (b == "" || $1 > b) { b = $1 } END { print b }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "—"; else printf "%.2f×", a / b }'; }
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights); $THREADS threads each; best of $REPS interleaved runs; f16 KV both"
+echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS"
+echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
+echo
+echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for pair in "${PAIRS[@]}"; do
+  IFS='|' read -r label popts gguf <<<"$pair"
+  set_dir=$DIR/$tag-$(tr ' ' '_' <<<"$popts" | tr -d '-')
+  # shellcheck disable=SC2086
+  if [ ! -d "$set_dir" ] && ! err=$("$POLLEN" reshard "$src" -o "$set_dir" --tp 1 $popts --quiet 2>&1); then
+    echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <<<"$err" | cut -c1-120) | | | | | |"
+    continue
+  fi
+  : >"$DIR/p.txt"; : >"$DIR/l.txt"
+  for ((r = 0; r < REPS; r++)); do
+    "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch 1,8,32 --context "$CONTEXT" --steps "$STEPS" \
+      --kv-dtype f16 --threads "$THREADS" --json 2>/dev/null >"$DIR/pollen.json"
+    pre=$(num prefill_tokens_per_s <"$DIR/pollen.json")
+    dec=$(grep -o '"batch":[0-9]*,[^}]*"tokens_per_s":[0-9.e+]*' "$DIR/pollen.json" | sed 's/"batch":\([0-9]*\),.*"tokens_per_s":/\1 /')
+    echo "$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")" >>"$DIR/p.txt"
+    "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
+    lpre=$(num avg_ts <"$DIR/llama-bench.json")
+    "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
+      -npl 1,8,32 -t "$THREADS" --output-format jsonl 2>&1 | grep '"speed_tg"' >"$DIR/llama-batched.jsonl" || true
+    ldec() { grep "\"pl\": $1," "$DIR/llama-batched.jsonl" | num speed_tg; }
+    echo "$lpre $(ldec 1) $(ldec 8) $(ldec 32)" >>"$DIR/l.txt"
+  done
+  P=(); L=()
+  for c in 1 2 3 4; do
+    P+=("$(awk -v c=$c '{ print $c }' "$DIR/p.txt" | best)")
+    L+=("$(awk -v c=$c '{ print $c }' "$DIR/l.txt" | best)")
+  done
+  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f |\n' "$label" \
+    "$(ratio "${P[0]}" "${L[0]}")" "$(ratio "${P[1]}" "${L[1]}")" "$(ratio "${P[2]}" "${L[2]}")" "$(ratio "${P[3]}" "${L[3]}")" \
+    "${P[0]:-0}" "${P[1]:-0}" "${P[2]:-0}" "${P[3]:-0}" "${L[0]:-0}" "${L[1]:-0}" "${L[2]:-0}" "${L[3]:-0}"
+done
+echo
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
