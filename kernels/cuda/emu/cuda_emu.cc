@@ -256,7 +256,8 @@ struct shadow {
     uint32_t gen;              /* == g_gen: written in this block's run */
     uint32_t wepoch, wsync;    /* barrier epoch and writer's warp-sync count at the last write */
     uint32_t repoch, rsync;    /* the same for the reads since (max sync count) */
-    uint16_t wtid, rtid, rwarp, pad;
+    uint16_t wtid, rtid, rwarp;
+    uint16_t early;            /* read before any write in this block: an uninitialised read or a race */
 };
 
 static uintptr_t g_sh_lo, g_sh_span;      /* static shared, checked only while a block runs */
@@ -267,6 +268,11 @@ static size_t g_dyn_cap;
 static shadow *g_shadow;
 static size_t g_shadow_cap;
 static uint32_t g_gen, g_epoch;
+/* Bytes read before any write in this block. A write by another thread with no barrier between
+ * makes it a race (the reader came first only by the harness's schedule); still unwritten at the
+ * next barrier or the block's end, it was read uninitialised. */
+static std::vector<std::pair<size_t, void *>> g_early;
+static size_t g_static_size;
 
 static void shadow_reserve(size_t n)
 {
@@ -297,7 +303,7 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
 {
     fiber *t = g_cur;
     if (!t) return;
-    size_t base = dyn ? (size_t)g_sh_span : 0;
+    size_t base = dyn ? g_static_size : 0;
     if (dyn && off + n > g_dyn_size) {
         char w[256];
         report("dynamic shared memory overflow: thread %d %s %zu bytes at offset %zu of a %zu-byte launch smem; at %s",
@@ -309,11 +315,8 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
         shadow *s = &g_shadow[base + off + i];
         if (!write) {
             if (s->gen != g_gen) {
-                char w[256];
-                report("read of %s byte %zu never written in this block (thread %d); at %s",
-                       dyn ? "dynamic shared" : "static shared", off + i, t->lin, where(pc, w, sizeof w));
-                s->gen = g_gen; s->wtid = NONE; s->rtid = NONE;
-                return;
+                s->gen = g_gen; s->wtid = NONE; s->rtid = NONE; s->early = 1;
+                g_early.push_back(std::make_pair(base + off + i, pc));
             }
             if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
                 !warp_ordered(t, s->wtid / 32, s->wsync)) {
@@ -329,7 +332,26 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
             } else if (mysync > s->rsync) s->rsync = mysync;
         } else {
             if (s->gen != g_gen) {
-                s->gen = g_gen; s->rtid = NONE;
+                s->gen = g_gen; s->rtid = NONE; s->early = 0;
+            } else if (s->early) {
+                s->early = 0;
+                if (s->rtid == t->lin) {
+                    char w[256];
+                    report("thread %d reads %s byte %zu before writing it: never written in this block before the read; "
+                           "at %s", t->lin, dyn ? "dynamic shared" : "static shared", off + i, where(pc, w, sizeof w));
+                    return;
+                }
+                if (s->rtid != NONE && s->repoch == g_epoch &&
+                    !(s->rwarp != NONE && warp_ordered(t, s->rwarp, s->rsync))) {
+                    char w[256];
+                    report("shared-memory race (RAW): thread %d (warp %d) writes %s byte %zu that thread %s%d read with no "
+                           "__syncthreads between and no warp sync of the same warp ordering them (the read could come "
+                           "first); at %s", t->lin, t->warp, dyn ? "dynamic shared" : "static shared", off + i,
+                           s->rtid == MANY ? "(one of several) " : "", s->rtid == MANY ? -1 : s->rtid,
+                           where(pc, w, sizeof w));
+                    return;
+                }
+                s->rtid = NONE;
             } else {
                 if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
                     !warp_ordered(t, s->wtid / 32, s->wsync)) {
@@ -365,6 +387,23 @@ TRACE(8, uint64_t)
 TRACE(16, __int128)
 
 extern "C" void *pln_emu_dynamic_shared(void) { return g_dyn_buf; }
+
+/* Early reads still not written: read uninitialised. */
+static void flush_early(void)
+{
+    for (const auto &e : g_early) {
+        shadow *s = &g_shadow[e.first];
+        if (s->gen != g_gen || !s->early) continue;
+        s->early = 0;
+        const bool dyn = e.first >= g_static_size;
+        char w[256];
+        report("read of %s byte %zu never written in this block (thread %s%d); at %s",
+               dyn ? "dynamic shared" : "static shared", dyn ? e.first - g_static_size : e.first,
+               s->rtid == MANY ? "one of several, e.g. " : "", s->rtid == MANY ? -1 : s->rtid,
+               where(e.second, w, sizeof w));
+    }
+    g_early.clear();
+}
 
 /* ---- barriers and warp collectives ------------------------------------------------------------- */
 extern "C" void pln_emu_syncthreads(const char *site)
@@ -577,8 +616,9 @@ static bool run_block(void)
             else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
             else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
         }
-        if (ndone == g_nthreads) return true;
+        if (ndone == g_nthreads) { flush_early(); return true; }
         if (nbar == g_nthreads) {
+            flush_early();
             const char *site = g_fib[0].bar_site;
             for (int i = 1; i < g_nthreads; i++)
                 if (strcmp(g_fib[i].bar_site, site) != 0) {
@@ -606,6 +646,7 @@ static bool run_block(void)
                    f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
         } else
             report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
+        g_early.clear();
         return false;
     }
 }
@@ -653,6 +694,7 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         pln_emu_block_dim = cfg.block;
         g_body = &body;
         const size_t st = (size_t)(__stop_pln_shared - __start_pln_shared);
+        g_static_size = st;
         if (g_dyn_cap < cfg.smem + RED_ZONE) {
             free(g_dyn_buf);
             g_dyn_cap = cfg.smem + RED_ZONE;
