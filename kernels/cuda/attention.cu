@@ -229,14 +229,17 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         dim3 grid((unsigned)pln_cdiv(T, PREFILL_QT), (unsigned)nh);
         const __half *q = (const __half *)qkv, *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
         if (D == 128)
-            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<4>)((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
-                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<4>)(
+                (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
+                nh, D, T);
         else if (D == 64)
-            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<2>)((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
-                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<2>)(
+                (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
+                nh, D, T);
         else
-            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<1>)((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
-                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<1>)(
+                (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
+                nh, D, T);
         cudaCheckLaunch();
         return 0;
     }
@@ -266,8 +269,8 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
             m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, D, nsplit, t0);
         cudaCheckLaunch();
         if (nsplit > 1) {
-            PLN_LAUNCH(dim3((unsigned)n, (unsigned)nh), D, 0, c->stream, attn_merge_kernel)((__half *)out, pm, ps, pacc, nh,
-                                                                                    D, nsplit, t0);
+            PLN_LAUNCH(dim3((unsigned)n, (unsigned)nh), D, 0, c->stream, attn_merge_kernel)(
+                (__half *)out, pm, ps, pacc, nh, D, nsplit, t0);
             cudaCheckLaunch();
         }
     }

@@ -9,7 +9,16 @@
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/emu/emu.h"
 
+#include <sys/wait.h>
+
 #define FULL 0xffffffffu
+#if defined(__SANITIZE_ADDRESS__)
+#define HAVE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HAVE_ASAN 1
+#endif
+#endif
 
 /* ---- kernels ------------------------------------------------------------------------------------ */
 /* Each thread writes its slot and reads its neighbour's: across warps, a race without the barrier. */
@@ -82,6 +91,18 @@ __global__ void dynamic_kernel(float *out, int n)
     if ((int)threadIdx.x < n) d[threadIdx.x] = (float)threadIdx.x;
     __syncthreads();
     if ((int)threadIdx.x < n) out[threadIdx.x] = d[n - 1 - threadIdx.x];
+}
+
+/* Static shared: an index one past the array (ASan's redzones in the SANITIZE build). */
+__global__ void static_overflow_kernel(float *out, int n)
+{
+    __shared__ float a[64];
+    __shared__ float b[64];
+    a[threadIdx.x] = 1.0f;
+    b[threadIdx.x] = 2.0f;
+    __syncthreads();
+    const float *p = a;   /* through a pointer, as kernels index: no compile-time bound to check */
+    out[threadIdx.x] = p[threadIdx.x + n] + b[threadIdx.x];
 }
 
 /* A collective one lane never joins. */
@@ -208,6 +229,36 @@ int main(void)
     CHECK(bad == 0, "dynamic shared values: %d wrong", bad);
     PLN_LAUNCH(1, 64, 60 * 4, st, dynamic_kernel)(fo, 64);
     expect("dynamic shared past smem", "dynamic shared memory overflow");
+
+    PLN_LAUNCH(1, 64, 0, st, static_overflow_kernel)(fo, 0);
+    expect("static shared within bounds", NULL);
+#ifdef HAVE_ASAN
+    {   /* ASan aborts the process: in a child, its report on a pipe */
+        int pfd[2];
+        CHECK(pipe(pfd) == 0, "pipe");
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            dup2(pfd[1], 2);
+            PLN_LAUNCH(1, 64, 0, st, static_overflow_kernel)(fo, 1);
+            _exit(0);
+        }
+        close(pfd[1]);
+        char buf[8192];
+        size_t got = 0;
+        ssize_t r;
+        while (got < sizeof buf - 1 && (r = read(pfd[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+        buf[got] = 0;
+        close(pfd[0]);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        bool caught = !(WIFEXITED(status) && WEXITSTATUS(status) == 0) && strstr(buf, "global-buffer-overflow");
+        printf("%-36s %s\n", "static shared past its array (ASan)", caught ? "OK" : "NOT OK");
+        CHECK(caught, "static shared overflow: expected ASan's global-buffer-overflow, got status %d: %.300s", status, buf);
+    }
+#else
+    printf("%-36s %s\n", "static shared past its array", "SKIP (an ASan check: make SANITIZE=address test)");
+#endif
 
     PLN_LAUNCH(1, 32, 0, st, deadlock_kernel)(out);
     expect("shuffle a lane never joins", "deadlock");

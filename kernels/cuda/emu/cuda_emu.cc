@@ -34,7 +34,10 @@
 #include <cuda_runtime.h>
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <link.h>
 #include <functional>
 #include <pthread.h>
 #include <stdarg.h>
@@ -246,8 +249,38 @@ static const char *where(void *pc, char *buf, size_t cap)
 }
 
 /* ---- shared memory: ranges and shadow --------------------------------------------------------- */
-extern "C" char __start_pln_shared[] __attribute__((weak));
-extern "C" char __stop_pln_shared[] __attribute__((weak));
+/* The static shared range: section .pln_shared of the executable, from its ELF section headers
+ * (present even in a stripped binary), moved by the load bias of a position-independent one. */
+static int main_bias(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    *(uintptr_t *)data = (uintptr_t)info->dlpi_addr;
+    return 1;   /* the first object is the executable */
+}
+
+static void find_static_shared(uintptr_t *lo, size_t *n)
+{
+    *lo = 0;
+    *n = 0;
+    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { perror("pollen cuda harness: /proc/self/exe"); abort(); }
+    Elf64_Ehdr eh;
+    bool ok = pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && !memcmp(eh.e_ident, ELFMAG, SELFMAG) &&
+              eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_shentsize == sizeof(Elf64_Shdr) && eh.e_shstrndx < eh.e_shnum;
+    std::vector<Elf64_Shdr> sh(ok ? eh.e_shnum : 0);
+    ok = ok && pread(fd, sh.data(), sh.size() * sizeof(Elf64_Shdr), (off_t)eh.e_shoff) == (ssize_t)(sh.size() * sizeof(Elf64_Shdr));
+    std::vector<char> names(ok ? sh[eh.e_shstrndx].sh_size + 1 : 0);
+    ok = ok && pread(fd, names.data(), names.size() - 1, (off_t)sh[eh.e_shstrndx].sh_offset) == (ssize_t)(names.size() - 1);
+    close(fd);
+    if (!ok) { fprintf(stderr, "pollen cuda harness: cannot read the ELF section headers of /proc/self/exe\n"); abort(); }
+    uintptr_t bias = 0;
+    dl_iterate_phdr(main_bias, &bias);
+    for (const Elf64_Shdr &h : sh)
+        if (h.sh_name < names.size() - 1 && !strcmp(&names[h.sh_name], ".pln_shared")) {
+            *lo = bias + (uintptr_t)h.sh_addr;
+            *n = (size_t)h.sh_size;
+        }
+}
 #define RED_ZONE 256
 #define NONE 0xffffu
 #define MANY 0xfffeu
@@ -693,7 +726,10 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         pln_emu_grid_dim = cfg.grid;
         pln_emu_block_dim = cfg.block;
         g_body = &body;
-        const size_t st = (size_t)(__stop_pln_shared - __start_pln_shared);
+        static uintptr_t sh_lo;
+        static size_t st;
+        static bool found;
+        if (!found) { find_static_shared(&sh_lo, &st); found = true; }
         g_static_size = st;
         if (g_dyn_cap < cfg.smem + RED_ZONE) {
             free(g_dyn_buf);
@@ -701,7 +737,7 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
             g_dyn_buf = (char *)aligned_alloc(256, (g_dyn_cap + 255) & ~(size_t)255);
         }
         shadow_reserve(st + cfg.smem + RED_ZONE);
-        g_sh_lo = (uintptr_t)__start_pln_shared;
+        g_sh_lo = sh_lo;
         g_dyn_lo = (uintptr_t)g_dyn_buf;
         g_dyn_size = cfg.smem;
         for (unsigned z = 0; z < cfg.grid.z && !g_failed; z++)

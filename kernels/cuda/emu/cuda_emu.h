@@ -4,7 +4,7 @@
  * device code under nvcc and host code here, with no second copy of any kernel.
  *
  * What it maps: __global__/__device__ to plain functions; static __shared__ to static locals in
- * one ELF section (pln_shared), so the harness knows the range and checks every access to it;
+ * one ELF section (.pln_shared), so the harness knows the range and checks every access to it;
  * threadIdx/blockIdx/blockDim/gridDim to the running fiber's values; __syncthreads, __syncwarp
  * and the warp collectives (shuffles, votes, reductions, the m16n8k16 mma) to calls that yield
  * to the harness's scheduler (kernels/cuda/emu/cuda_emu.cc); atomics, __ldg and the fast-math
@@ -36,9 +36,13 @@
 
 #include "kernels/cuda/emu/emu.h"
 
-/* Static shared memory: one range for all kernels, shared by the fibers of the running block. */
+/* Static shared memory: one range for all kernels, shared by the fibers of the running block.
+ * The section name is not a C identifier on purpose: ASan leaves globals in such sections (whose
+ * bounds the linker exports as __start_/__stop_ symbols) uninstrumented, and with redzones
+ * between the variables an index past one __shared__ array is an ASan report in the SANITIZE
+ * build. The harness finds the section in its own ELF section headers instead. */
 #undef __shared__
-#define __shared__ static __attribute__((section("pln_shared"), used))
+#define __shared__ static __attribute__((section(".pln_shared"), used))
 /* Dynamic shared memory of exactly the launch's smem bytes (red zone after it). */
 #define PLN_EMU_DYNAMIC_SHARED(T, name) T *name = (T *)pln_emu_dynamic_shared()
 
