@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -799,6 +800,7 @@ void pln_emu_launch_run(const pln_emu_launch_cfg &cfg, std::function<void()> bod
 /* ---- the CUDA runtime API ---------------------------------------------------------------------- */
 #define DEVICE_MEMORY ((size_t)141 << 30)   /* what cudaMemGetInfo reports: an H200 */
 static size_t g_allocated;
+static std::unordered_map<void *, size_t> g_sizes;   /* live cudaMalloc blocks */
 
 extern "C" {
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
@@ -864,10 +866,22 @@ cudaError_t cudaMalloc(void **p, size_t n)
     *p = m;
     pthread_mutex_lock(&g_lock);
     g_allocated += n;
+    g_sizes[m] = n;
     pthread_mutex_unlock(&g_lock);
     return cudaSuccess;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaFree(void *p)
+{
+    if (!p) return cudaSuccess;
+    pthread_mutex_lock(&g_lock);
+    auto it = g_sizes.find(p);
+    bool known = it != g_sizes.end();
+    if (known) { g_allocated -= it->second; g_sizes.erase(it); }
+    pthread_mutex_unlock(&g_lock);
+    if (!known) return g_last_error = cudaErrorInvalidValue;   /* not from cudaMalloc, or freed twice */
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 {
     (void)flags;
