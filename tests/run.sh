@@ -47,9 +47,9 @@ done
 # the engine against the transformers fixtures at TP 1 and (MPI for NCCL) TP 2.
 if [ -x "$BUILD/emu/tests-gpu/test_cuda_ops" ]; then
   for t in test_cuda_emu test_cuda_ops test_cuda_e2e; do
-    [ -x "$BUILD/emu/tests-gpu/$t" ] && run_one "emu/$t" timeout 900 "$BUILD/emu/tests-gpu/$t"
+    [ -x "$BUILD/emu/tests-gpu/$t" ] && run_one "emu-$t" timeout 900 "$BUILD/emu/tests-gpu/$t"
   done
-  run_one emu/e2e_cuda_tp env PLN_CUDA_EMU=1 timeout 900 bash tests/gpu/e2e_cuda_tp.sh
+  run_one emu-e2e_cuda_tp env PLN_CUDA_EMU=1 timeout 900 bash tests/gpu/e2e_cuda_tp.sh
   echo "note  the CUDA kernels above ran on the CPU harness; cuBLASLt and NCCL are not exercised there (make test-gpu)"
 else
   echo "SKIP  CUDA kernels on the CPU harness: $BUILD/emu is not built (needs clang++ and the CUDA headers)"
