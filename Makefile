@@ -131,7 +131,8 @@ clean:
 EMU_CXX ?= clang++
 EMU_CUDA_INC ?= $(patsubst %/cuda_runtime.h,%,$(firstword $(wildcard $(CUDA_HOME)/include/cuda_runtime.h \
                   /usr/local/cuda/include/cuda_runtime.h /usr/include/cuda_runtime.h)))
-ifeq ($(and $(shell command -v $(EMU_CXX) 2>/dev/null),$(EMU_CUDA_INC)),)
+# (x86-64 only: the fibers switch with x86-64 code; clang 14 or newer for trace-loads/stores)
+ifeq ($(and $(shell command -v $(EMU_CXX) 2>/dev/null),$(EMU_CUDA_INC),$(filter x86_64,$(shell uname -m))),)
   EMU ?= 0
 else
   EMU ?= 1
