@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test binary (build/tests/test_*) and every end-to-end script (tests/e2e_*.sh) from
-# the repository root, and ends with one summary line "total: N passed, N failed".
+# the repository root, then the CUDA tests on the CPU execution harness (build/emu/, where built),
+# and ends with one summary line "total: N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}

@@ -125,6 +125,17 @@ __global__ void collectives_kernel(float *sum, unsigned *ballot, int *partner, f
     bsum[threadIdx.x] = pln_block_sum((float)threadIdx.x, scratch);  /* over the block */
 }
 
+/* The other shuffles and votes, with CUDA's edge rules (out of range: the lane's own value). */
+__global__ void shuffles_kernel(int *up, int *down, int *w8, unsigned *red, int *anyall)
+{
+    const int lane = threadIdx.x & 31;
+    up[threadIdx.x] = __shfl_up_sync(FULL, lane, 3);
+    down[threadIdx.x] = __shfl_down_sync(FULL, lane, 5);
+    w8[threadIdx.x] = __shfl_sync(FULL, lane, 2, 8);
+    red[threadIdx.x] = __reduce_add_sync(FULL, (unsigned)lane);
+    anyall[threadIdx.x] = __any_sync(FULL, lane == 7) * 2 + __all_sync(FULL, lane < 31);
+}
+
 /* D = A·B for one m16n8k16 tile, fragments loaded as the PTX ISA lays them out. */
 __global__ void mma_kernel(float *d, const __half *a, const __half *b)
 {
@@ -294,6 +305,30 @@ int main(void)
     CHECK(bb == 0, "ballot: %d lanes wrong (lane 0: 0x%08x, want 0x%08x)", bb, hbal[0], want_ballot);
     CHECK(bp == 0, "shuffle after the partner's update: %d lanes wrong (lane 0: %d)", bp, hp[0]);
     CHECK(bbs == 0, "block sum: %d threads not 8128 (thread 0: %g)", bbs, hb[0]);
+
+    int *sup = dev<int>(64), *sdown = dev<int>(64), *sw8 = dev<int>(64), *sany = dev<int>(64);
+    unsigned *sred = dev<unsigned>(64);
+    PLN_LAUNCH(1, 64, 0, st, shuffles_kernel)(sup, sdown, sw8, sred, sany);
+    expect("shuffle up/down/width, reduce, any/all", NULL);
+    int hu[64], hd[64], hw[64], ha8[64];
+    unsigned hr[64];
+    cudaMemcpy(hu, sup, sizeof hu, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hd, sdown, sizeof hd, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hw, sw8, sizeof hw, cudaMemcpyDeviceToHost);
+    cudaMemcpy(ha8, sany, sizeof ha8, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hr, sred, sizeof hr, cudaMemcpyDeviceToHost);
+    int bsh = 0;
+    for (int i = 0; i < 64; i++) {
+        const int l = i & 31;
+        bsh += hu[i] != (l >= 3 ? l - 3 : l);
+        bsh += hd[i] != (l + 5 < 32 ? l + 5 : l);
+        bsh += hw[i] != (l & ~7) + 2;
+        bsh += hr[i] != 496u;
+        bsh += ha8[i] != 2;
+    }
+    CHECK(bsh == 0, "shuffle up/down/width, reduce, any/all: %d values wrong (lane 1: up %d down %d w8 %d red %u any/all %d)",
+          bsh, hu[1], hd[1], hw[1], hr[1], ha8[1]);
+    cudaFree(sup); cudaFree(sdown); cudaFree(sw8); cudaFree(sany); cudaFree(sred);
 
     /* mma.m16n8k16 against the plain product */
     __half ha[256], hbm[128];
