@@ -6,6 +6,7 @@
 #   make fuzz       build the libFuzzer targets with clang and run each for a bounded time
 #   make test-gpu   op checks and end-to-end tests on the CUDA backend (SKIP without a GPU)
 #   make emu        the CUDA kernels built for the CPU harness (build/emu/; make test runs them)
+#   make sass-tools cuobjdump + nvdisasm (PyPI wheels) into build/sass-tools for the SASS checks
 #   SANITIZE=address,undefined   checked build (in build-san/)
 
 CC      ?= cc
@@ -14,6 +15,8 @@ SANITIZE ?=
 OPT     ?= -O2
 DEBIAN_PKGS := build-essential pkg-config libjansson-dev libarchive-dev zlib1g-dev libxxhash-dev \
                libpcre2-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin python3 curl
+# network namespaces for the multi-host test (tests/e2e_multihost.sh)
+DEBIAN_PKGS += iproute2
 
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
@@ -62,7 +65,7 @@ GPU_TEST_SRCS := $(sort $(wildcard tests/gpu/*.c))
 GPU_TEST_BINS := $(if $(filter 1,$(CUDA)),$(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests-gpu/%))
 LIB       := $(BUILD)/libpollen.a
 
-.PHONY: all deps test test-gpu demo fuzz clean bench
+.PHONY: all deps test test-gpu test-clients demo fuzz clean bench
 all: $(BUILD)/pollen
 
 $(BUILD)/%.o: %.c
@@ -106,9 +109,26 @@ test: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS) emu
 	@BUILD=$(BUILD) tests/run.sh
 
+# The real Python clients (PyPI) against a real server; make test stays Python-free.
+CLIENT_PKGS := python3-venv
+test-clients: deps
+	@for p in $(CLIENT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(MAKE) --no-print-directory $(BUILD)/pollen $(BUILD)/tests/test_shard
+	@BUILD=$(BUILD) tests/clients/run.sh
+
 test-gpu: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS)
 	@BUILD=$(BUILD) CUDA=$(CUDA) tests/run-gpu.sh
+
+# cuobjdump and nvdisasm for tests/e2e_sass.sh (the toolkit here lacks them); never fails, the
+# test SKIPs without them. `make test` itself never needs Python.
+.PHONY: sass-tools
+sass-tools:
+	@tools/sass-tools.sh
 
 demo: deps
 	$(MAKE) --no-print-directory $(BUILD)/pollen

@@ -71,15 +71,42 @@ uint64_t pln_tensor_numel(const pln_tensor *t);
 /* "[3, 64]" into buf. */
 const char *pln_shape_str(const int64_t *shape, int ndim, char *buf, size_t len);
 
+/* ---- opening files ------------------------------------------------------------------------- */
+/* Every file pollen reads is opened here: the path is checked to be a regular file (a directory
+ * with want_dir) before it is opened, then opened read-only with O_NONBLOCK (so a FIFO, a device or
+ * a file swapped in between cannot block the open), checked again with fstat, and returned in
+ * blocking mode (O_CLOEXEC). -1 with an error naming the path and what it is ("is a FIFO (named
+ * pipe), not a regular file") otherwise. Devices are refused before any open(): opening one can
+ * have effects. */
+int pln_open_file(const char *path, bool want_dir);
+/* 0 when path is a regular file pln_open_file would open; -1 with its error otherwise. */
+int pln_check_file(const char *path);
+/* "a FIFO (named pipe)", "a socket", "a character device", ... for a st_mode. */
+const char *pln_file_type_name(unsigned mode);
+
 /* ---- read-only file mappings -------------------------------------------------------------- */
 typedef struct {
     char *path;
     int fd;
     const uint8_t *data;     /* NULL for an empty file */
     uint64_t size;
+    bool in_memory;          /* read into anonymous memory (pln_map_set_no_mmap), not mapped */
 } pln_map;
-/* Maps path read-only. -1 with an error naming the path on failure. */
+/* Maps path read-only (or, after pln_map_set_no_mmap(true), reads it whole into anonymous memory).
+ * -1 with an error naming the path on failure.
+ *
+ * A mapped file that shrinks while mapped would kill the process with SIGBUS at the first access
+ * past its new end. Every mapping is registered with a SIGBUS handler that names the file ("PATH
+ * shrank while mapped"), removes a registered temporary output (pln_outdir_begin) and exits 1
+ * without a core dump. The handler is (re)installed by each pln_map_open, so it wins over one an
+ * MPI library installed at start-up. */
 int pln_map_open(pln_map *m, const char *path);
+/* --no-mmap: later pln_map_open calls read whole files into anonymous memory (read(2) at open time;
+ * nothing can change under the process afterwards). Process-wide; for the runtime commands. */
+void pln_map_set_no_mmap(bool on);
+bool pln_map_no_mmap(void);
+/* Words the SIGBUS message adds after "restart" (say, the command's --no-mmap); copied. */
+void pln_map_fault_hint(const char *hint);
 /* Asks the kernel to read the whole mapping ahead, in order (MADV_SEQUENTIAL, then MADV_WILLNEED). */
 void pln_map_advise_sequential(pln_map *m);
 void pln_map_close(pln_map *m);
@@ -93,16 +120,37 @@ uint64_t pln_xxh3(const void *data, size_t n);
  * checksum of the shard format (see docs/FORMAT.md). */
 
 /* ---- atomic output directories ------------------------------------------------------------ */
-/* Creates a temporary sibling "FINAL.tmp-PID-XXXX" to write into. Refuses an existing non-empty
- * FINAL unless force. Returns the temporary path (owned) or NULL with an error. */
+/* The marker `pollen synth` writes into its checkpoints, so --force knows one as pollen's own. */
+#define PLN_SYNTH_MARKER "pollen-synth.json"
+/* Refuses (-1 + error) an output path that could touch one of the n paths in protect (the
+ * sources of the command): out being one of them, an ancestor of one (replacing out would remove
+ * it), or inside one that is a directory. Real paths are compared by device and inode of every
+ * ancestor, so symlinks, "..", relative spellings and bind mounts are all seen through. Entries
+ * that do not exist, or are NULL, are skipped. An out that is itself a symbolic link is refused
+ * (replacing it would replace the link, not what it points to). Call before writing anything. */
+int pln_path_guard(const char *out, const char *const *protect, int n);
+/* Creates a temporary sibling "FINAL.tmp-PID-XXXX" to write into and registers it for removal on
+ * SIGINT/SIGTERM/SIGHUP/SIGBUS. An existing FINAL must be a directory; a non-empty one is refused
+ * unless force, and even with force only an earlier pollen output is replaced: a shard set (its
+ * manifest.json says "pollen-shards") or a `pollen synth` checkpoint (PLN_SYNTH_MARKER), holding
+ * only the files pollen writes. Anything else is refused with what it holds (a few names and a
+ * count). Returns the temporary path (owned) or NULL with an error. */
 char *pln_outdir_begin(const char *final_path, bool force);
-/* fsyncs every file in tmp and the directory, replaces FINAL (removing an old one when force)
- * and fsyncs the parent. -1 with an error on failure (tmp is then left for pln_outdir_abort). */
+/* fsyncs every file in tmp and the directory, replaces FINAL and fsyncs the parent. An old FINAL
+ * is moved aside, and only the files pollen writes are deleted from it (never anything else: an
+ * old directory that gained other files is left as FINAL.old-PID, with a warning). Signals wait
+ * until the renames are done. -1 with an error on failure (tmp is then left for
+ * pln_outdir_abort). */
 int pln_outdir_commit(const char *tmp_path, const char *final_path);
 /* Removes the temporary directory and everything in it. Never fails. */
 void pln_outdir_abort(const char *tmp_path);
-/* Registers tmp_path for removal if the process gets SIGINT/SIGTERM before commit/abort. */
+/* Registers tmp_path (or, NULL, nothing) for removal if the process gets SIGINT/SIGTERM/SIGHUP
+ * before commit/abort: the handler writes why, removes it with async-signal-safe calls and dies
+ * of the signal. pln_outdir_begin already does this. */
 void pln_outdir_cleanup_on_signal(const char *tmp_path);
+/* For commands with no output to clean up: SIGINT/SIGTERM print "pollen WHO: interrupted by
+ * SIGTERM" and end the process by that signal at any phase. who is copied. */
+void pln_exit_on_signal(const char *who);
 /* fsync a path (file or directory). */
 int pln_fsync_path(const char *path);
 /* Writes a whole file atomically (tmp + fsync + rename). */

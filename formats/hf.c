@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define CONFIG_MAX_BYTES (16u << 20)
 #define INDEX_MAX_BYTES (256u << 20)
@@ -120,6 +121,7 @@ static bool ends_with(const char *s, const char *suf) {
 
 static bool is_file(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISREG(st.st_mode); }
 static bool is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
+static bool exists(const char *p) { struct stat st; return stat(p, &st) == 0; }
 
 static char *dirname_of(const char *p) {
     const char *s = strrchr(p, '/');
@@ -137,8 +139,10 @@ static void add_file(pln_ckpt *ck, const char *path) {
 
 /* A directory without an index or the standard single-file names: take its only weight file. */
 static int find_single(pln_ckpt *ck, const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return pln_errorf("%s: cannot open directory", dir);
+    int fd = pln_open_file(dir, true);
+    if (fd < 0) return -1;
+    DIR *d = fdopendir(fd);
+    if (!d) { close(fd); return pln_errorf("%s: cannot open directory", dir); }
     struct dirent *e;
     char *found = NULL;
     int count = 0;
@@ -185,7 +189,7 @@ static int read_index(pln_ckpt *ck, const char *index_path, wmap_entry **map_out
             break;
         }
         char *full = pln_xasprintf("%s/%s", ck->dir, f);
-        if (!is_file(full)) {
+        if (!exists(full)) {
             rc = pln_errorf("%s: shard %s named by the index (for tensor \"%s\") does not exist", index_path, f, k);
             free(full);
             break;
@@ -217,11 +221,11 @@ static int idx_cmp(const void *a, const void *b, void *arg) {
 }
 
 static bool looks_like_zip(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
+    int fd = pln_open_file(path, false);   /* a FIFO or device is refused by the open that follows */
+    if (fd < 0) return false;
     unsigned char b[4] = {0};
-    size_t n = fread(b, 1, 4, f);
-    fclose(f);
+    ssize_t n = pread(fd, b, 4, 0);
+    close(fd);
     return n == 4 && !memcmp(b, "PK\x03\x04", 4);
 }
 
@@ -238,7 +242,7 @@ int pln_ckpt_open(pln_ckpt *ck, const char *path) {
                                "pytorch_model.bin"};
         for (int i = 0; i < 4 && !index && !ck->n_files; i++) {
             char *p = pln_xasprintf("%s/%s", path, cands[i]);
-            if (is_file(p)) {
+            if (exists(p)) {   /* not only regular files: a FIFO there is named by the open, not skipped */
                 if (ends_with(p, ".json")) index = pln_xstrdup(p);
                 else add_file(ck, p);
             }
@@ -249,21 +253,30 @@ int pln_ckpt_open(pln_ckpt *ck, const char *path) {
         ck->dir = dirname_of(path);
         if (ends_with(path, ".json")) index = pln_xstrdup(path);
         else add_file(ck, path);
+    } else if (exists(path)) {
+        rc = pln_check_file(path);   /* names what it is: a FIFO, a socket, a device */
+        goto fail;
     } else {
         rc = pln_errorf("%s: no such file or directory", path);
         goto fail;
     }
     if (index && read_index(ck, index, &wmap, &n_wmap)) goto fail;
 
+    /* config.json and tokenizer.json: whatever is there under that name is read (and a FIFO,
+     * device or directory refused with its name) rather than silently taken as absent. */
     char *cfg = pln_xasprintf("%s/config.json", ck->dir);
-    if (is_file(cfg)) {
+    if (exists(cfg)) {
         if (pln_bloom_config_load(cfg, &ck->config)) { free(cfg); goto fail; }
         ck->has_config = true;
     }
     free(cfg);
     char *tok = pln_xasprintf("%s/tokenizer.json", ck->dir);
-    if (is_file(tok)) ck->tokenizer_path = tok;
-    else free(tok);
+    if (exists(tok)) {
+        if (pln_check_file(tok)) { free(tok); goto fail; }
+        ck->tokenizer_path = tok;
+    } else {
+        free(tok);
+    }
 
     ckpt_impl *im = pln_xcalloc(1, sizeof *im);
     ck->impl = im;

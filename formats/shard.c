@@ -712,6 +712,45 @@ static bool safe_file_name(const char *s) {
     return s && *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
+int pln_config_canonical(const pln_bloom_config *c, char *buf, size_t len) {
+    uint64_t eps_bits;
+    memcpy(&eps_bits, &c->layer_norm_epsilon, sizeof eps_bits);
+    int n = snprintf(buf, len,
+                     "vocab_size=%lld\nhidden_size=%lld\nn_head=%lld\nn_layer=%lld\nlayer_norm_epsilon=%016llx\n"
+                     "bos_token_id=%lld\neos_token_id=%lld\npad_token_id=%lld\ntorch_dtype=%.*s\n",
+                     (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->n_head, (long long)c->n_layer,
+                     (unsigned long long)eps_bits, (long long)c->bos_token_id, (long long)c->eos_token_id,
+                     (long long)c->pad_token_id, (int)strnlen(c->torch_dtype, sizeof c->torch_dtype), c->torch_dtype);
+    return n < 0 || (size_t)n >= len ? -1 : n;
+}
+
+uint64_t pln_config_xxh3(const pln_bloom_config *c) {
+    char buf[512];
+    int n = pln_config_canonical(c, buf, sizeof buf);
+    PLN_ASSERT(n > 0);   /* 9 bounded fields always fit */
+    return pln_xxh3(buf, (size_t)n);
+}
+
+/* The small files of a set (tokenizer, config.json) are read whole: this bounds them. BLOOM's
+ * tokenizer.json is 14 MB. */
+#define SMALL_FILE_MAX ((size_t)256 << 20)
+
+/* XXH3 of DIR/name into hex[17]; -1 + error naming the file. */
+static int small_file_hex(const char *dir, const char *name, char hex[17]) {
+    char *path = pln_xasprintf("%s/%s", dir, name);
+    size_t n = 0;
+    char *text = pln_read_small_file(path, SMALL_FILE_MAX, &n);
+    free(path);
+    if (!text) return -1;
+    snprintf(hex, 17, "%016llx", (unsigned long long)pln_xxh3(text, n));
+    free(text);
+    return 0;
+}
+
+/* The special ids the runtime relies on: generation ends on BLOOM's </s> (id 2) in the scheduler,
+ * the server's /info and generate, so a set whose config says otherwise cannot be served right. */
+#define BLOOM_EOS_ID 2
+
 int pln_manifest_write(const char *dir, const pln_manifest *m) {
     if (m->tp < 1) return pln_errorf("%s: manifest: tp %d must be >= 1", dir, (int)m->tp);
     if (!m->dtype || (strcmp(m->dtype, "fp16") && strcmp(m->dtype, "int8")))
@@ -721,6 +760,13 @@ int pln_manifest_write(const char *dir, const pln_manifest *m) {
     if (!m->files) return pln_errorf("%s: manifest: no files", dir);
     if ((m->tokenizer && !safe_file_name(m->tokenizer)) || (m->hf_config && !safe_file_name(m->hf_config)))
         return pln_errorf("%s: manifest: tokenizer/hf_config must be plain file names in the set directory", dir);
+    if (m->config.eos_token_id != BLOOM_EOS_ID)
+        return pln_errorf("%s: manifest: config.eos_token_id is %lld; pollen serves BLOOM models, whose </s> is id %d",
+                          dir, (long long)m->config.eos_token_id, BLOOM_EOS_ID);
+    char tok_hex[17], cfg_hex[17], blk_hex[17];
+    if (m->tokenizer && small_file_hex(dir, m->tokenizer, tok_hex)) return -1;
+    if (m->hf_config && small_file_hex(dir, m->hf_config, cfg_hex)) return -1;
+    snprintf(blk_hex, sizeof blk_hex, "%016llx", (unsigned long long)pln_config_xxh3(&m->config));
     json_t *root = json_object();
     json_object_set_new(root, "format", json_string(PLN_MANIFEST_FORMAT));
     json_object_set_new(root, "version", json_integer(PLN_MANIFEST_VERSION));
@@ -751,6 +797,9 @@ int pln_manifest_write(const char *dir, const pln_manifest *m) {
     json_object_set_new(root, "files", files);
     json_object_set_new(root, "tokenizer", m->tokenizer ? json_string(m->tokenizer) : json_null());
     json_object_set_new(root, "hf_config", m->hf_config ? json_string(m->hf_config) : json_null());
+    json_object_set_new(root, "config_xxh3", json_string(blk_hex));
+    json_object_set_new(root, "tokenizer_xxh3", m->tokenizer ? json_string(tok_hex) : json_null());
+    json_object_set_new(root, "hf_config_xxh3", m->hf_config ? json_string(cfg_hex) : json_null());
     if (m->extra) {
         if (!json_is_object(m->extra)) { json_decref(root); return pln_errorf("%s: manifest: extra fields must be a JSON object", dir); }
         const char *key;
@@ -818,7 +867,9 @@ static int parse_config(json_t *c, pln_bloom_config *cfg, const char *path) {
     if (!json_is_number(eps)) return pln_errorf("%s: config.\"layer_norm_epsilon\" is missing or not a number", path);
     cfg->layer_norm_epsilon = json_number_value(eps);
     json_t *td = json_object_get(c, "torch_dtype");
-    if (json_is_string(td)) snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", json_string_value(td));
+    if (td && !(json_is_string(td) && strlen(json_string_value(td)) < sizeof cfg->torch_dtype))
+        return pln_errorf("%s: config.\"torch_dtype\" must be a string of at most %zu bytes", path, sizeof cfg->torch_dtype - 1);
+    if (td) snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", json_string_value(td));
     if (cfg->vocab_size < 1 || cfg->hidden_size < 1 || cfg->n_head < 1 || cfg->n_layer < 1 ||
         cfg->vocab_size > (1ll << 31) || cfg->hidden_size > (1ll << 24) || cfg->n_layer > 100000 || cfg->n_head > cfg->hidden_size)
         return pln_errorf("%s: config: vocab_size %lld, hidden_size %lld, n_head %lld, n_layer %lld out of range", path,
@@ -827,6 +878,119 @@ static int parse_config(json_t *c, pln_bloom_config *cfg, const char *path) {
         return pln_errorf("%s: config: hidden_size %lld is not a multiple of n_head %lld", path, (long long)cfg->hidden_size, (long long)cfg->n_head);
     if (!(cfg->layer_norm_epsilon > 0 && cfg->layer_norm_epsilon < 1))
         return pln_errorf("%s: config: layer_norm_epsilon %g out of range", path, cfg->layer_norm_epsilon);
+    const char *ids[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    int64_t idv[3] = {cfg->bos_token_id, cfg->eos_token_id, cfg->pad_token_id};
+    for (int k = 0; k < 3; k++)
+        if (idv[k] < 0 || idv[k] >= cfg->vocab_size)
+            return pln_errorf("%s: config.\"%s\" %lld is outside the vocabulary [0, %lld)", path, ids[k], (long long)idv[k],
+                              (long long)cfg->vocab_size);
+    if (cfg->eos_token_id != BLOOM_EOS_ID)
+        return pln_errorf("%s: config.\"eos_token_id\" is %lld; pollen serves BLOOM models, whose </s> is id %d (re-run reshard "
+                          "from a BLOOM checkpoint)", path, (long long)cfg->eos_token_id, BLOOM_EOS_ID);
+    return 0;
+}
+
+/* The manifest's file name `name` (its field `key`) as a path inside the set directory. The name
+ * is a plain file name (checked by the caller); a symlink may still lead out of the directory,
+ * so the real paths are compared. NULL + error when missing or outside. */
+static char *inside_path(const char *dir, const char *key, const char *name) {
+    char *p = pln_xasprintf("%s/%s", dir, name);
+    char *real = realpath(p, NULL), *rdir = real ? realpath(dir, NULL) : NULL;
+    if (!real) {
+        pln_errorf("%s: %s (the manifest's \"%s\" names it; re-copy the set or re-run reshard)", p,
+                   errno == ENOENT ? "missing" : strerror(errno), key);
+    } else if (rdir) {
+        size_t n = strlen(rdir);
+        bool inside = n == 1 ? real[1] != 0 : !strncmp(real, rdir, n) && real[n] == '/';
+        if (!inside)
+            pln_errorf("%s: the manifest's \"%s\" leads out of the set directory (to %s); the set's files must be inside it",
+                       p, key, real);
+        else {
+            free(real);
+            free(rdir);
+            return p;
+        }
+    } else {
+        pln_errorf("%s: cannot resolve: %s", dir, strerror(errno));
+    }
+    free(real);
+    free(rdir);
+    free(p);
+    return NULL;
+}
+
+/* Compares a checksum field (16 hex digits) of the manifest with XXH3 of bytes. */
+static int check_xxh3_field(json_t *root, const char *key, uint64_t got, const char *path, const char *what) {
+    json_t *v = json_object_get(root, key);
+    uint64_t want = 0;
+    if (!json_is_string(v) || parse_hex64(json_string_value(v), &want))
+        return pln_errorf("%s: \"%s\" is missing or not 16 lower-case hex digits", path, key);
+    if (want != got)
+        return pln_errorf("%s: checksum mismatch (the manifest's %s is %016llx, computed %016llx): changed after reshard; "
+                          "re-copy the set or re-run reshard", what, key, (unsigned long long)want, (unsigned long long)got);
+    return 0;
+}
+
+/* config.json (already parsed as cfg) against the manifest's config, field by field. */
+static int config_agrees(const pln_bloom_config *m, const pln_bloom_config *f, const char *fpath, const char *mpath) {
+    const char *names[8] = {"vocab_size", "hidden_size", "n_head", "n_layer", "bos_token_id", "eos_token_id", "pad_token_id", NULL};
+    int64_t mv[7] = {m->vocab_size, m->hidden_size, m->n_head, m->n_layer, m->bos_token_id, m->eos_token_id, m->pad_token_id};
+    int64_t fv[7] = {f->vocab_size, f->hidden_size, f->n_head, f->n_layer, f->bos_token_id, f->eos_token_id, f->pad_token_id};
+    for (int k = 0; names[k]; k++)
+        if (mv[k] != fv[k])
+            return pln_errorf("%s: %s is %lld but %s says config.%s %lld: one of them was edited; re-run reshard", fpath,
+                              names[k], (long long)fv[k], mpath, names[k], (long long)mv[k]);
+    if (m->layer_norm_epsilon != f->layer_norm_epsilon)
+        return pln_errorf("%s: layer_norm_epsilon is %.17g but %s says config.layer_norm_epsilon %.17g: one of them was "
+                          "edited; re-run reshard", fpath, f->layer_norm_epsilon, mpath, m->layer_norm_epsilon);
+    if (strcmp(m->torch_dtype, f->torch_dtype))
+        return pln_errorf("%s: torch_dtype is \"%s\" but %s says config.torch_dtype \"%s\": one of them was edited; re-run "
+                          "reshard", fpath, f->torch_dtype, mpath, m->torch_dtype);
+    return 0;
+}
+
+/* The tokenizer and config.json of the set, and (version >= 2) every recorded small-file
+ * checksum: what loading always checks, because these files are tiny. */
+static int shardset_small_files(pln_shardset *set, const char *path) {
+    json_t *root = set->json;
+    bool v2 = set->version >= 2;
+    /* config.json first: a disagreement with it names the edited field, the block checksum cannot */
+    const char *keys[2] = {"hf_config", "tokenizer"}, *xkeys[2] = {"hf_config_xxh3", "tokenizer_xxh3"};
+    char **paths[2] = {&set->config_path, &set->tokenizer_path};
+    for (int i = 0; i < 2; i++) {
+        if (i == 1 && v2) {
+            char what[600];
+            snprintf(what, sizeof what, "%s: config block", path);
+            if (check_xxh3_field(root, "config_xxh3", pln_config_xxh3(&set->config), path, what)) return -1;
+        }
+        json_t *t = json_object_get(root, keys[i]);
+        json_t *x = json_object_get(root, xkeys[i]);
+        if (!t || json_is_null(t)) {
+            if (v2 && x && !json_is_null(x))
+                return pln_errorf("%s: \"%s\" must be null when \"%s\" is null", path, xkeys[i], keys[i]);
+            continue;
+        }
+        if (!json_is_string(t) || !safe_file_name(json_string_value(t)))
+            return pln_errorf("%s: \"%s\" must be a plain file name in the set directory", path, keys[i]);
+        if (!(*paths[i] = inside_path(set->dir, keys[i], json_string_value(t)))) return -1;
+        size_t len = 0;
+        char *text = pln_read_small_file(*paths[i], SMALL_FILE_MAX, &len);
+        if (!text) return -1;
+        int rc = 0;
+        if (v2) rc = check_xxh3_field(root, xkeys[i], pln_xxh3(text, len), path, *paths[i]);
+        if (!rc && i == 0) {
+            json_error_t jerr;
+            json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+            pln_bloom_config hc;
+            if (!o) rc = pln_errorf("%s: not valid JSON: %s (line %d); re-copy the set or re-run reshard", *paths[i], jerr.text, jerr.line);
+            else if (pln_bloom_config_from_json(o, *paths[i], &hc)) rc = -1;
+            else rc = config_agrees(&set->config, &hc, *paths[i], path);
+            if (o) json_decref(o);
+        }
+        free(text);
+        if (rc) return -1;
+    }
+    set->small_files_checked = v2;
     return 0;
 }
 
@@ -838,9 +1002,9 @@ static int shardset_parse(pln_shardset *set, const char *path) {
     if (get_str(root, "format", &s, path, "")) return -1;
     if (strcmp(s, PLN_MANIFEST_FORMAT)) return pln_errorf("%s: format \"%s\" is not \"%s\"", path, s, PLN_MANIFEST_FORMAT);
     if (get_int(root, "version", &v, path, "")) return -1;
-    if (v != PLN_MANIFEST_VERSION)
-        return pln_errorf("%s: manifest version %lld is not supported (this pollen reads version %d); re-run reshard with this pollen",
-                          path, (long long)v, PLN_MANIFEST_VERSION);
+    if (v < PLN_MANIFEST_VERSION_MIN || v > PLN_MANIFEST_VERSION)
+        return pln_errorf("%s: manifest version %lld is not supported (this pollen reads versions %d to %d); re-run reshard with this pollen",
+                          path, (long long)v, PLN_MANIFEST_VERSION_MIN, PLN_MANIFEST_VERSION);
     set->version = (uint32_t)v;
     if (get_str(root, "layout", &s, path, "")) return -1;
     if (strcmp(s, PLN_LAYOUT_BLOOM_TP_V1))
@@ -861,6 +1025,9 @@ static int shardset_parse(pln_shardset *set, const char *path) {
     json_t *qe = json_object_get(root, "quantize_embedding");
     if (!json_is_boolean(qe)) return pln_errorf("%s: \"quantize_embedding\" is missing or not a boolean", path);
     set->quantize_embedding = json_is_true(qe);
+    if (!strcmp(set->dtype, "fp16") && (set->group_size != 0 || set->quantize_embedding))
+        return pln_errorf("%s: \"%s\" must be %s for dtype \"fp16\"", path, set->group_size ? "group_size" : "quantize_embedding",
+                          set->group_size ? "0" : "false");
     if (get_int(root, "vocab_padded", &set->vocab_padded, path, "")) return -1;
     if (parse_config(json_object_get(root, "config"), &set->config, path)) return -1;
     if (set->vocab_padded != pln_vocab_padded(set->config.vocab_size, set->tp))
@@ -891,21 +1058,12 @@ static int shardset_parse(pln_shardset *set, const char *path) {
         struct stat st;
         if (stat(sf->path, &st) != 0)
             return pln_errorf("%s: rank file missing (%s; the manifest lists %d rank files)", sf->path, strerror(errno), (int)set->tp);
-        if (!S_ISREG(st.st_mode)) return pln_errorf("%s: not a regular file", sf->path);
+        if (!S_ISREG(st.st_mode)) return pln_errorf("%s: is %s, not a regular file", sf->path, pln_file_type_name(st.st_mode));
         if ((uint64_t)st.st_size != sf->size)
             return pln_errorf("%s: file size %lld differs from the manifest's %llu (truncated or replaced; re-copy the set or re-run reshard)",
                               sf->path, (long long)st.st_size, (unsigned long long)sf->size);
     }
-    const char *names[2] = {"tokenizer", "hf_config"};
-    char **paths[2] = {&set->tokenizer_path, &set->config_path};
-    for (int i = 0; i < 2; i++) {
-        json_t *t = json_object_get(root, names[i]);
-        if (!t || json_is_null(t)) continue;
-        if (!json_is_string(t) || !safe_file_name(json_string_value(t)))
-            return pln_errorf("%s: \"%s\" must be a plain file name in the set directory", path, names[i]);
-        *paths[i] = pln_xasprintf("%s/%s", set->dir, json_string_value(t));
-    }
-    return 0;
+    return shardset_small_files(set, path);
 }
 
 pln_shardset *pln_shardset_open(const char *dir) {
@@ -1092,4 +1250,49 @@ void pln_layout_free(pln_shard_spec *specs, size_t n) {
     if (!specs) return;
     for (size_t i = 0; i < n; i++) free((char *)specs[i].name);
     free(specs);
+}
+
+int pln_layout_check_scales(const pln_shard *s) {
+    for (uint64_t i = 0; i < s->n_tensors; i++) {
+        const pln_shard_tensor *t = &s->tensors[i];
+        size_t nl = strlen(t->name);
+        if (t->dtype != PLN_DTYPE_F16 || nl < 6 || strcmp(t->name + nl - 6, "_scale")) continue;
+        const uint8_t *d = pln_shard_data(s, t);
+        uint64_t n = t->nbytes / 2;
+        for (uint64_t k = 0; k < n; k++) {
+            uint16_t h = (uint16_t)(d[2 * k] | d[2 * k + 1] << 8);
+            /* fp16 bits: positive, non-zero and finite is exactly 0x0001..0x7bff */
+            if (h >= 1 && h <= 0x7bff) continue;
+            int64_t cols = t->ndim == 2 && t->shape[1] > 0 ? t->shape[1] : 1;
+            const char *what = (h & 0x7c00) == 0x7c00 ? ((h & 0x3ff) ? "NaN" : "infinite") : (h & 0x7fff) == 0 ? "zero" : "negative";
+            return pln_errorf("%s: tensor \"%s\": scale [%lld, %lld] is %s (fp16 bits 0x%04x); int8 scales must be finite and "
+                              "positive: the file is corrupt; re-run reshard", s->path, t->name, (long long)(k / (uint64_t)cols),
+                              (long long)(k % (uint64_t)cols), what, h);
+        }
+    }
+    return 0;
+}
+
+/* First non-zero byte of [from, to) of the file, or `to`. */
+static uint64_t first_nonzero(const pln_shard *s, uint64_t from, uint64_t to) {
+    for (uint64_t o = from; o < to; o++)
+        if (s->map.data[o]) return o;
+    return to;
+}
+
+int pln_shard_check_padding(const pln_shard *s) {
+    uint64_t at = s->table_offset + s->table_size;
+    const char *after = "the tensor table";
+    for (uint64_t i = 0; i <= s->n_tensors; i++) {
+        uint64_t to = i < s->n_tensors ? s->tensors[i].offset : s->file_size;
+        uint64_t nz = first_nonzero(s, at, to);
+        if (nz < to)
+            return pln_errorf("%s: padding byte at offset %llu (after %s%s%s) is 0x%02x, not zero as the format requires: the file "
+                              "was changed after reshard; re-copy it or re-run reshard", s->path, (unsigned long long)nz,
+                              i ? "tensor \"" : after, i ? s->tensors[i - 1].name : "", i ? "\"" : "", s->map.data[nz]);
+        if (i < s->n_tensors) {
+            at = s->tensors[i].offset + s->tensors[i].nbytes;
+        }
+    }
+    return 0;
 }

@@ -40,7 +40,8 @@
 #define PLN_SHARD_MAX_TENSORS    (1u << 20)      /* sanity bound on n_tensors */
 
 #define PLN_MANIFEST_FORMAT      "pollen-shards"
-#define PLN_MANIFEST_VERSION     1               /* manifest schema version */
+#define PLN_MANIFEST_VERSION     2               /* manifest schema version written */
+#define PLN_MANIFEST_VERSION_MIN 1               /* oldest version read (1: no checksums of the small files) */
 #define PLN_MANIFEST_NAME        "manifest.json"
 #define PLN_LAYOUT_BLOOM_TP_V1   "bloom-tp-v1"
 
@@ -173,8 +174,18 @@ typedef struct {
                                     collides with a key above is an error. */
 } pln_manifest;
 
-/* Writes DIR/manifest.json atomically (pretty-printed). -1 + error on failure. */
+/* Writes DIR/manifest.json atomically (pretty-printed), version PLN_MANIFEST_VERSION. Records the
+ * XXH3 of the config block (config_xxh3) and of DIR/<tokenizer> and DIR/<hf_config>, which must
+ * therefore be in DIR already (write them first). -1 + error on failure. */
 int pln_manifest_write(const char *dir, const pln_manifest *m);
+
+/* The canonical text of a config block whose XXH3 the manifest records as config_xxh3
+ * (docs/FORMAT.md "Checksums of the small files"): one "key=value\n" line per field in a fixed
+ * order, integers in decimal, layer_norm_epsilon as the 16 hex digits of its IEEE-754 binary64
+ * bits. Returns the text's length (< len), or -1 if buf is too small. */
+int pln_config_canonical(const pln_bloom_config *c, char *buf, size_t len);
+/* XXH3 of pln_config_canonical(c). */
+uint64_t pln_config_xxh3(const pln_bloom_config *c);
 
 typedef struct {
     char *path;                  /* DIR/rank-R-of-N.pln */
@@ -194,14 +205,20 @@ typedef struct {
     bool quantize_embedding;
     int64_t vocab_padded;
     pln_shardset_file *files;    /* [tp], index = rank */
-    char *tokenizer_path;        /* DIR/tokenizer.json (existence not checked), NULL if not recorded */
-    char *config_path;           /* DIR/config.json, NULL if not recorded */
+    char *tokenizer_path;        /* DIR/<manifest "tokenizer">, NULL when the manifest says null */
+    char *config_path;           /* DIR/<manifest "hf_config">, NULL when the manifest says null */
+    bool small_files_checked;    /* version >= 2: config block, tokenizer and config.json matched
+                                    their recorded checksums (version 1 records none) */
     json_t *json;                /* the whole manifest (owned by the set): extra fields */
 } pln_shardset;
 
 /* Reads and validates DIR/manifest.json (format, known version and layout, tp, dtype, config,
  * one file per rank with a safe name) and checks each rank file exists with the recorded size
- * (an error names the file). Rank files are not opened. NULL + error on failure. */
+ * (an error names the file). The small files are checked completely: the tokenizer and
+ * hf_config files named must be regular files inside DIR (no absolute path, "..", or symlink
+ * out of DIR), config.json must parse and agree with the manifest's config field by field, and
+ * from version 2 on the config block, tokenizer and config.json must match config_xxh3,
+ * tokenizer_xxh3 and hf_config_xxh3. Rank files are not opened. NULL + error on failure. */
 pln_shardset *pln_shardset_open(const char *dir);
 void pln_shardset_close(pln_shardset *set);
 /* Opens rank r's file and cross-checks it against the manifest: rank, n_ranks, layout,
@@ -223,6 +240,16 @@ typedef struct {
 } pln_layout_params;
 pln_shard_spec *pln_layout_bloom_tp_v1(const pln_layout_params *p, int32_t rank, size_t *n);
 void pln_layout_free(pln_shard_spec *specs, size_t n);
+/* Checks that every int8 scale (each F16 tensor whose name ends in "_scale") is finite and
+ * positive, as the writer makes them: a NaN, infinite, zero or negative scale turns whole rows of
+ * weights into garbage. Reads only the scales (~1/(2G) of the int8 weights' bytes). -1 with an
+ * error naming the file, tensor, element and value on the first bad one. */
+int pln_layout_check_scales(const pln_shard *s);
+/* Checks that the bytes FORMAT.md says are zero are zero: between the table and data_offset,
+ * between tensors, and after the last tensor. -1 with an error naming the file and the offset
+ * of the first non-zero byte. Reads the padding (at most ALIGN bytes per tensor). */
+int pln_shard_check_padding(const pln_shard *s);
+
 /* vocab_size rounded up to a multiple of tp. */
 int64_t pln_vocab_padded(int64_t vocab_size, int32_t tp);
 

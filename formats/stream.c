@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_THREADS 16
@@ -98,13 +99,22 @@ int pln_stream_file(const char *path, uint64_t off, uint64_t nbytes, const pln_s
     /* O_DIRECT reads into a buffer need its address aligned too: without it, read buffered. */
     const bool aligned = ((uintptr_t)o->buf[0] | (uintptr_t)o->buf[1]) % PLN_STREAM_ALIGN == 0;
     int threads = o->threads < 1 ? 1 : o->threads > MAX_THREADS ? MAX_THREADS : o->threads;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return pln_errorf("%s: cannot open: %s", path, strerror(errno));
+    int fd = pln_open_file(path, false);
+    if (fd < 0) return -1;
     if (nbytes == 0) { close(fd); st->seconds = pln_now() - t0; return 0; }
     bool direct = aligned && (o->direct >= 0 ? o->direct != 0 : pln_stream_cached_fraction(fd, off, nbytes) < 0.5);
     if (direct) {
-        int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-        if (dfd >= 0) { close(fd); fd = dfd; } else direct = false;
+        int dfd = open(path, O_RDONLY | O_DIRECT | O_NONBLOCK | O_CLOEXEC);
+        struct stat a, b;
+        /* the same regular file as the checked open (not one swapped in since) */
+        if (dfd >= 0 && fstat(dfd, &a) == 0 && fstat(fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
+            fcntl(dfd, F_SETFL, fcntl(dfd, F_GETFL) & ~O_NONBLOCK) == 0) {
+            close(fd);
+            fd = dfd;
+        } else {
+            if (dfd >= 0) close(dfd);
+            direct = false;
+        }
     }
     if (!direct) posix_fadvise(fd, (off_t)off, (off_t)nbytes, POSIX_FADV_SEQUENTIAL);
 
@@ -119,8 +129,8 @@ int pln_stream_file(const char *path, uint64_t off, uint64_t nbytes, const pln_s
         size_t got = 0;
         int err = parallel_read(fd, o->buf[b], len, pos, threads, &got);
         if (err == EINVAL && direct) {   /* O_DIRECT opened but refused: go buffered */
-            int bfd = open(path, O_RDONLY | O_CLOEXEC);
-            if (bfd < 0) { pln_errorf("%s: cannot reopen: %s", path, strerror(errno)); goto out; }
+            int bfd = pln_open_file(path, false);
+            if (bfd < 0) goto out;
             close(fd);
             fd = bfd;
             direct = false;

@@ -30,6 +30,12 @@ typedef struct {
     int32_t *seen;               /* those ids, in first-seen order */
     int32_t n_seen, cap_seen;
     pln_rng rng;                 /* rank 0: seeded on the slot's first step */
+    bool sampled;                /* a token was sampled: every token fed from now on was generated */
+    bool shared;                 /* every position so far sits in shared blocks (may share more) */
+    int32_t *hist;               /* [max_seq_len] tokens fed (block hashes, fork checks) */
+    int32_t *gen_ids, *gen_cnt;  /* distinct generated ids fed so far and their counts (OpenAI
+                                    presence / frequency penalties) */
+    int32_t n_gen_ids, cap_gen;
 } eng_slot;
 
 /* The plan as it travels to the workers: a fixed header, then releases, sequences, tokens. */
@@ -37,7 +43,7 @@ typedef struct {
     int32_t cmd, n_seqs, n_release, want_logits, n_tokens, pad_;
 } wire_head;
 typedef struct {
-    int32_t slot, n_new, sample, pad_;
+    int32_t slot, n_new, sample, top_n, prompt_logprobs, next_token, share_from, pad_;
     pln_sample_params params;
 } wire_seq;
 
@@ -57,10 +63,13 @@ struct pln_engine {
     pln_model_config cfg;
     eng_slot *slots;
     int64_t step_no;
+    int64_t fault_nan_step;     /* PLN_ENGINE_FAULT_NAN_ENV (0 = off) */
     bool shut_down;
     double load_seconds;
+    int64_t fork_tokens;
     /* host scratch */
     gbuf wire, ids, seq, pos, bt, rows, cand, gath, full, out_logits, lp_host[4];
+    gbuf plp, plp_ids, plp_lp;   /* prompt log-prob results handed out in pln_step_out */
     /* device scratch for logit processing */
     gbuf d_pen, d_invt, d_off, d_seen;
 };
@@ -99,6 +108,19 @@ int pln_engine_pick_device(int device, int gpus_per_node, int local_rank) {
     return gpus_per_node > 0 ? local_rank % gpus_per_node : local_rank;
 }
 
+double pln_engine_step_bound(double timeout_s, const char *backend, uint64_t weight_bytes, int64_t n_tokens) {
+    if (timeout_s > 0) return timeout_s;
+    if (timeout_s < 0) return 0;
+    double rate = backend && !strcmp(backend, "cuda") ? 1e12 : 1e10;
+    return 10.0 + 2.0 * (double)weight_bytes * (double)(n_tokens > 0 ? n_tokens : 1) / rate;
+}
+
+static double step_bound(const pln_engine *e, int64_t n_tokens) {
+    if (e->tp == 1) return 0;   /* nothing to wait for */
+    return pln_engine_step_bound(e->opts.step_timeout, e->backend_name, e->ld ? pln_loader_weight_bytes(e->ld) : 0,
+                                 n_tokens);
+}
+
 /* The backend's message knows only the device index (and, when it is out of range, says how to
  * pick another); say which rank picked it and how. Never starts with "rank ": generate prints such
  * messages from rank 0 only. */
@@ -128,6 +150,32 @@ static void slot_reset(pln_engine *e, int32_t s) {
     sl->n_seen = 0;
     sl->n_pos = 0;
     sl->active = false;
+    sl->sampled = false;
+    sl->n_gen_ids = 0;
+}
+
+/* Counts a generated token fed back into slot (presence / frequency penalties). */
+static void slot_count_gen(eng_slot *sl, int32_t id) {
+    for (int32_t i = 0; i < sl->n_gen_ids; i++)
+        if (sl->gen_ids[i] == id) { sl->gen_cnt[i]++; return; }
+    if (sl->n_gen_ids == sl->cap_gen) {
+        sl->cap_gen = sl->cap_gen ? 2 * sl->cap_gen : 32;
+        sl->gen_ids = pln_xrealloc(sl->gen_ids, (size_t)sl->cap_gen * sizeof(int32_t));
+        sl->gen_cnt = pln_xrealloc(sl->gen_cnt, (size_t)sl->cap_gen * sizeof(int32_t));
+    }
+    sl->gen_ids[sl->n_gen_ids] = id;
+    sl->gen_cnt[sl->n_gen_ids++] = 1;
+}
+
+static bool has_pf_penalty(const pln_sample_params *p) {
+    return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+/* OpenAI's presence + frequency penalty of id in slot (what is subtracted from its logit). */
+static float pf_penalty(const eng_slot *sl, const pln_sample_params *p, int32_t id) {
+    for (int32_t i = 0; i < sl->n_gen_ids; i++)
+        if (sl->gen_ids[i] == id) return p->frequency_penalty * (float)sl->gen_cnt[i] + p->presence_penalty;
+    return 0.0f;
 }
 
 static void slot_release(pln_engine *e, int32_t s) {
@@ -165,6 +213,8 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     if (e->opts.max_seq_len < 1) e->opts.max_seq_len = 2048;
     if (e->opts.block_size < 1) e->opts.block_size = 16;
     e->comm = comm;
+    const char *fault = getenv(PLN_ENGINE_FAULT_NAN_ENV);
+    if (fault && *fault) e->fault_nan_step = strtoll(fault, NULL, 10);
     e->rank = pln_comm_rank(comm);
     e->tp = pln_comm_size(comm);
     int bad;
@@ -214,8 +264,11 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     if ((bad = agree(comm, rc)) != -1) goto fail_rank;
 
     e->slots = pln_xcalloc((size_t)e->opts.max_seqs, sizeof *e->slots);
-    for (int32_t s = 0; s < e->opts.max_seqs; s++)
+    for (int32_t s = 0; s < e->opts.max_seqs; s++) {
         e->slots[s].seen_bits = pln_xcalloc((size_t)(e->cfg.vocab_size + 7) / 8, 1);
+        e->slots[s].hist = pln_xmalloc((size_t)e->opts.max_seq_len * sizeof(int32_t));
+    }
+    if (!e->opts.no_prefix_cache && !e->opts.no_block_sharing && pln_kv_prefix_enable(&e->kv)) goto fail_rank;
     e->load_seconds = pln_now() - t0;
     return e;
 
@@ -232,7 +285,10 @@ void pln_engine_close(pln_engine *e) {
     if (!e) return;
     if (e->rank == 0 && e->slots && !e->shut_down) pln_engine_shutdown(e);
     if (e->slots) {
-        for (int32_t s = 0; s < e->opts.max_seqs; s++) { free(e->slots[s].seen_bits); free(e->slots[s].seen); }
+        for (int32_t s = 0; s < e->opts.max_seqs; s++) {
+            free(e->slots[s].seen_bits); free(e->slots[s].seen); free(e->slots[s].gen_ids); free(e->slots[s].gen_cnt);
+            free(e->slots[s].hist);
+        }
         free(e->slots);
     }
     dfree(e->be, &e->d_pen); dfree(e->be, &e->d_invt); dfree(e->be, &e->d_off); dfree(e->be, &e->d_seen);
@@ -241,7 +297,8 @@ void pln_engine_close(pln_engine *e) {
     pln_loader_close(e->ld);
     if (e->be) pln_backend_destroy(e->be);
     gbuf *hb[] = {&e->wire, &e->ids, &e->seq, &e->pos, &e->bt, &e->rows, &e->cand, &e->gath, &e->full,
-                  &e->out_logits, &e->lp_host[0], &e->lp_host[1], &e->lp_host[2], &e->lp_host[3]};
+                  &e->out_logits, &e->lp_host[0], &e->lp_host[1], &e->lp_host[2], &e->lp_host[3],
+                  &e->plp, &e->plp_ids, &e->plp_lp};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) gfree(hb[i]);
     free(e->shard_dir);
     free(e->backend_name);
@@ -261,9 +318,10 @@ static int validate(pln_engine *e, const pln_step_plan *p) {
     for (int32_t i = 0; i < p->n_release && !rc; i++) {
         int32_t s = p->release[i];
         if (s < 0 || s >= ms) { rc = pln_errorf("step plan: release of unknown slot %d (slots 0..%d)", s, ms - 1); break; }
-        if (!rel[s]) free_blocks += e->kv.n_used[s];
         rel[s] = true;
     }
+    /* shared blocks come free only when every slot holding them goes */
+    if (!rc && p->n_release) free_blocks += pln_kv_free_after_release(&e->kv, rel);
     for (int32_t i = 0; i < p->n_seqs && !rc; i++) {
         const pln_step_seq *q = &p->seqs[i];
         int32_t s = q->slot;
@@ -279,6 +337,12 @@ static int validate(pln_engine *e, const pln_step_plan *p) {
             }
         if (rc) break;
         if (q->sample && pln_sample_params_check(&q->params)) { rc = pln_error_context("slot %d", s); break; }
+        if (q->share_from < 0 || q->share_from > ms) { rc = pln_errorf("step plan: slot %d: share_from %d (0..%d)", s, q->share_from, ms); break; }
+        if (q->top_n < 0 || q->top_n > PLN_TOP_MAX) { rc = pln_errorf("step plan: slot %d: top_n %d (0..%d)", s, q->top_n, PLN_TOP_MAX); break; }
+        if (q->prompt_logprobs && q->next_token >= e->cfg.vocab_size) {
+            rc = pln_errorf("step plan: slot %d: next_token %d out of range", s, q->next_token);
+            break;
+        }
         int64_t have = (e->slots[s].active && !rel[s]) ? e->slots[s].n_pos : 0;
         if (have + q->n_new > e->opts.max_seq_len) {
             rc = pln_errorf("step plan: slot %d would hold %lld tokens, over max_seq_len %d", s,
@@ -310,6 +374,8 @@ static size_t pack(pln_engine *e, const pln_step_plan *p, wire_head *h) {
     o += (size_t)p->n_release * 4;
     for (int32_t i = 0; i < p->n_seqs; i++) {
         wire_seq w = {.slot = p->seqs[i].slot, .n_new = p->seqs[i].n_new, .sample = p->seqs[i].sample,
+                      .top_n = p->seqs[i].top_n, .prompt_logprobs = p->seqs[i].prompt_logprobs,
+                      .next_token = p->seqs[i].next_token, .share_from = p->seqs[i].share_from,
                       .params = p->seqs[i].params};
         memcpy(o, &w, sizeof w);
         o += sizeof w;
@@ -338,6 +404,10 @@ static int unpack(pln_engine *e, const wire_head *h, pln_step_plan *p, pln_step_
         seqs[i].slot = w.slot;
         seqs[i].n_new = w.n_new;
         seqs[i].sample = w.sample;
+        seqs[i].top_n = w.top_n;
+        seqs[i].prompt_logprobs = w.prompt_logprobs;
+        seqs[i].next_token = w.next_token;
+        seqs[i].share_from = w.share_from;
         seqs[i].params = w.params;
     }
     for (int32_t i = 0; i < h->n_seqs; i++) {
@@ -349,7 +419,37 @@ static int unpack(pln_engine *e, const wire_head *h, pln_step_plan *p, pln_step_
     return 0;
 }
 
+/* Keeps the best cap (value, id) pairs in bv/bi, best first: larger value, lower id on ties. */
+static void top_insert(float *bv, int32_t *bi, int32_t *nb, int32_t cap, float v, int32_t id) {
+    int32_t at;
+    if (*nb < cap) {
+        at = (*nb)++;
+    } else {
+        at = cap - 1;
+        if (bv[at] > v || (bv[at] == v && bi[at] < id)) return;
+    }
+    while (at > 0 && (bv[at - 1] < v || (bv[at - 1] == v && bi[at - 1] > id))) {
+        bv[at] = bv[at - 1]; bi[at] = bi[at - 1]; at--;
+    }
+    bv[at] = v; bi[at] = id;
+}
+
 static bool row_is_greedy(const pln_sample_params *p) { return !p->do_sample || p->temperature == 0.0f; }
+
+/* The raw logit of tok from its processed value among the candidates: undo the presence /
+ * frequency penalty, the temperature (it = 1 / temperature) and the repetition penalty. */
+static float raw_value(const pln_engine *e, const pln_step_seq *q, const float *vals, const int32_t *ids, int32_t n,
+                       int32_t tok, float it) {
+    float v = 0;
+    for (int32_t j = 0; j < n; j++) if (ids[j] == tok) { v = vals[j]; break; }
+    float pr = q->params.repetition_penalty > 0 ? q->params.repetition_penalty : 1.0f;
+    if (pr == 1.0f && it == 1.0f && !has_pf_penalty(&q->params)) return v;
+    /* full rows had the presence / frequency penalty applied in place (scaled by it) */
+    if (has_pf_penalty(&q->params)) v += pf_penalty(&e->slots[q->slot], &q->params, tok) * it;
+    float raw = v / it;
+    if (pr != 1.0f && slot_has_seen(e, q->slot, tok)) raw = raw > 0 ? raw * pr : raw / pr;
+    return raw;
+}
 
 /* Per sampled row: processed candidates merged over ranks, sampling on rank 0. */
 static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *srow_seq, int32_t ns,
@@ -433,7 +533,8 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
         lse[r] = st.m + logf(st.s);
         rawlse[r] = ws.m + logf(ws.s);
         const pln_sample_params *sp = &p->seqs[srow_seq[r]].params;
-        if (n < 1 || (!row_is_greedy(sp) && !pln_sample_candidates_suffice(sp, cv, n, lse[r], V)))
+        /* presence / frequency penalties change logits the candidates may not include: full row */
+        if (n < 1 || has_pf_penalty(sp) || (!row_is_greedy(sp) && !pln_sample_candidates_suffice(sp, cv, n, lse[r], V)))
             full_rows[nf++] = r;
     }
     float *full = NULL;
@@ -482,25 +583,160 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
                         if (qi[j] >= 0 && qi[j] < V && qv[j] != -INFINITY) { cv[n] = qv[j]; ci[n] = qi[j]; n++; }
                 }
             }
+            /* NaN or infinite logits on any rank show in its raw row statistics (a NaN row has
+             * max -inf, an infinite logit max +inf, either a NaN softmax sum): sampling from
+             * them would produce a meaningless token and a NaN log-prob, so the row fails. */
+            bool finite = isfinite(lse[r]);
+            for (int qq = 0; qq < tp; qq++) {
+                const float *qm = (const float *)(all + pk * (size_t)qq + (size_t)ns * k * 8);
+                finite &= isfinite(qm[2 * ns + r]) && isfinite(qm[3 * ns + r]) && isfinite(qm[r]) && isfinite(qm[ns + r]);
+            }
+            if (!finite) {
+                out[si].nonfinite = true;
+                if (fi < nf && full_rows[fi] == r) fi++;
+                continue;
+            }
             pln_sample_params sp = q->params;
             if (row_is_greedy(&sp)) sp.do_sample = false;
-            int32_t tok = pln_sample_pick(&sp, &e->slots[q->slot].rng, use_v, use_i, n, lse[r], NULL);
-            /* Log-prob under the raw logits: undo temperature and penalty on the chosen value. */
-            float v = 0;
-            for (int32_t j = 0; j < n; j++) if (use_i[j] == tok) { v = use_v[j]; break; }
-            float pr = q->params.repetition_penalty > 0 ? q->params.repetition_penalty : 1.0f;
             float it = row_is_greedy(&q->params) || q->params.temperature <= 0 ? 1.0f : 1.0f / q->params.temperature;
-            float raw = v / it;
-            if (pr != 1.0f && slot_has_seen(e, q->slot, tok)) raw = raw > 0 ? raw * pr : raw / pr;
-            if (pr == 1.0f && it == 1.0f) raw = v;
+            const eng_slot *sl = &e->slots[q->slot];
+            float row_lse = lse[r];
+            if (fv && has_pf_penalty(&q->params) && sl->n_gen_ids > 0) {
+                /* OpenAI order: penalties on the logits, then temperature; the row is already
+                 * divided by it, so the penalty is too. The pick's normaliser changes with them. */
+                for (int32_t g = 0; g < sl->n_gen_ids; g++) {
+                    int32_t id = sl->gen_ids[g];
+                    if (id >= 0 && id < V) fv[id] -= pf_penalty(sl, &q->params, id) * it;
+                }
+                double mx = -INFINITY, acc = 0;
+                for (int64_t g = 0; g < V; g++) if (fv[g] > mx) mx = fv[g];
+                for (int64_t g = 0; g < V; g++) acc += exp((double)fv[g] - mx);
+                row_lse = (float)(mx + log(acc));
+            }
+            int32_t tok = pln_sample_pick(&sp, &e->slots[q->slot].rng, use_v, use_i, n, row_lse, NULL);
+            float raw = raw_value(e, q, use_v, use_i, n, tok, it);
+            out[si].n_top = 0;
+            if (q->top_n > 0) {
+                /* the top_n best candidates of the sampling distribution */
+                float tv[PLN_TOP_MAX];
+                int32_t nt = 0;
+                for (int32_t j = 0; j < n; j++)
+                    if (!isnan(use_v[j]) && use_v[j] != -INFINITY) top_insert(tv, out[si].top_ids, &nt, q->top_n, use_v[j], use_i[j]);
+                for (int32_t t = 0; t < nt; t++)
+                    out[si].top_logprobs[t] = raw_value(e, q, use_v, use_i, n, out[si].top_ids[t], it) - rawlse[r];
+                out[si].n_top = nt;
+            }
             out[si].token = tok;
             out[si].logprob = raw - rawlse[r];
+            if (!isfinite(out[si].logprob)) { out[si].token = -1; out[si].nonfinite = true; }
             free(fv);
             free(fids);
         }
     }
     free(ci); free(lse); free(rawlse); free(full_rows);
     return 0;
+}
+
+/* Prompt scoring: R raw logit rows (the fed tokens of the prompt_logprobs sequences, in plan
+ * order) → per row the raw log-prob of the next token and the top_n raw alternatives. Each rank
+ * sends, per row, its slice's top k, max and sum of exp, and the target's logit when the target
+ * is in its slice (else -inf); rank 0 merges them, so the result does not depend on the TP size. */
+static int prompt_rows(pln_engine *e, const pln_step_plan *p, float *logits, int32_t R, pln_step_out *out) {
+    pln_backend *be = e->be;
+    pln_model *m = e->model;
+    int64_t Vr = m->Vr, V = e->cfg.vocab_size;
+    int tp = e->tp;
+    int32_t k = 1;
+    for (int32_t i = 0; i < p->n_seqs; i++)
+        if (p->seqs[i].prompt_logprobs && p->seqs[i].top_n > k) k = p->seqs[i].top_n;
+    if (k > Vr) k = (int32_t)Vr;
+    /* per row: vals[k] ids[k] max sum target */
+    size_t per = (size_t)k * 8 + 12, pk = per * (size_t)R;
+    uint8_t *mine = grow(&e->cand, pk);
+    float *vals = pln_xmalloc((size_t)R * k * 4), *mx = pln_xmalloc((size_t)R * 4), *sm = pln_xmalloc((size_t)R * 4);
+    int32_t *ids = pln_xmalloc((size_t)R * k * 4);
+    int rc = be->topk(be, logits, R, Vr, m->v0, k, vals, ids, mx, sm);
+    int32_t r = 0;
+    for (int32_t i = 0; i < p->n_seqs && !rc; i++) {
+        const pln_step_seq *q = &p->seqs[i];
+        if (!q->prompt_logprobs) continue;
+        for (int32_t j = 0; j < q->n_new && !rc; j++, r++) {
+            int32_t tgt = j + 1 < q->n_new ? q->tokens[j + 1] : q->next_token;
+            float tv = -INFINITY;
+            if (tgt >= 0 && tgt >= m->v0 && tgt < m->v0 + Vr)
+                rc = be->download(be, &tv, logits + (size_t)r * Vr + (tgt - m->v0), 4);
+            uint8_t *o = mine + per * (size_t)r;
+            memcpy(o, vals + (size_t)r * k, (size_t)k * 4);
+            memcpy(o + (size_t)k * 4, ids + (size_t)r * k, (size_t)k * 4);
+            memcpy(o + (size_t)k * 8, &mx[r], 4);
+            memcpy(o + (size_t)k * 8 + 4, &sm[r], 4);
+            memcpy(o + (size_t)k * 8 + 8, &tv, 4);
+        }
+    }
+    free(vals); free(mx); free(sm); free(ids);
+    int bad = agree(e->comm, rc);
+    if (bad != -1) {
+        if (!rc) pln_errorf("prompt scoring failed on rank %d (its message is on its stderr)", bad);
+        return -1;
+    }
+    uint8_t *all = grow(&e->gath, pk * (size_t)tp);
+    if (pln_comm_allgather(e->comm, mine, all, pk)) return -1;
+    if (e->rank != 0 || !out) return 0;
+    float *lp = grow(&e->plp, (size_t)R * 4);
+    int32_t *tid = grow(&e->plp_ids, (size_t)R * PLN_TOP_MAX * 4);
+    float *tlp = grow(&e->plp_lp, (size_t)R * PLN_TOP_MAX * 4);
+    r = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        const pln_step_seq *q = &p->seqs[i];
+        if (!q->prompt_logprobs) continue;
+        out[i].prompt_lp = lp + r;
+        out[i].prompt_top_ids = tid + (size_t)r * PLN_TOP_MAX;
+        out[i].prompt_top_lp = tlp + (size_t)r * PLN_TOP_MAX;
+        for (int32_t j = 0; j < q->n_new; j++, r++) {
+            pln_softmax_state st = {-INFINITY, 0};
+            float tv = -INFINITY;
+            int32_t *bi = tid + (size_t)r * PLN_TOP_MAX;
+            float *bv = tlp + (size_t)r * PLN_TOP_MAX;
+            int32_t nb = 0;
+            for (int32_t c = 0; c < PLN_TOP_MAX; c++) { bi[c] = -1; bv[c] = NAN; }   /* fewer than top_n: id -1 */
+            for (int qq = 0; qq < tp; qq++) {
+                const uint8_t *o = all + pk * (size_t)qq + per * (size_t)r;
+                float qm, qs, qt;
+                memcpy(&qm, o + (size_t)k * 8, 4);
+                memcpy(&qs, o + (size_t)k * 8 + 4, 4);
+                memcpy(&qt, o + (size_t)k * 8 + 8, 4);
+                st = pln_softmax_merge(st, (pln_softmax_state){qm, qs});
+                if (qt > tv) tv = qt;
+                for (int32_t c = 0; c < k && q->top_n > 0; c++) {
+                    float v;
+                    int32_t id;
+                    memcpy(&v, o + (size_t)c * 4, 4);
+                    memcpy(&id, o + (size_t)k * 4 + (size_t)c * 4, 4);
+                    if (id < 0 || id >= V || isnan(v) || v == -INFINITY) continue;
+                    top_insert(bv, bi, &nb, q->top_n, v, id);
+                }
+            }
+            float lse = st.m + logf(st.s);
+            int32_t tgt = j + 1 < q->n_new ? q->tokens[j + 1] : q->next_token;
+            lp[r] = tgt >= 0 && tv != -INFINITY ? tv - lse : NAN;
+            for (int32_t c = 0; c < nb; c++) bv[c] -= lse;
+        }
+    }
+    return 0;
+}
+
+/* Fork: the fresh slot of q takes the leading full blocks of the slot named by share_from, as
+ * many as hold the same tokens (at most limit). Returns the blocks taken. */
+static int32_t share_fork(pln_engine *e, const pln_step_seq *q, int32_t limit) {
+    int32_t src = q->share_from - 1, bs = e->kv.block_size;
+    if (src == q->slot || !e->slots[src].active) return 0;
+    int32_t nb = e->slots[src].n_pos / bs;
+    if (nb > limit) nb = limit;
+    int32_t same = 0;
+    while (same < nb && !memcmp(e->slots[src].hist + (int64_t)same * bs, q->tokens + (int64_t)same * bs, (size_t)bs * 4)) same++;
+    int32_t got = pln_kv_fork(&e->kv, q->slot, src, same);
+    e->fork_tokens += (int64_t)got * bs;
+    return got;
 }
 
 /* Runs one validated plan on this rank (every rank runs it). */
@@ -516,44 +752,74 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
     int32_t mb = e->kv.max_blocks;
     int32_t *ids = grow(&e->ids, (size_t)T * 4), *seq = grow(&e->seq, (size_t)T * 4), *pos = grow(&e->pos, (size_t)T * 4);
     int32_t *bt = grow(&e->bt, (size_t)p->n_seqs * mb * 4);
-    int32_t *rows = grow(&e->rows, (size_t)(p->n_seqs + (p->want_logits ? T : 0)) * 4);
+    int32_t *rows = grow(&e->rows, (size_t)(p->n_seqs + 2 * T) * 4);
     int32_t *srow_seq = pln_xmalloc((size_t)p->n_seqs * 4);
-    int32_t ns = 0, t = 0;
+    int32_t *tok0 = pln_xmalloc((size_t)p->n_seqs * 4);   /* first token index of each sequence */
+    int32_t ns = 0, t = 0, S = 0, bs = e->kv.block_size;
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pln_step_seq *q = &p->seqs[i];
         eng_slot *sl = &e->slots[q->slot];
         if (!sl->active) {
             sl->active = true;
             sl->n_pos = 0;
+            sl->shared = true;
             pln_rng_seed(&sl->rng, q->params.seed);
         }
+        /* Share whole blocks while every earlier position was shared too; the block of the row
+         * this step samples after stays the slot's own. Every rank takes the same decisions. */
+        int32_t skip = 0;
+        if (sl->shared && !e->opts.no_block_sharing && !p->want_logits && !q->prompt_logprobs && sl->n_pos % bs == 0 &&
+            (int64_t)e->kv.n_used[q->slot] * bs == sl->n_pos) {
+            int32_t limit = (q->n_new - (q->sample ? 1 : 0)) / bs, k = 0;
+            if (sl->n_pos == 0 && q->share_from > 0) k = share_fork(e, q, limit);
+            k += pln_kv_match(&e->kv, q->slot, q->tokens + (int64_t)k * bs, q->n_new - (int64_t)k * bs, limit - k);
+            skip = k * bs;
+        }
+        if (skip < q->n_new) sl->shared = false;
         /* Validated on rank 0 against the same state: cannot fail here. */
         PLN_ASSERT(pln_kv_reserve(&e->kv, q->slot, (int64_t)sl->n_pos + q->n_new) == 0);
-        memcpy(bt + (size_t)i * mb, pln_kv_table(&e->kv, q->slot), (size_t)mb * 4);
-        for (int32_t j = 0; j < q->n_new; j++, t++) {
-            ids[t] = q->tokens[j];
-            seq[t] = i;
-            pos[t] = sl->n_pos + j;
+        tok0[i] = t;
+        for (int32_t j = 0; j < q->n_new; j++) {
+            sl->hist[sl->n_pos + j] = q->tokens[j];
             slot_see(e, sl, q->tokens[j]);
+            if (sl->sampled) slot_count_gen(sl, q->tokens[j]);
         }
-        if (q->sample) { srow_seq[ns] = i; rows[ns++] = t - 1; }
-        if (out) { out[i].token = -1; out[i].logprob = 0; out[i].logits = NULL; }
+        if (skip < q->n_new) {
+            memcpy(bt + (size_t)S * mb, pln_kv_table(&e->kv, q->slot), (size_t)mb * 4);
+            for (int32_t j = skip; j < q->n_new; j++, t++) {
+                ids[t] = q->tokens[j];
+                seq[t] = S;
+                pos[t] = sl->n_pos + j;
+            }
+            S++;
+        }
+        if (q->sample) { srow_seq[ns] = i; rows[ns++] = t - 1; sl->sampled = true; }
+        if (out) memset(&out[i], 0, sizeof out[i]), out[i].token = -1;
     }
+    T = t;   /* tokens computed: shared ones are not */
     int32_t nrows = ns;
     if (p->want_logits) for (int32_t j = 0; j < T; j++) rows[nrows++] = j;
+    int32_t prow0 = nrows;   /* prompt-scoring rows follow */
+    for (int32_t i = 0; i < p->n_seqs; i++)
+        if (p->seqs[i].prompt_logprobs)
+            for (int32_t j = 0; j < p->seqs[i].n_new; j++) rows[nrows++] = tok0[i] + j;
 
     float *logits = NULL;
-    int rc;
+    int rc = 0;
     if (e->opts.fail_at_step > 0 && e->step_no == e->opts.fail_at_step)
         rc = pln_errorf("forward pass: injected failure at step %lld (fail_at_step)", (long long)e->step_no);
-    else
-        rc = pln_model_forward(m, &e->kv, ids, (int32_t)T, seq, pos, p->n_seqs, bt, rows, nrows, &logits);
+    else if (T > 0)   /* else every token of the step was shared: nothing to compute */
+        rc = pln_model_forward(m, &e->kv, ids, (int32_t)T, seq, pos, S, bt, rows, nrows, &logits);
     int bad = agree(e->comm, rc);
     if (bad != -1) {
         if (!rc) pln_errorf("forward pass failed on rank %d (its message is on its stderr)", bad);
         goto fail;
     }
-    for (int32_t i = 0; i < p->n_seqs; i++) e->slots[p->seqs[i].slot].n_pos += p->seqs[i].n_new;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        eng_slot *sl = &e->slots[p->seqs[i].slot];
+        sl->n_pos += p->seqs[i].n_new;
+        pln_kv_commit(&e->kv, p->seqs[i].slot, sl->hist, sl->n_pos);
+    }
 
     if (p->want_logits) {
         /* Raw rows first (sampling processes its rows in place, which come before these). */
@@ -576,13 +842,25 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
             }
         }
     }
+    if (ns > 0 && e->fault_nan_step > 0 && e->step_no == e->fault_nan_step) {
+        /* the sampled rows come first in logits; the raw rows of want_logits were copied above */
+        size_t nb = (size_t)ns * (size_t)m->Vr * 4;
+        float *nan_rows = pln_xmalloc(nb);
+        for (size_t i = 0; i < nb / 4; i++) nan_rows[i] = NAN;
+        rc = be->upload(be, logits, nan_rows, nb);
+        free(nan_rows);
+        if (agree(e->comm, rc) != -1) { rc = -1; goto fail; }
+    }
+    if (nrows > prow0 && prompt_rows(e, p, logits + (size_t)prow0 * m->Vr, nrows - prow0, out)) { rc = -1; goto fail; }
     if (ns > 0 && sample_rows(e, p, srow_seq, ns, logits, out)) { rc = -1; goto fail; }
     free(srow_seq);
+    free(tok0);
     return 0;
 
 fail:
     /* The slots in a failed plan are released on every rank: their KV state is unknown. */
     free(srow_seq);
+    free(tok0);
     for (int32_t i = 0; i < p->n_seqs; i++) slot_release(e, p->seqs[i].slot);
     return -1;
 }
@@ -605,31 +883,42 @@ int pln_engine_step(pln_engine *e, const pln_step_plan *plan, pln_step_out *out)
         }
         return -1;
     }
+    int64_t n_tokens = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++) n_tokens += plan->seqs[i].n_new;
+    pln_comm_step_begin(e->comm, step_bound(e, n_tokens));
     if (e->tp > 1) {
         wire_head h;
         size_t n = pack(e, plan, &h);
-        if (pln_comm_bcast(e->comm, &h, sizeof h, 0) || pln_comm_bcast(e->comm, e->wire.p, n, 0))
+        if (pln_comm_bcast(e->comm, &h, sizeof h, 0) || pln_comm_bcast(e->comm, e->wire.p, n, 0)) {
+            pln_comm_step_end(e->comm);
             return pln_error_context("broadcasting the step plan");
+        }
     }
-    return run_step(e, plan, out);
+    int rc = run_step(e, plan, out);
+    pln_comm_step_end(e->comm);
+    return rc;
 }
 
 int pln_engine_worker_loop(pln_engine *e) {
     if (e->rank == 0) return pln_errorf("pln_engine_worker_loop: rank 0 drives steps");
     for (;;) {
         wire_head h;
+        /* No bound while idle: the wait for the next plan sleeps (comm.h) for as long as it takes. */
         if (pln_comm_bcast(e->comm, &h, sizeof h, 0)) return pln_error_context("waiting for a step plan");
         if (h.cmd == CMD_SHUTDOWN) { e->shut_down = true; return 0; }
         if (h.cmd != CMD_STEP || h.n_seqs < 0 || h.n_release < 0 || h.n_tokens < 0)
             return pln_errorf("worker: malformed step plan header (cmd %d)", h.cmd);
         size_t n = (size_t)h.n_release * 4 + (size_t)h.n_seqs * sizeof(wire_seq) + (size_t)h.n_tokens * 4;
         grow(&e->wire, n + 1);
+        double bound = step_bound(e, h.n_tokens);
+        pln_comm_step_begin(e->comm, bound > 0 ? 2 * bound + 5 : 0);
         if (pln_comm_bcast(e->comm, e->wire.p, n, 0)) return pln_error_context("receiving a step plan");
         pln_step_plan p;
         pln_step_seq *seqs;
         unpack(e, &h, &p, &seqs);
         if (run_step(e, &p, NULL))
             fprintf(stderr, "pollen: rank %d: step %lld failed: %s\n", e->rank, (long long)e->step_no, pln_error());
+        pln_comm_step_end(e->comm);
         free(seqs);
     }
 }
@@ -656,6 +945,11 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;
+    info->prefix_cache = e->kv.prefix_on;
+    info->kv_blocks_cached = e->kv.n_cached;
+    info->prefix_query_tokens = e->kv.query_blocks * e->kv.block_size;
+    info->prefix_hit_tokens = e->kv.hit_blocks * e->kv.block_size;
+    info->fork_tokens = e->fork_tokens;
     info->block_size = e->kv.block_size;
     info->max_seqs = e->opts.max_seqs;
     info->max_seq_len = e->opts.max_seq_len;

@@ -8,7 +8,11 @@
  * calls pln_engine_shutdown(). With one rank no launcher is needed.
  *
  * Sequences live in slots 0..max_seqs-1. A slot is claimed by the first step that feeds it and
- * keeps its KV blocks and token history until released in a plan. Tokens of a prompt may be fed
+ * keeps its KV blocks and token history until released in a plan. Full KV blocks are shared
+ * between slots (kvcache.h): a fresh slot takes the full blocks of its prompt from the prefix
+ * cache or from the sibling named by share_from, and computes only the rest; the block holding
+ * the token it samples after is always its own. Sharing is skipped for want_logits plans and
+ * prompt_logprobs sequences (they need every row's logits). Tokens of a prompt may be fed
  * in several steps (chunked prefill); any step may mix prefills and decodes of different lengths. */
 #ifndef PLN_ENGINE_H
 #define PLN_ENGINE_H
@@ -36,6 +40,12 @@ typedef struct {
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
     int32_t fail_at_step;       /* test-only fault injection: step N's forward fails (0 = off) */
+    bool no_prefix_cache;       /* off: full KV blocks are not cached for later requests (forks of
+                                   one prompt's sequences still share blocks) */
+    bool no_block_sharing;      /* test only: no sharing at all (prefix cache off, share_from ignored),
+                                   the reference that sharing must match */
+    double step_timeout;        /* step watchdog, seconds (TP > 1): > 0 this bound for every step,
+                                   0 derived per step (pln_engine_step_bound), < 0 off */
 } pln_engine_opts;
 
 void pln_engine_opts_default(pln_engine_opts *o);
@@ -46,6 +56,14 @@ void pln_engine_opts_default(pln_engine_opts *o);
  * for device; gpus_per_node 0 means unset. Returns the device, or -1 with an error naming the
  * field when device < -1, gpus_per_node < 0 or local_rank < 0. Pure: touches no device. */
 int pln_engine_pick_device(int device, int gpus_per_node, int local_rank);
+
+/* The step watchdog's bound in seconds for a step feeding n_tokens tokens (0 = no bound):
+ * timeout_s itself when > 0; 0 when timeout_s < 0; else derived from the model size: 10 s plus
+ * the step's arithmetic (2 FLOP per weight byte per token, int8 or fp16 alike, pessimistic) at
+ * 10 GFLOP/s on the CPU backend or 1 TFLOP/s on CUDA. Rank 0 fails a step past its bound with
+ * a message naming the rank that stopped answering (comm.h); the other ranks wait twice the
+ * bound plus 5 s, so rank 0 speaks first. Pure. */
+double pln_engine_step_bound(double timeout_s, const char *backend, uint64_t weight_bytes, int64_t n_tokens);
 
 /* Opens this rank's shard of the set (the comm's rank and size must match the set's TP; else a
  * clear error). NULL + error on failure. */
@@ -58,6 +76,15 @@ typedef struct {
     const int32_t *tokens;      /* [n_new] */
     bool sample;                /* sample a next token after this step's last token */
     pln_sample_params params;   /* used when sample (seeded on the slot's first step) */
+    int32_t top_n;              /* sample: also return the top_n (<= PLN_TOP_MAX) most likely tokens */
+    bool prompt_logprobs;       /* return the log-prob of each fed token's successor (prompt scoring):
+                                   logits are computed for every fed row, so only when asked */
+    int32_t next_token;         /* prompt_logprobs: the token after this chunk (-1: none, e.g. the
+                                   prompt's end, where the sampled token takes over) */
+    int32_t share_from;         /* slot + 1 of a running sequence with the same prompt whose full KV
+                                   blocks a fresh slot shares instead of computing them (n > 1,
+                                   best_of); 0 = none. Checked token by token: a mismatch just
+                                   shares less */
 } pln_step_seq;
 
 typedef struct {
@@ -69,11 +96,36 @@ typedef struct {
 } pln_step_plan;
 
 typedef struct {
-    int32_t token;              /* sampled id (-1 when !sample) */
+    int32_t token;              /* sampled id (-1 when !sample, or when nonfinite) */
+    bool nonfinite;             /* sample: this row's logits were not finite (NaN or infinite on some
+                                   rank: corrupt weights or an overflow), so nothing was sampled and
+                                   the sequence must end with an error; the slot stays claimed and
+                                   the step counts as done (other rows are unaffected) */
     float logprob;              /* log-softmax of the raw logits at that id */
+    int32_t n_top;              /* top_n: the most likely tokens of the sampling distribution (the
+                                   candidates after penalties and temperature, best first), each with
+                                   its log-prob under the raw logits like `logprob` */
+    int32_t top_ids[PLN_TOP_MAX];
+    float top_logprobs[PLN_TOP_MAX];
+    /* prompt_logprobs (engine-owned, valid until the next step): row j (0 <= j < n_new) scores the
+     * token after fed token j (tokens[j + 1], or next_token for the last row; NAN when there is
+     * none): its raw log-prob in prompt_lp[j], and the top_n most likely raw tokens in
+     * prompt_top_ids / prompt_top_lp[j * PLN_TOP_MAX + 0 .. top_n) (id -1 past the vocabulary). */
+    const float *prompt_lp;
+    const int32_t *prompt_top_ids;
+    const float *prompt_top_lp;
     float *logits;              /* want_logits: [n_new, n_vocab] raw logits (engine-owned,
                                    valid until the next step) */
 } pln_step_out;
+
+/* The error of a sequence whose logits were not finite (pln_step_out.nonfinite). */
+#define PLN_NONFINITE_MSG "the model produced non-finite logits (NaN or infinite): its weights may be corrupt " \
+                          "(run `pollen verify` on the shard set) or the temperature is too small"
+
+/* Test-only fault injection: with PLN_FAULT_NAN_LOGITS_AT_STEP=N in the environment (read at
+ * open, on every rank), the sampled rows of step N (counting steps that feed tokens, from 1)
+ * are overwritten with NaN after the forward pass, as corrupt weights would leave them. */
+#define PLN_ENGINE_FAULT_NAN_ENV "PLN_FAULT_NAN_LOGITS_AT_STEP"
 
 /* Rank 0 only. Runs one step; out has plan->n_seqs entries. -1 + error when the plan is invalid
  * (unknown slot, over max_seq_len, out of KV blocks) or the forward pass fails; after a forward
@@ -100,10 +152,15 @@ typedef struct {
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */
     uint64_t kv_bytes_per_token;/* this rank's KV cache bytes per token (all layers, K and V) */
+    bool prefix_cache;          /* automatic prefix caching on */
+    int64_t kv_blocks_cached;   /* full blocks registered in the prefix cache */
+    int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache (whole blocks) */
+    int64_t prefix_hit_tokens;  /* of those, found: their KV was not computed again */
+    int64_t fork_tokens;        /* tokens whose KV blocks a sequence shared from a sibling */
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 
-/* The tokenizer.json path of the set (borrowed). */
+/* The tokenizer file the set's manifest names (borrowed), or NULL when it names none. */
 const char *pln_engine_tokenizer_path(const pln_engine *e);
 
 #endif

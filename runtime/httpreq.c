@@ -20,11 +20,15 @@ void pln_serve_limits_default(pln_serve_limits *l) {
     l->max_body_bytes = 1 << 20;
     l->max_connections = 256;
     l->timeout_s = 60;
+    l->request_timeout_s = 30;
+    l->max_connections_per_client = 64;
     l->max_batch_tokens = 512;
     l->max_stop_sequences = 4;
     l->max_stop_bytes = 256;
     l->max_prompts = 16;
     l->default_max_new_tokens = 100;
+    l->max_best_of = 4;
+    l->max_top_n_tokens = PLN_TOP_MAX;
 }
 
 static const char *error_type(pln_api api, int status) {
@@ -93,6 +97,7 @@ static void sample_defaults(pln_sample_params *p) {
     p->temperature = 1.0f;
     p->top_p = 1.0f;
     p->repetition_penalty = 1.0f;
+    p->typical_p = 1.0f;
 }
 
 /* ---- shared pieces ------------------------------------------------------------------------ */
@@ -219,6 +224,48 @@ static int get_prompt_string(pln_api api, json_t *v, const char *what, char **ou
 
 /* ---- TGI ---------------------------------------------------------------------------------- */
 
+/* The TGI parameters beyond the sampling ones, checked as TGI's validation does (its messages). */
+static int tgi_extras(json_t *p, const pln_serve_limits *lim, pln_gen_request *r, bool sampling, pln_req_error *err) {
+    const pln_api api = PLN_API_TGI;
+    int64_t iv;
+    double dv;
+    bool have, b = false;
+    if (get_bool(api, p, "watermark", &b, NULL, err)) return -1;
+    if (b) return pln_req_fail(err, api, 422, "watermark", "`watermark` is not supported by this server");
+    static const char *const refused[] = {"grammar", "adapter_id"};
+    for (size_t i = 0; i < 2; i++)
+        if (opt(p, refused[i]))
+            return pln_req_fail(err, api, 422, refused[i], "`%s` is not supported by this server", refused[i]);
+    if (get_num(api, p, "typical_p", 0, true, 1, &dv, &have, err)) return -1;
+    if (have) { r->sample.typical_p = (float)dv; sampling |= dv < 1.0; r->sample.do_sample |= dv < 1.0; }
+    if (get_bool(api, p, "decoder_input_details", &r->prompt_logprobs, NULL, err)) return -1;
+    if (r->prompt_logprobs && r->stream)
+        return pln_req_fail(err, api, 422, "decoder_input_details",
+                            "`decoder_input_details` == true is not supported when streaming tokens");
+    if (get_int(api, p, "top_n_tokens", 0, INT32_MAX, &iv, &have, err)) return -1;
+    if (have && iv > lim->max_top_n_tokens)
+        return pln_req_fail(err, api, 422, "top_n_tokens", "`top_n_tokens` must be >= 0 and <= %d. Given: %lld",
+                            lim->max_top_n_tokens, (long long)iv);
+    if (have) r->top_n = (int32_t)iv;
+    if (get_int(api, p, "truncate", 1, INT32_MAX, &iv, &have, err)) return -1;
+    if (have && iv > lim->max_input_tokens)
+        return pln_req_fail(err, api, 422, "truncate", "`truncate` must be strictly positive and less than %d. Given: %lld",
+                            lim->max_input_tokens + 1, (long long)iv);
+    if (have) r->truncate = (int32_t)iv;
+    if (get_int(api, p, "best_of", 1, INT32_MAX, &iv, &have, err)) return -1;
+    if (have && iv > lim->max_best_of)
+        return pln_req_fail(err, api, 422, "best_of", "`best_of` must be > 0 and <= %d. Given: %lld", lim->max_best_of,
+                            (long long)iv);
+    if (have && iv > 1) {
+        if (!sampling) return pln_req_fail(err, api, 422, "best_of", "you must use sampling when `best_of` is > 1");
+        if (r->seed_set) return pln_req_fail(err, api, 422, "seed", "`seed` must not be set when `best_of` > 1");
+        if (r->stream)
+            return pln_req_fail(err, api, 422, "best_of", "`best_of` != 1 is not supported when streaming tokens");
+        r->best_of = (int32_t)iv;
+    }
+    return 0;
+}
+
 int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits *lim,
                            pln_gen_request *r, pln_req_error *err) {
     const pln_api api = PLN_API_TGI;
@@ -226,8 +273,10 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
     r->api = api;
     sample_defaults(&r->sample);
     r->max_new_tokens = lim->default_max_new_tokens;
+    r->n = r->best_of = 1;
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
+    if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
     json_t *in = json_object_get(root, "inputs");
     if (!in) { json_decref(root); return pln_req_fail(err, api, 422, "inputs", "missing field `inputs`"); }
     r->prompts = pln_xcalloc(1, sizeof *r->prompts);
@@ -263,10 +312,7 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
         if (get_bool(api, p, "details", &r->details, NULL, err)) goto fail;
         if (get_bool(api, p, "return_full_text", &r->return_full_text, NULL, err)) goto fail;
         if (get_stop(api, p, lim, r, err)) goto fail;
-        if (get_int(api, p, "best_of", 1, 1, &iv, NULL, err)) {
-            pln_req_fail(err, api, 422, "best_of", "`best_of` other than 1 is not supported");
-            goto fail;
-        }
+        if (tgi_extras(p, lim, r, sampling || b, err)) goto fail;
     }
     json_decref(root);
     return 0;
@@ -290,6 +336,62 @@ int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits 
 
 /* ---- OpenAI ------------------------------------------------------------------------------- */
 
+/* The OpenAI API answers a field it does not know with 400 "Unrecognized request argument
+ * supplied: NAME"; so does this server, rather than ignoring what a client thinks it asked for. */
+static int openai_unknown_field(json_t *root, pln_req_error *err) {
+    static const char *const known[] = {
+        "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
+        "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user",
+        "seed", "top_k", "repetition_penalty", "typical_p"};
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++) ok = !strcmp(key, known[i]);
+        if (!ok) return pln_req_fail(err, PLN_API_OPENAI, 400, key, "Unrecognized request argument supplied: %s", key);
+    }
+    return 0;
+}
+
+/* n, best_of, logprobs, echo, penalties, suffix, logit_bias, typical_p (OpenAI's ranges). */
+static int openai_extras(json_t *root, const pln_serve_limits *lim, pln_gen_request *r, pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    int64_t iv;
+    double dv;
+    bool have;
+    json_t *sf = opt(root, "suffix");
+    if (sf && !(json_is_string(sf) && json_string_length(sf) == 0))
+        return pln_req_fail(err, api, 400, "suffix",
+                            "`suffix` is not supported: BLOOM was not trained to fill in the middle; send the text before the gap as `prompt`");
+    json_t *lb = opt(root, "logit_bias");
+    if (lb && !(json_is_object(lb) && json_object_size(lb) == 0))
+        return pln_req_fail(err, api, 400, "logit_bias", "`logit_bias` is not supported (only an empty object is accepted)");
+    json_t *u = opt(root, "user");
+    if (u && !json_is_string(u)) return pln_req_fail(err, api, 400, "user", "`user` must be a string");
+    if (get_int(api, root, "n", 1, lim->max_best_of, &iv, &have, err)) return -1;
+    if (have) r->n = r->best_of = (int32_t)iv;
+    if (get_int(api, root, "best_of", 1, lim->max_best_of, &iv, &have, err)) return -1;
+    if (have) {
+        if (iv < r->n)
+            return pln_req_fail(err, api, 400, "best_of", "`best_of` must be greater than or equal to `n` (got best_of %lld, n %d)",
+                                (long long)iv, r->n);
+        r->best_of = (int32_t)iv;
+    }
+    if (r->stream && r->best_of > r->n)
+        return pln_req_fail(err, api, 400, "best_of", "`best_of` greater than `n` cannot be streamed");
+    if (get_int(api, root, "logprobs", 0, lim->max_top_n_tokens, &iv, &have, err)) return -1;
+    if (have) { r->logprobs = true; r->top_n = (int32_t)iv; }
+    if (get_bool(api, root, "echo", &r->echo, NULL, err)) return -1;
+    r->prompt_logprobs = r->echo && r->logprobs;
+    if (get_num(api, root, "presence_penalty", -2, false, 2, &dv, &have, err)) return -1;
+    if (have) r->sample.presence_penalty = (float)dv;
+    if (get_num(api, root, "frequency_penalty", -2, false, 2, &dv, &have, err)) return -1;
+    if (have) r->sample.frequency_penalty = (float)dv;
+    if (get_num(api, root, "typical_p", 0, true, 1, &dv, &have, err)) return -1;
+    if (have) r->sample.typical_p = (float)dv;
+    return 0;
+}
+
 int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limits *lim,
                               pln_gen_request *r, pln_req_error *err) {
     const pln_api api = PLN_API_OPENAI;
@@ -297,8 +399,10 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     r->api = api;
     sample_defaults(&r->sample);
     r->max_new_tokens = 16;
+    r->n = r->best_of = 1;
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
+    if (openai_unknown_field(root, err)) goto fail;
     int64_t iv;
     double dv;
     bool have;
@@ -358,31 +462,182 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
         if (get_bool(api, so, "include_usage", &r->include_usage, NULL, err)) goto fail;
     }
     if (get_stop(api, root, lim, r, err)) goto fail;
-    if (get_int(api, root, "n", 1, 1, &iv, NULL, err)) {
-        pln_req_fail(err, api, 400, "n", "`n` other than 1 is not supported");
-        goto fail;
-    }
-    if (get_int(api, root, "best_of", 1, 1, &iv, NULL, err)) {
-        pln_req_fail(err, api, 400, "best_of", "`best_of` other than 1 is not supported");
-        goto fail;
-    }
-    bool echo = false;
-    if (get_bool(api, root, "echo", &echo, NULL, err)) goto fail;
-    if (echo) { pln_req_fail(err, api, 400, "echo", "`echo` is not supported"); goto fail; }
-    static const char *const zero_only[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < 2; i++) {
-        if (get_num(api, root, zero_only[i], -2, false, 2, &dv, &have, err)) goto fail;
-        if (have && dv != 0) {
-            pln_req_fail(err, api, 400, zero_only[i], "`%s` is not supported (use repetition_penalty)", zero_only[i]);
-            goto fail;
-        }
-    }
+    if (openai_extras(root, lim, r, err)) goto fail;
     json_decref(root);
     return 0;
 fail:
     json_decref(root);
     pln_gen_request_free(r);
     return -1;
+}
+
+/* ---- OpenAI chat ------------------------------------------------------------------------- */
+
+static const char *const g_chat_roles[PLN_CHAT_ROLES] = {"system", "user", "assistant"};
+
+void pln_chat_template_free(pln_chat_template *t) {
+    if (!t) return;
+    for (int i = 0; i < PLN_CHAT_ROLES; i++) { free(t->prefix[i]); free(t->suffix[i]); }
+    free(t->generation_prompt);
+    for (int32_t i = 0; i < t->n_stop; i++) free(t->stop[i]);
+    free(t->stop);
+    memset(t, 0, sizeof *t);
+}
+
+static int tpl_string(const char *path, json_t *o, const char *key, const char *where, char **out) {
+    json_t *v = json_object_get(o, key);
+    if (!v) { *out = pln_xstrdup(""); return 0; }
+    if (!json_is_string(v)) return pln_errorf("%s: `%s%s` must be a string", path, where, key);
+    *out = pln_xstrdup(json_string_value(v));
+    return 0;
+}
+
+int pln_chat_template_load(const char *path, pln_chat_template *t) {
+    memset(t, 0, sizeof *t);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return pln_errorf("%s: not a chat template: %s (line %d)", path, je.text, je.line);
+    int rc = 0;
+    const char *key;
+    json_t *v;
+    if (!json_is_object(root)) rc = pln_errorf("%s: a chat template is a JSON object (see docs/SERVING.md)", path);
+    json_object_foreach(root, key, v) {
+        if (rc) break;
+        int role = -1;
+        for (int i = 0; i < PLN_CHAT_ROLES; i++) if (!strcmp(key, g_chat_roles[i])) role = i;
+        if (role < 0 && strcmp(key, "generation_prompt") && strcmp(key, "stop"))
+            rc = pln_errorf("%s: unknown key `%s` (expected system, user, assistant, generation_prompt, stop)", path, key);
+        else if (role >= 0 && !json_is_object(v))
+            rc = pln_errorf("%s: `%s` must be an object {\"prefix\": str, \"suffix\": str}", path, key);
+        const char *k2;
+        json_t *v2;
+        if (!rc && role >= 0)
+            json_object_foreach(v, k2, v2)
+                if (!rc && strcmp(k2, "prefix") && strcmp(k2, "suffix"))
+                    rc = pln_errorf("%s: unknown key `%s.%s` (expected prefix, suffix)", path, key, k2);
+    }
+    for (int i = 0; i < PLN_CHAT_ROLES && !rc; i++) {
+        json_t *r = json_object_get(root, g_chat_roles[i]);
+        char where[32];
+        snprintf(where, sizeof where, "%s.", g_chat_roles[i]);
+        json_t *empty = json_object();
+        rc = tpl_string(path, r ? r : empty, "prefix", where, &t->prefix[i]);
+        if (!rc) rc = tpl_string(path, r ? r : empty, "suffix", where, &t->suffix[i]);
+        json_decref(empty);
+    }
+    if (!rc) rc = tpl_string(path, root, "generation_prompt", "", &t->generation_prompt);
+    json_t *st = rc ? NULL : json_object_get(root, "stop");
+    if (st) {
+        if (!json_is_array(st) || json_array_size(st) > 4) rc = pln_errorf("%s: `stop` must be a list of at most 4 strings", path);
+        t->stop = pln_xcalloc(json_array_size(st) + 1, sizeof *t->stop);
+        for (size_t i = 0; !rc && i < json_array_size(st); i++) {
+            json_t *x = json_array_get(st, i);
+            if (!json_is_string(x) || json_string_length(x) == 0 || json_string_length(x) > 256)
+                rc = pln_errorf("%s: `stop[%zu]` must be a string of 1 to 256 bytes", path, i);
+            else
+                t->stop[t->n_stop++] = pln_xstrdup(json_string_value(x));
+        }
+    }
+    json_decref(root);
+    if (rc) pln_chat_template_free(t);
+    return rc;
+}
+
+/* Appends s to the growing buffer *b (length *n). */
+static void cat(char **b, size_t *n, const char *s) {
+    size_t l = strlen(s);
+    *b = pln_xrealloc(*b, *n + l + 1);
+    memcpy(*b + *n, s, l + 1);
+    *n += l;
+}
+
+int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
+                       pln_gen_request *r, pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    memset(r, 0, sizeof *r);
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    static const char *const known[] = {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+        "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
+        "user", "logit_bias", "top_k", "repetition_penalty", "typical_p"};
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    json_t *c = json_object();   /* the equivalent completions request */
+    json_object_foreach(root, key, v) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++) ok = !strcmp(key, known[i]);
+        if (!ok) { rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s", key); break; }
+        if (!strcmp(key, "messages") || !strcmp(key, "logprobs") || !strcmp(key, "top_logprobs") ||
+            !strcmp(key, "max_completion_tokens"))
+            continue;
+        json_object_set(c, key, v);
+    }
+    json_t *mc = opt(root, "max_completion_tokens");
+    if (!rc && mc && !json_object_get(c, "max_tokens")) json_object_set(c, "max_tokens", mc);
+    /* logprobs: true + top_logprobs N is completions' logprobs N */
+    bool lp = false;
+    if (!rc) rc = get_bool(api, root, "logprobs", &lp, NULL, err);
+    json_t *tl = opt(root, "top_logprobs");
+    if (!rc && tl && !lp) rc = pln_req_fail(err, api, 400, "top_logprobs", "`top_logprobs` needs `logprobs` true");
+    if (!rc && lp) json_object_set_new(c, "logprobs", tl ? json_incref(tl) : json_integer(0));
+    json_t *msgs = rc ? NULL : opt(root, "messages");
+    if (!rc && (!msgs || !json_is_array(msgs) || json_array_size(msgs) == 0))
+        rc = pln_req_fail(err, api, 400, "messages", "`messages` must be a non-empty list of {\"role\", \"content\"}");
+    char *prompt = NULL;
+    size_t pn = 0;
+    cat(&prompt, &pn, "");
+    for (size_t i = 0; !rc && i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = json_is_object(m) ? json_string_value(json_object_get(m, "role")) : NULL;
+        int ri = -1;
+        for (int k = 0; role && k < PLN_CHAT_ROLES; k++) if (!strcmp(role, g_chat_roles[k])) ri = k;
+        if (ri < 0) {
+            rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].role` must be system, user or assistant", i);
+            break;
+        }
+        json_t *ct = json_object_get(m, "content");
+        cat(&prompt, &pn, tpl->prefix[ri]);
+        if (json_is_string(ct)) {
+            cat(&prompt, &pn, json_string_value(ct));
+        } else if (json_is_array(ct)) {   /* [{"type": "text", "text": str}, ...] */
+            for (size_t k = 0; !rc && k < json_array_size(ct); k++) {
+                json_t *part = json_array_get(ct, k);
+                const char *ty = json_string_value(json_object_get(part, "type"));
+                const char *tx = json_string_value(json_object_get(part, "text"));
+                if (!ty || strcmp(ty, "text") || !tx)
+                    rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].content[%zu]`: only {\"type\": \"text\", \"text\": str} parts are supported", i, k);
+                else
+                    cat(&prompt, &pn, tx);
+            }
+        } else {
+            rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].content` must be a string or a list of text parts", i);
+        }
+        cat(&prompt, &pn, tpl->suffix[ri]);
+    }
+    if (!rc) {
+        cat(&prompt, &pn, tpl->generation_prompt);
+        json_object_set_new(c, "prompt", json_string(prompt));
+        /* the template's stop sequences join the request's */
+        json_t *st = json_object_get(c, "stop");
+        json_t *all = json_is_array(st) ? json_copy(st) : json_array();
+        if (json_is_string(st)) json_array_append(all, st);
+        for (int32_t i = 0; i < tpl->n_stop; i++) json_array_append_new(all, json_string(tpl->stop[i]));
+        if (json_array_size(all)) json_object_set_new(c, "stop", all); else json_decref(all);
+    }
+    free(prompt);
+    json_decref(root);
+    if (rc) { json_decref(c); return -1; }
+    char *cb = json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    if (!cb) return pln_req_fail(err, api, 400, "messages", "`messages` must be valid UTF-8 text");
+    pln_serve_limits l2 = *lim;
+    l2.max_body_bytes = 0;   /* the rendered prompt may exceed the body limit the original met */
+    rc = pln_req_parse_completions(cb, strlen(cb), &l2, r, err);
+    free(cb);
+    if (!rc) r->chat = true;
+    return rc;
 }
 
 int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens, const pln_serve_limits *lim,

@@ -22,12 +22,17 @@ typedef struct {
     int64_t max_body_bytes;           /* request body; over it: 413 */
     int32_t max_connections;          /* open HTTP connections */
     int32_t timeout_s;                /* idle connection timeout */
+    int32_t request_timeout_s;        /* a request's whole head and body must arrive within it */
+    int32_t max_connections_per_client; /* open connections from one client address (0: no limit) */
     int32_t max_batch_tokens;         /* token budget of one engine step */
     int32_t max_stop_sequences;
     int32_t max_stop_bytes;           /* length of one stop sequence */
     int32_t max_prompts;              /* OpenAI: prompts in one list */
     int32_t default_max_new_tokens;   /* TGI default; OpenAI's default max_tokens is 16 */
+    int32_t max_best_of;              /* TGI best_of, OpenAI n and best_of */
+    int32_t max_top_n_tokens;         /* TGI top_n_tokens, OpenAI logprobs (<= PLN_TOP_MAX) */
 } pln_serve_limits;
+
 
 void pln_serve_limits_default(pln_serve_limits *l);
 
@@ -60,16 +65,57 @@ typedef struct {
     bool return_full_text;   /* TGI: generated_text starts with the prompt */
     bool include_usage;      /* OpenAI stream_options.include_usage: a last chunk with usage */
     char *model;             /* OpenAI "model" (NULL if absent) */
+    int32_t n;               /* sequences answered per prompt (OpenAI n; TGI 1) */
+    int32_t best_of;         /* sequences generated per prompt (>= n): the n with the highest total
+                                log-prob are answered (TGI: the rest go to best_of_sequences) */
+    int32_t top_n;           /* alternatives per token (TGI top_n_tokens, OpenAI logprobs); 0 = none */
+    bool logprobs;           /* OpenAI: `logprobs` given (even 0): each choice gets a logprobs object */
+    bool prompt_logprobs;    /* TGI decoder_input_details, OpenAI echo + logprobs: prompt log-probs */
+    bool echo;               /* OpenAI: the text starts with the prompt */
+    int32_t truncate;        /* TGI: keep only the last `truncate` prompt tokens (0 = off) */
+    bool chat;               /* OpenAI chat: answered as chat.completion(.chunk) */
 } pln_gen_request;
 
-/* TGI body {"inputs": str, "parameters": {...}}. Unknown parameters are ignored (as TGI does for
- * ones it does not implement); known ones are checked for type and range. */
+/* TGI body {"inputs": str, "parameters": {...}, "stream": bool}. Unknown parameters are ignored
+ * (as TGI does for ones it does not implement); known ones are checked for type and range;
+ * `watermark` true, a `grammar` or an `adapter_id` are refused with 422 (not implemented).
+ * `stream` is read into out->stream (only the root route `POST /` uses it). */
 int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits *lim,
                            pln_gen_request *out, pln_req_error *err);
 /* OpenAI body {"prompt": str|[str], "max_tokens", "temperature", "top_p", "stop", "stream",
- * "seed", "model", "n" (must be 1), "echo" (must be false)}. */
+ * "stream_options", "seed", "model", "n", "best_of", "logprobs", "echo", "presence_penalty",
+ * "frequency_penalty", "logit_bias" (empty only), "user", "suffix" (refused: 400)} plus the
+ * extensions "top_k", "repetition_penalty", "typical_p". Any other field is a 400
+ * ("Unrecognized request argument supplied"), as the OpenAI API answers. */
 int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limits *lim,
                               pln_gen_request *out, pln_req_error *err);
+/* A chat template (`pollen serve --chat-template FILE`): a JSON object
+ *   {"system":    {"prefix": str, "suffix": str},   (each role optional; "" when absent)
+ *    "user":      {"prefix": str, "suffix": str},
+ *    "assistant": {"prefix": str, "suffix": str},
+ *    "generation_prompt": str,                      (appended after the last message)
+ *    "stop": [str, ...]}                            (added to every chat request's stop list)
+ * A conversation becomes prefix(role) + content + suffix(role) per message, then
+ * generation_prompt. Unknown keys are refused (a typo must not silently change prompts). */
+#define PLN_CHAT_ROLES 3
+typedef struct {
+    char *prefix[PLN_CHAT_ROLES], *suffix[PLN_CHAT_ROLES];   /* system, user, assistant */
+    char *generation_prompt;
+    char **stop;
+    int32_t n_stop;
+} pln_chat_template;
+/* Loads and checks path; -1 + error naming the file and the field. */
+int pln_chat_template_load(const char *path, pln_chat_template *t);
+void pln_chat_template_free(pln_chat_template *t);
+
+/* OpenAI /v1/chat/completions body {"messages": [{"role", "content"}], "model", "max_tokens" |
+ * "max_completion_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+ * "seed", "presence_penalty", "frequency_penalty", "logprobs" (bool), "top_logprobs", "user",
+ * "logit_bias"} rendered with tpl into one prompt, then checked as a completions request.
+ * out->chat is set. Other fields: 400 as for completions. */
+int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
+                       pln_gen_request *out, pln_req_error *err);
+
 /* TGI /tokenize body {"inputs": str}; *text_out is owned by the caller. */
 int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits *lim,
                            char **text_out, pln_req_error *err);

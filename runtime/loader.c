@@ -5,9 +5,11 @@
 #include "runtime/loader.h"
 #include "formats/shard.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 struct pln_loader {
@@ -106,6 +108,19 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     }
     l->shard = pln_shardset_open_rank(l->set, rank);
     if (!l->shard) goto fail;
+    /* Test hook: a slow load, so tests can signal a process or change its files mid-load. */
+    const char *delay = getenv("PLN_TEST_LOAD_DELAY_MS");
+    if (delay && atoi(delay) > 0) {
+        fprintf(stderr, "pollen: PLN_TEST_LOAD_DELAY_MS: rank %d (pid %d) pausing %d ms with %s open\n", rank,
+                (int)getpid(), atoi(delay), l->shard->path);
+        usleep((useconds_t)atoi(delay) * 1000);
+    }
+    /* Always, unlike the data checksums (--verify): the scales are a small part of the file, and a
+     * NaN or infinite one would turn every logit into NaN without any error. */
+    if (pln_layout_check_scales(l->shard)) goto fail;
+    if (!l->set->small_files_checked && rank == 0)   /* a warning, not progress: --quiet keeps it */
+        fprintf(stderr, "pollen: warning: %s: manifest version %u records no checksums of its config block, tokenizer and "
+                "config.json (only their agreement was checked); re-run reshard to add them\n", dir, l->set->version);
 
     const pln_bloom_config *bc = &l->set->config;
     pln_model_config *c = &l->cfg;
@@ -127,9 +142,12 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     pln_shard *s = l->shard;
     /* Read-ahead of the whole mapping only where the mapping is the weights (CPU): a backend that
      * streams the file itself (CUDA, O_DIRECT) would otherwise read it twice. */
-    if (!be->load_file) pln_map_advise_sequential(&s->map);
-    if (opts && opts->populate && !be->load_file) populate(&s->map);
-    bool verify_now = opts && opts->verify && !be->load_file;
+    /* Streamed with reads by the backend (load_file), or taken from host memory: the mapping, or
+     * with --no-mmap the anonymous copy already read (never read a second time). */
+    const bool stream = be->load_file && !s->map.in_memory;
+    if (!stream) pln_map_advise_sequential(&s->map);
+    if (opts && opts->populate && !stream) populate(&s->map);
+    bool verify_now = opts && opts->verify && !stream;
     if (verify_now) {
         int64_t bad = pln_shard_verify_all(s, NULL);
         if (bad != 0) {
@@ -139,7 +157,7 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
         }
     }
     const uint8_t *region = s->map.data + s->data_offset;
-    if (be->load_file) {
+    if (stream) {
         double rate = 0;
         l->owned = be->alloc(be, s->data_size ? s->data_size : 1);
         if (!l->owned) { pln_error_context("%s: backend memory for %llu bytes of weights", s->path, (unsigned long long)s->data_size); goto fail; }
@@ -173,9 +191,10 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     } else {
         l->base = be->weights_from_host(be, NULL, region, s->data_size);
         if (!l->base) { pln_error_context("%s: weights", s->path); goto fail; }
+        if (l->base != region) l->owned = (void *)l->base;   /* a device copy (cuda, --no-mmap) */
     }
+    /* The file the manifest names (checked at set open), or none: never a guessed name. */
     if (l->set->tokenizer_path) l->tokenizer_path = pln_xstrdup(l->set->tokenizer_path);
-    else l->tokenizer_path = pln_xasprintf("%s/tokenizer.json", dir);
     l->seconds = pln_now() - t0;
     return l;
 fail:

@@ -52,6 +52,7 @@ double pln_loader_seconds(const pln_loader *l);          /* open + map (+ popula
 /* Bytes/s at which the weights were streamed into backend memory (load_file backends), with any
  * --verify checksums computed on the way; 0 when the mapping is used in place (CPU). */
 double pln_loader_rate(const pln_loader *l);
+/* The tokenizer file the manifest names (borrowed; checked at open), or NULL when it names none. */
 const char *pln_loader_tokenizer_path(const pln_loader *l);
 
 #endif

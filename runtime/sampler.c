@@ -21,6 +21,9 @@ void pln_sample_params_default(pln_sample_params *p) {
     p->top_p = 1.0f;
     p->repetition_penalty = 1.0f;
     p->seed = 0;
+    p->typical_p = 1.0f;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
 }
 
 int pln_sample_params_check(const pln_sample_params *p) {
@@ -35,8 +38,15 @@ int pln_sample_params_check(const pln_sample_params *p) {
     if (!isfinite(p->repetition_penalty) || !(p->repetition_penalty > 0.0f))
         return pln_errorf("repetition_penalty: must be a finite number > 0 (1 = off), got %g",
                           (double)p->repetition_penalty);
+    if (!(p->typical_p >= 0.0f && p->typical_p <= 1.0f))
+        return pln_errorf("typical_p: must be in [0, 1] (0 or 1 = off), got %g", (double)p->typical_p);
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return pln_errorf("presence_penalty / frequency_penalty: must be finite (got %g, %g)",
+                          (double)p->presence_penalty, (double)p->frequency_penalty);
     return 0;
 }
+
+static bool typical_on(const pln_sample_params *p) { return p->typical_p > 0.0f && p->typical_p < 1.0f; }
 
 /* ---- RNG: xoshiro256** (Blackman & Vigna), seeded by splitmix64 ------------------------- */
 
@@ -256,6 +266,44 @@ static int32_t draw_sorted(const cand *c, int32_t m, pln_rng *rng) {
     return c[m - 1].id;
 }
 
+/* HF TypicalLogitsWarper over the kept set c[0..m) (canonical order): returns the new count,
+ * c[0..r) rearranged to the kept tokens in canonical order. */
+typedef struct { double shift; cand c; } typ_item;
+static int typ_cmp(const void *a, const void *b) {
+    const typ_item *x = a, *y = b;
+    if (x->shift != y->shift) return x->shift < y->shift ? -1 : 1;
+    return cand_cmp(&x->c, &y->c);
+}
+static int32_t typical_keep(cand *c, int32_t m, float mass) {
+    if (m <= 1) return m;
+    double norm = lse_of(c, m), ent = 0;
+    for (int32_t i = 0; i < m; i++) {
+        double lp = (double)c[i].v - norm;
+        if (isfinite(lp)) ent -= exp(lp) * lp;
+    }
+    typ_item *t = pln_xmalloc((size_t)m * sizeof *t);
+    for (int32_t i = 0; i < m; i++) {
+        double lp = (double)c[i].v - norm;
+        t[i].shift = isfinite(lp) ? fabs(-lp - ent) : INFINITY;
+        t[i].c = c[i];
+    }
+    qsort(t, (size_t)m, sizeof *t, typ_cmp);
+    double cum = 0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < m; i++) {   /* last_ind = count(cumsum < mass), clamped to m - 1 */
+        cum += exp((double)t[i].c.v - norm);
+        if (cum < (double)mass) last = i + 1;
+    }
+    if (last > m - 1) last = m - 1;
+    double bound = t[last].shift;
+    int32_t r = 0;
+    for (int32_t i = 0; i < m; i++)
+        if (i == 0 || t[i].shift <= bound) c[r++] = t[i].c;   /* min_tokens_to_keep = 1 */
+    free(t);
+    cand_sort(c, (size_t)r);
+    return r;
+}
+
 /* Sampling proper (not greedy; the best key is finite). The kept set is computed on a sorted
  * subset that provably contains it — the top-k value and its ties, or the values above a
  * threshold whose mass already reaches top_p — so a full 250k-entry row is not sorted whole.
@@ -263,7 +311,7 @@ static int32_t draw_sorted(const cand *c, int32_t m, pln_rng *rng) {
 static int32_t sample_draw(const pln_sample_params *p, pln_rng *rng, const float *vals, const int32_t *ids,
                            int32_t n, float lse, float mx) {
     bool topk_on = p->top_k > 0 && p->top_k < n;
-    if (!topk_on && p->top_p >= 1.0f) {
+    if (!topk_on && p->top_p >= 1.0f && !typical_on(p)) {
         /* plain sampling: every token, drawn in id order (the kept set is the whole row here,
          * whatever the TP size, so any fixed order is canonical) */
         cand *c = pln_xmalloc((size_t)n * sizeof *c);
@@ -292,7 +340,7 @@ static int32_t sample_draw(const pln_sample_params *p, pln_rng *rng, const float
          * the top-p mass is relative to the kept set; otherwise to the whole vocabulary. */
         g = cand_at_least(vals, ids, n, kth_largest(vals, n, p->top_k), &m);
         norm = lse_of(g, m);
-    } else if (n > 256) {
+    } else if (n > 256 && p->top_p < 1.0f) {
         /* top-p alone: select (weighted quickselect, O(n)) the best candidates whose mass
          * reaches p plus a hair, then sort just those; the prefix sums over them are the very
          * sums a full sort would make, so the boundary is the same */
@@ -303,6 +351,7 @@ static int32_t sample_draw(const pln_sample_params *p, pln_rng *rng, const float
         bool reached;
         int32_t keep = topp_keep(g, m, p->top_p, norm, &reached);
         if (reached || m == n) {
+            if (typical_on(p)) keep = typical_keep(g, keep, p->typical_p);
             int32_t id = draw_sorted(g, keep, rng);
             free(g);
             return id;
@@ -313,6 +362,7 @@ static int32_t sample_draw(const pln_sample_params *p, pln_rng *rng, const float
     if (!g) g = cand_at_least(vals, ids, n, -INFINITY, &m);
     bool reached;
     m = topp_keep(g, m, p->top_p, norm, &reached);
+    if (typical_on(p)) m = typical_keep(g, m, p->typical_p);
     int32_t id = draw_sorted(g, m, rng);
     free(g);
     return id;
@@ -341,7 +391,7 @@ bool pln_sample_candidates_suffice(const pln_sample_params *p, const float *vals
     if (n < 1) return false;
     if (is_greedy(p) || (int64_t)n >= vocab) return true;
     bool topk_on = p->top_k > 0 && (int64_t)p->top_k < vocab;
-    if (!topk_on && p->top_p >= 1.0f) return false;     /* plain sampling draws from every token */
+    if (!topk_on && p->top_p >= 1.0f) return false;     /* plain sampling (or typical alone) draws from every token */
     cand *c = cand_sorted(vals, NULL, n);
     bool ok;
     if (topk_on) {

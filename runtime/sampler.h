@@ -12,6 +12,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Most alternatives one token can carry (TGI's --max-top-n-tokens default, OpenAI's logprobs cap). */
+#define PLN_TOP_MAX 5
+
 typedef struct {
     bool do_sample;             /* false: greedy */
     float temperature;          /* > 0; 1.0 = off */
@@ -19,6 +22,9 @@ typedef struct {
     float top_p;                /* (0, 1]; 1.0 = off */
     float repetition_penalty;   /* > 0; 1.0 = off */
     uint64_t seed;
+    float typical_p;            /* typical decoding mass, (0, 1); 0 or 1 = off (HF TypicalLogitsWarper) */
+    float presence_penalty;     /* OpenAI: subtracted once from the logit of every id generated so far */
+    float frequency_penalty;    /* OpenAI: subtracted once per occurrence among the generated ids */
 } pln_sample_params;
 
 /* HF semantics in detail (what pln_sample_pick implements):
@@ -32,15 +38,25 @@ typedef struct {
  *   HF's float32 cumsum does), at least one token. The mass is relative to the whole vocabulary
  *   (lse) when top_k is off, and to the top-k set when top_k is on (HF's TopK sets the rest to
  *   -inf before TopP's softmax).
+ * - typical_p (after top-p, as HF's TypicalLogitsWarper and TGI order it): over the kept set,
+ *   with its log-probs lp (renormalised) and entropy H = -sum p·lp, sort by |−lp − H| ascending
+ *   (canonical order on ties), keep up to and including the first position where the cumulative
+ *   probability in that order reaches typical_p (HF: last_ind = count(cumsum < mass)), plus every
+ *   token whose |−lp − H| equals that one's; at least one token.
+ * - presence / frequency penalties (OpenAI semantics, applied by the engine before temperature,
+ *   on the host over a full gathered row): logit[id] -= frequency_penalty · count(id) +
+ *   presence_penalty · (count(id) > 0), counting generated tokens only.
  * - draw: u = uniform [0,1) from the slot's RNG times the kept mass, walking the kept set in
  *   canonical order; the same seed gives the same token whatever the candidate order or TP size.
  * - greedy: largest value, lowest id on ties; NaN counts as -inf everywhere. */
 
-/* Defaults: greedy, temperature 1, top_k 0, top_p 1, penalty 1, seed 0. */
+/* Defaults: greedy, temperature 1, top_k 0, top_p 1, penalty 1, seed 0, typical_p 1,
+ * presence and frequency penalties 0. */
 void pln_sample_params_default(pln_sample_params *p);
 /* Validates ranges; -1 with an error naming the parameter (used by the server's 422s):
  * temperature finite and >= 0, and > 0 when do_sample; top_k >= 0; 0 < top_p <= 1;
- * repetition_penalty finite and > 0. NaN fails every check. */
+ * repetition_penalty finite and > 0; typical_p in [0, 1]; presence and frequency penalties
+ * finite. NaN fails every check. */
 int pln_sample_params_check(const pln_sample_params *p);
 
 /* xoshiro256** seeded with splitmix64: deterministic, identical on every platform. */
@@ -62,7 +78,8 @@ int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *v
  * off then shows up as more than top_k values >= the k-th, and this returns false.
  * Greedy rows always suffice; plain sampling (top_k off, top_p 1) never does unless n >= vocab.
  * True if top-p can be decided from these candidates alone: their probability mass (from lse)
- * reaches top_p, or top_k bounds the set within them. Otherwise the caller gathers the full row. */
+ * reaches top_p, or top_k bounds the set within them. Otherwise the caller gathers the full row.
+ * Typical decoding needs the kept set whole: with neither top_k nor top_p it needs the full row. */
 bool pln_sample_candidates_suffice(const pln_sample_params *p, const float *vals, int32_t n,
                                    float lse, int64_t vocab);
 

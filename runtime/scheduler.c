@@ -15,6 +15,7 @@
 #include "formats/common.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -70,7 +71,12 @@ pln_job *pln_job_create(const pln_gen_request *req, int32_t *const *prompt_ids, 
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->api = req->api;
-    j->n_seqs = req->n_prompts;
+    j->n_prompts = req->n_prompts;
+    j->best_of = req->best_of > 0 ? req->best_of : 1;
+    j->n_answer = req->n > 0 && req->n <= j->best_of ? req->n : j->best_of;
+    j->top_n = req->top_n;
+    j->prompt_logprobs = req->prompt_logprobs;
+    j->n_seqs = req->n_prompts * j->best_of;
     j->seqs = pln_xcalloc((size_t)j->n_seqs, sizeof *j->seqs);
     j->max_new_tokens = req->max_new_tokens;
     j->sample = req->sample;
@@ -83,15 +89,31 @@ pln_job *pln_job_create(const pln_gen_request *req, int32_t *const *prompt_ids, 
     double now = pln_now();
     for (int32_t i = 0; i < j->n_seqs; i++) {
         pln_seq *q = &j->seqs[i];
-        q->n_prompt = n_prompt[i];
-        q->prompt_ids = pln_xmalloc(sizeof(int32_t) * (size_t)(n_prompt[i] ? n_prompt[i] : 1));
-        memcpy(q->prompt_ids, prompt_ids[i], sizeof(int32_t) * (size_t)n_prompt[i]);
+        int32_t pi = i / j->best_of, k = i % j->best_of;
+        q->prompt_index = pi;
+        q->n_prompt = n_prompt[pi];
+        q->prompt_ids = pln_xmalloc(sizeof(int32_t) * (size_t)(n_prompt[pi] ? n_prompt[pi] : 1));
+        memcpy(q->prompt_ids, prompt_ids[pi], sizeof(int32_t) * (size_t)n_prompt[pi]);
         q->slot = -1;
         q->queued = true;
         q->t_submit = now;
-        q->seed = req->sample.seed;
+        /* siblings of one prompt must not draw the same tokens: a seed derived from the request's
+         * (a splitmix64 step), kept within int64 for JSON */
+        uint64_t sd = req->sample.seed;
+        if (k > 0) {
+            sd += 0x9E3779B97F4A7C15ull * (uint64_t)k;
+            sd = (sd ^ (sd >> 30)) * 0xBF58476D1CE4E5B9ull;
+            sd = (sd ^ (sd >> 27)) * 0x94D049BB133111EBull;
+            sd = (sd ^ (sd >> 31)) >> 1;
+        }
+        q->seed = sd;
         q->gen = pln_xmalloc(sizeof(int32_t) * (size_t)(j->max_new_tokens + 1));
         q->text_ids = pln_xmalloc(sizeof(int32_t) * (size_t)(j->max_new_tokens + 1));
+        if (j->prompt_logprobs) {
+            q->prompt_lp = pln_xmalloc(sizeof(float) * (size_t)(q->n_prompt ? q->n_prompt : 1));
+            for (int32_t t = 0; t < q->n_prompt; t++) q->prompt_lp[t] = NAN;
+            if (j->top_n > 0) q->prompt_top = pln_xcalloc((size_t)q->n_prompt * (size_t)j->top_n, sizeof *q->prompt_top);
+        }
     }
     return j;
 }
@@ -99,7 +121,13 @@ pln_job *pln_job_create(const pln_gen_request *req, int32_t *const *prompt_ids, 
 static void job_free(pln_job *j) {
     for (int32_t i = 0; i < j->n_seqs; i++) {
         pln_seq *q = &j->seqs[i];
-        for (int32_t e = 0; e < q->n_events; e++) { free(q->events[e].text); free(q->events[e].delta); }
+        for (int32_t e = 0; e < q->n_events; e++) {
+            free(q->events[e].text);
+            free(q->events[e].delta);
+            for (int32_t t = 0; t < q->events[e].n_top; t++) free(q->events[e].top[t].text);
+        }
+        free(q->prompt_lp);
+        free(q->prompt_top);
         free(q->events);
         free(q->prompt_ids);
         free(q->gen);
@@ -113,6 +141,15 @@ static void job_free(pln_job *j) {
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
+}
+
+void pln_job_rank(const pln_job *j, int32_t p, int32_t *order) {
+    int32_t b = j->best_of;
+    for (int32_t k = 0; k < b; k++) {   /* insertion sort: best_of is small */
+        int32_t i = p * b + k, at = k;
+        while (at > 0 && j->seqs[order[at - 1]].logprob_sum < j->seqs[i].logprob_sum) { order[at] = order[at - 1]; at--; }
+        order[at] = i;
+    }
 }
 
 void pln_job_unref(pln_job *j) {
@@ -184,6 +221,7 @@ pln_sched *pln_sched_create(const pln_sched_engine *eng, const pln_sched_tok *to
     s->st.healthy = true;
     s->st.kv_blocks_total = s->info.kv_blocks_total;
     s->st.kv_blocks_free = s->info.kv_blocks_free;
+    s->st.prefix_cache = s->info.prefix_cache;
     s->st.block_size = s->info.block_size;
     s->st.max_seqs = s->info.max_seqs;
     return s;
@@ -358,13 +396,16 @@ static void push_event(pln_seq *q, pln_tok_event ev) {
 }
 
 /* A sampled token for q (under s->mu). */
-static void on_token(pln_sched *s, pln_job *j, pln_seq *q, int32_t tok, float logprob) {
+static void on_token(pln_sched *s, pln_job *j, pln_seq *q, const pln_step_out *o) {
+    int32_t tok = o->token;
+    float logprob = o->logprob;
     double now = pln_now();
     if (q->n_gen == 0) {
         q->t_first = now;
         hist_add(&s->st.ttft, pln_hist_bounds_seconds, now - q->t_submit);
     }
     q->gen[q->n_gen++] = tok;
+    q->logprob_sum += logprob;
     s->st.generated_tokens++;
     pln_finish why = PLN_FINISH_NONE;
     if (tok == PLN_EOS_ID) why = PLN_FINISH_EOS;
@@ -400,6 +441,14 @@ static void on_token(pln_sched *s, pln_job *j, pln_seq *q, int32_t tok, float lo
     char *raw = s->tok.decode(s->tok.ctx, &tok, 1, false, &tl);
     ev.text = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
     free(raw);
+    for (int32_t t = 0; t < o->n_top && t < j->top_n && t < PLN_TOP_MAX; t++) {
+        pln_tok_alt *a = &ev.top[ev.n_top++];
+        a->id = o->top_ids[t];
+        a->logprob = o->top_logprobs[t];
+        raw = s->tok.decode(s->tok.ctx, &a->id, 1, false, &tl);
+        a->text = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+        free(raw);
+    }
     ev.delta = pln_utf8_sanitize(full + q->emitted, safe - q->emitted, NULL);
     q->emitted = safe;
 
@@ -415,6 +464,21 @@ static void on_token(pln_sched *s, pln_job *j, pln_seq *q, int32_t tok, float lo
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     free(full);
+}
+
+/* Prompt scoring results of one chunk (under s->mu; the HTTP side reads them only once the
+ * sequence has finished). Row r scores token n_fed + r + 1. */
+static void store_prompt_logprobs(pln_job *j, pln_seq *q, const pln_step_seq *ps, const pln_step_out *o) {
+    if (!q->prompt_lp || !o->prompt_lp) return;
+    for (int32_t r = 0; r < ps->n_new; r++) {
+        int32_t at = q->n_fed + r + 1;
+        if (at >= q->n_prompt) break;
+        q->prompt_lp[at] = o->prompt_lp[r];
+        for (int32_t t = 0; q->prompt_top && t < j->top_n; t++) {
+            q->prompt_top[(size_t)at * j->top_n + t].id = o->prompt_top_ids[(size_t)r * PLN_TOP_MAX + t];
+            q->prompt_top[(size_t)at * j->top_n + t].logprob = o->prompt_top_lp[(size_t)r * PLN_TOP_MAX + t];
+        }
+    }
 }
 
 static void remove_finished_jobs(pln_sched *s) {
@@ -456,6 +520,11 @@ int pln_sched_run(pln_sched *s) {
             for (int32_t i = 0; i < j->n_seqs; i++) {
                 pln_seq *q = &j->seqs[i];
                 if (!q->queued || q->finish != PLN_FINISH_NONE) continue;
+                /* n > 1 / best_of: a prompt's other sequences start once the first has its prompt
+                 * in the KV cache, and share its full blocks instead of computing them again */
+                const pln_seq *first = &j->seqs[i - i % j->best_of];
+                if (first != q && first->finish == PLN_FINISH_NONE && (first->queued || first->n_fed < first->n_prompt))
+                    continue;
                 int64_t need = blocks_for(s, (int64_t)q->n_prompt + j->max_new_tokens);
                 if (s->n_free_slots == 0 || s->blocks_reserved + need > s->info.kv_blocks_total) { blocked = true; break; }
                 q->slot = s->free_slots[--s->n_free_slots];
@@ -477,6 +546,9 @@ int pln_sched_run(pln_sched *s) {
                 ps->n_new = 1;
                 ps->tokens = &q->gen[q->n_gen - 1];
                 ps->sample = true;
+                ps->prompt_logprobs = false;
+                ps->next_token = -1;
+                ps->share_from = 0;
                 s->plan_owner[n] = q;
                 s->plan_job[n] = j;
                 n++;
@@ -499,6 +571,11 @@ int pln_sched_run(pln_sched *s) {
                 ps->n_new = chunk;
                 ps->tokens = q->prompt_ids + q->n_fed;
                 ps->sample = q->n_fed + chunk == q->n_prompt;
+                ps->prompt_logprobs = j->prompt_logprobs;
+                ps->next_token = ps->sample ? -1 : q->prompt_ids[q->n_fed + chunk];
+                const pln_seq *first = &j->seqs[(q - j->seqs) - (q - j->seqs) % j->best_of];
+                ps->share_from = q->n_fed == 0 && first != q && first->slot >= 0 && first->finish == PLN_FINISH_NONE &&
+                                         first->n_fed == first->n_prompt ? first->slot + 1 : 0;
                 s->plan_owner[n] = q;
                 s->plan_job[n] = j;
                 n++;
@@ -508,6 +585,7 @@ int pln_sched_run(pln_sched *s) {
             s->plan_seqs[k].params = j->sample;
             s->plan_seqs[k].params.do_sample = j->do_sample;
             s->plan_seqs[k].params.seed = s->plan_owner[k]->seed;
+            s->plan_seqs[k].top_n = j->top_n;
         }
         int32_t n_rel = s->n_release;
         memcpy(s->plan_release, s->release, sizeof(int32_t) * (size_t)n_rel);
@@ -541,6 +619,11 @@ int pln_sched_run(pln_sched *s) {
         s->st.steps++;
         s->st.kv_blocks_free = info.kv_blocks_free;
         s->st.kv_blocks_total = info.kv_blocks_total;
+        s->st.prefix_cache = info.prefix_cache;
+        s->st.kv_blocks_cached = info.kv_blocks_cached;
+        s->st.prefix_query_tokens = info.prefix_query_tokens;
+        s->st.prefix_hit_tokens = info.prefix_hit_tokens;
+        s->st.fork_tokens = info.fork_tokens;
         if (n) {
             s->st.last_batch_size = n;
             s->st.last_batch_tokens = n_tokens;
@@ -561,11 +644,16 @@ int pln_sched_run(pln_sched *s) {
                 pln_seq *q = s->plan_owner[k];
                 pln_job *j = s->plan_job[k];
                 if (q->n_fed < q->n_prompt) {
+                    if (s->plan_seqs[k].prompt_logprobs) store_prompt_logprobs(j, q, &s->plan_seqs[k], &s->outs[k]);
                     q->n_fed += s->plan_seqs[k].n_new;
                     s->st.prompt_tokens += (uint64_t)s->plan_seqs[k].n_new;
                 }
                 if (!s->plan_seqs[k].sample || q->finish != PLN_FINISH_NONE) continue;
-                on_token(s, j, q, s->outs[k].token, s->outs[k].logprob);
+                if (s->outs[k].nonfinite) {   /* this sequence only; the engine stays trusted */
+                    finish_seq(s, j, q, PLN_FINISH_ERROR, PLN_NONFINITE_MSG, false);
+                    continue;
+                }
+                on_token(s, j, q, &s->outs[k]);
             }
         }
         remove_finished_jobs(s);

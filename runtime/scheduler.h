@@ -45,11 +45,20 @@ typedef enum {
 /* TGI names: "length", "eos_token", "stop_sequence", "error", "cancelled". */
 const char *pln_finish_name(pln_finish f);
 
+/* An alternative token (TGI top_tokens, OpenAI top_logprobs). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    char *text;       /* sanitized UTF-8 */
+} pln_tok_alt;
+
 /* One generated token as the HTTP side sees it. */
 typedef struct {
     int32_t id;
     float logprob;
     bool special;
+    int32_t n_top;    /* the job's top_n (fewer only if the vocabulary is smaller) */
+    pln_tok_alt top[PLN_TOP_MAX];
     char *text;       /* this token's own text, sanitized UTF-8 (details / TGI stream token.text) */
     char *delta;      /* text that became final with this token (stream "text"); concatenating
                          every delta gives exactly the final generated text */
@@ -59,6 +68,13 @@ typedef struct {
     /* set at creation */
     int32_t *prompt_ids;
     int32_t n_prompt;
+    int32_t prompt_index;         /* which of the request's prompts (sequences of one prompt are
+                                     consecutive: best_of of them) */
+    /* prompt_logprobs: prompt_lp[i] is the log-prob of prompt token i given the ones before
+     * (NAN for i = 0), prompt_top[i * top_n ...] its alternatives (text NULL); complete once the
+     * first token is out */
+    float *prompt_lp;
+    pln_tok_alt *prompt_top;
     /* guarded by the job's mutex; written by the scheduler */
     pln_tok_event *events;
     int32_t n_events, cap_events;
@@ -66,6 +82,7 @@ typedef struct {
     char *text;                   /* final generated text (set with finish) */
     char *error;                  /* message when finish == ERROR */
     uint64_t seed;                /* the seed used (drawn when the request had none) */
+    double logprob_sum;           /* of the generated tokens (best_of ranks by it) */
     double t_submit, t_first, t_done;
     /* scheduler-private */
     int32_t slot;                 /* -1 until admitted */
@@ -84,8 +101,11 @@ typedef struct pln_job {
     pthread_cond_t cv;
     int refs;                     /* HTTP side + scheduler */
     pln_api api;
-    int32_t n_seqs;
+    int32_t n_seqs;               /* n_prompts * best_of */
     pln_seq *seqs;
+    int32_t n_prompts, best_of, n_answer;   /* n_answer (OpenAI n) of every best_of are answered */
+    int32_t top_n;
+    bool prompt_logprobs;
     int32_t max_new_tokens;
     pln_sample_params sample;
     bool do_sample;
@@ -98,9 +118,13 @@ typedef struct pln_job {
     struct pln_job *next;         /* scheduler's list */
 } pln_job;
 
-/* Builds a job from a parsed request and its tokenized prompts (ids copied). Never fails. The
- * caller holds one reference. */
+/* Builds a job from a parsed request and its tokenized prompts (ids copied): best_of sequences
+ * per prompt, the first with the request's seed, the others with seeds derived from it (or each
+ * its own drawn seed). Never fails. The caller holds one reference. */
 pln_job *pln_job_create(const pln_gen_request *req, int32_t *const *prompt_ids, const int32_t *n_prompt);
+/* Once the job has finished: order[0..best_of) gets the indices of prompt p's sequences, highest
+ * total log-prob first (lower index on ties); the first n_answer are the answer. */
+void pln_job_rank(const pln_job *j, int32_t p, int32_t *order);
 void pln_job_unref(pln_job *j);
 /* Asks the scheduler to drop the job's sequences at the next step (client disconnected). */
 void pln_job_cancel(pln_job *j);
@@ -143,6 +167,8 @@ typedef struct {
     uint64_t generated_tokens, prompt_tokens;
     uint64_t finished[PLN_FINISH_CANCELLED + 1];
     int64_t kv_blocks_total, kv_blocks_free, kv_blocks_reserved;
+    bool prefix_cache;
+    int64_t kv_blocks_cached, prefix_query_tokens, prefix_hit_tokens, fork_tokens;
     int32_t block_size, max_seqs;
     pln_hist ttft, tpot, batch;
 } pln_sched_stats;

@@ -6,13 +6,16 @@
  * once (the scheduler then frees the slot and KV blocks within one step). */
 #include "runtime/server.h"
 #include "formats/common.h"
+#include "runtime/httpframe.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -21,9 +24,10 @@
 #include <time.h>
 
 enum { R_GENERATE, R_GENERATE_STREAM, R_TOKENIZE, R_HEALTH, R_INFO, R_METRICS, R_COMPLETIONS, R_MODELS,
-       R_NOT_FOUND, R_COUNT };
+       R_ROOT, R_CHAT, R_NOT_FOUND, R_COUNT };
 static const char *const g_route_names[R_COUNT] = {"generate", "generate_stream", "tokenize", "health", "info",
-                                                   "metrics", "completions", "models", "not_found"};
+                                                   "metrics", "completions", "models", "compat", "chat_completions",
+                                                   "not_found"};
 enum { O_SUCCESS, O_VALIDATION, O_OVERLOADED, O_GENERATION, O_UNAVAILABLE, O_CANCELLED, O_COUNT };
 static const char *const g_outcome_names[O_COUNT] = {"success", "validation_error", "overloaded",
                                                      "generation_error", "unavailable", "cancelled"};
@@ -37,10 +41,19 @@ struct pln_server {
     char *host;
     int port;
     pln_engine_info info;
+    const pln_chat_template *chat;      /* NULL: no chat template */
     time_t started;
     atomic_int open;                              /* connection contexts alive */
     atomic_ullong counts[R_COUNT][O_COUNT];
     atomic_ullong id_counter;
+    /* the connection guard (see "connection guard" below) */
+    pthread_mutex_t guard_mu;
+    pthread_cond_t guard_cv;
+    struct guard_conn *guard_head;
+    pthread_t guard_thr;
+    bool guard_running, guard_stop;
+    atomic_int in_flight;                         /* requests received whole, not yet answered */
+    atomic_ullong deadline_closed;                /* connections shut by --request-timeout */
 };
 
 typedef struct {
@@ -57,6 +70,15 @@ typedef struct {
     bool include_usage;
     char *full_prefix;              /* TGI return_full_text: the prompt, put before the text */
     bool openai_stream;
+    /* token details (route layer: see the "token details" section) */
+    int32_t top_n;                  /* alternatives per token */
+    bool logprobs;                  /* OpenAI: a logprobs object per choice */
+    bool echo;                      /* OpenAI: the prompt starts the text */
+    bool root;                      /* TGI compatibility route: a non-streamed answer is an array */
+    bool chat;                      /* OpenAI chat: chat.completion(.chunk) shapes */
+    char **prompts;                 /* the request's prompt texts (echo) */
+    int32_t n_prompts;
+    int64_t *text_off;              /* streaming OpenAI logprobs: text_offset reached per sequence */
     char id[40];
     time_t created;
     /* streaming state */
@@ -66,6 +88,10 @@ typedef struct {
     size_t out_len, out_off, out_cap;
     bool stream_done, gone;
     int outcome;
+    /* framing layer */
+    pln_frame_kind frame;           /* how the body is framed (checked on the first call) */
+    bool in_flight;                 /* counted in srv->in_flight */
+    double rejected_at;             /* too_big: when the raw 413 was sent (0: not yet) */
 } conn_ctx;
 
 static void ctx_unref(conn_ctx *c) {
@@ -74,6 +100,9 @@ static void ctx_unref(conn_ctx *c) {
     atomic_fetch_sub(&c->srv->open, 1);
     free(c->body);
     free(c->full_prefix);
+    for (int32_t i = 0; i < c->n_prompts; i++) free(c->prompts[i]);
+    free(c->prompts);
+    free(c->text_off);
     free(c->consumed);
     free(c->seq_closed);
     free(c->out);
@@ -134,8 +163,11 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long ms) {
 /* ---- JSON pieces -------------------------------------------------------------------------- */
 
 static json_t *token_json(const pln_tok_event *e) {
-    return json_pack("{s:i, s:s, s:f, s:b}", "id", (json_int_t)e->id, "text", e->text, "logprob", (double)e->logprob,
-                     "special", e->special);
+    /* jansson refuses NaN/Inf (the whole event would be lost): a non-finite log-prob is null
+     * (x - x is 0 exactly when x is finite) */
+    bool finite = e->logprob - e->logprob == 0.0f;
+    return json_pack("{s:i, s:s, s:o, s:b}", "id", (json_int_t)e->id, "text", e->text, "logprob",
+                     finite ? json_real((double)e->logprob) : json_null(), "special", e->special);
 }
 
 static json_t *seed_json(const pln_job *j, const pln_seq *q) {
@@ -158,6 +190,124 @@ static json_t *generated_text_json(const conn_ctx *c, const pln_seq *q) {
     json_t *v = json_string(t);
     free(t);
     return v;
+}
+
+/* ---- token details (TGI details / top_tokens / prefill, OpenAI logprobs) -------------------- */
+
+/* A log-prob as JSON: null when there is none (the first prompt token) or it is not finite. */
+static json_t *lp_json(float v) { return isfinite(v) ? json_real((double)v) : json_null(); }
+
+static char *tok_text(const pln_server *s, int32_t id) {
+    size_t tl = 0;
+    char *raw = s->tok.decode(s->tok.ctx, &id, 1, false, &tl);
+    char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+    free(raw);
+    return t;
+}
+
+static bool tok_special(const pln_server *s, int32_t id) {
+    return s->tok.is_special ? s->tok.is_special(s->tok.ctx, id) : id < 4;
+}
+
+/* TGI Token {id, text, logprob, special} of an alternative. */
+static json_t *alt_json(const pln_server *s, const pln_tok_alt *a) {
+    char *t = a->text ? NULL : tok_text(s, a->id);
+    json_t *o = json_pack("{s:i, s:s, s:o, s:b}", "id", (json_int_t)a->id, "text", a->text ? a->text : t, "logprob",
+                          lp_json(a->logprob), "special", tok_special(s, a->id));
+    free(t);
+    return o;
+}
+
+static json_t *tgi_top_tokens(const pln_server *s, const pln_tok_event *e) {
+    json_t *a = json_array();
+    for (int32_t t = 0; t < e->n_top; t++) json_array_append_new(a, alt_json(s, &e->top[t]));
+    return a;
+}
+
+/* TGI prefill: [{id, text, logprob}] of the prompt, the first logprob null; [] unless
+ * decoder_input_details. */
+static json_t *tgi_prefill(const pln_server *s, const pln_seq *q) {
+    json_t *a = json_array();
+    for (int32_t i = 0; q->prompt_lp && i < q->n_prompt; i++) {
+        char *t = tok_text(s, q->prompt_ids[i]);
+        json_array_append_new(a, json_pack("{s:i, s:s, s:o}", "id", (json_int_t)q->prompt_ids[i], "text", t, "logprob",
+                                           lp_json(i ? q->prompt_lp[i] : NAN)));
+        free(t);
+    }
+    return a;
+}
+
+/* OpenAI logprobs {tokens, token_logprobs, top_logprobs, text_offset} of the events ev[0..n) of
+ * q, after the prompt's tokens when with_prompt (echo). *off is the text offset reached so far
+ * (advanced by each token's text). */
+static json_t *openai_logprobs(const pln_server *s, const pln_job *j, const pln_seq *q, const pln_tok_event *ev,
+                               int32_t n, bool with_prompt, int64_t *off) {
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = 0; with_prompt && i < q->n_prompt; i++) {
+        char *t = tok_text(s, q->prompt_ids[i]);
+        json_array_append_new(toks, json_string(t));
+        json_array_append_new(lps, lp_json(i && q->prompt_lp ? q->prompt_lp[i] : NAN));
+        if (i == 0 || !q->prompt_lp) {
+            json_array_append_new(tops, json_null());
+        } else {
+            json_t *d = json_object();
+            for (int32_t k = 0; q->prompt_top && k < j->top_n; k++) {
+                const pln_tok_alt *a = &q->prompt_top[(size_t)i * j->top_n + k];
+                if (a->id < 0) continue;
+                char *at = tok_text(s, a->id);
+                json_object_set_new(d, at, lp_json(a->logprob));
+                free(at);
+            }
+            json_array_append_new(tops, d);
+        }
+        json_array_append_new(offs, json_integer(*off));
+        *off += (int64_t)strlen(t);
+        free(t);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const pln_tok_event *e = &ev[i];
+        json_array_append_new(toks, json_string(e->text));
+        json_array_append_new(lps, lp_json(e->logprob));
+        json_t *d = json_object();
+        for (int32_t k = 0; k < e->n_top; k++) json_object_set_new(d, e->top[k].text, lp_json(e->top[k].logprob));
+        json_array_append_new(tops, d);
+        json_array_append_new(offs, json_integer(*off));
+        *off += (int64_t)strlen(e->text);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+}
+
+/* OpenAI chat logprobs {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
+static json_t *bytes_json(const char *t) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+static json_t *chat_logprobs(const pln_tok_event *ev, int32_t n) {
+    json_t *content = json_array();
+    for (int32_t i = 0; i < n; i++) {
+        json_t *top = json_array();
+        for (int32_t k = 0; k < ev[i].n_top; k++)
+            json_array_append_new(top, json_pack("{s:s, s:o, s:o}", "token", ev[i].top[k].text, "logprob",
+                                                 lp_json(ev[i].top[k].logprob), "bytes", bytes_json(ev[i].top[k].text)));
+        json_array_append_new(content, json_pack("{s:s, s:o, s:o, s:o}", "token", ev[i].text, "logprob", lp_json(ev[i].logprob),
+                                                 "bytes", bytes_json(ev[i].text), "top_logprobs", top));
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* TGI details of one sequence (generate: with prefill and tokens). */
+static json_t *tgi_details(const conn_ctx *c, const pln_job *j, const pln_seq *q) {
+    json_t *toks = json_array();
+    for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
+    json_t *d = json_pack("{s:s, s:i, s:o, s:o, s:o}", "finish_reason", pln_finish_name(q->finish), "generated_tokens",
+                          (json_int_t)q->n_gen, "seed", seed_json(j, q), "prefill", tgi_prefill(c->srv, q), "tokens", toks);
+    if (c->top_n > 0) {
+        json_t *tt = json_array();
+        for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(tt, tgi_top_tokens(c->srv, &q->events[e]));
+        json_object_set_new(d, "top_tokens", tt);
+    }
+    return d;
 }
 
 /* ---- non-streaming generation ------------------------------------------------------------- */
@@ -188,29 +338,55 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
     }
     c->outcome = O_SUCCESS;
     c->answered = true;
+    int32_t *order = pln_xmalloc(sizeof(int32_t) * (size_t)j->best_of);
     if (c->api == PLN_API_TGI) {
-        pln_seq *q = &j->seqs[0];
+        pln_job_rank(j, 0, order);
+        pln_seq *q = &j->seqs[order[0]];
         json_t *o = json_pack("{s:o}", "generated_text", generated_text_json(c, q));
         if (c->details) {
-            json_t *toks = json_array();
-            for (int32_t e = 0; e < q->n_events; e++) json_array_append_new(toks, token_json(&q->events[e]));
-            json_t *d = json_pack("{s:s, s:i, s:o, s:[], s:o}", "finish_reason", pln_finish_name(q->finish),
-                                  "generated_tokens", (json_int_t)q->n_gen, "seed", seed_json(j, q), "prefill",
-                                  "tokens", toks);
+            json_t *d = tgi_details(c, j, q);
+            if (j->best_of > 1) {
+                json_t *bo = json_array();
+                for (int32_t k = 1; k < j->best_of; k++) {
+                    pln_seq *b = &j->seqs[order[k]];
+                    json_t *bd = tgi_details(c, j, b);
+                    json_object_set_new(bd, "generated_text", generated_text_json(c, b));
+                    json_array_append_new(bo, bd);
+                }
+                json_object_set_new(d, "best_of_sequences", bo);
+            }
             json_object_set_new(o, "details", d);
         }
-        return send_json(con, 200, o);
+        free(order);
+        /* the compatibility route answers a list, as TGI's does */
+        return send_json(con, 200, c->root ? json_pack("[o]", o) : o);
     }
-    json_t *o = openai_envelope(c, "text_completion");
+    json_t *o = openai_envelope(c, c->chat ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
     json_int_t pt = 0, ct = 0;
-    for (int32_t i = 0; i < j->n_seqs; i++) {
-        pln_seq *q = &j->seqs[i];
-        json_array_append_new(choices, json_pack("{s:s, s:i, s:n, s:s}", "text", q->text, "index", (json_int_t)i,
-                                                 "logprobs", "finish_reason", openai_finish(q->finish)));
-        pt += q->n_prompt;
-        ct += q->n_gen;
+    for (int32_t i = 0; i < j->n_seqs; i++) ct += j->seqs[i].n_gen;
+    for (int32_t p = 0; p < j->n_prompts; p++) {
+        pln_job_rank(j, p, order);
+        pt += j->seqs[order[0]].n_prompt;
+        for (int32_t k = 0; k < j->n_answer; k++) {
+            pln_seq *q = &j->seqs[order[k]];
+            if (c->chat) {
+                json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s}, s:o, s:s}", "index", (json_int_t)(p * j->n_answer + k),
+                                                         "message", "role", "assistant", "content", q->text, "logprobs",
+                                                         c->logprobs ? chat_logprobs(q->events, q->n_events) : json_null(),
+                                                         "finish_reason", openai_finish(q->finish)));
+                continue;
+            }
+            char *text = c->echo ? pln_xasprintf("%s%s", c->prompts[p], q->text) : pln_xstrdup(q->text);
+            int64_t off = 0;
+            json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, q->events, q->n_events, c->echo, &off) : json_null();
+            json_array_append_new(choices, json_pack("{s:s, s:i, s:o, s:s}", "text", text, "index",
+                                                     (json_int_t)(p * j->n_answer + k), "logprobs", lp,
+                                                     "finish_reason", openai_finish(q->finish)));
+            free(text);
+        }
     }
+    free(order);
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                               "total_tokens", pt + ct));
@@ -254,6 +430,7 @@ static bool format_new(conn_ctx *c) {
             bool last = fin && !failed && k == q->n_events - 1;
             if (c->api == PLN_API_TGI) {
                 json_t *o = json_pack("{s:i, s:o}", "index", (json_int_t)k + 1, "token", token_json(e));
+                if (c->top_n > 0) json_object_set_new(o, "top_tokens", tgi_top_tokens(c->srv, e));
                 if (last) {
                     json_object_set_new(o, "generated_text", generated_text_json(c, q));
                     json_object_set_new(o, "details", json_pack("{s:s, s:i, s:o}", "finish_reason", pln_finish_name(q->finish),
@@ -263,11 +440,25 @@ static bool format_new(conn_ctx *c) {
                     json_object_set_new(o, "details", json_null());
                 }
                 out_event(c, o);
-            } else if (e->delta[0] || last) {
-                json_t *o = openai_envelope(c, "text_completion");
-                json_object_set_new(o, "choices", json_pack("[{s:s, s:i, s:n, s:o}]", "text", e->delta, "index", (json_int_t)i,
-                                                            "logprobs", "finish_reason",
+            } else if (c->chat) {
+                json_t *o = openai_envelope(c, "chat.completion.chunk");
+                json_t *delta = k == 0 ? json_pack("{s:s, s:s}", "role", "assistant", "content", e->delta)
+                                       : json_pack("{s:s}", "content", e->delta);
+                json_object_set_new(o, "choices", json_pack("[{s:i, s:o, s:o, s:o}]", "index", (json_int_t)i, "delta", delta,
+                                                            "logprobs", c->logprobs ? chat_logprobs(e, 1) : json_null(),
+                                                            "finish_reason",
                                                             last ? json_string(openai_finish(q->finish)) : json_null()));
+                out_event(c, o);
+            } else if (e->delta[0] || last || c->logprobs) {
+                /* with echo the prompt goes first, in the chunk of the first token */
+                bool with_prompt = c->echo && k == 0;
+                char *text = with_prompt ? pln_xasprintf("%s%s", c->prompts[q->prompt_index], e->delta) : pln_xstrdup(e->delta);
+                json_t *lp = c->logprobs ? openai_logprobs(c->srv, j, q, e, 1, with_prompt, &c->text_off[i]) : json_null();
+                json_t *o = openai_envelope(c, "text_completion");
+                json_object_set_new(o, "choices", json_pack("[{s:s, s:i, s:o, s:o}]", "text", text, "index", (json_int_t)i,
+                                                            "logprobs", lp, "finish_reason",
+                                                            last ? json_string(openai_finish(q->finish)) : json_null()));
+                free(text);
                 out_event(c, o);
             }
             added = true;
@@ -294,8 +485,11 @@ static bool format_new(conn_ctx *c) {
         if (all_closed && !c->stream_done) {
             if (c->api == PLN_API_OPENAI && c->include_usage) {
                 json_int_t pt = 0, ct = 0;
-                for (int32_t i = 0; i < j->n_seqs; i++) { pt += j->seqs[i].n_prompt; ct += j->seqs[i].n_gen; }
-                json_t *o = openai_envelope(c, "text_completion");
+                for (int32_t i = 0; i < j->n_seqs; i++) {   /* each prompt once, every sequence generated */
+                    if (i % j->best_of == 0) pt += j->seqs[i].n_prompt;
+                    ct += j->seqs[i].n_gen;
+                }
+                json_t *o = openai_envelope(c, c->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(o, "choices", json_array());
                 json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                                           "total_tokens", pt + ct));
@@ -350,9 +544,19 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     pln_gen_request req;
     pln_req_error err;
     int rc = c->route == R_COMPLETIONS ? pln_req_parse_completions(c->body, c->len, &s->lim, &req, &err)
+             : c->route == R_CHAT      ? pln_req_parse_chat(c->body, c->len, &s->lim, s->chat, &req, &err)
                                        : pln_req_parse_generate(c->body, c->len, &s->lim, &req, &err);
     if (rc) return send_error(c, con, &err);
-    bool stream = c->route == R_GENERATE_STREAM || (c->route == R_COMPLETIONS && req.stream);
+    bool stream = c->route == R_GENERATE_STREAM ||
+                  ((c->route == R_COMPLETIONS || c->route == R_ROOT || c->route == R_CHAT) && req.stream);
+    if (c->route == R_GENERATE_STREAM && (req.best_of > 1 || req.prompt_logprobs)) {
+        /* the body had no `stream`: the route streams, so TGI's streaming rules apply */
+        pln_req_fail(&err, c->api, 422, req.best_of > 1 ? "best_of" : "decoder_input_details", "%s",
+                     req.best_of > 1 ? "`best_of` != 1 is not supported when streaming tokens"
+                                     : "`decoder_input_details` == true is not supported when streaming tokens");
+        pln_gen_request_free(&req);
+        return send_error(c, con, &err);
+    }
     if (req.api == PLN_API_OPENAI && req.model && strcmp(req.model, s->model_id)) {
         pln_req_fail(&err, c->api, 404, "model", "The model `%s` does not exist; this server serves `%s`", req.model, s->model_id);
         snprintf(err.code, sizeof err.code, "model_not_found");
@@ -368,6 +572,11 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
                               "could not tokenize the prompt: %s", pln_error());
             break;
         }
+        if (req.truncate > 0 && n_ids[i] > req.truncate) {
+            /* TGI keeps the last `truncate` tokens */
+            memmove(ids[i], ids[i] + (n_ids[i] - req.truncate), sizeof(int32_t) * (size_t)req.truncate);
+            n_ids[i] = req.truncate;
+        }
         rc = pln_req_check_lengths(req.api, n_ids[i], req.max_new_tokens, &s->lim, &err);
     }
     pln_job *job = NULL;
@@ -380,20 +589,30 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     free(n_ids);
     c->details = req.details;
     c->include_usage = req.include_usage;
-    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(req.prompts[0]);
+    c->top_n = req.top_n;
+    c->logprobs = req.logprobs;
+    c->echo = req.echo;
+    c->root = c->route == R_ROOT;
+    c->chat = req.chat;
+    c->n_prompts = req.n_prompts;
+    c->prompts = req.prompts;          /* taken over: echo needs them */
+    req.prompts = NULL;
+    req.n_prompts = 0;
+    if (req.return_full_text && req.api == PLN_API_TGI) c->full_prefix = pln_xstrdup(c->prompts[0]);
     pln_gen_request_free(&req);
     if (rc) {
         pln_job_unref(job);
         return send_error(c, con, &err);
     }
     c->job = job;
-    snprintf(c->id, sizeof c->id, "cmpl-%llx%04llx", (unsigned long long)time(NULL),
+    snprintf(c->id, sizeof c->id, "%s-%llx%04llx", c->chat ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL),
              (unsigned long long)atomic_fetch_add(&s->id_counter, 1) & 0xFFFF);
     c->created = time(NULL);
     if (!stream) return finish_blocking(c, con);
 
     c->consumed = pln_xcalloc((size_t)job->n_seqs, sizeof *c->consumed);
     c->seq_closed = pln_xcalloc((size_t)job->n_seqs, sizeof *c->seq_closed);
+    c->text_off = pln_xcalloc((size_t)job->n_seqs, sizeof *c->text_off);
     atomic_fetch_add(&c->refs, 1);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, stream_free);
     if (!r) { ctx_unref(c); pln_job_cancel(job); return MHD_NO; }
@@ -418,6 +637,12 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
         return send_error(c, con, &err);
     }
     free(text);
+    /* The same cap as /generate: the reply (an object per token) and the memory to build it
+     * grow with the token count, so they stay bounded by --max-input-tokens. */
+    if (pln_req_check_lengths(PLN_API_TGI, n, 0, &s->lim, &err)) {
+        free(ids);
+        return send_error(c, con, &err);
+    }
     json_t *arr = json_array();
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -434,6 +659,20 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
     c->outcome = O_SUCCESS;
     c->answered = true;
     return send_json(con, 200, arr);
+}
+
+/* ---- OpenAI chat -------------------------------------------------------------------------- */
+
+/* BLOOM ships no chat template: rather than guess one, say so and point at /v1/completions. */
+static enum MHD_Result handle_chat(conn_ctx *c, struct MHD_Connection *con) {
+    if (c->srv->chat) return handle_generate(c, con);
+    pln_req_error err;
+    pln_req_fail(&err, PLN_API_OPENAI, 400, "messages",
+                 "`%s` has no chat template (BLOOM models ship none), so /v1/chat/completions cannot turn messages "
+                 "into a prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
+                 "--chat-template FILE (see docs/SERVING.md)", c->srv->model_id);
+    snprintf(err.code, sizeof err.code, "chat_template_missing");
+    return send_error(c, con, &err);
 }
 
 /* ---- GET routes --------------------------------------------------------------------------- */
@@ -463,6 +702,8 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "max_body_bytes", json_integer(l->max_body_bytes));
     json_object_set_new(o, "max_connections", json_integer(l->max_connections));
     json_object_set_new(o, "timeout_s", json_integer(l->timeout_s));
+    json_object_set_new(o, "request_timeout_s", json_integer(l->request_timeout_s));
+    json_object_set_new(o, "max_connections_per_client", json_integer(l->max_connections_per_client));
     json_object_set_new(o, "max_stop_sequences", json_integer(l->max_stop_sequences));
     json_object_set_new(o, "max_prompts", json_integer(l->max_prompts));
     json_object_set_new(o, "default_max_new_tokens", json_integer(l->default_max_new_tokens));
@@ -470,6 +711,9 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "kv_block_size", json_integer(in->block_size));
     json_object_set_new(o, "kv_dtype", json_string(in->kv_dtype ? in->kv_dtype : "?"));
     json_object_set_new(o, "kv_blocks", json_integer(in->kv_blocks_total));
+    json_object_set_new(o, "prefix_cache", json_boolean(in->prefix_cache));
+    json_object_set_new(o, "max_best_of", json_integer(l->max_best_of));
+    json_object_set_new(o, "max_top_n_tokens", json_integer(l->max_top_n_tokens));
     json_object_set_new(o, "n_vocab", json_integer(in->n_vocab));
     json_object_set_new(o, "hidden_size", json_integer(in->hidden));
     json_object_set_new(o, "n_head", json_integer(in->n_head));
@@ -542,10 +786,23 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
               (long long)st.kv_blocks_reserved);
     sb_printf(&b, "# HELP pln_kv_cache_usage Fraction of KV-cache blocks in use.\n# TYPE pln_kv_cache_usage gauge\npln_kv_cache_usage %.6f\n",
               st.kv_blocks_total ? (double)(st.kv_blocks_total - st.kv_blocks_free) / (double)st.kv_blocks_total : 0.0);
+    sb_printf(&b, "# HELP pln_kv_blocks_cached Full KV blocks kept in the prefix cache.\n# TYPE pln_kv_blocks_cached gauge\npln_kv_blocks_cached %lld\n",
+              (long long)st.kv_blocks_cached);
+    sb_printf(&b, "# HELP pln_prefix_cache_query_tokens_total Prompt tokens looked up in the prefix cache (whole blocks).\n"
+                  "# TYPE pln_prefix_cache_query_tokens_total counter\npln_prefix_cache_query_tokens_total %lld\n",
+              (long long)st.prefix_query_tokens);
+    sb_printf(&b, "# HELP pln_prefix_cache_hit_tokens_total Prompt tokens found in the prefix cache (not computed again).\n"
+                  "# TYPE pln_prefix_cache_hit_tokens_total counter\npln_prefix_cache_hit_tokens_total %lld\n",
+              (long long)st.prefix_hit_tokens);
+    sb_printf(&b, "# HELP pln_kv_fork_tokens_total Prompt tokens whose KV blocks a sequence shared from a sibling (n, best_of).\n"
+                  "# TYPE pln_kv_fork_tokens_total counter\npln_kv_fork_tokens_total %lld\n", (long long)st.fork_tokens);
     sb_printf(&b, "# HELP pln_healthy 1 when generation works and the server is not draining.\n# TYPE pln_healthy gauge\npln_healthy %d\n",
               st.healthy && !st.draining);
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",
               atomic_load(&s->open));
+    sb_printf(&b, "# HELP pln_request_timeouts_total Connections closed because a request did not arrive whole within --request-timeout.\n"
+                  "# TYPE pln_request_timeouts_total counter\npln_request_timeouts_total %llu\n",
+              (unsigned long long)atomic_load(&s->deadline_closed));
     metric_hist(&b, "pln_time_to_first_token_seconds", "Time from arrival to the first generated token.", &st.ttft, pln_hist_bounds_seconds);
     metric_hist(&b, "pln_time_per_output_token_seconds", "Mean time between generated tokens of a finished sequence.", &st.tpot,
                 pln_hist_bounds_seconds);
@@ -553,6 +810,220 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
     c->outcome = O_SUCCESS;
     c->answered = true;
     return send_text(con, 200, "text/plain; version=0.0.4", b.p);
+}
+
+/* ---- connection guard: a deadline for every request ----------------------------------------
+ * libmicrohttpd 0.9.x has only an idle timeout, which every byte resets: a client that sends one
+ * header byte a second holds its connection (and, thread per connection, a thread) for as long
+ * as it likes, and a few hundred such clients lock everyone else out. It has no deadline for a
+ * whole request, and while it reads a head nothing of ours runs on that connection's thread. So a
+ * watchdog thread keeps every connection (MHD_OPTION_NOTIFY_CONNECTION reports each), the time it
+ * became ready for its current request (accepted, or its previous response sent) and whether that
+ * request has arrived whole. One that has not arrived within --request-timeout is shut down:
+ * shutdown(2) on its socket wakes libmicrohttpd's poll, which then closes the connection as a
+ * hang-up. A client that had begun a request first gets a 408; an idle keep-alive connection is
+ * closed quietly, as nginx does at keepalive_timeout. Using the fd under guard_mu is safe: the
+ * CLOSED notification, which unlinks the entry under that lock, comes before libmicrohttpd closes
+ * the socket, so the number cannot have been reused. */
+typedef struct guard_conn {
+    struct guard_conn *prev, *next;
+    int fd;
+    double ready_at;        /* when the connection became ready for its current request */
+    bool started;           /* the current request's first line has arrived */
+    bool busy;              /* the current request arrived whole: being answered, no deadline */
+    bool answered;          /* a response was queued before the body: libmicrohttpd writes it */
+    bool shut;              /* already shut down by the watchdog */
+} guard_conn;
+
+static guard_conn *guard_of(struct MHD_Connection *con) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void guard_on_connection(void *cls, struct MHD_Connection *con, void **socket_context,
+                                enum MHD_ConnectionNotificationCode code) {
+    pln_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        guard_conn *g = pln_xcalloc(1, sizeof *g);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+        g->fd = ci ? ci->connect_fd : -1;
+        g->ready_at = pln_now();
+        pthread_mutex_lock(&s->guard_mu);
+        g->next = s->guard_head;
+        if (g->next) g->next->prev = g;
+        s->guard_head = g;
+        pthread_mutex_unlock(&s->guard_mu);
+        *socket_context = g;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        guard_conn *g = *socket_context;
+        if (!g) return;
+        pthread_mutex_lock(&s->guard_mu);
+        if (g->prev) g->prev->next = g->next;
+        else s->guard_head = g->next;
+        if (g->next) g->next->prev = g->prev;
+        pthread_mutex_unlock(&s->guard_mu);
+        free(g);
+        *socket_context = NULL;
+    }
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: the first line of a request has arrived. Returns the initial
+ * request context, which must stay NULL (on_request allocates its own). */
+static void *guard_on_uri(void *cls, const char *uri, struct MHD_Connection *con) {
+    pln_server *s = cls;
+    guard_conn *g = guard_of(con);
+    if (g) {
+        pthread_mutex_lock(&s->guard_mu);
+        g->started = true;
+        pthread_mutex_unlock(&s->guard_mu);
+    }
+    return NULL;
+}
+
+typedef enum { GUARD_ARRIVED, GUARD_ANSWERED_EARLY, GUARD_DONE } guard_event;
+
+static void guard_note(pln_server *s, struct MHD_Connection *con, guard_event ev) {
+    guard_conn *g = guard_of(con);
+    if (!g) return;
+    pthread_mutex_lock(&s->guard_mu);
+    switch (ev) {
+    case GUARD_ARRIVED: g->busy = true; break;
+    case GUARD_ANSWERED_EARLY: g->answered = true; break;
+    case GUARD_DONE: g->busy = g->started = g->answered = false; g->ready_at = pln_now(); break;
+    }
+    pthread_mutex_unlock(&s->guard_mu);
+}
+
+/* Writes a complete error response straight to the socket, for the two cases libmicrohttpd gives
+ * no way to answer: a request past its deadline (nothing of ours runs on its thread), and a body
+ * found too long while it arrives (0.9.x refuses to queue a response between the head and the end
+ * of the body, and a chunked body may never end). Best effort and non-blocking: the connection is
+ * closed right after, so nothing else is written on it. */
+static void send_raw_error(int fd, pln_api api, const pln_req_error *err, const char *reason) {
+    char *body = pln_req_error_json(api, err);
+    char *msg = pln_xasprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                              "Connection: close\r\n\r\n%s", err->status, reason, strlen(body), body);
+    ssize_t w = send(fd, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    free(msg);
+    free(body);
+}
+
+static void *guard_thread(void *arg) {
+    pln_server *s = arg;
+    const double limit = s->lim.request_timeout_s;
+    pthread_mutex_lock(&s->guard_mu);
+    while (!s->guard_stop) {
+        timed_wait(&s->guard_cv, &s->guard_mu, 100);
+        double now = pln_now();
+        for (guard_conn *g = s->guard_head; g; g = g->next) {
+            if (g->busy || g->shut || g->fd < 0 || now - g->ready_at < limit) continue;
+            if (g->started && !g->answered) {
+                pln_req_error err;
+                pln_req_fail(&err, PLN_API_TGI, 408, NULL,
+                             "the request did not arrive whole within %d s (--request-timeout)", s->lim.request_timeout_s);
+                send_raw_error(g->fd, PLN_API_TGI, &err, "Request Timeout");
+            }
+            shutdown(g->fd, SHUT_RDWR);
+            g->shut = true;
+            atomic_fetch_add(&s->deadline_closed, 1);
+        }
+    }
+    pthread_mutex_unlock(&s->guard_mu);
+    return NULL;
+}
+
+static void guard_start(pln_server *s) {
+    pthread_mutex_init(&s->guard_mu, NULL);
+    pthread_cond_init(&s->guard_cv, NULL);
+    if (s->lim.request_timeout_s > 0) s->guard_running = !pthread_create(&s->guard_thr, NULL, guard_thread, s);
+}
+
+static void guard_stop(pln_server *s) {
+    if (s->guard_running) {
+        pthread_mutex_lock(&s->guard_mu);
+        s->guard_stop = true;
+        pthread_cond_signal(&s->guard_cv);
+        pthread_mutex_unlock(&s->guard_mu);
+        pthread_join(s->guard_thr, NULL);
+        s->guard_running = false;
+    }
+}
+
+/* ---- framing: the head decides how the body is read, or the connection is refused ---------- */
+
+static enum MHD_Result collect_field(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct { pln_http_field f[256]; size_t n; bool overflow; } *fs = cls;
+    if (fs->n == 256) { fs->overflow = true; return MHD_NO; }
+    fs->f[fs->n++] = (pln_http_field){key, value};
+    return MHD_YES;
+}
+
+/* An error answered before the body has been read. When the body's end cannot be found (bad
+ * framing) or is not worth waiting for (chunked), the connection is closed after the answer, as
+ * RFC 9112 §6.3 requires, instead of being read on for a next request that may be smuggled. */
+static enum MHD_Result send_early_error(conn_ctx *c, struct MHD_Connection *con, const pln_req_error *err, bool close) {
+    c->outcome = outcome_of_status(err->status);
+    c->answered = true;
+    guard_note(c->srv, con, GUARD_ANSWERED_EARLY);
+    char *text = pln_req_error_json(c->api, err);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(text); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(con, (unsigned)err->status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* First call of a request: checks its framing (httpframe.h). Returns 0, or -1 after answering. */
+static int frame_check(conn_ctx *c, struct MHD_Connection *con, enum MHD_Result *ret) {
+    struct { pln_http_field f[256]; size_t n; bool overflow; } fs;
+    fs.n = 0;
+    fs.overflow = false;
+    MHD_get_connection_values(con, MHD_HEADER_KIND, collect_field, &fs);
+    pln_req_error err;
+    pln_frame fr;
+    int rc;
+    if (fs.overflow) rc = pln_req_fail(&err, c->api, 431, NULL, "more than 256 header fields");
+    else rc = pln_http_check_framing(fs.f, fs.n, c->srv->lim.max_body_bytes, c->api, &fr, &err);
+    if (!rc) { c->frame = fr.kind; return 0; }
+    *ret = send_early_error(c, con, &err, true);
+    return -1;
+}
+
+/* Body bytes: kept up to --max-body-bytes. Past it the request is answered 413 at once, however
+ * the body is framed (a chunked body may announce 2^64-1 bytes and never end), the write side is
+ * shut so the client sees the answer and the end, and what still arrives is read and dropped for
+ * a moment (a lingering close, as nginx does, so the kernel does not reset the connection before
+ * the client has read the 413). Returns MHD_NO when the connection must close. */
+static enum MHD_Result frame_body(conn_ctx *c, struct MHD_Connection *con, const char *data, size_t n) {
+    pln_server *s = c->srv;
+    if (c->too_big) return pln_now() - c->rejected_at < 1.0 ? MHD_YES : MHD_NO;
+    if (c->answered) return MHD_YES;   /* answered early: libmicrohttpd drops the rest */
+    if (c->len + n > (size_t)s->lim.max_body_bytes) {
+        pln_req_error err;
+        pln_req_fail(&err, c->api, 413, NULL, "request body is over %lld bytes (--max-body-bytes)",
+                     (long long)s->lim.max_body_bytes);
+        c->too_big = true;
+        c->outcome = O_VALIDATION;
+        c->rejected_at = pln_now();
+        guard_note(s, con, GUARD_ANSWERED_EARLY);
+        send_raw_error(c->fd, c->api, &err, "Content Too Large");
+        shutdown(c->fd, SHUT_WR);
+        free(c->body);
+        c->body = NULL;
+        c->len = c->cap = 0;
+        return MHD_YES;
+    }
+    if (c->len + n + 1 > c->cap) {
+        c->cap = (c->len + n + 1) * 2;
+        if (c->cap > (size_t)s->lim.max_body_bytes + 1) c->cap = (size_t)s->lim.max_body_bytes + 1;
+        c->body = pln_xrealloc(c->body, c->cap);
+    }
+    memcpy(c->body + c->len, data, n);
+    c->len += n;
+    return MHD_YES;
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
@@ -563,6 +1034,7 @@ static int route_of(const char *url, bool *is_post, bool *known) {
         {"/tokenize", R_TOKENIZE, true},       {"/health", R_HEALTH, false},
         {"/info", R_INFO, false},              {"/metrics", R_METRICS, false},
         {"/v1/completions", R_COMPLETIONS, true}, {"/v1/models", R_MODELS, false},
+        {"/", R_ROOT, true},                   {"/v1/chat/completions", R_CHAT, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) { *is_post = t[i].post; *known = true; return t[i].route; }
@@ -588,45 +1060,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         c->route = route_of(url, &post, &known);
         c->api = !strncmp(url, "/v1/", 4) ? PLN_API_OPENAI : PLN_API_TGI;
         *con_cls = c;
+        enum MHD_Result fret;
+        if (frame_check(c, con, &fret)) return fret;
         pln_req_error err;
+        bool body_left = c->frame != PLN_FRAME_NONE;
         if (!known)
-            return send_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err));
+            return send_early_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err),
+                                    body_left);
         if (strcmp(method, post ? "POST" : "GET")) {
             pln_req_fail(&err, c->api, 405, NULL, "%s %s: use %s", method, url, post ? "POST" : "GET");
-            return send_error(c, con, &err);
-        }
-        const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && s->lim.max_body_bytes > 0 && strtoull(cl, NULL, 10) > (unsigned long long)s->lim.max_body_bytes) {
-            pln_req_fail(&err, c->api, 413, NULL, "request body is %s bytes; the limit is %lld (--max-body-bytes)", cl,
-                         (long long)s->lim.max_body_bytes);
-            return send_error(c, con, &err);
+            return send_early_error(c, con, &err, body_left);
         }
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (!c->answered && !c->too_big) {
-            if (c->len + *upload_data_size > (size_t)s->lim.max_body_bytes) {
-                c->too_big = true;
-            } else {
-                if (c->len + *upload_data_size + 1 > c->cap) {
-                    c->cap = (c->len + *upload_data_size + 1) * 2;
-                    c->body = pln_xrealloc(c->body, c->cap);
-                }
-                memcpy(c->body + c->len, upload_data, *upload_data_size);
-                c->len += *upload_data_size;
-            }
-        }
+        enum MHD_Result br = frame_body(c, con, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return br;
+    }
+    if (c->too_big) return MHD_NO;   /* answered 413 already; close */
+    guard_note(s, con, GUARD_ARRIVED);
+    if (!c->in_flight) {
+        c->in_flight = true;
+        atomic_fetch_add(&s->in_flight, 1);
     }
     if (c->answered) return MHD_YES;
-    pln_req_error err;
-    if (c->too_big) {
-        pln_req_fail(&err, c->api, 413, NULL, "request body is over %lld bytes (--max-body-bytes)", (long long)s->lim.max_body_bytes);
-        return send_error(c, con, &err);
-    }
     switch (c->route) {
-    case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: return handle_generate(c, con);
+    case R_GENERATE: case R_GENERATE_STREAM: case R_COMPLETIONS: case R_ROOT: return handle_generate(c, con);
+    case R_CHAT: return handle_chat(c, con);
     case R_TOKENIZE: return handle_tokenize(c, con);
     case R_HEALTH: return handle_health(c, con);
     case R_INFO: return handle_info(c, con);
@@ -638,9 +1099,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 
 static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe) {
     pln_server *s = cls;
+    guard_note(s, con, GUARD_DONE);
     conn_ctx *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
+    if (c->in_flight) atomic_fetch_sub(&s->in_flight, 1);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->job) {
         pln_job_cancel(c->job);
         if (c->outcome == O_SUCCESS && !c->stream_done) c->outcome = O_CANCELLED;
@@ -655,6 +1118,7 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
     s->tok = *tok;
     s->lim = o->lim;
     s->model_id = pln_xstrdup(o->model_id ? o->model_id : "bloom");
+    s->chat = o->chat_template;
     s->host = pln_xstrdup(o->host ? o->host : "127.0.0.1");
     s->started = time(NULL);
     pln_sched_engine_info(sched, &s->info);
@@ -667,15 +1131,23 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
         goto fail;
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD;
+    guard_start(s);
+    /* Heads are bounded by libmicrohttpd's per-connection memory pool (its default 32 KiB: a
+     * longer line or head gets 414/431 and a close); bodies by --max-body-bytes (frame_body). */
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->lim.max_connections > 0 ? o->lim.max_connections : 256),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(o->lim.max_connections_per_client > 0 ? o->lim.max_connections_per_client : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->lim.timeout_s > 0 ? o->lim.timeout_s : 0),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, guard_on_connection, s,
+                            MHD_OPTION_URI_LOG_CALLBACK, guard_on_uri, s,
                             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     if (!s->d) {
         pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
+        guard_stop(s);
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -689,16 +1161,21 @@ fail:
 }
 
 int pln_server_port(const pln_server *s) { return s->port; }
-int pln_server_open_responses(pln_server *s) { return atomic_load(&s->open); }
+int pln_server_open_responses(pln_server *s) { return atomic_load(&s->in_flight); }
 
 void pln_server_stop(pln_server *s, double grace_s) {
     if (!s) return;
+    /* Only requests that arrived whole are waited for: an idle keep-alive connection, or one
+     * still sending its request, has nothing in flight (it would get 503 anyway). */
     double t0 = pln_now();
-    while (atomic_load(&s->open) > 0 && pln_now() - t0 < grace_s) {
+    while (atomic_load(&s->in_flight) > 0 && pln_now() - t0 < grace_s) {
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    guard_stop(s);
     MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->guard_mu);
+    pthread_cond_destroy(&s->guard_cv);
     free(s->model_id);
     free(s->host);
     free(s);

@@ -15,6 +15,7 @@ typedef struct {
     int port;                  /* 0: any free port (read it back with pln_server_port) */
     const char *model_id;      /* name reported by /info and /v1/models, checked against "model" */
     pln_serve_limits lim;
+    const pln_chat_template *chat_template;   /* borrowed; NULL: /v1/chat/completions explains why not */
 } pln_server_opts;
 
 typedef struct pln_server pln_server;

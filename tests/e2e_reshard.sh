@@ -95,7 +95,7 @@ check_fails "a bad PLN_WRITE_DIRECT value is named" "PLN_WRITE_DIRECT=2" \
   env PLN_WRITE_DIRECT=2 "$POLLEN" reshard $F/bloom-4h/fp16-st -o $TMP/einval3 --tp 2 --dtype fp16 --quiet
 
 # ---- existing OUT ----
-check_fails "existing non-empty OUT refused" "not empty; pass --force" \
+check_fails "existing non-empty OUT refused" "not empty \(holds .*\); pass --force" \
   "$POLLEN" reshard $F/bloom-4h/fp16-st -o $TMP/det1 --tp 2 --dtype fp16 --quiet
 check "refused run left the old set intact" "$POLLEN" verify $TMP/det1
 check "--force replaces it" "$POLLEN" reshard $F/bloom-4h/fp16-st -o $TMP/det1 --tp 2 --dtype fp16 --quiet --force

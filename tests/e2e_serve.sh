@@ -147,11 +147,17 @@ if command -v mpirun >/dev/null; then
   if [ -d "$SRC" ] && "$POLLEN" reshard --help >/dev/null 2>&1; then
     check "reshard TP 1" "$POLLEN" reshard "$SRC" -o "$TMP/r1" --tp 1 --dtype fp16 --quiet
     check "reshard TP 2" "$POLLEN" reshard "$SRC" -o "$TMP/r2" --tp 2 --dtype fp16 --quiet
+    # prompt scoring and alternatives too: every log-prob (prefill, tokens, top_tokens) in order
+    SCORE='{"inputs":"Hello world, this is a test","parameters":{"max_new_tokens":4,"details":true,"decoder_input_details":true,"top_n_tokens":3}}'
+    lps() { grep -o '"logprob":[-0-9.e]*' | sed 's/"logprob"://' | tr '\n' ' '; }
     check "server starts (resharded TP 1)" start_server e "$POLLEN" serve "$TMP/r1"
-    A1=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of); stop_server
+    A1=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of); L1=$(post / "$SCORE" | lps); stop_server
     check "server starts (resharded TP 2)" start_server f $MPI "$POLLEN" serve "$TMP/r2"
-    A2=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of); stop_server
+    A2=$(post /generate "$REQ" | sed 's/.*"tokens"://' | ids_of); L2=$(post / "$SCORE" | lps); stop_server
     check "a TP-2 server answers like a TP-1 server ($A1)" test -n "$A1" -a "$A1" = "$A2"
+    check "TP 2 prompt log-probs and alternatives == TP 1 (within 1e-3)" awk -v a="$L1" -v b="$L2" 'BEGIN {
+      n = split(a, x, " "); m = split(b, y, " "); if (n != m || n < 20) exit 1
+      for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-3) exit 1 } }'
   else
     echo "SKIP: TP-1 vs TP-2 of one model (pollen reshard or the fixture is missing)"
   fi

@@ -27,7 +27,7 @@ for dt in fp16 int8; do
 done
 check "bf16 synth reshards TP 4 and verifies" \
   bash -c "'$POLLEN' reshard $TMP/d -o $TMP/d4 --tp 4 --dtype fp16 --quiet && '$POLLEN' verify $TMP/d4 --source $TMP/d >/dev/null"
-check_fails "existing OUT refused" "not empty; pass --force" "$POLLEN" synth --model $TMP/tiny.json -o $TMP/a --quiet
+check_fails "existing OUT refused" "not empty \(holds .*\); pass --force" "$POLLEN" synth --model $TMP/tiny.json -o $TMP/a --quiet
 check "--force replaces it" "$POLLEN" synth --model $TMP/tiny.json -o $TMP/a --force --quiet --seed 8 --shard-size 60000
 check "replaced content is seed 8's" diff -r $TMP/a $TMP/c
 check_fails "unknown model named" "bloom-9b.*not a known model" "$POLLEN" synth --model bloom-9b -o $TMP/x

@@ -26,7 +26,8 @@ if [ $rc -ne 0 ]; then
   exit 0
 fi
 export PLN_TEST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/pln-test-gpu.XXXXXX")
-trap 'rm -rf "$PLN_TEST_TMP"' EXIT
+# PLN_TEST_GPU_LOGS=DIR keeps every binary's full log there (tools/bench/gpu.sh packs them).
+trap '[ -n "${PLN_TEST_GPU_LOGS:-}" ] && cp "$PLN_TEST_TMP"/*.log "$PLN_TEST_GPU_LOGS"/ 2>/dev/null; rm -rf "$PLN_TEST_TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 pass=0; fail=0; failed_names=()
 TMO=${PLN_TEST_GPU_TIMEOUT:-300}
@@ -36,8 +37,8 @@ for t in "$probe" "$BUILD"/tests-gpu/test_* tests/gpu/e2e_*.sh; do
   log="$PLN_TEST_TMP/$name.log"
   [ -e "$log" ] && continue   # test_cuda_ops: already run first
   t0=$(date +%s.%N)
-  timeout "$TMO" "$t" ${PLN_TEST_GPU_ARGS:-} >"$log" 2>&1; rc=$?
-  [ $rc -eq 124 ] && echo "TIMEOUT $name after ${TMO}s" | tee -a "$log"
+  timeout -k 5 "$TMO" "$t" ${PLN_TEST_GPU_ARGS:-} >"$log" 2>&1; rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "TIMEOUT $name after ${TMO}s" | tee -a "$log"
   dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
   # the per-op table (OK / NOT OK lines) is the point of these tests: show it
   grep -E ' (OK|NOT OK)$|OK  \(' "$log" | sed 's/^/    /'

@@ -2,7 +2,7 @@
  * fixtures: prefill logits at every position, 20-step greedy continuations with log-probs,
  * batches of different lengths at different positions, chunked prefill, the left-padded batch
  * reference, int8 shards within a bound derived from the recorded quantization error, sampling,
- * invalid plans and an injected forward failure.
+ * invalid plans, an injected forward failure and injected NaN logits.
  *
  * Also the comparison helper of tests/e2e_generate.sh (TP > 1 runs under mpirun write their logits
  * with `pollen generate --dump-logits`):
@@ -16,6 +16,7 @@
 #include "formats/shard.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
+#include "runtime/kvcache.h"
 
 #include <jansson.h>
 
@@ -288,6 +289,36 @@ static void check_corrupt(const char *dir) {
     pln_engine_close(e);
 }
 
+/* NaN logits at one step (PLN_FAULT_NAN_LOGITS_AT_STEP): the rows sampled in that step come back
+ * nonfinite with no token, the step succeeds, and the engine goes on exactly as before. */
+static void check_nonfinite(const char *dir, const ref_t *r) {
+    setenv(PLN_ENGINE_FAULT_NAN_ENV, "2", 1);
+    pln_engine *e = open_set(dir, 0, 0);
+    unsetenv(PLN_ENGINE_FAULT_NAN_ENV);
+    if (!e) { CHECK(0, "nonfinite: engine opens"); return; }
+    int32_t n0 = r->n[0];
+    const int32_t *g = r->gids[0];   /* the prompt then transformers' greedy continuation */
+    pln_step_seq s[2] = {fixture_seq(0, r->ids[0], n0, true), fixture_seq(1, r->ids[1], r->n[1], true)};
+    pln_step_out o[2];
+    pln_step_plan p = {.n_seqs = 2, .seqs = s};
+    CHECK(pln_engine_step(e, &p, o) == 0 && !o[0].nonfinite && !o[1].nonfinite && o[0].token == g[n0],
+          "step 1 (prefill) samples normally: %d vs %d", o[0].token, g[n0]);
+    int32_t t0 = o[0].token, t1 = o[1].token;
+    s[0] = fixture_seq(0, &t0, 1, true);
+    s[1] = fixture_seq(1, &t1, 1, true);
+    int rc = pln_engine_step(e, &p, o);
+    CHECK(rc == 0, "a step with NaN logits still succeeds: %s", rc ? pln_error() : "");
+    CHECK(o[0].nonfinite && o[1].nonfinite && o[0].token == -1 && o[1].token == -1, "both rows nonfinite, no token (%d %d)",
+          o[0].token, o[1].token);
+    /* slot 1 is given up (as the scheduler does); slot 0 goes on with the reference token */
+    int32_t rel = 1, t2 = g[n0 + 1];
+    s[0] = fixture_seq(0, &t2, 1, true);
+    pln_step_plan p2 = {.n_seqs = 1, .seqs = s, .n_release = 1, .release = &rel};
+    CHECK(pln_engine_step(e, &p2, o) == 0 && !o[0].nonfinite && o[0].token == g[n0 + 2] && isfinite(o[0].logprob),
+          "the next step is exact again: %d vs %d", o[0].token, g[n0 + 2]);
+    pln_engine_close(e);
+}
+
 /* Seeded sampling, top-k/top-p, the full-row fallback and raw log-probs. */
 static void check_sampling(const char *dir, const ref_t *r) {
     pln_engine *e = open_set(dir, 0, 0);
@@ -407,6 +438,203 @@ static int load_logits(pln_safetensors *st, const char *path, const float **l, i
     return 0;
 }
 
+/* The KV cache's sharing bookkeeping, checked against its invariants after every call of a
+ * seeded random workload (reserve, match, fork, commit, release) on a small cache: free blocks =
+ * free list + evictable cached blocks, every reference counted, every cached block findable by
+ * its own tokens, a slot's matched prefix equal to the tokens it asked for. Then eviction: once
+ * other sequences need every block, a cached prefix is gone (matching finds nothing). */
+static void check_kvcache(void) {
+    pln_backend *be = pln_backend_create("cpu", 0);
+    CHECK(be != NULL, "cpu backend");
+    if (!be) return;
+    pln_kvcache kv;
+    enum { NB = 48, BS = 2, SLOTS = 6, MAXLEN = 24 };
+    CHECK(pln_kv_init(&kv, be, 1, 1, 4, NB, BS, SLOTS, MAXLEN) == 0 && pln_kv_prefix_enable(&kv) == 0, "kv init");
+    int32_t hist[SLOTS][MAXLEN], len[SLOTS] = {0};
+    uint64_t x = 12345;
+    int bad = 0, hits = 0;
+    for (int it = 0; it < 4000 && !bad; it++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        int32_t s = (int32_t)(x % SLOTS);
+        if (len[s] > 0 && (x >> 8) % 4 == 0) {
+            pln_kv_release(&kv, s);
+            len[s] = 0;
+        } else if (len[s] == 0) {
+            /* a fresh sequence: a prompt over 3 tokens (so prefixes repeat), matched, then filled */
+            int32_t n = 4 + (int32_t)((x >> 12) % 12);
+            for (int32_t j = 0; j < n; j++) hist[s][j] = (int32_t)((x >> (20 + j % 8)) % 3);
+            int32_t got = 0;
+            int32_t src = (int32_t)((x >> 40) % SLOTS);
+            if ((x >> 50) % 3 == 0 && src != s && len[src] >= BS && !memcmp(hist[src], hist[s], BS * 4))
+                got = pln_kv_fork(&kv, s, src, 1);
+            got += pln_kv_match(&kv, s, hist[s] + got * BS, n - got * BS, (n - 1) / BS - got);
+            hits += got;
+            if (pln_kv_reserve(&kv, s, n) == 0) {
+                len[s] = n;
+                pln_kv_commit(&kv, s, hist[s], n);
+            } else {
+                pln_kv_release(&kv, s);
+            }
+        } else if (len[s] < MAXLEN) {
+            hist[s][len[s]] = (int32_t)((x >> 16) % 3);
+            if (pln_kv_reserve(&kv, s, len[s] + 1) == 0) pln_kv_commit(&kv, s, hist[s], ++len[s]);
+        }
+        /* invariants */
+        int32_t refs[NB] = {0}, lru = 0, cached = 0;
+        for (int32_t q = 0; q < SLOTS; q++)
+            for (int32_t i = 0; i < kv.n_used[q]; i++) refs[kv.tables[q * kv.max_blocks + i]]++;
+        for (int32_t b = kv.lru_head; b >= 0; b = kv.lru_next[b]) lru++;
+        for (int32_t b = 0; b < NB; b++) {
+            if (refs[b] != kv.ref[b]) bad++;
+            if (kv.cached[b]) {
+                cached++;
+                /* findable: match a throwaway copy of its tokens through the table */
+                uint64_t mask = (uint64_t)kv.tcap - 1, i = kv.bhash[b] & mask;
+                while (kv.table[i] >= 0 && kv.table[i] != b) i = (i + 1) & mask;
+                if (kv.table[i] != b) bad++;
+            }
+        }
+        if (kv.n_free != kv.n_free_list + lru || cached != kv.n_cached) bad++;
+        /* a slot's blocks hold its own tokens: every cached block it holds carries them */
+        for (int32_t q = 0; q < SLOTS; q++)
+            for (int32_t i = 0; i < kv.n_used[q] && (i + 1) * BS <= len[q]; i++) {
+                int32_t b = kv.tables[q * kv.max_blocks + i];
+                if (kv.cached[b] && memcmp(kv.btok + b * BS, hist[q] + i * BS, BS * 4)) bad++;
+            }
+        if (bad) fprintf(stderr, "kvcache invariant broken at iteration %d\n", it);
+    }
+    CHECK(!bad, "kv cache invariants hold over 4000 random calls");
+    CHECK(hits > 50, "the workload shares blocks (%d taken from the cache or a fork)", hits);
+    for (int32_t q = 0; q < SLOTS; q++) pln_kv_release(&kv, q);
+    CHECK(kv.n_free == NB, "all blocks free after releasing every slot (%d)", kv.n_free);
+    /* eviction: cache a prefix, then let other tokens take every block */
+    int32_t a[8] = {7, 7, 8, 8, 9, 9, 5, 5}, b2[MAXLEN];
+    CHECK(pln_kv_reserve(&kv, 0, 8) == 0, "reserve prefix");
+    pln_kv_commit(&kv, 0, a, 8);
+    pln_kv_release(&kv, 0);
+    CHECK(pln_kv_match(&kv, 1, a, 8, 3) == 3, "cached prefix matches");
+    pln_kv_release(&kv, 1);
+    int32_t taken = 0;
+    for (int32_t q = 0; q < SLOTS; q++) {
+        for (int32_t j = 0; j < MAXLEN; j++) b2[j] = 100 + q * MAXLEN + j;
+        int32_t n = MAXLEN;
+        while (n > 0 && pln_kv_reserve(&kv, q, n)) n -= BS;
+        if (n > 0) pln_kv_commit(&kv, q, b2, n);
+        taken += kv.n_used[q];
+    }
+    CHECK(taken == NB && kv.n_free == 0, "other sequences took every block (%d of %d)", taken, NB);
+    CHECK(kv.evictions > 0, "cached blocks were evicted for them (%lld)", (long long)kv.evictions);
+    for (int32_t q = 0; q < SLOTS; q++) pln_kv_release(&kv, q);
+    CHECK(pln_kv_match(&kv, 2, a, 8, 3) < 3, "an evicted prefix no longer matches whole");
+    pln_kv_release(&kv, 2);
+    pln_kv_free(&kv);
+    pln_backend_destroy(be);
+}
+
+/* Prompt scoring and token alternatives against the raw logits of the same rows (want_logits):
+ * prompt 0 fed in two chunks (the first chunk's last row scores next_token), every row's
+ * log-prob and top 3 equal log_softmax of the row; the sampled token's 3 alternatives equal the
+ * last row's top 3. Then OpenAI presence / frequency penalties: each greedy pick equals the
+ * argmax of the raw row minus the penalties of the tokens generated so far. */
+static void check_scoring(const char *dir, const ref_t *r) {
+    pln_engine *e = open_set(dir, 0, 0);
+    CHECK(e != NULL, "scoring: engine opens");
+    if (!e) return;
+    int32_t n = r->n[0], h = n / 2;
+    const int32_t *tok = r->ids[0];
+    float *rows = pln_xmalloc((size_t)n * V * 4);
+    int32_t at = 0, worst_top = 0;
+    double worst = 0;
+    float plp[64];
+    int32_t pti[64][PLN_TOP_MAX], sampled = -1, alt_ids[3] = {-1, -1, -1};
+    for (int c = 0; c < 2; c++) {
+        int32_t len = c == 0 ? h : n - h;
+        pln_step_seq sq = fixture_seq(0, tok + at, len, c == 1);
+        sq.prompt_logprobs = true;
+        sq.top_n = 3;
+        sq.next_token = c == 0 ? tok[h] : -1;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &sq, .want_logits = true};
+        pln_step_out o;
+        CHECK(pln_engine_step(e, &p, &o) == 0, "scoring chunk %d: %s", c, pln_error());
+        CHECK(o.prompt_lp != NULL, "chunk %d returns prompt log-probs", c);
+        if (!o.prompt_lp) break;
+        memcpy(rows + (size_t)at * V, o.logits, (size_t)len * V * 4);
+        for (int32_t j = 0; j < len; j++) {
+            plp[at + j] = o.prompt_lp[j];
+            for (int t = 0; t < 3; t++) pti[at + j][t] = o.prompt_top_ids[j * PLN_TOP_MAX + t];
+        }
+        if (c == 1) {
+            sampled = o.token;
+            CHECK(o.n_top == 3, "sampled token has 3 alternatives (%d)", o.n_top);
+            for (int t = 0; t < 3; t++) alt_ids[t] = o.top_ids[t];
+            CHECK(fabs(o.top_logprobs[0] - o.logprob) < 1e-6 && o.top_ids[0] == o.token,
+                  "greedy: the first alternative is the token itself");
+        }
+        at += len;
+    }
+    for (int32_t j = 0; j + 1 < n; j++) {
+        const float *row = rows + (size_t)j * V;
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) if (row[v] > mx) mx = row[v];
+        for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+        double lse = mx + log(sum), want = row[tok[j + 1]] - lse;
+        if (fabs(plp[j] - want) > worst) worst = fabs(plp[j] - want);
+        int32_t best[3] = {-1, -1, -1};
+        for (int v = 0; v < V; v++)
+            for (int t = 0; t < 3; t++)
+                if (best[t] < 0 || row[v] > row[best[t]]) {
+                    for (int u = 2; u > t; u--) best[u] = best[u - 1];
+                    best[t] = v;
+                    break;
+                }
+        for (int t = 0; t < 3; t++) if (pti[j][t] != best[t]) worst_top++;
+        if (j == n - 2) {
+            /* the last prompt row is the sampled row */
+        }
+    }
+    CHECK(isnan(plp[n - 1]), "the prompt's last row has no successor (NAN)");
+    CHECK(worst < 1e-4, "prompt log-probs == log_softmax of the raw rows (max |diff| %.3g)", worst);
+    CHECK(worst_top == 0, "prompt top-3 ids == the rows' top 3 (%d differ)", worst_top);
+    {
+        const float *row = rows + (size_t)(n - 1) * V;
+        int32_t best = 0;
+        for (int v = 1; v < V; v++) if (row[v] > row[best]) best = v;
+        CHECK(sampled == best && alt_ids[0] == best, "greedy token %d == the last row's argmax %d", sampled, best);
+    }
+    /* presence / frequency penalties, greedy, 8 decode steps */
+    int32_t rel = 0;
+    pln_step_plan pr = {.n_release = 1, .release = &rel};
+    pln_engine_step(e, &pr, NULL);
+    int32_t cnt_ids[16], cnt[16], ncnt = 0, cur = -1, mismatches = 0;
+    for (int st = 0; st < 9; st++) {
+        pln_step_seq sq = fixture_seq(0, st == 0 ? tok : &cur, st == 0 ? n : 1, true);
+        sq.params.presence_penalty = 1.5f;
+        sq.params.frequency_penalty = 0.75f;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &sq, .want_logits = true};
+        pln_step_out o;
+        if (pln_engine_step(e, &p, &o)) { CHECK(0, "penalty step %d: %s", st, pln_error()); break; }
+        if (st > 0) {   /* the fed token was generated */
+            int k = 0;
+            while (k < ncnt && cnt_ids[k] != cur) k++;
+            if (k == ncnt) { cnt_ids[ncnt] = cur; cnt[ncnt++] = 0; }
+            cnt[k]++;
+        }
+        const float *row = o.logits + (size_t)(sq.n_new - 1) * V;
+        int32_t best = -1;
+        float bv = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            float x = row[v];
+            for (int k = 0; k < ncnt; k++) if (cnt_ids[k] == v) x -= 0.75f * (float)cnt[k] + 1.5f;
+            if (x > bv) { bv = x; best = v; }
+        }
+        mismatches += o.token != best;
+        cur = o.token;
+    }
+    CHECK(mismatches == 0, "presence/frequency-penalised greedy picks == argmax of the penalised raw rows (%d differ)", mismatches);
+    free(rows);
+    pln_engine_close(e);
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--cmp-dump")) {
         test_begin("cmp-dump");
@@ -507,6 +735,7 @@ int main(int argc, char **argv) {
     }
     test_begin("test_engine");
     g_comm = pln_comm_init(&argc, &argv);
+    check_kvcache();
     if (!fixture_can_reshard()) {
         printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
         pln_comm_free(g_comm);
@@ -552,6 +781,8 @@ int main(int argc, char **argv) {
                 if (k == 0) {
                     check_sampling(dir, &r);
                     check_errors(dir, &r, alone[0]);
+                    check_nonfinite(dir, &r);
+                    check_scoring(dir, &r);
                 }
             }
         }

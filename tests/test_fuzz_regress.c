@@ -105,10 +105,10 @@ int main(void) {
         printf("  %-18s %d regression inputs, %d seeds replayed without a crash\n", g_targets[i].name, nr, ns);
     }
 #ifdef HAVE_FUZZ_MANIFEST
-    /* the three seed manifests (TP 2 fp16, TP 2 int8, TP 1) must pass the placeholder rank files'
+    /* the six seed manifests (TP 2 fp16, TP 2 int8, TP 1; versions 1 and 2) must pass the placeholder rank files'
      * size checks and be accepted, or the target would only ever exercise the rejection paths */
     CHECK(fm_state == 1, "fuzz_manifest: scratch directory made (%s)", fm_root);
-    CHECK(fm_accepted >= 3, "fuzz_manifest: %ld inputs accepted by pln_shardset_open (want >= 3: every seed)", fm_accepted);
+    CHECK(fm_accepted >= 6, "fuzz_manifest: %ld inputs accepted by pln_shardset_open (want >= 6: every seed)", fm_accepted);
 #endif
     /* a regressions folder whose target is not compiled in here would be silently skipped: say so */
     DIR *d = opendir("tests/fuzz/regressions");

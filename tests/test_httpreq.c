@@ -4,9 +4,11 @@
  * documented status and a message naming the problem; plus the accepted forms and the UTF-8
  * helpers the streaming path relies on. */
 #include "runtime/httpreq.h"
+#include "formats/common.h"
 #include "tests/test.h"
 
 #include <jansson.h>
+#include <unistd.h>
 
 typedef struct {
     const char *body;
@@ -111,7 +113,26 @@ int main(void) {
         {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[1]}}", 422, "`stop[0]` must be a string"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[\"\"]}}", 422, "`stop[0]` cannot be empty"},
         {"{\"inputs\":\"hi\",\"parameters\":{\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}}", 422, "at most 4"},
-        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2}}", 422, "`best_of` other than 1"},
+        /* TGI's further parameters, with TGI's own messages */
+        {"{\"inputs\":\"hi\",\"stream\":true,\"parameters\":{\"top_n_tokens\":5,\"typical_p\":0.5,\"truncate\":3,"
+         "\"return_full_text\":true,\"watermark\":false,\"grammar\":null,\"adapter_id\":null}}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2,\"do_sample\":true,\"decoder_input_details\":true}}", 0, NULL},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2}}", 422, "you must use sampling when `best_of` is > 1"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":2,\"do_sample\":true,\"seed\":1}}", 422, "`seed` must not be set"},
+        {"{\"inputs\":\"hi\",\"stream\":true,\"parameters\":{\"best_of\":2,\"do_sample\":true}}", 422, "not supported when streaming"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":5,\"do_sample\":true}}", 422, "`best_of` must be > 0 and <= 4"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"best_of\":0}}", 422, "`best_of` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"stream\":true,\"parameters\":{\"decoder_input_details\":true}}", 422, "not supported when streaming"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_n_tokens\":6}}", 422, "`top_n_tokens` must be >= 0 and <= 5"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"top_n_tokens\":-1}}", 422, "`top_n_tokens` must be between 0"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"typical_p\":0}}", 422, "`typical_p` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"typical_p\":1.5}}", 422, "`typical_p` must be in (0, 1]"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"truncate\":0}}", 422, "`truncate` must be strictly positive"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"truncate\":5000}}", 422, "`truncate` must be strictly positive and less than 1025"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"watermark\":true}}", 422, "`watermark` is not supported"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"grammar\":{\"type\":\"json\"}}}", 422, "`grammar` is not supported"},
+        {"{\"inputs\":\"hi\",\"parameters\":{\"adapter_id\":\"a\"}}", 422, "`adapter_id` is not supported"},
+        {"{\"inputs\":\"hi\",\"stream\":1}", 422, "`stream` must be true or false"},
     };
     run_table("tgi", PLN_API_TGI, tgi, sizeof tgi / sizeof tgi[0], &lim);
 
@@ -139,12 +160,21 @@ int main(void) {
         {"{\"prompt\":\"hi\",\"top_p\":2}", 400, "`top_p` must be in (0, 1]"},
         {"{\"prompt\":\"hi\",\"stop\":5}", 400, "`stop` must be a string or an array"},
         {"{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "`stream` must be true or false"},
-        {"{\"prompt\":\"hi\",\"n\":2}", 400, "`n` other than 1"},
+        {"{\"prompt\":\"hi\",\"n\":2,\"best_of\":3,\"logprobs\":5,\"echo\":true,\"presence_penalty\":-2,"
+         "\"frequency_penalty\":2,\"suffix\":\"\",\"logit_bias\":{},\"user\":\"u\",\"typical_p\":0.9}", 0, NULL},
+        {"{\"prompt\":\"hi\",\"n\":0}", 400, "`n` must be strictly positive"},
+        {"{\"prompt\":\"hi\",\"n\":5}", 400, "`n` must be between 1 and 4"},
+        {"{\"prompt\":\"hi\",\"n\":3,\"best_of\":2}", 400, "greater than or equal to `n`"},
+        {"{\"prompt\":\"hi\",\"n\":1,\"best_of\":2,\"stream\":true}", 400, "cannot be streamed"},
+        {"{\"prompt\":\"hi\",\"logprobs\":6}", 400, "`logprobs` must be between 0 and 5"},
+        {"{\"prompt\":\"hi\",\"logprobs\":true}", 400, "`logprobs` must be an integer"},
+        {"{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "`suffix` is not supported"},
+        {"{\"prompt\":\"hi\",\"logit_bias\":{\"5\":1}}", 400, "`logit_bias` is not supported"},
+        {"{\"prompt\":\"hi\",\"frobnicate\":1}", 400, "Unrecognized request argument supplied: frobnicate"},
+        {"{\"prompt\":\"hi\",\"presence_penalty\":2.5}", 400, "`presence_penalty` must be in [-2, 2]"},
         {"{\"prompt\":\"hi\",\"stream_options\":true}", 400, "`stream_options` must be an object"},
         {"{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":1}}", 400, "`include_usage` must be true or false"},
-        {"{\"prompt\":\"hi\",\"echo\":true}", 400, "`echo` is not supported"},
         {"{\"prompt\":\"hi\",\"model\":5}", 400, "`model` must be a string"},
-        {"{\"prompt\":\"hi\",\"frequency_penalty\":1}", 400, "`frequency_penalty` is not supported"},
         {"{\"prompt\":\"hi\",\"seed\":-4}", 400, "`seed` must be between 0"},
     };
     run_table("openai", PLN_API_OPENAI, oai, sizeof oai / sizeof oai[0], &lim);
@@ -152,6 +182,21 @@ int main(void) {
     /* parsed values */
     pln_gen_request r;
     pln_req_error err;
+    {
+        const char *o = "{\"prompt\":[\"a\",\"b\"],\"n\":2,\"best_of\":3,\"logprobs\":2,\"echo\":true,\"presence_penalty\":0.5,"
+                        "\"frequency_penalty\":-1}";
+        CHECK(pln_req_parse_completions(o, strlen(o), &lim, &r, &err) == 0, "parse: %s", err.message);
+        CHECK(r.n == 2 && r.best_of == 3 && r.top_n == 2 && r.logprobs && r.echo && r.prompt_logprobs,
+              "n/best_of/logprobs/echo parsed (%d %d %d)", r.n, r.best_of, r.top_n);
+        CHECK(r.sample.presence_penalty == 0.5f && r.sample.frequency_penalty == -1.0f, "penalties parsed");
+        pln_gen_request_free(&r);
+        const char *t = "{\"inputs\":\"a\",\"parameters\":{\"typical_p\":0.5,\"best_of\":2,\"top_n_tokens\":3,"
+                        "\"decoder_input_details\":true,\"truncate\":7}}";
+        CHECK(pln_req_parse_generate(t, strlen(t), &lim, &r, &err) == 0, "parse: %s", err.message);
+        CHECK(r.sample.typical_p == 0.5f && r.sample.do_sample && r.best_of == 2 && r.n == 1 && r.top_n == 3 &&
+              r.prompt_logprobs && r.truncate == 7 && !r.stream, "TGI extras parsed; typical_p turns sampling on");
+        pln_gen_request_free(&r);
+    }
     const char *b = "{\"inputs\":\"hello\",\"parameters\":{\"max_new_tokens\":7,\"top_k\":5,\"seed\":42,\"stop\":[\"x\",\"yz\"],\"details\":true}}";
     CHECK(pln_req_parse_generate(b, strlen(b), &lim, &r, &err) == 0, "parse: %s", err.message);
     CHECK(r.n_prompts == 1 && !strcmp(r.prompts[0], "hello"), "inputs");
@@ -241,5 +286,61 @@ int main(void) {
     sz = pln_utf8_sanitize(full, fl, NULL);
     CHECK(!strcmp(acc, sz), "streamed pieces equal the whole");
     free(sz);
+    /* chat: template loading (bad files name the field) and rendering into a completions request */
+    {
+        char dir[] = "/tmp/pln-test-chat-XXXXXX", path[64];
+        CHECK(mkdtemp(dir) != NULL, "tmp dir");
+        snprintf(path, sizeof path, "%s/t.json", dir);
+        static const struct { const char *text, *msg; } bad_tpl[] = {
+            {"[1]", "is a JSON object"},
+            {"{\"user\":{\"prefx\":\"\"}}", "unknown key `user.prefx`"},
+            {"{\"robot\":{}}", "unknown key `robot`"},
+            {"{\"user\":{\"prefix\":3}}", "`user.prefix` must be a string"},
+            {"{\"stop\":[\"\"]}", "`stop[0]` must be a string of 1 to 256 bytes"},
+            {"{\"user\": ", "not a chat template"},
+        };
+        pln_chat_template t;
+        for (size_t i = 0; i < sizeof bad_tpl / sizeof bad_tpl[0]; i++) {
+            FILE *f = fopen(path, "w");
+            fputs(bad_tpl[i].text, f);
+            fclose(f);
+            int rc = pln_chat_template_load(path, &t);
+            CHECK(rc == -1 && strstr(pln_error(), bad_tpl[i].msg) && strstr(pln_error(), path), "template %s: '%s' lacks '%s'",
+                  bad_tpl[i].text, pln_error(), bad_tpl[i].msg);
+        }
+        FILE *f = fopen(path, "w");
+        fputs("{\"system\":{\"suffix\":\"\\n\"},\"user\":{\"prefix\":\"U: \",\"suffix\":\"\\n\"},"
+              "\"assistant\":{\"prefix\":\"A: \",\"suffix\":\"\\n\"},\"generation_prompt\":\"A:\",\"stop\":[\"\\nU:\"]}", f);
+        fclose(f);
+        CHECK(pln_chat_template_load(path, &t) == 0, "template loads: %s", pln_error());
+        const char *cb = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\","
+                         "\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]},{\"role\":\"assistant\",\"content\":\"yo\"},"
+                         "{\"role\":\"user\",\"content\":\"more\"}],\"max_completion_tokens\":7,\"logprobs\":true,"
+                         "\"top_logprobs\":3,\"stop\":\"X\"}";
+        CHECK(pln_req_parse_chat(cb, strlen(cb), &lim, &t, &r, &err) == 0, "chat parses: %s", err.message);
+        CHECK(r.chat && r.n_prompts == 1 && !strcmp(r.prompts[0], "S\nU: hi\nA: yo\nU: more\nA:"), "rendered prompt '%s'",
+              r.n_prompts ? r.prompts[0] : "");
+        CHECK(r.max_new_tokens == 7 && r.logprobs && r.top_n == 3, "max_completion_tokens, logprobs + top_logprobs");
+        CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "X") && !strcmp(r.stop[1], "\nU:"), "request stop + the template's");
+        pln_gen_request_free(&r);
+        static const row chat_bad[] = {
+            {"{\"messages\":[]}", 400, "`messages` must be a non-empty list"},
+            {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "must be system, user or assistant"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "must be a string or a list of text parts"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "only {\"type\": \"text\""},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[]}", 400, "Unrecognized request argument supplied: tools"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400, "needs `logprobs` true"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "`temperature` must be in [0, 2]"},
+        };
+        for (size_t i = 0; i < sizeof chat_bad / sizeof chat_bad[0]; i++) {
+            int rc = pln_req_parse_chat(chat_bad[i].body, strlen(chat_bad[i].body), &lim, &t, &r, &err);
+            CHECK(rc == -1 && err.status == 400 && strstr(err.message, chat_bad[i].msg), "chat %s: %d '%s'", chat_bad[i].body,
+                  err.status, err.message);
+            if (!rc) pln_gen_request_free(&r);
+        }
+        pln_chat_template_free(&t);
+        unlink(path);
+        rmdir(dir);
+    }
     return test_done();
 }

@@ -6,7 +6,8 @@
  * loading whatever the piece size (pieces that end mid-tensor or inside alignment padding, at
  * several phases); a flipped byte inside a tensor fails the load naming that tensor; a flipped byte in
  * the padding between tensors does not; the engine on cpu-stream gives the plain CPU backend's
- * logits bit for bit and reports a load rate. */
+ * logits bit for bit and reports a load rate; with --no-mmap the file is read once into memory and
+ * that copy is what the backend gets (and verifies), unaffected by a later truncation. */
 #include "tests/test.h"
 #include "tests/fixture_set.h"
 #include "formats/shard.h"
@@ -18,6 +19,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <unistd.h>
 
 static size_t g_piece = 1 << 20;   /* load_file piece size */
 static int g_pieces;               /* pieces handed to on_bytes by the last load */
@@ -71,10 +73,29 @@ static int stream_load_file(pln_backend *be, void *dst, const char *path, uint64
     return 0;
 }
 
+/* As the CUDA backend does with dst NULL: a copy in backend memory the caller frees. */
+static int g_host_copies;
+static const void *stream_weights_from_host(pln_backend *be, void *dst, const void *src, size_t n) {
+    if (!dst && !(dst = be->alloc(be, n ? n : 1))) return NULL;
+    memcpy(dst, src, n);
+    g_host_copies++;
+    return dst;
+}
+
+static int g_load_calls;
+static int counting_load_file(pln_backend *be, void *dst, const char *path, uint64_t off, uint64_t n, double *rate,
+                              void (*on_bytes)(void *ctx, uint64_t at, const void *p, size_t len), void *ctx) {
+    g_load_calls++;
+    return stream_load_file(be, dst, path, off, n, rate, on_bytes, ctx);
+}
+
 static pln_backend *stream_create(int device) {
     (void)device;
     pln_backend *be = pln_backend_cpu_create();
-    if (be) be->load_file = stream_load_file;
+    if (be) {
+        be->load_file = counting_load_file;
+        be->weights_from_host = stream_weights_from_host;
+    }
     return be;
 }
 
@@ -183,6 +204,46 @@ static void check_corrupt(const char *dir, const pln_shard *s) {
     pln_backend_destroy(be);
 }
 
+/* --no-mmap (pln_map_set_no_mmap): the rank file is read into anonymous memory once; a load_file
+ * backend is then given that copy (weights_from_host) instead of reading the file again, --verify
+ * checks the copy, and the weights stay intact when the file is truncated afterwards. */
+static void check_no_mmap(const char *dir, const pln_shard *s) {
+    pln_backend *be = pln_backend_create("cpu-stream", 0);
+    char *copy = pln_xasprintf("%s/nommap", test_tmpdir());
+    char *cmd = pln_xasprintf("rm -rf %s && cp -r %s %s", copy, dir, copy);
+    CHECK(sh(cmd) == 0, "copy the set");
+    free(cmd);
+    pln_map_set_no_mmap(true);
+    g_load_calls = g_host_copies = 0;
+    pln_loader *l = open_loader(copy, be, true);
+    CHECK(l != NULL, "--no-mmap: verified load: %s", l ? "" : pln_error());
+    CHECK(g_load_calls == 0 && g_host_copies == 1, "--no-mmap: the file is read once (load_file %d, host copies %d)",
+          g_load_calls, g_host_copies);
+    if (l) {
+        char *rank = pln_xasprintf("%s/rank-0-of-1.pln", copy);
+        CHECK(truncate(rank, 4096) == 0, "truncate the rank file under the loaded weights");
+        free(rank);
+        bool same = same_as_file(l, s);   /* reads l's memory only: a mapping would fault here */
+        printf("--no-mmap load (copy handed to the backend), file truncated afterwards: weights %s\n",
+               same ? "identical to the file" : "DIFFER");
+        CHECK(same, "--no-mmap: weights equal the original file after it was truncated");
+        pln_loader_close(l);
+    }
+    /* a flipped byte is found by --verify on the in-memory copy */
+    cmd = pln_xasprintf("rm -rf %s && cp -r %s %s", copy, dir, copy);
+    CHECK(sh(cmd) == 0, "copy the set again");
+    free(cmd);
+    const pln_shard_tensor *t = &s->tensors[1];
+    CHECK(flip(copy, t->offset + t->nbytes / 3) == 0, "flip a byte of %s", t->name);
+    l = open_loader(copy, be, true);
+    CHECK(l == NULL && strstr(pln_error(), t->name), "--no-mmap --verify: a flipped byte in %s fails the load: %s",
+          t->name, l ? "(loaded)" : pln_error());
+    pln_loader_close(l);
+    pln_map_set_no_mmap(false);
+    free(copy);
+    pln_backend_destroy(be);
+}
+
 /* The engine on cpu-stream: same logits as cpu, bit for bit, and a load rate in its info. */
 static void check_engine(const char *dir) {
     int32_t ids[6] = {5, 17, 230, 41, 999, 3};
@@ -243,6 +304,7 @@ int main(int argc, char **argv) {
     if (s) {
         check_pieces(dir, s);
         check_corrupt(dir, s);
+        check_no_mmap(dir, s);
         check_engine(dir);
         pln_shard_close(s);
     }

@@ -425,6 +425,47 @@ static void test_penalty(void) {
     CHECK(d[0] == 1.0f / 3.0f, "temperature divides: %.9g", d[0]);
 }
 
+/* HF TypicalLogitsWarper on 6 logits {3,2,1,0,-1,-3}: the kept sets below come from running
+ * HF's algorithm (entropy, |-logp - H| order, cumsum < mass) on them. Every seed must draw
+ * inside the kept set, and over many seeds every kept token shows up. */
+static void test_typical(void) {
+    const float v[6] = {3, 2, 1, 0, -1, -3};
+    const int32_t ids[6] = {0, 1, 2, 3, 4, 5};
+    const struct { float mass; int n; int32_t keep[3]; } cases[] = {
+        {0.2f, 1, {1}}, {0.5f, 2, {0, 1}}, {0.9f, 3, {0, 1, 2}}, {0.95f, 3, {0, 1, 2}}};
+    float lse = 0;
+    {
+        double s = 0;
+        for (int i = 0; i < 6; i++) s += exp((double)v[i] - 3.0);
+        lse = (float)(3.0 + log(s));
+    }
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        pln_sample_params p = sampling(1.0f, 0, 1.0f, 0);
+        p.typical_p = cases[c].mass;
+        bool seen[6] = {false};
+        for (uint64_t seed = 0; seed < 400; seed++) {
+            pln_rng r;
+            pln_rng_seed(&r, seed);
+            int32_t id = pln_sample_pick(&p, &r, v, ids, 6, lse, NULL);
+            CHECK(id >= 0 && id < 6, "typical id in range");
+            seen[id] = true;
+        }
+        int n = 0;
+        for (int i = 0; i < 6; i++) n += seen[i];
+        bool match = n == cases[c].n;
+        for (int k = 0; k < cases[c].n; k++) match &= seen[cases[c].keep[k]];
+        CHECK(match, "typical_p %.2f: drew %d distinct tokens, HF keeps %d", (double)cases[c].mass, n, cases[c].n);
+        /* full candidates decide typical only through top-k / top-p */
+        CHECK(!pln_sample_candidates_suffice(&p, v, 6, lse, 1000), "typical alone needs the full row");
+    }
+    pln_sample_params bad = sampling(1.0f, 0, 1.0f, 0);
+    bad.typical_p = 1.5f;
+    CHECK(pln_sample_params_check(&bad) == -1 && !strncmp(pln_error(), "typical_p", 9), "typical_p 1.5 refused");
+    bad.typical_p = 1.0f;
+    bad.presence_penalty = NAN;
+    CHECK(pln_sample_params_check(&bad) == -1, "NaN presence_penalty refused");
+}
+
 int main(void) {
     test_begin("test_sampler");
     test_params();
@@ -435,5 +476,6 @@ int main(void) {
     test_tp_invariance();
     test_large_rows();
     test_penalty();
+    test_typical();
     return test_done();
 }

@@ -24,7 +24,8 @@
  *   prompt starting '!': three letters then EOS;   prompt starting '~': the bytes of "é€" over
  *   and over (UTF-8 split across tokens);          otherwise 'a' + (first + pos) % 26.
  * Sampling mixes the seed in. Each step sleeps delay_us; step fail_at (counting steps that feed
- * tokens) fails and releases the plan's slots, as the real engine does. */
+ * tokens) fails and releases the plan's slots, as the real engine does; step nan_at reports its
+ * sampled rows nonfinite (NaN logits), as the real engine does for a corrupt model. */
 #define FE_SLOTS 8
 #define FE_BLOCK 4
 #define FE_BLOCKS 96
@@ -36,6 +37,7 @@ typedef struct {
     int64_t n_free;
     int64_t step_no;
     int64_t fail_at;
+    int64_t nan_at;            /* this step's sampled rows are nonfinite (NaN logits), no token */
     int delay_us;
     int max_batch_seen;
     int max_tokens_seen;       /* tokens fed in one step */
@@ -82,7 +84,9 @@ static int fe_step(void *ctx, const pln_step_plan *plan, pln_step_out *out) {
         f->n_free -= want - f->used[s];
         f->used[s] = want;
         out[i].token = -1;
-        if (q->sample) {
+        if (q->sample && f->nan_at && f->step_no == f->nan_at) {
+            out[i].nonfinite = true;
+        } else if (q->sample) {
             out[i].token = fe_next(f, s, &q->params);
             out[i].logprob = -0.25f;
             f->n_gen[s]++;
@@ -144,6 +148,7 @@ typedef struct {
 } inst;
 
 static void *sched_thread(void *a) { pln_sched_run(a); return NULL; }
+static const pln_chat_template *g_chat;   /* the next instance's --chat-template (NULL: none) */
 
 static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int64_t fail_at) {
     memset(in, 0, sizeof *in);
@@ -155,7 +160,7 @@ static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int6
     pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
     in->sched = pln_sched_create(&se, &st, lim);
     if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
-    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim};
+    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat};
     in->srv = pln_server_start(&so, in->sched, &st);
     if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
     in->port = pln_server_port(in->srv);
@@ -350,6 +355,121 @@ static bool wait_metric(int port, const char *name, double want, double secs) {
     return false;
 }
 
+/* The routes and shapes the real clients use: the TGI compatibility route (an array, or SSE by
+ * `stream`), the chat route's explanation, a JSON 404, OpenAI n / best_of / logprobs / echo and
+ * TGI best_of_sequences, over the wire. */
+static void test_compat(int port) {
+    const char *b = "{\"inputs\":\"abc\",\"parameters\":{\"max_new_tokens\":5}}";
+    int st;
+    char *want = tgi_text(port, b, &st);
+    resp r = http(port, "POST", "/", b);
+    json_t *o = jparse(r.body);
+    CHECK(r.status == 200 && json_is_array(o) && json_array_size(o) == 1 &&
+              !strcmp(jstr(json_array_get(o, 0), "generated_text"), want),
+          "POST / answers [{generated_text}] like /generate: %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "POST", "/", "{\"inputs\":\"abc\",\"stream\":true,\"parameters\":{\"max_new_tokens\":5}}");
+    char *ev[64];
+    int n = sse_events(r.body, ev, 64);
+    o = n > 0 ? jparse(ev[n - 1]) : NULL;
+    CHECK(r.status == 200 && n == 5 && o && jstr(o, "generated_text") && !strcmp(jstr(o, "generated_text"), want),
+          "POST / with stream: 5 events, the last with the same text (%d events)", n);
+    json_decref(o);
+    free(r.body);
+    free(want);
+
+    r = http(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    o = jparse(r.body);
+    json_t *e = json_object_get(o, "error");
+    CHECK(r.status == 400 && e && !strcmp(jstr(e, "type"), "invalid_request_error") &&
+              !strcmp(jstr(e, "code"), "chat_template_missing") && strstr(jstr(e, "message"), "/v1/completions"),
+          "chat without a template: 400 in the OpenAI shape, pointing at /v1/completions: %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(port, "GET", "/no/such/route", NULL);
+    o = jparse(r.body);
+    CHECK(r.status == 404 && o && !strcmp(jstr(o, "error_type"), "not_found"), "unknown route: JSON 404 %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    r = http(port, "POST", "/v1/completions", "{\"prompt\":\"abc\",\"max_tokens\":4,\"temperature\":0,\"n\":2,\"logprobs\":0,\"echo\":true}");
+    o = jparse(r.body);
+    json_t *ch = json_object_get(o, "choices");
+    json_t *c0 = json_array_get(ch, 0), *c1 = json_array_get(ch, 1);
+    json_t *lp = json_object_get(c0, "logprobs");
+    CHECK(r.status == 200 && json_array_size(ch) == 2 && json_integer_value(json_object_get(c1, "index")) == 1 &&
+              !strcmp(jstr(c0, "text"), jstr(c1, "text")) && !strncmp(jstr(c0, "text"), "abc", 3),
+          "n=2 echo: two choices starting with the prompt: %s", r.body);
+    /* echo + logprobs: 3 prompt tokens (the test engine scores none: null) then 4 generated at -0.25 */
+    json_t *tl = json_object_get(lp, "token_logprobs"), *to = json_object_get(lp, "text_offset");
+    CHECK(json_array_size(json_object_get(lp, "tokens")) == 7 && json_is_null(json_array_get(tl, 0)) &&
+              json_real_value(json_array_get(tl, 6)) == -0.25 && json_integer_value(json_array_get(to, 3)) == 3 &&
+              json_integer_value(json_array_get(to, 6)) == 6,
+          "logprobs: tokens, token_logprobs, text_offset: %s", r.body);
+    CHECK(json_integer_value(json_object_get(json_object_get(o, "usage"), "completion_tokens")) == 8 &&
+              json_integer_value(json_object_get(json_object_get(o, "usage"), "prompt_tokens")) == 3,
+          "usage: the prompt once, both completions");
+    json_decref(o);
+    free(r.body);
+
+    r = http(port, "POST", "/generate", "{\"inputs\":\"abc\",\"parameters\":{\"max_new_tokens\":4,\"do_sample\":true,\"best_of\":3,\"details\":true}}");
+    o = jparse(r.body);
+    json_t *d = json_object_get(o, "details");
+    CHECK(r.status == 200 && json_array_size(json_object_get(d, "best_of_sequences")) == 2 &&
+              jstr(json_array_get(json_object_get(d, "best_of_sequences"), 0), "generated_text"),
+          "best_of 3: the answer and two best_of_sequences: %s", r.body);
+    json_decref(o);
+    free(r.body);
+}
+
+/* /v1/chat/completions with a template: the messages are rendered into one prompt and answered
+ * exactly as /v1/completions answers that prompt, in the chat shapes, streamed or not. */
+static void test_chat(const pln_serve_limits *lim) {
+    static char empty[] = "", u[] = "U:", nl[] = "|", gp[] = "A:";
+    static char *stops[] = {nl};
+    static const pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp,
+                                          .stop = stops, .n_stop = 1};
+    g_chat = &tpl;
+    inst C;
+    inst_start(&C, lim, 0, 0);
+    g_chat = NULL;
+    int st;
+    char fin[32] = "";
+    char *want = oai_text(C.port, "{\"prompt\":\"sys|U:hi|A:\",\"max_tokens\":6,\"temperature\":0,\"stop\":\"|\"}", &st, fin, sizeof fin);
+    const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"hi\"}],"
+                       "\"max_tokens\":6,\"temperature\":0";
+    char b1[512];
+    snprintf(b1, sizeof b1, "%s}", body);
+    resp r = http(C.port, "POST", "/v1/chat/completions", b1);
+    json_t *o = jparse(r.body);
+    json_t *c0 = json_array_get(json_object_get(o, "choices"), 0), *msg = json_object_get(c0, "message");
+    CHECK(r.status == 200 && !strcmp(jstr(o, "object"), "chat.completion") && !strncmp(jstr(o, "id"), "chatcmpl-", 9) &&
+              !strcmp(jstr(msg, "role"), "assistant") && !strcmp(jstr(msg, "content"), want),
+          "chat answer == completion of the rendered prompt '%s': %s", want, r.body);
+    json_decref(o);
+    free(r.body);
+    snprintf(b1, sizeof b1, "%s,\"stream\":true}", body);
+    r = http(C.port, "POST", "/v1/chat/completions", b1);
+    char *ev[64], acc[256] = "";
+    int n = sse_events(r.body, ev, 64);
+    bool role_first = false;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(ev[i], "[DONE]")) continue;
+        json_t *e = jparse(ev[i]);
+        json_t *d = json_object_get(json_array_get(json_object_get(e, "choices"), 0), "delta");
+        if (i == 0) role_first = jstr(d, "role") && !strcmp(jstr(d, "role"), "assistant") &&
+                                 !strcmp(jstr(e, "object"), "chat.completion.chunk");
+        if (jstr(d, "content")) strncat(acc, jstr(d, "content"), sizeof acc - strlen(acc) - 1);
+        json_decref(e);
+    }
+    CHECK(n > 1 && !strcmp(ev[n - 1], "[DONE]") && role_first && !strcmp(acc, want),
+          "chat stream: role first, deltas add up ('%s' vs '%s'), [DONE] last", acc, want);
+    free(r.body);
+    free(want);
+    inst_stop(&C);
+}
+
 int main(void) {
     test_begin("test_server");
     signal(SIGPIPE, SIG_IGN);
@@ -386,6 +506,8 @@ int main(void) {
     CHECK(r.status == 200 && !strcmp(jstr(json_array_get(json_object_get(o, "data"), 0), "id"), "fake-model"), "models %s", r.body);
     json_decref(o);
     free(r.body);
+    test_compat(port);
+    test_chat(&lim);
 
     /* ---- validation over the wire: status, error shape, message ---- */
     static const struct { const char *path, *body; int status; const char *msg; } bad[] = {
@@ -685,6 +807,41 @@ int main(void) {
     CHECK(r.status == 503, "new request on an unhealthy server -> %d", r.status);
     free(r.body);
     inst_stop(&B);
+
+    /* ---- NaN logits: the sequences of that step fail, the server stays healthy ---- */
+    inst N;
+    inst_start(&N, &lim, 0, 0);
+    int np = N.port;
+    pthread_mutex_lock(&N.fe.mu);
+    N.fe.nan_at = 3;   /* one request alone: prefill, one decode, then NaN */
+    pthread_mutex_unlock(&N.fe.mu);
+    r = http(np, "POST", "/generate", "{\"inputs\":\"x\",\"parameters\":{\"max_new_tokens\":30}}");
+    CHECK(r.status == 424 && strstr(r.body, "non-finite logits") && strstr(r.body, "\"error_type\":\"generation\""),
+          "NaN logits: the non-stream request gets 424 (%d %s)", r.status, r.body);
+    free(r.body);
+    pthread_mutex_lock(&N.fe.mu);
+    N.fe.nan_at = N.fe.step_no + 3;
+    pthread_mutex_unlock(&N.fe.mu);
+    last = NULL;
+    st_text = tgi_stream_text(np, "{\"inputs\":\"y\",\"parameters\":{\"max_new_tokens\":30}}", &final, &nev, &last);
+    CHECK(nev == 3 && last && !strcmp(jstr(last, "error_type") ? jstr(last, "error_type") : "", "generation") &&
+          strstr(jstr(last, "error"), "non-finite logits"), "NaN logits: two tokens, then an error event (%d events)", nev);
+    json_decref(last);
+    free(final);
+    free(st_text);
+    CHECK(metric(np, "pln_requests_total{route=\"generate\",outcome=\"generation_error\"}") == 1 &&
+          metric(np, "pln_requests_total{route=\"generate_stream\",outcome=\"generation_error\"}") == 1 &&
+          metric(np, "pln_requests_total{route=\"generate\",outcome=\"success\"}") == 0,
+          "NaN logits: both requests counted as generation errors");
+    CHECK(metric(np, "pln_sequences_finished_total{reason=\"error\"}") == 2, "NaN logits: two sequences finished with an error");
+    CHECK(wait_metric(np, "pln_kv_blocks_free", FE_BLOCKS, 3.0), "NaN logits: KV memory freed");
+    r = http(np, "GET", "/health", NULL);
+    CHECK(r.status == 200, "NaN logits: still healthy (%d)", r.status);
+    free(r.body);
+    r = http(np, "POST", "/generate", "{\"inputs\":\"after\",\"parameters\":{\"max_new_tokens\":5}}");
+    CHECK(r.status == 200 && strstr(r.body, "generated_text"), "NaN logits: the next request is served (%d)", r.status);
+    free(r.body);
+    inst_stop(&N);
 
     /* ---- connection limit and idle timeout ---- */
     pln_serve_limits lc = lim;

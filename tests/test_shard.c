@@ -1,6 +1,7 @@
 /* test_shard.c — the pollen shard format: writer/reader round trip, alignment, checksums, hostile
  * files (truncation, bad magic/version, overlap, overflow, duplicates), manifest and shard set,
- * and the bloom-tp-v1 tensor list.
+ * the small files' checksums and the manifest's field rules, int8 scale and padding checks, and
+ * the bloom-tp-v1 tensor list.
  *
  * Also a helper mode for end-to-end tests:
  *   test_shard --write-sample DIR [--tp N] [--int8] [--group G] [--quantize-embedding]
@@ -709,6 +710,222 @@ static void test_shardset(void) {
     free(dir);
 }
 
+/* ---- integrity of everything in a set (docs/FORMAT.md "Checksums of the small files") ----- */
+
+/* Opens d and expects failure with every fragment in the message (NULL-terminated list). */
+static void expect_set_fails(const char *d, const char *what, const char *frag1, const char *frag2) {
+    pln_shardset *set = pln_shardset_open(d);
+    CHECK(!set && strstr(pln_error(), frag1) && (!frag2 || strstr(pln_error(), frag2)), "%s: %s", what, set ? "accepted" : pln_error());
+    pln_shardset_close(set);
+}
+
+/* Records the XXH3 of DIR/name as the manifest's key. */
+static void resum(const char *d, const char *name, const char *key) {
+    char *p = pln_xasprintf("%s/%s", d, name);
+    size_t n;
+    uint8_t *b = slurp(p, &n);
+    PLN_ASSERT(b);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)pln_xxh3(b, n));
+    rewrite_manifest(d, key, json_string(hex));
+    free(b);
+    free(p);
+}
+
+static void rewrite_config(const char *d, const char *key, json_t *val) {
+    char *p = pln_xasprintf("%s/manifest.json", d);
+    json_t *j = json_load_file(p, 0, NULL);
+    PLN_ASSERT(j);
+    json_object_set_new(json_object_get(j, "config"), key, val);
+    PLN_ASSERT(json_dump_file(j, p, JSON_INDENT(1)) == 0);
+    json_decref(j);
+    free(p);
+}
+
+static void test_small_files(void) {
+    /* the canonical text is part of the format: pin it */
+    pln_bloom_config c = sample_config();
+    char buf[512];
+    int n = pln_config_canonical(&c, buf, sizeof buf);
+    const char *want = "vocab_size=1003\nhidden_size=64\nn_head=4\nn_layer=2\nlayer_norm_epsilon=3ee4f8b588e368f1\n"
+                       "bos_token_id=1\neos_token_id=2\npad_token_id=3\ntorch_dtype=float16\n";
+    CHECK(n == (int)strlen(want) && !strcmp(buf, want), "canonical config text:\n%s", buf);
+    CHECK(pln_config_canonical(&c, buf, 20) == -1, "short buffer refused");
+    uint64_t h = pln_config_xxh3(&c);
+    c.n_head = 2;
+    CHECK(pln_config_xxh3(&c) != h, "n_head changes config_xxh3");
+
+    char *dir = pln_xasprintf("%s/set-small", test_tmpdir());
+    PLN_ASSERT(write_sample_set(dir, 2, false, 0, false, false) == 0);
+    pln_shardset *set = pln_shardset_open(dir);
+    CHECK(set && set->version == 2 && set->small_files_checked, "a written set is version 2, small files checked");
+    if (set) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)pln_config_xxh3(&set->config));
+        CHECK(!strcmp(json_string_value(json_object_get(set->json, "config_xxh3")), hex), "config_xxh3 recorded");
+        CHECK(json_is_string(json_object_get(set->json, "hf_config_xxh3")), "hf_config_xxh3 recorded");
+        CHECK(set->tokenizer_path && strstr(set->tokenizer_path, "/tokenizer.json"), "tokenizer path");
+    }
+    pln_shardset_close(set);
+
+    char *d = copy_set(dir, "i1");
+    rewrite_config(d, "n_head", json_integer(2));
+    expect_set_fails(d, "manifest n_head edited", "config.json: n_head is 4", "config.n_head 2");
+    free(d);
+    d = copy_set(dir, "i2");   /* no config.json to compare with: the block checksum still catches it */
+    rewrite_config(d, "n_head", json_integer(2));
+    rewrite_manifest(d, "hf_config", json_null());
+    rewrite_manifest(d, "hf_config_xxh3", json_null());
+    expect_set_fails(d, "n_head edited, no config.json", "config block: checksum mismatch", "config_xxh3");
+    free(d);
+    d = copy_set(dir, "i3");
+    char *cj = pln_xasprintf("%s/config.json", d);
+    spew(cj, "{garbage", 8);
+    expect_set_fails(d, "garbage config.json", "config.json: checksum mismatch", "hf_config_xxh3");
+    resum(d, "config.json", "hf_config_xxh3");
+    expect_set_fails(d, "garbage config.json, checksum recomputed", "config.json: not valid JSON", NULL);
+    const char *other = "{\"model_type\": \"bloom\", \"vocab_size\": 1003, \"hidden_size\": 64, \"n_head\": 4, \"n_layer\": 3}";
+    spew(cj, other, strlen(other));
+    resum(d, "config.json", "hf_config_xxh3");
+    expect_set_fails(d, "config.json with another n_layer", "n_layer is 3", "config.n_layer 2");
+    unlink(cj);
+    expect_set_fails(d, "config.json missing", "config.json: missing", "\"hf_config\"");
+    free(cj);
+    free(d);
+
+    d = copy_set(dir, "i4");
+    char *tj = pln_xasprintf("%s/tokenizer.json", d);
+    if (file_exists(tj)) {
+        FILE *f = fopen(tj, "ab");
+        fputc(' ', f);
+        fclose(f);
+        expect_set_fails(d, "tokenizer edited", "tokenizer.json: checksum mismatch", "tokenizer_xxh3");
+        /* a symlink out of the set, even to identical bytes, is refused; one inside is fine */
+        char *out = pln_xasprintf("%s/outside.json", test_tmpdir());
+        char *cmd = pln_xasprintf("cp '%s/tokenizer.json' '%s' && rm '%s' && ln -s '%s' '%s'", dir, out, tj, out, tj);
+        PLN_ASSERT(system(cmd) == 0);
+        expect_set_fails(d, "tokenizer symlinked out", "leads out of the set directory", "\"tokenizer\"");
+        free(cmd);
+        cmd = pln_xasprintf("rm '%s' && mkdir '%s/in' && cp '%s' '%s/in/t.json' && ln -s in/t.json '%s'", tj, d, out, d, tj);
+        PLN_ASSERT(system(cmd) == 0);
+        set = pln_shardset_open(d);
+        CHECK(set, "tokenizer symlinked inside the set: %s", pln_error());
+        pln_shardset_close(set);
+        free(cmd);
+        free(out);
+        rewrite_manifest(d, "tokenizer", json_string("../set-small/tokenizer.json"));
+        expect_set_fails(d, "tokenizer with ..", "\"tokenizer\" must be a plain file name", NULL);
+        rewrite_manifest(d, "tokenizer", json_string("/etc/passwd"));
+        expect_set_fails(d, "absolute tokenizer", "\"tokenizer\" must be a plain file name", NULL);
+        rewrite_manifest(d, "tokenizer", json_string("nope.json"));
+        expect_set_fails(d, "tokenizer missing", "nope.json: missing", NULL);
+        rewrite_manifest(d, "tokenizer", json_null());
+        expect_set_fails(d, "tokenizer_xxh3 without tokenizer", "\"tokenizer_xxh3\" must be null", NULL);
+        rewrite_manifest(d, "tokenizer_xxh3", json_null());
+        set = pln_shardset_open(d);
+        CHECK(set && !set->tokenizer_path, "no tokenizer: accepted, no path");
+        pln_shardset_close(set);
+    } else {
+        printf("  SKIP tokenizer checks (no fixture tokenizer)\n");
+    }
+    free(tj);
+    free(d);
+
+    /* field rules */
+    struct { const char *key; json_t *val; bool config; const char *frag; } rules[] = {
+        {"group_size", json_integer(4), false, "\"group_size\" must be 0"},
+        {"quantize_embedding", json_true(), false, "\"quantize_embedding\" must be false"},
+        {"eos_token_id", json_integer(5), true, "eos_token_id"},
+        {"pad_token_id", json_integer(5000), true, "pad_token_id"},
+        {"torch_dtype", json_integer(7), true, "torch_dtype"},
+        {"config_xxh3", json_string("xyz"), false, "\"config_xxh3\" is missing or not 16"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        d = copy_set(dir, "i5");
+        if (rules[i].config) rewrite_config(d, rules[i].key, rules[i].val);
+        else rewrite_manifest(d, rules[i].key, rules[i].val);
+        expect_set_fails(d, rules[i].key, rules[i].frag, NULL);
+        free(d);
+    }
+
+    /* version 1 (no checksums) still opens; its config.json must still agree */
+    d = copy_set(dir, "i6");
+    rewrite_manifest(d, "version", json_integer(1));
+    char *mp = pln_xasprintf("%s/manifest.json", d);
+    json_t *j = json_load_file(mp, 0, NULL);
+    json_object_del(j, "config_xxh3");
+    json_object_del(j, "tokenizer_xxh3");
+    json_object_del(j, "hf_config_xxh3");
+    PLN_ASSERT(json_dump_file(j, mp, JSON_INDENT(1)) == 0);
+    json_decref(j);
+    set = pln_shardset_open(d);
+    CHECK(set && set->version == 1 && !set->small_files_checked, "version 1 opens: %s", set ? "" : pln_error());
+    pln_shardset_close(set);
+    rewrite_config(d, "n_head", json_integer(2));
+    expect_set_fails(d, "version 1, n_head edited", "n_head is 4", NULL);
+    rewrite_manifest(d, "version", json_integer(3));
+    expect_set_fails(d, "version 3", "versions 1 to 2", NULL);
+    free(mp);
+    free(d);
+    free(dir);
+}
+
+/* Scales and padding on in-memory copies of a sample int8 rank file (open_mem checks neither). */
+static void test_scales_padding(void) {
+    char *dir = pln_xasprintf("%s/set-sp", test_tmpdir());
+    PLN_ASSERT(write_sample_set(dir, 1, true, 16, false, false) == 0);
+    char *rf = pln_xasprintf("%s/rank-0-of-1.pln", dir);
+    size_t n;
+    uint8_t *orig = slurp(rf, &n), *b = pln_xmalloc(n);
+    PLN_ASSERT(orig);
+    pln_shard *s = pln_shard_open_mem(orig, n, "sp.pln");
+    PLN_ASSERT(s);
+    CHECK(pln_layout_check_scales(s) == 0, "sample scales are valid: %s", pln_error());
+    CHECK(pln_shard_check_padding(s) == 0, "sample padding is zero: %s", pln_error());
+    const pln_shard_tensor *t = pln_shard_find(s, "h.1.mlp.dense_h_to_4h.weight_scale");
+    PLN_ASSERT(t && t->ndim == 2 && t->shape[1] == 4);
+    uint64_t at = t->offset + 2 * (3 * 4 + 2);   /* element [3, 2] */
+    struct { uint16_t bits; const char *what; } cases[] = {
+        {0x7e00, "NaN"}, {0x7c00, "infinite"}, {0xfc00, "infinite"}, {0x0000, "zero"}, {0x8000, "zero"},
+        {0xbc00, "negative"}, {0x8001, "negative"}, {0x0001, NULL}, {0x7bff, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(b, orig, n);
+        b[at] = (uint8_t)cases[i].bits;
+        b[at + 1] = (uint8_t)(cases[i].bits >> 8);
+        pln_shard *m = pln_shard_open_mem(b, n, "sp.pln");
+        PLN_ASSERT(m);
+        int rc = pln_layout_check_scales(m);
+        if (cases[i].what)
+            CHECK(rc == -1 && strstr(pln_error(), "sp.pln: tensor \"h.1.mlp.dense_h_to_4h.weight_scale\": scale [3, 2] is") &&
+                  strstr(pln_error(), cases[i].what), "scale 0x%04x: %s", cases[i].bits, pln_error());
+        else
+            CHECK(rc == 0, "scale 0x%04x (finite, positive) accepted: %s", cases[i].bits, pln_error());
+        pln_shard_close(m);
+    }
+    /* one non-zero byte in each kind of padding */
+    const pln_shard_tensor *t0 = &s->tensors[0], *t1 = &s->tensors[1];
+    uint64_t where[3] = {s->data_offset - 1, t0->offset + t0->nbytes, n - 1};
+    const char *after[3] = {"after the tensor table", "after tensor \"word_embeddings.weight\"", "after tensor \"ln_f.bias\""};
+    PLN_ASSERT(t1->offset > t0->offset + t0->nbytes);   /* the embedding's end is not aligned */
+    for (int i = 0; i < 3; i++) {
+        memcpy(b, orig, n);
+        b[where[i]] = 0x80;
+        pln_shard *m = pln_shard_open_mem(b, n, "sp.pln");
+        PLN_ASSERT(m);
+        char off[32];
+        snprintf(off, sizeof off, "offset %llu", (unsigned long long)where[i]);
+        CHECK(pln_shard_check_padding(m) == -1 && strstr(pln_error(), off) && strstr(pln_error(), after[i]) &&
+              strstr(pln_error(), "0x80"), "padding byte %d: %s", i, pln_error());
+        pln_shard_close(m);
+    }
+    pln_shard_close(s);
+    free(b);
+    free(orig);
+    free(rf);
+    free(dir);
+}
+
 /* A rank file with known statistics for `pollen inspect --stats` (layout "test-v1"):
  *   f32 [2, 4] = 1 -2 NaN Inf -Inf 0.5 3 -4
  *   q   I8 [2, 4] = 1 2 -3 4 / 127 -127 0 5 with q_scale F16 [2, 2] = 0.5 0.25 / 0.125 2 (group 2)
@@ -846,6 +1063,8 @@ int main(int argc, char **argv) {
     test_corruption();
     test_layout();
     test_shardset();
+    test_small_files();
+    test_scales_padding();
     for (int i = 0; i < NT; i++) free(g_data[i]);
     return test_done();
 }

@@ -7,6 +7,7 @@
 #include "formats/stream.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #define CHUNK ((size_t)64 << 10)
 
@@ -172,6 +173,21 @@ int main(void) {
         z.fail_at = 0;
         CHECK(pln_stream_file(missing, 0, 10, &o, NULL) != 0 && strstr(pln_error(), "no-such-file.pln"),
               "a missing file is an error naming it: %s", pln_error());
+        /* not a regular file: named with what it is, at once (a FIFO with no writer would block a
+         * plain open forever; a directory or device is no weight file) */
+        char fifo[700];
+        snprintf(fifo, sizeof fifo, "%s/fifo.pln", test_tmpdir());
+        unlink(fifo);
+        CHECK(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+        double t0 = pln_now();
+        CHECK(pln_stream_file(fifo, 0, 10, &o, NULL) != 0 && strstr(pln_error(), "fifo.pln: is a FIFO (named pipe)"),
+              "a FIFO is refused and named: %s", pln_error());
+        CHECK(pln_now() - t0 < 5.0, "... without waiting for a writer (%.1f s)", pln_now() - t0);
+        unlink(fifo);
+        CHECK(pln_stream_file(test_tmpdir(), 0, 10, &o, NULL) != 0 && strstr(pln_error(), ": is a directory"),
+              "a directory is refused and named: %s", pln_error());
+        CHECK(pln_stream_file("/dev/zero", 0, 10, &o, NULL) != 0 && strstr(pln_error(), "/dev/zero: is a character device"),
+              "a device is refused and named: %s", pln_error());
         pln_stream_opts bad = o;
         bad.chunk = 1000;
         CHECK(pln_stream_file(g_path, 0, 10, &bad, NULL) != 0, "a chunk that is not a multiple of 4096 is refused");

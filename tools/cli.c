@@ -2,6 +2,8 @@
 #include "tools/cli.h"
 #include "formats/common.h"
 #include "kernels/backend.h"
+#include "runtime/comm.h"
+#include "runtime/engine.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -100,4 +102,25 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype) {
         pln_die("--kv-dtype %s: the cuda backend keeps its KV cache in f16 only; use --kv-dtype f16 "
                 "(its default) or --backend cpu", kv_dtype);
     return kv_dtype;
+}
+
+double pln_cli_step_timeout(const char *opt, const char *s) {
+    if (!strcmp(s, "auto")) return 0;
+    if (!strcmp(s, "off")) return -1;
+    double v = 0;
+    if (pln_cli_parse_float(opt, s, 0, false, 86400, &v))
+        pln_die("%s (or \"auto\": derived from the model size; \"off\": no watchdog)", pln_error());
+    return v;
+}
+
+void pln_cli_print_placement(const struct pln_comm *c, int device, int gpus_per_node, const char *backend) {
+    char where[512], how[96];
+    pln_comm_describe(c, where, sizeof where);
+    int local = pln_comm_local_rank(c);
+    int dev = pln_engine_pick_device(device, gpus_per_node, local);
+    if (device >= 0) snprintf(how, sizeof how, "--device %d", device);
+    else if (gpus_per_node > 0) snprintf(how, sizeof how, "local rank %d %% --gpus-per-node %d", local, gpus_per_node);
+    else snprintf(how, sizeof how, "local rank %d; --gpus-per-node unset", local);
+    fprintf(stderr, "pollen: placement: %s; cuda device %d (%s)%s\n", where, dev, how,
+            backend && !strcmp(backend, "cuda") ? "" : " [unused: cpu backend]");
 }

@@ -28,7 +28,8 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype);
 
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks
- * launched on it (OMPI_COMM_WORLD_LOCAL_SIZE, else `ranks`), never below 1. Applies the result with
+ * launched on it (OMPI_COMM_WORLD_LOCAL_SIZE, else `ranks`: pass pln_comm_local_size, the ranks on
+ * this node), never below 1. Applies the result with
  * omp_set_num_threads and returns it. Never fails. */
 int pln_cli_threads(int requested, int ranks);
 
@@ -38,5 +39,15 @@ int pln_cli_threads(int requested, int ranks);
  * policy only at start-up, so this re-executes the process once with it set (exec keeps the PID).
  * Returns only when OMP_WAIT_POLICY was already set or exec failed. argv excludes "pollen". */
 void pln_cli_restart_with_passive_omp(int argc, char **argv);
+
+/* --step-timeout VALUE: seconds (> 0, at most a day), "auto" (0: derived per step from the model
+ * size, pln_engine_step_bound) or "off" (-1). Dies with a message naming the option on a bad value. */
+double pln_cli_step_timeout(const char *opt, const char *s);
+
+/* --show-placement: prints to stderr, on every rank, where it runs and which CUDA device it picks:
+ * "pollen: placement: rank 1 of 4 (pid 4242) on node n2: local rank 1 of 2 (MPI node split;
+ * OMPI_COMM_WORLD_LOCAL_RANK=1); cuda device 1 (local rank 1 % --gpus-per-node 2)". */
+struct pln_comm;
+void pln_cli_print_placement(const struct pln_comm *c, int device, int gpus_per_node, const char *backend);
 
 #endif

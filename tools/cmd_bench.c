@@ -39,7 +39,7 @@ static int32_t rand_token(int64_t vocab) {
 
 int cmd_bench(int argc, char **argv) {
     pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    int rank = pln_comm_rank(comm);
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
@@ -47,6 +47,7 @@ int cmd_bench(int argc, char **argv) {
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
     eo.populate = true;
+    eo.no_block_sharing = true;   /* repeated prompts must be computed, not found in the prefix cache */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
@@ -61,11 +62,13 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank == 0)
                 printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
                        "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda]\n"
-                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--json]\n"
+                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--no-mmap] [--json]\n"
+                       "  --no-mmap: read the rank file into memory instead of mapping it.\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
                        "  measured here; a GPU's ceiling is measured by tools/bench/gpu.sh instead.\n");
@@ -76,12 +79,13 @@ int cmd_bench(int argc, char **argv) {
         else dir = a;
 #undef ARG
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SHARDS [options] (--help)\n"); pln_comm_free(comm); return 2; }
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
-    threads = pln_cli_threads(threads, size);
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
     double bw = rank == 0 && on_cpu ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;

@@ -4,6 +4,7 @@
  * writes the raw logits of every fed token to a safetensors file. */
 #include "formats/common.h"
 #include "formats/safetensors.h"
+#include "formats/shard.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -49,7 +50,12 @@ static void usage(void) {
             "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
             "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --threads N             threads per rank (default: cores / ranks on the node)\n"
+            "  --step-timeout S|auto|off  step watchdog (TP > 1): a step past S seconds fails, naming the\n"
+            "                          rank that stopped answering, and every rank exits 3 (default auto)\n"
+            "  --show-placement        each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
+            "  --no-mmap               read the rank file into memory instead of mapping it (for file\n"
+            "                          systems where a mapping is fragile; needs RAM for the whole file)\n"
             "  --quiet                 no progress, no streaming\n");
 }
 
@@ -89,7 +95,7 @@ int cmd_generate(int argc, char **argv) {
     const char **stops = pln_xcalloc((size_t)argc, sizeof(char *));
     int n_prompts = 0, n_idlists = 0, n_stops = 0, threads = 0;
     int64_t max_new = 32;
-    bool json = false, quiet = false, do_sample = false;
+    bool json = false, quiet = false, do_sample = false, show_placement = false;
     pln_sample_params sp;
     pln_sample_params_default(&sp);
     pln_engine_opts eo;
@@ -113,8 +119,11 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
+        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, ARG());
+        else if (!strcmp(a, "--show-placement")) show_placement = true;
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
+        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
@@ -124,14 +133,20 @@ int cmd_generate(int argc, char **argv) {
         else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
 #undef ARG
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir || (n_prompts + n_idlists) == 0) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
+    if (dump) {
+        const char *protect[1] = {dir};
+        if (pln_path_guard(dump, protect, 1)) pln_die("--dump-logits: %s", pln_error());
+    }
     if (sp.temperature == 0) do_sample = false;
     if (sp.temperature == 0) sp.temperature = 1.0f;
     sp.do_sample = do_sample;
     if (pln_sample_params_check(&sp)) pln_die("%s", pln_error());
     if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
-    threads = pln_cli_threads(threads, size);
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
+    if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
 
     /* Prompts: token ids on rank 0 (the tokenizer lives there). */
     int n_seq = n_prompts + n_idlists;
@@ -144,16 +159,17 @@ int cmd_generate(int argc, char **argv) {
     double t0 = pln_now();
     /* Sizes come from the prompts, known only after tokenizing; a cheap first pass on the ids. */
     if (rank == 0) {
-        char *man = pln_xasprintf("%s/manifest.json", dir);
-        if (access(man, R_OK) != 0)
-            pln_die("%s: cannot read manifest.json: is this a shard set? (make one with `pollen reshard`)", dir);
-        free(man);
-        char *tokp = pln_xasprintf("%s/tokenizer.json", dir);
-        if (n_prompts > 0 || access(tokp, R_OK) == 0) {
-            tok = pln_tok_load(tokp);
+        /* The tokenizer is the file the manifest names (the set's small files are checked here). */
+        pln_shardset *set = pln_shardset_open(dir);
+        if (!set) pln_die("%s", pln_error());
+        if (set->tokenizer_path) {
+            tok = pln_tok_load(set->tokenizer_path);
             if (!tok && n_prompts > 0) pln_die("%s", pln_error());
+        } else if (n_prompts > 0) {
+            pln_die("%s: the manifest records no tokenizer (\"tokenizer\": null): give prompts with --token-ids, or re-run "
+                    "reshard from a checkpoint that has tokenizer.json", dir);
         }
-        free(tokp);
+        pln_shardset_close(set);
         for (int i = 0; i < n_prompts; i++) {
             g[i].text = prompts[i];
             if (pln_tok_encode(tok, prompts[i], strlen(prompts[i]), &g[i].ids, &g[i].n_ids))
@@ -229,6 +245,13 @@ int cmd_generate(int argc, char **argv) {
         pln_step_plan plan = {.n_seqs = ns, .seqs = seqs, .want_logits = dump != NULL};
         double ts = pln_now();
         if (pln_engine_step(e, &plan, outs)) { fprintf(stderr, "pollen: step %lld: %s\n", (long long)step + 1, pln_error()); rc = 1; break; }
+        int bad_row = -1;
+        for (int j = 0; j < ns && bad_row < 0; j++) if (outs[j].nonfinite) bad_row = j;
+        if (bad_row >= 0) {
+            fprintf(stderr, "pollen: step %lld, sequence %d: %s\n", (long long)step + 1, map[bad_row] + 1, PLN_NONFINITE_MSG);
+            rc = 1;
+            break;
+        }
         double dt = pln_now() - ts;
         if (step == 0) t_prefill = dt;
         else step_ms[n_steps++] = dt * 1e3;

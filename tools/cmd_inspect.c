@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* One tensor as shown, whatever it came from. */
 typedef struct {
@@ -197,11 +198,11 @@ static int open_checkpoint(source *s, const char *path) {
 }
 
 static bool has_magic(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
+    int fd = pln_open_file(path, false);   /* not a regular file: the reader's open names it */
+    if (fd < 0) return false;
     char m[8];
-    bool ok = fread(m, 1, 8, f) == 8 && !memcmp(m, PLN_SHARD_MAGIC, 8);
-    fclose(f);
+    bool ok = pread(fd, m, 8, 0) == 8 && !memcmp(m, PLN_SHARD_MAGIC, 8);
+    close(fd);
     return ok;
 }
 

@@ -322,7 +322,6 @@ typedef struct {
     rs_stat *stats;            /* [n] */
     rs_pipe pipe;
     pln_progress progress;
-    volatile sig_atomic_t *stop;
 } rs_ctx;
 
 static uint64_t rs_gcd(uint64_t a, uint64_t b) {
@@ -401,7 +400,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
                 const pln_tp_entry *e = jobs[r].e;
                 src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
                 rs_buf *b = pipe_acquire(&c->pipe, 1);
-                if (!b || *c->stop) { rc = -1; break; }
+                if (!b) { rc = -1; break; }
                 pln_tp_qerr *scratch = jobs[r].row_err;
                 if (quant) jobs[r].row_err = errs + (size_t)r * (size_t)total + lr;
                 convert_rows(&jobs[r], lr, nr, b->data);
@@ -425,7 +424,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
             src_prefetch(t, lr + k, lr + 3 * k);
             if (e0->split == PLN_TP_SPLIT_NONE) {
                 rs_buf *b = pipe_acquire(&c->pipe, tp);
-                if (!b || *c->stop) { rc = -1; break; }
+                if (!b) { rc = -1; break; }
                 convert_rows(&jobs[0], lr, nr, b->data);
                 merge_rows(st, jobs[0].row_err, nr);
                 for (int r = 0; r < tp; r++) pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
@@ -435,7 +434,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
             } else {
                 for (int r = 0; r < tp; r++) {
                     rs_buf *b = pipe_acquire(&c->pipe, 1);
-                    if (!b || *c->stop) { rc = -1; break; }
+                    if (!b) { rc = -1; break; }
                     convert_rows(&jobs[r], lr, nr, b->data);
                     merge_rows(st, jobs[r].row_err, nr);
                     pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
@@ -456,24 +455,9 @@ static int convert_tensor(rs_ctx *c, size_t i) {
         }
     }
     if (!rc) rc = tensor_done(c, i, jobs, tp);
-    else if (*c->stop) pln_errorf("interrupted");
     else rc = -1;
     for (int r = 0; r < tp; r++) { free(jobs[r].row_err); free(jobs[r].scales); }
     return rc;
-}
-
-/* ---- signals: print why, then let common.c's handler remove the temporary directory ---- */
-static volatile sig_atomic_t g_stop;
-static void (*g_prev_int)(int), (*g_prev_term)(int), (*g_prev_hup)(int);
-static void on_signal(int sig) {
-    g_stop = 1;
-    static const char msg[] = "\npollen: reshard interrupted; removing the temporary output\n";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    (void)w;
-    void (*prev)(int) = sig == SIGINT ? g_prev_int : sig == SIGTERM ? g_prev_term : g_prev_hup;
-    if (prev && prev != SIG_DFL && prev != SIG_IGN && prev != SIG_ERR) prev(sig);
-    signal(sig, SIG_DFL);
-    raise(sig);
 }
 
 /* ---- manifest extras ---- */
@@ -531,7 +515,7 @@ static void usage(FILE *f) {
             "  --dtype fp16|int8      int8: weight-only for the four linear weights of every layer\n"
             "  --group-size G         int8: one scale per G input columns (default: per output channel)\n"
             "  --quantize-embedding   int8: the word embeddings too\n"
-            "  --force                replace an existing non-empty OUT\n"
+            "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at OUT\n"
             "  --threads N            conversion threads (default: all cores)\n"
             "  --quiet                no progress bar, no summary\n");
 }
@@ -577,7 +561,7 @@ int cmd_reshard(int argc, char **argv) {
     if (!ck.has_config) pln_die("%s: no config.json beside the weights; reshard needs the BLOOM config", src_path);
     pln_tp_model m = pln_tp_model_of(&ck.config);
     if (pln_tp_check(&m, &o)) pln_die("%s", pln_error());
-    rs_ctx c = {.tp = o.tp, .stop = &g_stop};
+    rs_ctx c = {.tp = o.tp};
     c.plans = pln_xcalloc((size_t)o.tp, sizeof *c.plans);
     for (int r = 0; r < o.tp; r++) {
         size_t n;
@@ -599,12 +583,25 @@ int cmd_reshard(int argc, char **argv) {
         if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the BLOOM layout; ignored\n", nm);
     }
 
+    /* Nothing is written until the output is known not to touch any file the conversion reads:
+     * the path given, the checkpoint's directory, every weight file, config.json, the tokenizer. */
+    {
+        int np = 0;
+        const char **protect = pln_xcalloc((size_t)ck.n_files + 4, sizeof *protect);
+        char *cfg_path = pln_xasprintf("%s/config.json", ck.dir);
+        protect[np++] = src_path;
+        protect[np++] = ck.dir;
+        protect[np++] = cfg_path;
+        protect[np++] = ck.tokenizer_path;
+        for (int i = 0; i < ck.n_files; i++) protect[np++] = ck.files[i];
+        int grc = pln_path_guard(out, protect, np);
+        free(cfg_path);
+        free(protect);
+        if (grc) pln_die("refusing to write the output: %s", pln_error());
+    }
+    /* Signals from here on: common.c's handler removes the temporary output and ends the process. */
     char *tmp = pln_outdir_begin(out, force);
     if (!tmp) pln_die("%s", pln_error());
-    pln_outdir_cleanup_on_signal(tmp);
-    g_prev_int = signal(SIGINT, on_signal);
-    g_prev_term = signal(SIGTERM, on_signal);
-    g_prev_hup = signal(SIGHUP, on_signal);
 
     pln_shard_writer **writers = pln_xcalloc((size_t)o.tp, sizeof *writers);
     pln_manifest_file *files = pln_xcalloc((size_t)o.tp, sizeof *files);
@@ -688,7 +685,6 @@ int cmd_reshard(int argc, char **argv) {
         if (pln_manifest_write(tmp, &man)) rc = -1;
         json_decref(extra);
     }
-    if (!rc && g_stop) rc = pln_errorf("interrupted");
     double t_commit = pln_now();
     if (!rc && pln_outdir_commit(tmp, out)) rc = -1;
     if (getenv("PLN_RESHARD_TIMING")) fprintf(stderr, "timing: finish+manifest %.2f s, commit (fsync, rename) %.2f s\n", t_commit - t_loop, pln_now() - t_commit);

@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -32,20 +33,33 @@ static void usage(FILE *f) {
             "  --max-seqs N                   engine sequence slots (default 32)\n"
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
+            "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
+            "  --chat-template FILE           serve /v1/chat/completions with this template (docs/SERVING.md)\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
             "  --max-body-bytes N             request body (default %lld)\n"
             "  --max-connections N            open HTTP connections (default %d)\n"
             "  --timeout S                    idle connection timeout in seconds (default %d)\n"
+            "  --request-timeout S            each request's head and body must arrive within S seconds of the\n"
+            "                                 connection being ready for it; also bounds keep-alive idling (default %d)\n"
+            "  --max-connections-per-client N open connections from one client address (default %d; 0 = no limit;\n"
+            "                                 behind a reverse proxy every request comes from its address)\n"
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
             "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
+            "  --step-timeout S|auto|off      step watchdog (TP > 1): a step past S seconds fails every request in\n"
+            "                                 flight, /health turns 503 naming the rank that stopped answering, and\n"
+            "                                 every rank exits 3 (default auto: 10 s + the step's work at a pessimistic rate);\n"
+            "                                 a step that never returns (any TP) ends the process after 2 S + 5 s\n"
+            "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate, --verify, --quiet  as for generate\n"
+            "  --no-mmap                      read the rank file into memory instead of mapping it\n"
             "  --fail-at-step N               test only: make the Nth forward pass fail\n"
-            "  --step-delay-ms N              test only: sleep N ms before every engine step\n",
+            "  --step-delay-ms N              test only: sleep N ms before every engine step\n"
+            "  --no-block-sharing             test only: no KV block sharing at all (prefix cache and n/best_of forks)\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
-            l.max_connections, l.timeout_s, l.max_batch_tokens, l.default_max_new_tokens);
+            l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
 }
 
 static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) {
@@ -84,15 +98,83 @@ static bool tok_special(void *ctx, int32_t id) { return pln_tok_is_special(ctx, 
 /* --step-delay-ms (test only) stretches every step so tests can act while requests are running
  * on a tiny model: disconnects, overload, draining. */
 static int g_step_delay_ms;
+/* Set when a step failed because the rank group broke (watchdog or a lost peer): after a
+ * moment of answering 503 (so probes and clients see why), the scheduler drains and the job ends. */
+static pln_comm *g_comm;
+static pln_sched *g_sched;
+static bool g_group_lost;
+static char g_group_msg[512];
+#define LOST_LINGER_S 1
+
+static void *stop_after_linger(void *arg) {
+    (void)arg;
+    sleep(LOST_LINGER_S);
+    pln_sched_stop(g_sched);
+    return NULL;
+}
+
+/* Backstop for a hang the comm watchdog cannot see (a device collective or kernel that never
+ * returns, a stuck rank 0, or TP 1): a thread watches the running step's age; past twice its
+ * bound plus 5 s it says so, turns /health 503 (draining) and a second later ends the process
+ * with exit 3, and the launcher ends the job. The scheduler is stuck inside that step, so the
+ * requests in flight see their connections close rather than an error body. */
+static atomic_llong g_step_t0_ms;       /* start of the running step, ms of pln_now(); 0 = none */
+static atomic_llong g_step_bound_ms;
+static double g_step_timeout;
+static uint64_t g_weight_bytes;
+static const char *g_backend;
+
+static void *backstop_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        usleep(100000);
+        long long t0 = atomic_load(&g_step_t0_ms), b = atomic_load(&g_step_bound_ms);
+        if (!t0 || b <= 0) continue;
+        double age = pln_now() - (double)t0 / 1e3, limit = 2.0 * (double)b / 1e3 + 5;
+        if (age < limit) continue;
+        fprintf(stderr, "pollen serve: a step has run %.1f s, past twice its bound (%.3g s, --step-timeout) plus 5 s, "
+                        "and has not returned (a device collective or kernel that hangs?); /health is 503; exiting in %d s\n",
+                age, (double)b / 1e3, LOST_LINGER_S);
+        pln_sched_stop(g_sched);
+        sleep(LOST_LINGER_S);
+        fflush(NULL);
+        _exit(3);
+    }
+    return NULL;
+}
+
 static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
+    int64_t n_tokens = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) n_tokens += p->seqs[i].n_new;
+    double bound = pln_engine_step_bound(g_step_timeout, g_backend, g_weight_bytes, n_tokens);
+    atomic_store(&g_step_bound_ms, (long long)(bound * 1e3));
+    atomic_store(&g_step_t0_ms, (long long)(pln_now() * 1e3));
     if (g_step_delay_ms && p->n_seqs) usleep((useconds_t)g_step_delay_ms * 1000);
-    return pln_engine_step(ctx, p, o);
+    int rc = pln_engine_step(ctx, p, o);
+    atomic_store(&g_step_t0_ms, 0);
+    if (rc && !g_group_lost && g_comm && pln_comm_broken(g_comm)) {
+        g_group_lost = true;
+        snprintf(g_group_msg, sizeof g_group_msg, "%s", pln_error());
+        fprintf(stderr, "pollen serve: %s\npollen serve: failing the requests in flight; /health is 503; exiting in %d s\n",
+                g_group_msg, LOST_LINGER_S);
+        pthread_t t;
+        if (pthread_create(&t, NULL, stop_after_linger, NULL) == 0) pthread_detach(t);
+        else pln_sched_stop(g_sched);
+    }
+    return rc;
 }
 static void eng_info(void *ctx, pln_engine_info *i) { pln_engine_get_info(ctx, i); }
 
-/* ---- signals: blocked everywhere, taken by one thread ------------------------------------- */
-
-typedef struct { sigset_t set; pln_sched *sched; } sig_ctx;
+/* ---- signals: blocked everywhere, taken by one thread -------------------------------------
+ * The thread starts before anything else, so a signal is never ignored: while the process starts
+ * (MPI, loading weights, the tokenizer) it ends it at once; once rank 0 serves, it drains. On the
+ * other ranks it then does nothing: rank 0's drain ends them. */
+typedef struct {
+    sigset_t set;
+    pthread_mutex_t mu;
+    pln_sched *sched;          /* set once rank 0 serves */
+    bool serving;              /* this rank is past start-up */
+} sig_ctx;
 
 static void *signal_thread(void *arg) {
     sig_ctx *c = arg;
@@ -100,16 +182,31 @@ static void *signal_thread(void *arg) {
         int sig = 0;
         if (sigwait(&c->set, &sig)) continue;
         if (sig == SIGUSR1) return NULL;   /* main is done */
-        fprintf(stderr, "pollen serve: %s: draining (new requests get 503, in-flight ones finish)\n",
-                sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        pln_sched_stop(c->sched);
+        const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+        pthread_mutex_lock(&c->mu);
+        pln_sched *sched = c->sched;
+        bool serving = c->serving;
+        pthread_mutex_unlock(&c->mu);
+        if (!serving) {
+            /* Nothing to drain and nothing written yet: stop now, whatever start-up is doing. */
+            fprintf(stderr, "pollen serve: %s during start-up: exiting\n", name);
+            _exit(128 + sig);
+        }
+        if (!sched) continue;
+        fprintf(stderr, "pollen serve: %s: draining (new requests get 503, in-flight ones finish)\n", name);
+        pln_sched_stop(sched);
     }
+}
+
+static void stop_signal_thread(pthread_t t) {
+    pthread_kill(t, SIGUSR1);
+    pthread_join(t, NULL);
 }
 
 int cmd_serve(int argc, char **argv) {
     /* Block the shutdown signals before MPI or the HTTP server start threads, so they all inherit
      * the mask and only the signal thread ever sees them (workers just wait for rank 0). */
-    sig_ctx sc;
+    static sig_ctx sc = {.mu = PTHREAD_MUTEX_INITIALIZER};
     sigemptyset(&sc.set);
     sigaddset(&sc.set, SIGTERM);
     sigaddset(&sc.set, SIGINT);
@@ -126,6 +223,10 @@ int cmd_serve(int argc, char **argv) {
     const char *port_file = NULL;
     bool input_set = false;
     int threads = 0;
+    const char *chat_path = NULL;
+    pln_chat_template chat_tpl;
+    memset(&chat_tpl, 0, sizeof chat_tpl);
+    bool show_placement = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -148,54 +249,86 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body-bytes")) so.lim.max_body_bytes = int_arg(a, VAL(), 64, INT32_MAX);
         else if (!strcmp(a, "--max-connections")) so.lim.max_connections = int_arg(a, VAL(), 1, 100000);
         else if (!strcmp(a, "--timeout")) so.lim.timeout_s = int_arg(a, VAL(), 0, 86400);
+        else if (!strcmp(a, "--request-timeout")) so.lim.request_timeout_s = int_arg(a, VAL(), 1, 86400);
+        else if (!strcmp(a, "--max-connections-per-client")) so.lim.max_connections_per_client = int_arg(a, VAL(), 0, 100000);
         else if (!strcmp(a, "--max-batch-tokens")) so.lim.max_batch_tokens = int_arg(a, VAL(), 1, 1 << 20);
         else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
         else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
         else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
+        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, VAL());
+        else if (!strcmp(a, "--show-placement")) show_placement = true;
         else if (!strcmp(a, "--populate")) eo.populate = true;
+        else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
+        else if (!strcmp(a, "--chat-template")) chat_path = VAL();
+        else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
+        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
         else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
         else if (!eo.shard_dir) eo.shard_dir = a;
         else { fprintf(stderr, "pollen serve: unexpected argument %s\n", a); usage(stderr); return 2; }
 #undef VAL
     }
+    pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!eo.shard_dir) { usage(stderr); return 2; }
+    /* A signal that came during argument parsing is pending and taken here. */
+    pthread_t sig_thr;
+    if (pthread_create(&sig_thr, NULL, signal_thread, &sc)) pln_die("cannot start the signal thread");
+    if (port_file) {
+        const char *protect[1] = {eo.shard_dir};
+        if (pln_path_guard(port_file, protect, 1)) pln_die("--port-file: %s", pln_error());
+    }
     if (!input_set && so.lim.max_input_tokens >= so.lim.max_total_tokens) so.lim.max_input_tokens = so.lim.max_total_tokens - 1;
     if (so.lim.max_input_tokens >= so.lim.max_total_tokens)
         pln_die("--max-input-tokens (%d) must be below --max-total-tokens (%d)", so.lim.max_input_tokens, so.lim.max_total_tokens);
     eo.max_seq_len = so.lim.max_total_tokens;
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
+    if (chat_path) {   /* before anything loads: a broken template fails at once */
+        if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
+        so.chat_template = &chat_tpl;
+    }
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
-    threads = pln_cli_threads(threads, pln_comm_size(comm));
+    threads = pln_cli_threads(threads, pln_comm_local_size(comm));
+    if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
+        stop_signal_thread(sig_thr);
         pln_comm_free(comm);
         return 1;
     }
     if (rank != 0) {
+        pthread_mutex_lock(&sc.mu);
+        sc.serving = true;
+        pthread_mutex_unlock(&sc.mu);
         int rc = pln_engine_worker_loop(eng);
         if (rc) fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
         pln_engine_close(eng);
+        stop_signal_thread(sig_thr);
         pln_comm_free(comm);
         return rc ? 1 : 0;
     }
 
     int status = 1;
-    pln_tokenizer *tok = pln_tok_load(pln_engine_tokenizer_path(eng));
+    const char *tokp = pln_engine_tokenizer_path(eng);
+    pln_tokenizer *tok = tokp ? pln_tok_load(tokp) : NULL;
     pln_sched *sched = NULL;
     pln_server *srv = NULL;
     char *model_id = NULL;
-    if (!tok) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    if (!tokp) fprintf(stderr, "pollen serve: %s: the manifest records no tokenizer (\"tokenizer\": null) and serving text needs one: "
+                       "re-run reshard from a checkpoint that has tokenizer.json\n", eo.shard_dir);
+    else if (!tok) fprintf(stderr, "pollen serve: %s\n", pln_error());
+    if (!tok) goto out;
     pln_sched_engine se = {.ctx = eng, .step = eng_step, .get_info = eng_info};
     pln_sched_tok st = {.ctx = tok, .encode = tok_encode, .decode = tok_decode, .is_special = tok_special};
     sched = pln_sched_create(&se, &st, &so.lim);
     if (!sched) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    g_comm = comm;
+    g_sched = sched;
     if (!so.model_id) {
         size_t n = strlen(eo.shard_dir);
         while (n > 1 && eo.shard_dir[n - 1] == '/') n--;
@@ -206,6 +339,11 @@ int cmd_serve(int argc, char **argv) {
     }
     srv = pln_server_start(&so, sched, &st);
     if (!srv) { fprintf(stderr, "pollen serve: %s\n", pln_error()); goto out; }
+    /* From here a signal drains (pln_sched_run sees a stop made before it starts). */
+    pthread_mutex_lock(&sc.mu);
+    sc.sched = sched;
+    sc.serving = true;
+    pthread_mutex_unlock(&sc.mu);
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
     fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s] pid %d\n",
@@ -219,23 +357,34 @@ int cmd_serve(int argc, char **argv) {
         int n = snprintf(buf, sizeof buf, "%d\n", pln_server_port(srv));
         if (pln_write_file_atomic(port_file, buf, (size_t)n)) fprintf(stderr, "pollen serve: %s\n", pln_error());
     }
-    sc.sched = sched;
-    pthread_t sig_thr;
-    pthread_create(&sig_thr, NULL, signal_thread, &sc);
+    g_step_timeout = eo.step_timeout;
+    g_weight_bytes = info.weight_bytes;
+    g_backend = info.backend;
+    pthread_t backstop;
+    if (pthread_create(&backstop, NULL, backstop_thread, NULL) == 0) pthread_detach(backstop);
     pln_sched_run(sched);            /* returns once drained */
     pln_server_stop(srv, 30.0);      /* let the last responses reach their clients */
     srv = NULL;
-    pthread_kill(sig_thr, SIGUSR1);
-    pthread_join(sig_thr, NULL);
+    if (g_group_lost) {
+        /* pln_comm_free aborts every rank (exit 3): the others are stuck or gone. */
+        fprintf(stderr, "pollen serve: exiting: %s\n", g_group_msg);
+        status = 3;
+        goto out;
+    }
     fprintf(stderr, "pollen serve: drained, exiting\n");
     status = 0;
 out:
+    pthread_mutex_lock(&sc.mu);
+    sc.sched = NULL;                 /* freed below: a late signal must not reach it */
+    pthread_mutex_unlock(&sc.mu);
     pln_server_stop(srv, 0);
     pln_engine_shutdown(eng);
     pln_sched_free(sched);
     pln_engine_close(eng);
     pln_tok_free(tok);
     free(model_id);
+    pln_chat_template_free(&chat_tpl);
+    stop_signal_thread(sig_thr);
     pln_comm_free(comm);
     return status;
 }

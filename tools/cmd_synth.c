@@ -88,7 +88,12 @@ static void gen_values(const sy_tensor *t, uint64_t seed, bool bf16, uint64_t e0
     }
 }
 
+/* Fault injection for tests: PLN_FAULT_DELAY_MS per write (a slow disk), as in reshard, so a
+ * signal can land mid-way on a small model. */
+static unsigned g_delay_ms;
+
 static int write_all(int fd, const void *data, size_t n, const char *path) {
+    if (g_delay_ms) usleep(g_delay_ms * 1000u);
     const uint8_t *p = data;
     while (n) {
         ssize_t w = write(fd, p, n);
@@ -190,7 +195,7 @@ static void usage(FILE *f) {
             "  --dtype fp16|bf16      stored dtype (default fp16)\n"
             "  --shard-size BYTES     split the weights into files of at most this size (default 1e9)\n"
             "  --tokenizer PATH       tokenizer.json to copy (default: the test fixture's)\n"
-            "  --force                replace an existing non-empty DIR\n"
+            "  --force                replace an earlier pollen output (a synth checkpoint or a shard set) at DIR\n"
             "  --quiet                no progress bar\n");
 }
 
@@ -228,14 +233,20 @@ int cmd_synth(int argc, char **argv) {
     }
     if (optind != argc || !model || !out) { usage(stderr); return 2; }
     json_t *cfg = NULL;
+    const char *cfg_file = NULL;   /* --model given as a file */
     for (size_t i = 0; i < sizeof g_models / sizeof g_models[0]; i++)
         if (!strcmp(model, g_models[i].name)) cfg = builtin_config(&g_models[i], layers, bf16);
     if (!cfg) {
         json_error_t je;
-        cfg = json_load_file(model, 0, &je);
+        size_t clen = 0;
+        cfg_file = model;
+        /* Read through pln_read_small_file: a FIFO or device given as --model is named, not waited on. */
+        char *ctext = pln_read_small_file(model, 1u << 20, &clen);
+        cfg = ctext ? json_loadb(ctext, clen, 0, &je) : NULL;
+        free(ctext);
         if (!cfg || !json_is_object(cfg))
             pln_die("--model %s: not a known model (bloom-560m, bloom-1b1, bloom-1b7, bloom-3b, bloom-7b1, bloom-176b) nor a readable config.json (%s)",
-                    model, cfg ? "not an object" : je.text);
+                    model, cfg ? "not an object" : ctext ? je.text : pln_error());
         if (layers >= 0) json_object_set_new(cfg, "n_layer", json_integer(layers));
         json_object_set_new(cfg, "torch_dtype", json_string(bf16 ? "bfloat16" : "float16"));
     }
@@ -283,9 +294,16 @@ int cmd_synth(int argc, char **argv) {
         total += ts[i].nbytes;
     }
 
+    const char *dl = getenv("PLN_FAULT_DELAY_MS");
+    if (dl) g_delay_ms = (unsigned)atoi(dl);
+    const char *tok_src = find_tokenizer(tok);
+    if (tok_src && pln_check_file(tok_src)) pln_die("--tokenizer: %s", pln_error());
+    /* The files synth reads must survive it: the output may not be, hold or lie inside them. */
+    const char *protect[2] = {tok_src, cfg_file};
+    if (pln_path_guard(out, protect, 2)) pln_die("refusing to write the output: %s", pln_error());
+    /* Signals from here on: common.c's handler removes the temporary output and ends the process. */
     char *tmp = pln_outdir_begin(out, force);
     if (!tmp) pln_die("%s", pln_error());
-    pln_outdir_cleanup_on_signal(tmp);
     pln_progress pg;
     pln_progress_init(&pg, "synth", total, quiet);
     uint16_t *buf = pln_xmalloc((size_t)SY_BLOCK * SY_CHUNK_BLOCKS * 2);
@@ -322,7 +340,17 @@ int cmd_synth(int argc, char **argv) {
         free(path);
         free(s);
     }
-    const char *tok_src = find_tokenizer(tok);
+    if (!rc) {
+        /* The marker that makes this checkpoint pollen's own: --force may replace it later. */
+        json_t *mk = json_pack("{s:s, s:s, s:s, s:I}", "tool", "pollen synth", "version", PLN_VERSION_STRING,
+                               "model", model, "seed", (json_int_t)seed);
+        char *s = json_dumps(mk, JSON_INDENT(2) | JSON_SORT_KEYS);
+        char *path = pln_xasprintf("%s/%s", tmp, PLN_SYNTH_MARKER);
+        rc = pln_write_file_atomic(path, s, strlen(s));
+        free(path);
+        free(s);
+        json_decref(mk);
+    }
     if (!rc && tok_src) {
         char *path = pln_xasprintf("%s/tokenizer.json", tmp);
         rc = pln_copy_file(tok_src, path);

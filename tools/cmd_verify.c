@@ -1,7 +1,9 @@
 /* cmd_verify.c — `pollen verify OUT [--source SRC]`: checks a shard set end to end.
  *
- * Without --source: the manifest, every rank file's size and header checksum, the tensor table
- * against the "bloom-tp-v1" plan, and every tensor's XXH3 (a bad one is named).
+ * Without --source: the manifest, its config block, the tokenizer and config.json against their
+ * recorded checksums (manifest version 2) and config.json against the manifest, every rank file's
+ * size and header checksum, the tensor table against the "bloom-tp-v1" plan, every tensor's XXH3
+ * (a bad one is named), that all padding bytes are zero and every int8 scale finite and positive.
  * With --source: every source tensor is rebuilt from its slices on all ranks (int8 dequantized)
  * and compared element by element with the source: fp16 must equal the round-to-nearest-even
  * fp16 of the source bit for bit (so an fp16 source must come back exactly), int8 must stay
@@ -160,6 +162,7 @@ int cmd_verify(int argc, char **argv) {
         printf("verify: FAILED — %s\n", res.first);
         return 1;
     }
+    bool small_checked = set->small_files_checked;
     pln_tp_model m = pln_tp_model_of(&set->config);
     pln_tp_opts o = {.tp = set->tp, .int8 = !strcmp(set->dtype, "int8"), .group_size = set->group_size,
                      .quantize_embedding = set->quantize_embedding};
@@ -183,6 +186,9 @@ int cmd_verify(int argc, char **argv) {
             if (!ok) fail(&res, "%s: tensor %llu is %s %s, the plan says %s %s", s->path, (unsigned long long)i, t->name,
                           pln_dtype_name(t->dtype), e->name, pln_dtype_name(e->dtype));
         }
+        /* what FORMAT.md promises beyond the checksums: zero padding, usable int8 scales */
+        if (pln_shard_check_padding(s)) fail(&res, "%s", pln_error());
+        if (pln_layout_check_scales(s)) fail(&res, "%s", pln_error());
         char **bad = NULL;
         int64_t nbad = pln_shard_verify_all(s, &bad);
         for (int64_t b = 0; b < nbad; b++) {
@@ -263,7 +269,11 @@ int cmd_verify(int argc, char **argv) {
         printf("verify: FAILED — %d problem%s; first: %s\n", res.n_fail, res.n_fail == 1 ? "" : "s", res.first);
         return 1;
     }
-    printf("verify: OK — %s: TP %d %s, manifest, sizes, checksums%s (%.2f s)\n", dir, tp, o.int8 ? "int8" : "fp16",
+    if (!small_checked)
+        printf("note: manifest version 1 records no checksums of its config block, tokenizer and config.json (config.json "
+               "was checked against the manifest); re-run reshard to add them\n");
+    printf("verify: OK — %s: TP %d %s, manifest, %s, sizes, checksums, padding, scales%s (%.2f s)\n", dir, tp,
+           o.int8 ? "int8" : "fp16", small_checked ? "config/tokenizer checksums" : "config/tokenizer NOT checksummed (v1)",
            source ? ", and every tensor against the source" : "", dt);
     return 0;
 }

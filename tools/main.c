@@ -38,6 +38,9 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++) {
         if (strcmp(argv[1], g_cmds[i].name)) continue;
         if (!g_cmds[i].fn) pln_die("'%s' is not part of this build", argv[1]);
+        /* SIGINT/SIGTERM end any command at any phase, with a word on why (serve drains instead
+         * and installs its own; reshard and synth add the removal of their temporary output). */
+        if (strcmp(argv[1], "serve")) pln_exit_on_signal(argv[1]);
         return g_cmds[i].fn(argc - 1, argv + 1);
     }
     fprintf(stderr, "pollen: unknown command '%s'\n\n", argv[1]);

@@ -166,18 +166,36 @@ __device__ __forceinline__ float pln_block_max(float v, float *scratch)
 __device__ __forceinline__ float pln_h2f(__half h) { return __half2float(h); }
 __device__ __forceinline__ __half pln_f2h(float f) { return __float2half_rn(f); }
 
-/* 16 bytes = 8 halves, loaded and stored in one instruction. */
-struct __align__(16) pln_h8 { __half2 h[4]; };
+/* 16 bytes = 8 halves, loaded and stored in one instruction (LDG/STG/LDS/STS.128). The halves
+ * travel as the raw bits of a uint4: a struct of four __half2 would be copied member by member
+ * (__half2 has a user-provided copy constructor), i.e. as four 32-bit loads, which
+ * tests/e2e_sass.sh catches. Words hold halves 2i (low 16 bits) and 2i+1 (high). */
+struct __align__(16) pln_h8 { uint4 u; };
+__device__ __forceinline__ __half2 pln_u32_to_h2(unsigned w)
+{
+    __half2_raw r;
+    r.x = (unsigned short)(w & 0xffffu);
+    r.y = (unsigned short)(w >> 16);
+    return __half2(r);
+}
+__device__ __forceinline__ unsigned pln_h2_to_u32(__half2 h)
+{
+    __half2_raw r = h;
+    return (unsigned)r.x | ((unsigned)r.y << 16);
+}
 __device__ __forceinline__ void pln_h8_to_f(const pln_h8 &v, float *f)
 {
+    const unsigned w[4] = { v.u.x, v.u.y, v.u.z, v.u.w };
 #pragma unroll
-    for (int i = 0; i < 4; i++) { float2 t = __half22float2(v.h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+    for (int i = 0; i < 4; i++) { float2 t = __half22float2(pln_u32_to_h2(w[i])); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
 }
 __device__ __forceinline__ pln_h8 pln_f_to_h8(const float *f)
 {
     pln_h8 v;
-#pragma unroll
-    for (int i = 0; i < 4; i++) v.h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    v.u.x = pln_h2_to_u32(__floats2half2_rn(f[0], f[1]));
+    v.u.y = pln_h2_to_u32(__floats2half2_rn(f[2], f[3]));
+    v.u.z = pln_h2_to_u32(__floats2half2_rn(f[4], f[5]));
+    v.u.w = pln_h2_to_u32(__floats2half2_rn(f[6], f[7]));
     return v;
 }
 /* Streams weights once: bypass L1 allocation so activations stay cached. */

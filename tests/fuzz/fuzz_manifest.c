@@ -19,6 +19,14 @@
  *   fp16 TP 2: rank-{0,1}-of-2.pln 253952 bytes each; fp16 TP 1: rank-0-of-1.pln 417792 bytes;
  *   int8 TP 2 (--group-size 8): rank-{0,1}-of-2.pln 249856 bytes each. */
 typedef struct { const char *name; long size; } fm_placeholder;
+/* The small files every directory holds, byte for byte those the version-2 seeds record the
+ * checksums of: the seeds were made by `pollen reshard` from a copy of
+ * tests/fixtures/models/bloom-4h/fp16-st whose config.json and tokenizer.json were these. */
+#define FM_CONFIG_JSON "{\"model_type\": \"bloom\", \"vocab_size\": 1003, \"hidden_size\": 64, \"n_head\": 4, " \
+                       "\"n_layer\": 2, \"layer_norm_epsilon\": 1e-05, \"bos_token_id\": 1, \"eos_token_id\": 2, "  \
+                       "\"pad_token_id\": 3, \"torch_dtype\": \"float16\"}\n"
+#define FM_TOKENIZER_JSON "{\"fuzz_manifest\": \"placeholder tokenizer\"}\n"
+static const struct { const char *name, *text; } fm_small[2] = {{"config.json", FM_CONFIG_JSON}, {"tokenizer.json", FM_TOKENIZER_JSON}};
 static const fm_placeholder fm_set_a[] = {{"rank-0-of-2.pln", 253952}, {"rank-1-of-2.pln", 253952}, {"rank-0-of-1.pln", 417792}};
 static const fm_placeholder fm_set_b[] = {{"rank-0-of-2.pln", 249856}, {"rank-1-of-2.pln", 249856}};
 static const struct { const fm_placeholder *files; size_t n; } fm_sets[2] = {{fm_set_a, 3}, {fm_set_b, 2}};
@@ -33,6 +41,10 @@ static void fm_cleanup(void) {
     for (size_t d = 0; d < 2; d++) {
         for (size_t i = 0; i < fm_sets[d].n; i++) {
             snprintf(p, sizeof p, "%s/%s", fm_dirs[d], fm_sets[d].files[i].name);
+            unlink(p);
+        }
+        for (size_t i = 0; i < 2; i++) {
+            snprintf(p, sizeof p, "%s/%s", fm_dirs[d], fm_small[i].name);
             unlink(p);
         }
         snprintf(p, sizeof p, "%s/%s", fm_dirs[d], PLN_MANIFEST_NAME);
@@ -65,6 +77,14 @@ static int fm_setup(void) {
             if (!f || ftruncate(fileno(f), fm_sets[d].files[i].size) != 0) { perror(p); if (f) fclose(f); return -1; }
             fclose(f);
         }
+        for (size_t i = 0; i < 2; i++) {
+            char p[1300];
+            snprintf(p, sizeof p, "%s/%s", fm_dirs[d], fm_small[i].name);
+            FILE *f = fopen(p, "wb");
+            size_t n = strlen(fm_small[i].text);
+            if (!f || fwrite(fm_small[i].text, 1, n, f) != n) { perror(p); if (f) fclose(f); return -1; }
+            if (fclose(f) != 0) { perror(p); return -1; }
+        }
     }
     fm_state = 1;
     return 1;
@@ -96,6 +116,9 @@ static void fm_check(const pln_shardset *set, const char *dir) {
     }
     if (set->tokenizer_path) fm_check_path(set->tokenizer_path, dir);
     if (set->config_path) fm_check_path(set->config_path, dir);
+    /* an accepted config agrees with config.json, the only one the directories hold */
+    if (set->config_path && (c->vocab_size != 1003 || c->hidden_size != 64 || c->n_head != 4 || c->n_layer != 2)) __builtin_trap();
+    if (set->small_files_checked != (set->version >= 2)) __builtin_trap();
     /* placeholders are all zeros: the rank reader must refuse them, and refuse ranks outside tp */
     pln_shard *s = pln_shardset_open_rank(set, 0);
     if (s) __builtin_trap();

@@ -1,7 +1,10 @@
 /* fuzz_request.c — libFuzzer target: any bytes as a request body for every route's parser
- * (TGI /generate, /tokenize, OpenAI /v1/completions), then the error serializer and the UTF-8
+ * (TGI /generate, /tokenize, OpenAI /v1/completions and /v1/chat/completions), then the error serializer and the UTF-8
  * helpers on the same bytes. Accepted requests must satisfy the ranges the scheduler relies on;
- * rejected ones must carry a 4xx status and serialize to JSON. */
+ * rejected ones must carry a 4xx status and serialize to JSON. The same bytes, read as a request
+ * head ("name: value" lines), go through the body-framing check (httpframe.h): it must decide
+ * one framing or refuse with 400/413, and never accept a length over the limit. */
+#include "runtime/httpframe.h"
 #include "runtime/httpreq.h"
 
 #include <jansson.h>
@@ -9,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static void check_request(const pln_gen_request *r, const pln_serve_limits *lim) {
     if (r->n_prompts < 1 || r->n_prompts > lim->max_prompts) __builtin_trap();
@@ -21,6 +25,11 @@ static void check_request(const pln_gen_request *r, const pln_serve_limits *lim)
     if (r->n_stop > lim->max_stop_sequences) __builtin_trap();
     for (int32_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i][0] || strlen(r->stop[i]) > (size_t)lim->max_stop_bytes) __builtin_trap();
+    if (r->n < 1 || r->best_of < r->n || r->best_of > lim->max_best_of) __builtin_trap();
+    if (r->top_n < 0 || r->top_n > PLN_TOP_MAX || r->top_n > lim->max_top_n_tokens) __builtin_trap();
+    if (!(p->typical_p > 0 && p->typical_p <= 1) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        __builtin_trap();
+    if (r->truncate < 0 || r->truncate > lim->max_input_tokens) __builtin_trap();
 }
 
 static void check_error(const pln_req_error *e, pln_api api) {
@@ -30,6 +39,38 @@ static void check_error(const pln_req_error *e, pln_api api) {
     if (!o) __builtin_trap();
     json_decref(o);
     free(js);
+}
+
+static void check_framing_of(const uint8_t *data, size_t size) {
+    char *head = malloc(size + 1);
+    memcpy(head, data, size);
+    head[size] = 0;   /* a NUL inside the input ends that field early, as it would in libmicrohttpd */
+    pln_http_field f[64];
+    size_t n = 0;
+    int n_te = 0, n_cl = 0;
+    for (char *line = head, *next; line && n < 64; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        *colon = 0;
+        f[n++] = (pln_http_field){line, colon + 1};
+        n_te += !strcasecmp(line, "Transfer-Encoding");
+        n_cl += !strcasecmp(line, "Content-Length");
+    }
+    int64_t max_body = size ? (int64_t)data[0] * 997 : 0;   /* 0: no limit */
+    pln_frame fr;
+    pln_req_error err;
+    if (pln_http_check_framing(f, n, max_body, PLN_API_TGI, &fr, &err) == 0) {
+        if (fr.kind == PLN_FRAME_CHUNKED && (n_te != 1 || n_cl)) __builtin_trap();
+        if (fr.kind != PLN_FRAME_CHUNKED && n_te) __builtin_trap();
+        if (fr.kind == PLN_FRAME_LENGTH && (!n_cl || !fr.length || (max_body > 0 && fr.length > (uint64_t)max_body))) __builtin_trap();
+        if (fr.kind == PLN_FRAME_NONE && fr.length) __builtin_trap();
+    } else {
+        if (err.status != 400 && err.status != 413) __builtin_trap();
+        check_error(&err, PLN_API_TGI);
+    }
+    free(head);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -52,6 +93,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         check_error(&err, PLN_API_OPENAI);
     }
+    /* chat, with a fixed template (the loader reads files; this target reads none) */
+    static char empty[] = "", u[] = "U: ", nl[] = "\n", gp[] = "A:";
+    static char *stops[] = {nl};
+    pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp,
+                             .stop = stops, .n_stop = 1};
+    if (pln_req_parse_chat(body, size, &lim, &tpl, &r, &err) == 0) {
+        check_request(&r, &lim);
+        if (!r.chat || r.n_prompts != 1) __builtin_trap();
+        pln_gen_request_free(&r);
+    } else {
+        check_error(&err, PLN_API_OPENAI);
+    }
     char *text = NULL;
     if (pln_req_parse_tokenize(body, size, &lim, &text, &err) == 0) {
         if (!text || !text[0]) __builtin_trap();
@@ -65,5 +118,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (pln_utf8_complete_len(s, n) != n || strlen(s) > n) __builtin_trap();
     free(s);
     if (pln_utf8_complete_len(body, size) > size) __builtin_trap();
+    check_framing_of(data, size);
     return 0;
 }

@@ -214,6 +214,8 @@ def read_rank_file(path, verify=True):
             raise Bad(f"{path}: {name}: offset {offset} misaligned, overlapping or out of the file")
         if name in names:
             raise Bad(f"{path}: duplicate tensor name {name}")
+        if any(b[prev_end if i else toff + tsize:offset]):
+            raise Bad(f"{path}: non-zero padding before tensor {name}")
         names.add(name)
         prev_end = offset + nbytes
         data = b[offset:offset + nbytes]
@@ -221,6 +223,8 @@ def read_rank_file(path, verify=True):
             raise Bad(f"{path}: tensor {name}: checksum mismatch")
         tensors.append({"rank": rank, "name": name, "dtype": dname, "shape": list(dims[:ndim]),
                         "offset": offset, "nbytes": nbytes, "xxh3": f"{cks:016x}", "_data": data})
+    if any(b[prev_end if n else toff + tsize:size]):
+        raise Bad(f"{path}: non-zero padding after the last tensor")
     # int8 weights: dequantize the first values with the companion NAME_scale [rows, cols / G]
     by_name = {t["name"]: t for t in tensors}
     for t in tensors:
@@ -277,8 +281,10 @@ def bloom_tp_v1(m):
 def read_set(d):
     with open(os.path.join(d, "manifest.json"), "rb") as f:
         m = json.loads(f.read().decode("utf-8"), object_pairs_hook=no_dups)
-    if m.get("format") != "pollen-shards" or m.get("version") != 1 or m.get("layout") != "bloom-tp-v1":
+    if m.get("format") != "pollen-shards" or m.get("version") not in (1, 2) or m.get("layout") != "bloom-tp-v1":
         raise Bad(f"{d}: unknown format/version/layout")
+    if m["version"] >= 2:
+        check_small_files(d, m)
     tp = m["tp"]
     if m["vocab_padded"] != -(-m["config"]["vocab_size"] // tp) * tp or m["config"]["n_head"] % tp:
         raise Bad(f"{d}: vocab_padded or n_head inconsistent with tp {tp}")
@@ -300,6 +306,31 @@ def read_set(d):
             raise Bad(f"{path}: tensor list differs from bloom-tp-v1")
         ranks.append(rf)
     return m, ranks
+
+
+def canonical_config(c):
+    """FORMAT.md "Checksums of the small files": the text whose XXH3 is config_xxh3."""
+    eps = struct.unpack("<Q", struct.pack("<d", float(c["layer_norm_epsilon"])))[0]
+    return (f"vocab_size={c['vocab_size']}\nhidden_size={c['hidden_size']}\nn_head={c['n_head']}\n"
+            f"n_layer={c['n_layer']}\nlayer_norm_epsilon={eps:016x}\nbos_token_id={c['bos_token_id']}\n"
+            f"eos_token_id={c['eos_token_id']}\npad_token_id={c['pad_token_id']}\n"
+            f"torch_dtype={c.get('torch_dtype', '')}\n").encode("utf-8")
+
+
+def check_small_files(d, m):
+    if m.get("config_xxh3") != f"{xxh3(canonical_config(m['config'])):016x}":
+        raise Bad(f"{d}: config block checksum mismatch")
+    for key in ("tokenizer", "hf_config"):
+        name, want = m.get(key), m.get(key + "_xxh3")
+        if name is None:
+            if want is not None:
+                raise Bad(f"{d}: {key}_xxh3 without {key}")
+            continue
+        if "/" in name or name in (".", ".."):
+            raise Bad(f"{d}: {key} is not a plain file name")
+        with open(os.path.join(d, name), "rb") as f:
+            if want != f"{xxh3(f.read()):016x}":
+                raise Bad(f"{d}: {name}: checksum mismatch")
 
 
 def no_dups(pairs):

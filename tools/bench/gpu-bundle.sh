@@ -9,6 +9,7 @@
 # build/gpu-bundle/bundle.tar.gz with build/gpu-bundle/SOURCE, the hash of the sources it was built
 # from. Packed, because the tree and what it carries must stay under 64 MiB and the libraries
 # alone are 44 MB (libicu's data, pulled in by libarchive -> libxml2); gzip is on every machine.
+# It also carries compute-sanitizer (sanitizer/, from PyPI) for a machine whose toolkit has none.
 # Carry build/gpu-bundle with the tree; gpu.sh unpacks it and uses it without building when SOURCE
 # matches the tree it runs on.
 #   tools/bench/gpu-bundle.sh          build and pack
@@ -43,8 +44,20 @@ notfound=$(for b in $bins; do LD_LIBRARY_PATH=$B/lib ldd "$b" | grep 'not found'
 if [ -n "$notfound" ]; then echo "gpu-bundle: libraries not found:"; echo "$notfound"; exit 1; fi
 echo "the GPU machine must provide:" \
   $(for b in $bins; do LD_LIBRARY_PATH=$B/lib ldd "$b"; done | awk '{print $1}' | grep -E "^(libcuda|libcudart|libcublas|libnccl)" | sort -u) libcuda.so.1
+# compute-sanitizer (PyPI's nvidia-cuda-sanitizer-api; docs, headers and 32-bit helpers left out), for a GPU machine
+# whose toolkit lacks it; optional: without pip or the registry the bundle goes without.
+san=""
+if tmp=$(mktemp -d) && timeout 300 python3 -m pip download -q --no-deps -d "$tmp" "nvidia-cuda-sanitizer-api>=13,<14" > "$tmp/log" 2>&1 &&
+   python3 -m zipfile -e "$tmp"/nvidia_cuda_sanitizer_api-*.whl "$tmp/x" &&
+   d=$(dirname "$(find "$tmp/x" -path '*/compute-sanitizer/compute-sanitizer' -type f | head -1)") && [ "$d" != . ]; then
+  rm -rf "$d/docs" "$d/include" "$d/x86"; cp -r "$d" $B/sanitizer; chmod +x $B/sanitizer/compute-sanitizer $B/sanitizer/TreeLauncher* 2>/dev/null
+  san=sanitizer
+else
+  echo "gpu-bundle: no compute-sanitizer in the bundle (pip download failed: $(tail -1 "$tmp/log" 2>/dev/null))"
+fi
+rm -rf "$tmp"
 srchash > $B/SOURCE
-tar -C $B -czf $B/bundle.tar.gz pollen tests-gpu lib SOURCE
+tar -C $B -czf $B/bundle.tar.gz pollen tests-gpu lib SOURCE $san
 # leave only what is carried: the packed bundle and its SOURCE
 find $B -mindepth 1 -maxdepth 1 ! -name bundle.tar.gz ! -name SOURCE -exec rm -rf {} +
 ls -la $B

@@ -11,19 +11,22 @@
 #
 #   tools/bench/reshard.sh                      # bloom-1b7 fp16 source, TP 2, then the 6 GB RSS run
 #   MODEL=bloom-3b TP=4 RSS_RUN=0 tools/bench/reshard.sh
-# Needs ~3x the model size free under BENCH_DIR (default /tmp/pln-bench-reshard), and ~10 GB of
-# /dev/shm for the RSS run (else it uses BENCH_DIR); everything is removed after. ~3-7 minutes.
+# Needs ~3x the model size free under BENCH_DIR (default /tmp; a fresh pln-bench-reshard.XXXXXX
+# inside it), and ~10 GB of /dev/shm (SHM_DIR) for the RSS run (else it uses BENCH_DIR); the
+# scratch directories it made are removed after. ~3-7 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 POLLEN=${POLLEN:-build/pollen}
 MODEL=${MODEL:-bloom-1b7}
 TP=${TP:-2}
-DIR=${BENCH_DIR:-/tmp/pln-bench-reshard}
+# Scratch is a fresh directory made inside BENCH_DIR / SHM_DIR: only what this script created is
+# ever removed, never the directory a caller named.
+mkdir -p "${BENCH_DIR:-/tmp}"
+DIR=$(mktemp -d "${BENCH_DIR:-/tmp}/pln-bench-reshard.XXXXXX")
+trap 'rm -rf "$DIR"' EXIT
 RSS_RUN=${RSS_RUN:-1}
 [ -x "$POLLEN" ] || { echo "build first: make" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
-rm -rf "$DIR"; mkdir -p "$DIR"
-trap 'rm -rf "$DIR"' EXIT
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", b-a}'; }
@@ -93,9 +96,13 @@ rm -rf "$SRC"
 # output in RAM (/dev/shm, when it has room) so no disk is involved — tmpfs pages a process maps
 # count in its RSS, so this is the strictest place to measure memory.
 if [ "$RSS_RUN" = 1 ]; then
-  SHM=${SHM_DIR:-/dev/shm/pln-bench-reshard}
-  if [ "$(df -B1 --output=avail /dev/shm 2>/dev/null | tail -n 1)" -gt 11000000000 ] 2>/dev/null; then base=$SHM; else base=$DIR; fi
-  mkdir -p "$base"; trap 'rm -rf "$DIR" "$SHM"' EXIT
+  SHM=
+  if [ "$(df -B1 --output=avail /dev/shm 2>/dev/null | tail -n 1)" -gt 11000000000 ] 2>/dev/null; then
+    SHM=$(mktemp -d "${SHM_DIR:-/dev/shm}/pln-bench-reshard.XXXXXX"); base=$SHM
+  else
+    base=$DIR
+  fi
+  trap 'rm -rf "$DIR" ${SHM:+"$SHM"}' EXIT
   "$POLLEN" synth --model "${RSS_MODEL:-bloom-3b}" --dtype bf16 -o "$base/src3b" --quiet
   SRC=$base/src3b
   IN=$(size_of "$SRC"/*.safetensors)

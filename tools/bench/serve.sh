@@ -40,7 +40,8 @@ ceiling() { # batch -> generated tokens/s of the decode steps
 }
 C1=$(ceiling 1); C32=$(ceiling 32)
 
-"$POLLEN" serve "$WORK/tp1" --port 0 --port-file "$WORK/port" --quiet --max-seqs 64 \
+# Every client comes from 127.0.0.1: no per-client connection limit (it defaults to 64).
+"$POLLEN" serve "$WORK/tp1" --port 0 --port-file "$WORK/port" --quiet --max-seqs 64 --max-connections-per-client 0 \
     --max-concurrent-requests 256 --max-batch-tokens 1024 --kv-tokens 16384 >"$WORK/server.log" 2>&1 &
 SRV_PID=$!
 for _ in $(seq 600); do [ -s "$WORK/port" ] && break; kill -0 $SRV_PID || { cat "$WORK/server.log"; exit 1; }; sleep 0.1; done
