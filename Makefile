@@ -5,6 +5,7 @@
 #   make deps       install the Debian packages pollen needs (idempotent)
 #   make fuzz       build the libFuzzer targets with clang and run each for a bounded time
 #   make test-gpu   op checks and end-to-end tests on the CUDA backend (SKIP without a GPU)
+#   make emu        the CUDA kernels built for the CPU harness (build/emu/; make test runs them)
 #   make sass-tools cuobjdump + nvdisasm (PyPI wheels) into build/sass-tools for the SASS checks
 #   SANITIZE=address,undefined   checked build (in build-san/)
 
@@ -105,7 +106,7 @@ deps:
 # The GPU test binaries are built here too (they only compile where there is no GPU): a test
 # that no longer compiles is caught before the one GPU run that would need it.
 test: deps
-	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS)
+	$(MAKE) --no-print-directory $(BUILD)/pollen $(TEST_BINS) $(GPU_TEST_BINS) emu
 	@BUILD=$(BUILD) tests/run.sh
 
 # The real Python clients (PyPI) against a real server; make test stays Python-free.
@@ -140,5 +141,70 @@ fuzz: deps
 
 clean:
 	rm -rf build build-san build-fuzz
+
+# ---- the CUDA kernels on the CPU (kernels/cuda/emu, docs/CUDA.md "Running the kernels on the CPU")
+# Every kernels/cuda/*.cu is compiled as host C++ by clang++ against the CUDA headers (no nvcc, no
+# GPU), its loads and stores traced for the shared-memory checks, and linked into $(BUILD)/emu/:
+# the op checks, the harness's self-test, the engine e2e test and a pollen binary. Built wherever
+# clang++ and the CUDA headers exist, SANITIZE builds included (EMU=0 turns it off); make test
+# runs it. Never linked with libcudart/cuBLASLt/NCCL: the harness provides the runtime.
+EMU_CXX ?= clang++
+EMU_CUDA_INC ?= $(patsubst %/cuda_runtime.h,%,$(firstword $(wildcard $(CUDA_HOME)/include/cuda_runtime.h \
+                  /usr/local/cuda/include/cuda_runtime.h /usr/include/cuda_runtime.h)))
+# (x86-64 only: the fibers switch with x86-64 code; clang 14 or newer for trace-loads/stores)
+ifeq ($(and $(shell command -v $(EMU_CXX) 2>/dev/null),$(EMU_CUDA_INC),$(filter x86_64,$(shell uname -m))),)
+  EMU ?= 0
+else
+  EMU ?= 1
+endif
+EMU_DIR := $(BUILD)/emu
+EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fno-strict-aliasing -Wall -Wextra -Werror -Wno-unused-parameter -I. \
+                -I$(EMU_CUDA_INC) -DPLN_HAVE_CUDA=1 -DPLN_CUDA_EMU=1
+ifneq ($(SANITIZE),)
+  EMU_CXXFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize=function -fno-sanitize=vptr -fno-omit-frame-pointer \
+                  -fno-sanitize-recover=all
+endif
+EMU_KFLAGS := -x c++ -include kernels/cuda/emu/cuda_emu.h -fsanitize-coverage=inline-8bit-counters,trace-loads,trace-stores
+EMU_CDEF_SRCS := $(shell grep -l PLN_HAVE_CUDA $(LIB_SRCS))
+EMU_OBJS := $(CU_SRCS:%.cu=$(EMU_DIR)/%.cu.o) $(EMU_DIR)/kernels/cuda/emu/cuda_emu.o $(EMU_CDEF_SRCS:%.c=$(EMU_DIR)/%.o) \
+            $(filter-out $(EMU_CDEF_SRCS:%.c=$(BUILD)/%.o),$(LIB_SRCS:%.c=$(BUILD)/%.o))
+comma := ,
+EMU_LDLIBS := $(filter-out -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -L$(CUDA_HOME)/lib64 \
+                -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64,$(LDLIBS)) -lstdc++
+EMU_BINS := $(EMU_DIR)/pollen $(EMU_DIR)/tests-gpu/test_cuda_ops $(EMU_DIR)/tests-gpu/test_cuda_e2e \
+            $(EMU_DIR)/tests-gpu/test_cuda_emu
+.PHONY: emu
+emu: $(if $(filter 1,$(EMU)),$(EMU_BINS))
+
+$(EMU_DIR)/%.cu.o: %.cu kernels/cuda/emu/cuda_emu.h kernels/cuda/emu/emu.h
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_CXXFLAGS) $(EMU_KFLAGS) -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/kernels/cuda/emu/cuda_emu.o: kernels/cuda/emu/cuda_emu.cc kernels/cuda/emu/emu.h
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DPLN_HAVE_CUDA=1 -DPLN_CUDA_EMU=1 -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/libpollen.a: $(EMU_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(EMU_DIR)/pollen: $(TOOL_OBJS) $(EMU_DIR)/libpollen.a
+	$(CC) $(LDFLAGS) $(TOOL_OBJS) $(EMU_DIR)/libpollen.a $(EMU_LDLIBS) -o $@
+
+$(EMU_DIR)/tests-gpu/%: tests/gpu/%.c $(EMU_DIR)/libpollen.a $(wildcard tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DPLN_HAVE_CUDA=1 -DPLN_CUDA_EMU=1 $(LDFLAGS) $< $(EMU_DIR)/libpollen.a $(EMU_LDLIBS) -o $@
+
+# The harness's self-test: deliberately broken kernels, so it is kernel code too.
+$(EMU_DIR)/tests-gpu/test_cuda_emu: tests/gpu/test_cuda_emu.cu $(EMU_DIR)/libpollen.a $(wildcard tests/*.h)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_CXXFLAGS) $(EMU_KFLAGS) -c $< -o $@.o
+	$(CC) $(LDFLAGS) $@.o $(EMU_DIR)/libpollen.a $(EMU_LDLIBS) -o $@
+
+-include $(EMU_OBJS:.o=.d)
 
 -include $(LIB_OBJS:.o=.d) $(TOOL_OBJS:.o=.d)

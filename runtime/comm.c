@@ -32,7 +32,7 @@
 #if defined(PLN_HAVE_CUDA) && __has_include("kernels/cuda/nccl.h")
 #include "kernels/cuda/nccl.h"
 #endif
-#if defined(PLN_HAVE_CUDA) && defined(PLN_NCCL_ID_BYTES)
+#if defined(PLN_HAVE_CUDA) && defined(PLN_NCCL_ID_BYTES) && !defined(PLN_CUDA_EMU)   /* the CPU harness: MPI */
 #define PLN_HAVE_NCCL 1
 #endif
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test binary (build/tests/test_*) and every end-to-end script (tests/e2e_*.sh) from
-# the repository root, and ends with one summary line "total: N passed, N failed".
+# the repository root, then the CUDA tests on the CPU execution harness (build/emu/, where built),
+# and ends with one summary line "total: N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -42,6 +43,18 @@ for s in tests/e2e_*.sh; do
   [ -f "$s" ] || continue
   run_one "$(basename "$s" .sh)" bash "$s"
 done
+# The CUDA kernels executed on the CPU (kernels/cuda/emu, built into $BUILD/emu/ where clang++ and
+# the CUDA headers exist): the harness's self-test, every op check against the CPU backend, and
+# the engine against the transformers fixtures at TP 1 and (MPI for NCCL) TP 2.
+if [ -x "$BUILD/emu/tests-gpu/test_cuda_ops" ]; then
+  for t in test_cuda_emu test_cuda_ops test_cuda_e2e; do
+    [ -x "$BUILD/emu/tests-gpu/$t" ] && run_one "emu-$t" timeout 900 "$BUILD/emu/tests-gpu/$t"
+  done
+  run_one emu-e2e_cuda_tp env PLN_CUDA_EMU=1 timeout 900 bash tests/gpu/e2e_cuda_tp.sh
+  echo "note  the CUDA kernels above ran on the CPU harness; cuBLASLt and NCCL are not exercised there (make test-gpu)"
+else
+  echo "SKIP  CUDA kernels on the CPU harness: $BUILD/emu is not built (needs clang++ and the CUDA headers)"
+fi
 [ ${#failed_names[@]} -eq 0 ] || echo "failed: ${failed_names[*]}"
 echo "total: $pass passed, $fail failed"
 [ "$fail" = 0 ] && [ "$pass" -gt 0 ]

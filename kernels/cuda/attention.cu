@@ -229,14 +229,17 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         dim3 grid((unsigned)pln_cdiv(T, PREFILL_QT), (unsigned)nh);
         const __half *q = (const __half *)qkv, *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
         if (D == 128)
-            attn_prefill_kernel<4><<<grid, 128, 0, c->stream>>>((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
-                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<4>)(
+                (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
+                nh, D, T);
         else if (D == 64)
-            attn_prefill_kernel<2><<<grid, 128, 0, c->stream>>>((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
-                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<2>)(
+                (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
+                nh, D, T);
         else
-            attn_prefill_kernel<1><<<grid, 128, 0, c->stream>>>((__half *)out, q, kc, vc, m->tok_seq, m->tok_pos,
-                                                                m->block_table, m->block_size, m->max_blocks, slopes, nh, D, T);
+            PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<1>)(
+                (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
+                nh, D, T);
         cudaCheckLaunch();
         return 0;
     }
@@ -261,13 +264,13 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     for (int t0 = 0; t0 < T; t0 += group) {
         const int n = T - t0 < group ? T - t0 : group;
         dim3 grid((unsigned)n, (unsigned)nh, (unsigned)nsplit);
-        attn_chunk_kernel<<<grid, ATTN_THREADS, 0, c->stream>>>(
+        PLN_LAUNCH(grid, ATTN_THREADS, 0, c->stream, attn_chunk_kernel)(
             (__half *)out, pm, ps, pacc, (const __half *)qkv, (const __half *)k_cache, (const __half *)v_cache,
             m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, D, nsplit, t0);
         cudaCheckLaunch();
         if (nsplit > 1) {
-            attn_merge_kernel<<<dim3((unsigned)n, (unsigned)nh), D, 0, c->stream>>>((__half *)out, pm, ps, pacc, nh,
-                                                                                    D, nsplit, t0);
+            PLN_LAUNCH(dim3((unsigned)n, (unsigned)nh), D, 0, c->stream, attn_merge_kernel)(
+                (__half *)out, pm, ps, pacc, nh, D, nsplit, t0);
             cudaCheckLaunch();
         }
     }

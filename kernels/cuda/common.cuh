@@ -70,6 +70,27 @@ static inline int pln_cublas_check(cublasStatus_t s, const char *what, const cha
  * at the next synchronizing call). */
 #define cudaCheckLaunch() cudaCheck(cudaGetLastError())
 
+/* Every kernel launch: PLN_LAUNCH(grid, block, smem, stream, kernel)(args...). Under nvcc it is
+ * kernel<<<grid, block, smem, stream>>>(args...); in the CPU execution harness (PLN_CUDA_EMU,
+ * kernels/cuda/emu/) an emulated launch that runs every thread as a fiber and logs the launch.
+ * The kernel comes last because template arguments hold commas. */
+#ifdef PLN_CUDA_EMU
+#define PLN_LAUNCH(grid, block, smem, stream, ...) \
+    pln_emu_launcher(#__VA_ARGS__, grid, block, smem, stream, &__VA_ARGS__)
+#else
+#define PLN_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#endif
+/* Device code: nvcc's device pass, and the CPU harness's host build of the same source. */
+#if defined(__CUDACC__) || defined(PLN_CUDA_EMU)
+#define PLN_CUDA_DEVICE_CODE 1
+#endif
+/* Dynamic shared memory (the launch's smem bytes): PLN_DYNAMIC_SHARED(float, buf); */
+#ifdef PLN_CUDA_EMU
+#define PLN_DYNAMIC_SHARED(T, name) PLN_EMU_DYNAMIC_SHARED(T, name)
+#else
+#define PLN_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 static inline int pln_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
 /* Which linear kernel to use: the bench forces one to compare them; the backend uses AUTO. */
@@ -104,7 +125,7 @@ void *pln_cuda_host_pinned(pln_cuda_ctx *c, size_t n);
 pln_cuda_ctx *pln_cuda_ctx_of(pln_backend *be);
 
 /* ---- device helpers ---------------------------------------------------------------------- */
-#ifdef __CUDACC__
+#ifdef PLN_CUDA_DEVICE_CODE
 __device__ __forceinline__ float pln_warp_sum(float v)
 {
 #pragma unroll

@@ -34,7 +34,7 @@ int pln_cuda_embed(pln_cuda_ctx *c, void *out, const int32_t *ids, int32_t T, co
                    int64_t v0, int64_t vn, int64_t H)
 {
     if (T <= 0) return 0;
-    embed_kernel<<<T, 128, 0, c->stream>>>((__half *)out, ids, (const __half *)table, v0, vn, H,
+    PLN_LAUNCH(T, 128, 0, c->stream, embed_kernel)((__half *)out, ids, (const __half *)table, v0, vn, H,
                                            vec_ok(out, table, H));
     cudaCheckLaunch();
     return 0;
@@ -43,7 +43,7 @@ int pln_cuda_embed(pln_cuda_ctx *c, void *out, const int32_t *ids, int32_t T, co
 int pln_cuda_gather_rows(pln_cuda_ctx *c, void *out, const void *in, const int32_t *rows, int32_t n, int64_t H)
 {
     if (n <= 0) return 0;
-    gather_kernel<<<n, 128, 0, c->stream>>>((__half *)out, (const __half *)in, rows, H, vec_ok(out, in, H));
+    PLN_LAUNCH(n, 128, 0, c->stream, gather_kernel)((__half *)out, (const __half *)in, rows, H, vec_ok(out, in, H));
     cudaCheckLaunch();
     return 0;
 }

@@ -31,7 +31,7 @@ int pln_cuda_fill(pln_cuda_ctx *c, void *p, size_t n, pln_dtype dt, float lo, fl
         return pln_errorf("fill: dtype %s is not supported", pln_dtype_name(dt));
     if (n == 0) return 0;
     int blocks = c->sm_count * 8;
-    fill_kernel<<<blocks, 256, 0, c->stream>>>(p, n, (int)dt, lo, hi, seed);
+    PLN_LAUNCH(blocks, 256, 0, c->stream, fill_kernel)(p, n, (int)dt, lo, hi, seed);
     cudaCheckLaunch();
     return 0;
 }

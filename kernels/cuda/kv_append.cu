@@ -33,7 +33,7 @@ int pln_cuda_kv_append(pln_cuda_ctx *c, const void *qkv, void *k_cache, void *v_
     bool vec = head_dim % 8 == 0 && ((uintptr_t)qkv & 15) == 0 && ((uintptr_t)k_cache & 15) == 0 &&
                ((uintptr_t)v_cache & 15) == 0;
     dim3 grid((unsigned)m->n_tokens, (unsigned)n_head_local);
-    kv_append_kernel<<<grid, 32, 0, c->stream>>>((const __half *)qkv, (__half *)k_cache, (__half *)v_cache,
+    PLN_LAUNCH(grid, 32, 0, c->stream, kv_append_kernel)((const __half *)qkv, (__half *)k_cache, (__half *)v_cache,
                                                  m->tok_seq, m->tok_pos, m->block_table, m->block_size,
                                                  m->max_blocks, n_head_local, head_dim, vec);
     cudaCheckLaunch();

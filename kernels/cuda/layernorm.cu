@@ -145,11 +145,11 @@ static int launch(pln_cuda_ctx *c, __half *x, const __half *y, const __half *bia
     if (vec && nv <= 4 * 1024) {
         int threads = (int)(nv < 1024 ? (nv + 31) / 32 * 32 : 1024);
         int V = (int)((nv + threads - 1) / threads);
-        if (V == 1) residual_ln_reg_kernel<1><<<T, threads, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
-        else if (V == 2) residual_ln_reg_kernel<2><<<T, threads, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
-        else residual_ln_reg_kernel<4><<<T, threads, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
-    } else if (vec) residual_ln_kernel<true><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
-    else residual_ln_kernel<false><<<T, LN_THREADS, 0, c->stream>>>(x, y, bias, gamma, beta, out, in, H, eps);
+        if (V == 1) PLN_LAUNCH(T, threads, 0, c->stream, residual_ln_reg_kernel<1>)(x, y, bias, gamma, beta, out, in, H, eps);
+        else if (V == 2) PLN_LAUNCH(T, threads, 0, c->stream, residual_ln_reg_kernel<2>)(x, y, bias, gamma, beta, out, in, H, eps);
+        else PLN_LAUNCH(T, threads, 0, c->stream, residual_ln_reg_kernel<4>)(x, y, bias, gamma, beta, out, in, H, eps);
+    } else if (vec) PLN_LAUNCH(T, LN_THREADS, 0, c->stream, residual_ln_kernel<true>)(x, y, bias, gamma, beta, out, in, H, eps);
+    else PLN_LAUNCH(T, LN_THREADS, 0, c->stream, residual_ln_kernel<false>)(x, y, bias, gamma, beta, out, in, H, eps);
     cudaCheckLaunch();
     return 0;
 }

@@ -604,10 +604,10 @@ static void launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_wei
     dim3 grid((unsigned)pln_cdiv(W->rows, 16));
     const __half *sc = (const __half *)W->scale;
     if (T <= 8)
-        gemv_kernel<I8, GROUPED, 8, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+        PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 8, OT>)(
             out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
     else
-        gemv_kernel<I8, GROUPED, 16, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+        PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 16, OT>)(
             out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
 }
 
@@ -631,18 +631,20 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
     if (path == PLN_LINEAR_GEMV) {
         dim3 grid((unsigned)pln_cdiv(W->rows, 16));
         if (T <= 8)
-            gemv_i4_kernel<8, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(out, x, w, sc, W->group, b, T, W->rows,
-                                                                           W->cols, ig, n_valid);
+            PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<8, OT>)(out, x, w, sc, W->group, b, T,
+                                                                                  W->rows, W->cols, ig, n_valid);
         else
-            gemv_i4_kernel<16, OT><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(out, x, w, sc, W->group, b, T, W->rows,
-                                                                            W->cols, ig, n_valid);
+            PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<16, OT>)(out, x, w, sc, W->group, b, T,
+                                                                                   W->rows, W->cols, ig, n_valid);
     } else if (path == PLN_LINEAR_GEMM) {
         dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, 64));
-        gemm_i4_kernel<OT><<<grid, 128, 0, c->stream>>>(out, x, w, sc, W->group, b, T, W->rows, W->cols, ig, n_valid);
+        PLN_LAUNCH(grid, 128, 0, c->stream, gemm_i4_kernel<OT>)(out, x, w, sc, W->group, b, T, W->rows, W->cols, ig,
+                                                                 n_valid);
     } else {
         int64_t threads = (int64_t)T * W->rows * 32;
-        linear_naive_i4_kernel<OT><<<pln_cdiv(threads, 256), 256, 0, c->stream>>>(out, x, w, sc, W->group, b, T,
-                                                                                  W->rows, W->cols, ig, n_valid);
+        PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_i4_kernel<OT>)(out, x, w, sc, W->group, b,
+                                                                                            T, W->rows, W->cols, ig,
+                                                                                            n_valid);
     }
     cudaCheckLaunch();
     return 0;
@@ -677,10 +679,10 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, 64));
         const __half *sc = (const __half *)W->scale;
         if (grouped)
-            gemm_i8_kernel<true, OT><<<grid, 128, 0, c->stream>>>(out, x, (const int8_t *)W->w, sc, W->group, b, T,
+            PLN_LAUNCH(grid, 128, 0, c->stream, gemm_i8_kernel<true, OT>)(out, x, (const int8_t *)W->w, sc, W->group, b, T,
                                                                   W->rows, W->cols, ig, n_valid);
         else
-            gemm_i8_kernel<false, OT><<<grid, 128, 0, c->stream>>>(out, x, (const int8_t *)W->w, sc, W->group, b, T,
+            PLN_LAUNCH(grid, 128, 0, c->stream, gemm_i8_kernel<false, OT>)(out, x, (const int8_t *)W->w, sc, W->group, b, T,
                                                                    W->rows, W->cols, ig, n_valid);
         cudaCheckLaunch();
         return 0;
@@ -705,14 +707,14 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         const bool pg = gelu && !lt_gelu;
         if (pb || pg || n_valid < W->rows) {
             int64_t n = (int64_t)T * W->rows;
-            post_kernel<OT><<<pln_cdiv(n, 256), 256, 0, c->stream>>>(out, T, W->rows, pb, pg ? 1 : 0, n_valid);
+            PLN_LAUNCH(pln_cdiv(n, 256), 256, 0, c->stream, post_kernel<OT>)(out, T, W->rows, pb, pg ? 1 : 0, n_valid);
             cudaCheckLaunch();
         }
         return 0;
     }
 naive:
     int64_t threads = (int64_t)T * W->rows * 32;
-    linear_naive_kernel<OT><<<pln_cdiv(threads, 256), 256, 0, c->stream>>>(
+    PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_kernel<OT>)(
         out, x, W->w, i8, (const __half *)W->scale, i8 ? W->group : 1, b, T, W->rows, W->cols, ig, n_valid);
     cudaCheckLaunch();
     return 0;

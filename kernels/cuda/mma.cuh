@@ -12,16 +12,21 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(PLN_CUDA_EMU)
 /* c += a · b for one 16x8x16 tile: a = {row g k0-1, row g+8 k0-1, row g k2-3, row g+8 k2-3},
  * b = {token g k0-1, token g k2-3} as half2 words; c = {row g tok 2q, 2q+1, row g+8 tok 2q, 2q+1}. */
 __device__ __forceinline__ void pln_mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                              uint32_t a3, uint32_t b0, uint32_t b1)
 {
+#ifdef PLN_CUDA_EMU   /* the CPU harness: a warp collective with the PTX fragment layouts */
+    const uint32_t ab[6] = {a0, a1, a2, a3, b0, b1};
+    pln_emu_mma16816(c, ab);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ uint32_t pln_h2_bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }

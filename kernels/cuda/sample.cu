@@ -1,9 +1,8 @@
-/* sample.cu — repetition penalty and temperature kernels; top-k as a stable segmented radix sort
- * of each row (descending, ids ascending on input, so ties keep the lower id first) plus one
- * reduction per row for max and sum of exponentials. */
+/* sample.cu — repetition penalty and temperature kernels; top-k as a radix select per row (the
+ * k candidates found in four histogram passes, then ranked; ties keep the lower id first) plus
+ * one reduction per row for max and sum of exponentials. */
 #include "kernels/cuda/sample.cuh"
 
-#include <cub/device/device_segmented_radix_sort.cuh>
 #include <string.h>
 
 /* One block per row. A seen id listed twice is still penalised once (HF gathers, changes and
@@ -44,29 +43,16 @@ int pln_cuda_logit_process(pln_cuda_ctx *c, float *logits, int64_t v0, int64_t v
         const int64_t words = (vn + 31) / 32;
         uint32_t *bm = (uint32_t *)pln_cuda_scratch(c, (size_t)p->n_rows * words * 4);
         if (!bm) return -1;
-        penalty_kernel<<<p->n_rows, 256, 0, c->stream>>>(logits, v0, vn, p->penalty, p->seen_offsets, p->seen_ids,
+        PLN_LAUNCH(p->n_rows, 256, 0, c->stream, penalty_kernel)(logits, v0, vn, p->penalty, p->seen_offsets, p->seen_ids,
                                                          bm, words);
         cudaCheckLaunch();
     }
     if (p->inv_temperature) {
         dim3 grid((unsigned)pln_cdiv(vn, 256 * 8) > 0 ? (unsigned)pln_cdiv(vn, 256 * 8) : 1u, (unsigned)p->n_rows);
-        temperature_kernel<<<grid, 256, 0, c->stream>>>(logits, vn, p->inv_temperature);
+        PLN_LAUNCH(grid, 256, 0, c->stream, temperature_kernel)(logits, vn, p->inv_temperature);
         cudaCheckLaunch();
     }
     return 0;
-}
-
-/* Sort keys as the CPU backend orders candidates: NaN ranks below everything (-inf) and -0.0
- * ties with +0.0 (lower id first); ids 0..vn-1 per row; row offsets. */
-__global__ void prep_kernel(const float *logits, float *keys, int32_t *ids, int32_t *offsets, int S, int64_t vn)
-{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (int64_t)S * vn) {
-        float v = logits[i];
-        keys[i] = v != v ? -INFINITY : (v == 0.0f ? 0.0f : v);
-        ids[i] = (int32_t)(i % vn);
-    }
-    if (i <= S) offsets[i] = (int32_t)(i * vn);
 }
 
 /* Row max and sum(exp(l - max)); NaN logits are ignored. -inf rows give max -inf, sum 0. */
@@ -84,14 +70,93 @@ __global__ void rowstat_kernel(const float *logits, int64_t vn, float *mx, float
     if (threadIdx.x == 0) { mx[blockIdx.x] = m; se[blockIdx.x] = s; }
 }
 
-/* Packs the first k of each sorted row, with global ids, next to the row stats. */
-__global__ void pack_kernel(const float *sk, const int32_t *sv, int64_t vn, int k, int64_t v0, float *ovals,
-                            int32_t *oids)
+/* ---- top-k: a radix select per row (one block), then only the k candidates are ranked ----------
+ * Keys order candidates as the CPU backend does: NaN ranks as -inf and -0.0 ties +0.0, mapped to
+ * unsigned integers that compare like the floats. Four 8-bit histogram passes (most significant
+ * first) find the k-th largest key T and how many keys equal to T are needed; one pass in index
+ * order then collects every key above T and the needed keys equal to T with the lowest ids (ties
+ * keep the lower id), and each candidate's rank among the k is counted. No full-row sort. */
+#define TOPK_THREADS 256
+
+__device__ __forceinline__ uint32_t topk_key(float v)
 {
-    const int s = blockIdx.x;
+    v = v != v ? -INFINITY : (v == 0.0f ? 0.0f : v);
+    const uint32_t u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* cand: k ids of scratch per row. Writes vals/ids [k] of row blockIdx.x, best first. */
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_kernel(const float *logits, int64_t vn, int k, int64_t v0, int32_t *cand, float *ovals, int32_t *oids)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_need;
+    __shared__ int s_wg[TOPK_THREADS / 32], s_we[TOPK_THREADS / 32];
+    const float *r = logits + (int64_t)blockIdx.x * vn;
+    int32_t *cd = cand + (int64_t)blockIdx.x * k;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned prefix = 0, need = (unsigned)k;
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        const unsigned hmask = pass == 0 ? 0u : 0xffffffffu << (shift + 8);
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < vn; i += blockDim.x) {
+            const uint32_t u = topk_key(r[i]);
+            if ((u & hmask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {   /* the bin holding the need-th largest of the keys still in play */
+            unsigned acc = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (acc + hist[b] >= need) break;
+                acc += hist[b];
+            }
+            s_prefix = prefix | ((unsigned)b << shift);
+            s_need = need - acc;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        __syncthreads();   /* every thread has read s_prefix/s_need before the next pass */
+    }
+    /* prefix is T; keys above T fill cd[0, k - need), keys equal to T the rest, in id order */
+    const unsigned n_gt = (unsigned)k - need;
+    unsigned base_gt = 0, base_eq = 0;
+    for (int64_t c0 = 0; c0 < vn; c0 += blockDim.x) {
+        const int64_t i = c0 + threadIdx.x;
+        const uint32_t u = i < vn ? topk_key(r[i]) : 0u;
+        const bool gt = i < vn && u > prefix, eq = i < vn && u == prefix;
+        const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) { s_wg[warp] = __popc(bg); s_we[warp] = __popc(be); }
+        __syncthreads();
+        unsigned og = base_gt, oe = base_eq, tg = 0, te = 0;
+        for (int w = 0; w < nw; w++) {
+            if (w < warp) { og += s_wg[w]; oe += s_we[w]; }
+            tg += s_wg[w]; te += s_we[w];
+        }
+        const unsigned below = (1u << lane) - 1u;
+        og += __popc(bg & below);
+        oe += __popc(be & below);
+        if (gt) cd[og] = (int32_t)i;
+        if (eq && oe < need) cd[n_gt + oe] = (int32_t)i;
+        base_gt += tg;
+        base_eq += te;
+        __syncthreads();   /* s_wg/s_we are rewritten for the next chunk */
+    }
+    /* rank each candidate among the k: larger key first, lower id on ties */
     for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        ovals[(int64_t)s * k + i] = sk[(int64_t)s * vn + i];
-        oids[(int64_t)s * k + i] = (int32_t)(v0 + sv[(int64_t)s * vn + i]);
+        const int32_t id = cd[i];
+        const uint32_t u = topk_key(r[id]);
+        int rank = 0;
+        for (int j = 0; j < k; j++) {
+            const int32_t jd = cd[j];
+            const uint32_t w = topk_key(r[jd]);
+            rank += w > u || (w == u && jd < id);
+        }
+        ovals[(int64_t)blockIdx.x * k + rank] = r[id];
+        oids[(int64_t)blockIdx.x * k + rank] = (int32_t)(v0 + id);
     }
 }
 
@@ -100,38 +165,22 @@ int pln_cuda_topk(pln_cuda_ctx *c, const float *logits, int32_t S, int64_t vn, i
 {
     if (S <= 0) return 0;
     if (k < 0 || k > vn) return pln_errorf("topk: k = %d must be in 0..%lld", k, (long long)vn);
-    if ((int64_t)S * vn > INT32_MAX) return pln_errorf("topk: %d rows of %lld logits is too many at once", S, (long long)vn);
-    const int64_t n = (int64_t)S * vn;
-    const size_t nb = pln_align_up((size_t)n * 4, 256);
-    size_t temp = 0;
-    if (k > 0)
-        cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-            nullptr, temp, (const float *)nullptr, (float *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
-            (int)n, S, (const int32_t *)nullptr, (const int32_t *)nullptr, 0, 32, c->stream));
+    if (vn > INT32_MAX) return pln_errorf("topk: a row of %lld logits is too long", (long long)vn);
     /* packed results (what crosses to the host): vals [S, k], ids [S, k], max [S], sumexp [S] */
     const size_t packed = (size_t)S * k * 8 + (size_t)S * 8;
-    const size_t need = (k > 0 ? nb * 4 + pln_align_up((size_t)(S + 1) * 4, 256) + temp : 0) + pln_align_up(packed, 256);
+    const size_t need = pln_align_up(packed, 256) + (size_t)S * k * 4;
     char *w = (char *)pln_cuda_scratch(c, need);
     if (!w) return -1;
-    char *pk = w; w += pln_align_up(packed, 256);
+    char *pk = w;
+    int32_t *cand = (int32_t *)(w + pln_align_up(packed, 256));
     float *pvals = (float *)pk;
     int32_t *pids = (int32_t *)(pk + (size_t)S * k * 4);
     float *pmax = (float *)(pk + (size_t)S * k * 8);
     float *psum = pmax + S;
-    rowstat_kernel<<<S, 256, 0, c->stream>>>(logits, vn, pmax, psum);
+    PLN_LAUNCH(S, 256, 0, c->stream, rowstat_kernel)(logits, vn, pmax, psum);
     cudaCheckLaunch();
     if (k > 0) {
-        float *keys_in = (float *)w; w += nb;
-        float *keys_out = (float *)w; w += nb;
-        int32_t *ids_in = (int32_t *)w; w += nb;
-        int32_t *ids_out = (int32_t *)w; w += nb;
-        int32_t *offs = (int32_t *)w; w += pln_align_up((size_t)(S + 1) * 4, 256);
-        prep_kernel<<<pln_cdiv(n + 1, 256), 256, 0, c->stream>>>(logits, keys_in, ids_in, offs, S, vn);
-        cudaCheckLaunch();
-        /* Radix sort is stable: equal keys keep their input order, i.e. lower id first. */
-        cudaCheck(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-            w, temp, keys_in, keys_out, ids_in, ids_out, (int)n, S, offs, offs + 1, 0, 32, c->stream));
-        pack_kernel<<<S, 128, 0, c->stream>>>(keys_out, ids_out, vn, k, v0, pvals, pids);
+        PLN_LAUNCH(S, TOPK_THREADS, 0, c->stream, topk_kernel)(logits, vn, k, v0, cand, pvals, pids);
         cudaCheckLaunch();
     }
     char *h = (char *)pln_cuda_host_pinned(c, packed);

@@ -6,8 +6,17 @@
 # the 20 greedy ids identical, and TP > 1 logits within 1e-2 of TP 1 on the same backend.
 # Run by tests/run-gpu.sh; SKIP without a GPU, without MPI in the build, or without mpirun.
 # PLN_E2E_BACKEND=cpu runs the same checks on the CPU backend (to check this script itself).
+# PLN_CUDA_EMU=1 runs them on the CPU execution harness instead of a GPU ($PLN_BUILD/emu/pollen:
+# every CUDA kernel executed on the CPU, one emulated device, all-reduces over MPI since the
+# harness has no NCCL): bloom-4h at TP 1 and 2, what tests/run.sh does in every make test.
 source "$(dirname "$0")/../e2e.sh"
 BACKEND=${PLN_E2E_BACKEND:-cuda}
+SPECS=("bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3") HARNESS=""
+if [ "${PLN_CUDA_EMU:-0}" = 1 ]; then
+  POLLEN=${PLN_BUILD:-build}/emu/pollen
+  [ -x "$POLLEN" ] || { echo "SKIP: $POLLEN is not built (needs clang++ and the CUDA headers)"; e2e_done; exit 0; }
+  SPECS=("bloom-4h fp16-st 1 2") HARNESS=" (CPU harness)"
+fi
 CMP=${PLN_BUILD:-build}/tests/test_engine
 if ! command -v mpirun >/dev/null; then echo "SKIP: no mpirun on this machine"; e2e_done; exit 0; fi
 if [ ! -x "$CMP" ]; then echo "SKIP: $CMP is not built (make test builds it)"; e2e_done; exit 0; fi
@@ -16,7 +25,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 ngpu=0
-if [ "$BACKEND" = cuda ]; then
+if [ "${PLN_CUDA_EMU:-0}" = 1 ]; then
+  ngpu=1
+elif [ "$BACKEND" = cuda ]; then
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$ngpu" -ge 1 ] || { echo "SKIP: no GPU (nvidia-smi lists none)"; e2e_done; exit 0; }
 fi
@@ -36,5 +47,5 @@ run_tp() { # run_tp TP SET args...: one process per rank; ranks share GPU 0 unle
   unset PLN_NCCL
   return $rc
 }
-check_tp_fidelity run_tp " on $BACKEND" 1e-2 5e-2 1e-2 "bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3"
+check_tp_fidelity run_tp " on $BACKEND$HARNESS" 1e-2 5e-2 1e-2 "${SPECS[@]}"
 e2e_done

@@ -6,7 +6,8 @@
  * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures.
  *
  *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`)
- *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda" */
+ *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda"
+ *   build/emu/tests-gpu/test_cuda_e2e  the same with every CUDA kernel run on the CPU (kernels/cuda/emu) */
 #include "tests/test.h"
 #include "tests/fixture_ref.h"
 #include "tests/fixture_set.h"
@@ -14,6 +15,9 @@
 #include "kernels/backend.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
+#ifdef PLN_CUDA_EMU
+#include "kernels/cuda/emu/emu.h"
+#endif
 
 #define V 1003
 #define NGEN 20
@@ -211,6 +215,9 @@ int main(int argc, char **argv)
         return 77;
     }
     g_comm = pln_comm_init(&argc, &argv);
+#ifdef PLN_CUDA_EMU
+    printf("%s\n", pln_emu_not_exercised());
+#endif
     struct { const char *model, *src; } sets[] = {{"bloom-4h", "fp16-st"}, {"bloom-6h", "fp16-bin"}};
     for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
         char label[64], path[256];
@@ -241,6 +248,11 @@ int main(int argc, char **argv)
         free(dir);
         pln_safetensors_close(&r.st);
     }
+#ifdef PLN_CUDA_EMU
+    printf("%zu kernel launches ran on the CPU harness, %zu reports\n", pln_emu_launch_count(), pln_emu_report_count());
+    CHECK(pln_emu_launch_count() > 0 && pln_emu_report_count() == 0, "harness: %zu launches, %zu reports (last: %s)",
+          pln_emu_launch_count(), pln_emu_report_count(), pln_emu_last_report());
+#endif
     pln_comm_free(g_comm);
     return test_done();
 }

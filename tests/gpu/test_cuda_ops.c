@@ -10,7 +10,10 @@
  *   build/tests-gpu/test_cuda_ops --probe    exit 0 if a usable GPU exists, else print why, exit 77
  *   build/tests-gpu/test_cuda_ops --quick    skip the BLOOM-size shapes
  *   build/tests-gpu/test_cuda_ops --cpu-as-gpu   the harness checking itself without a GPU: the CPU
- *                                            backend on both sides (CUDA-only checks skipped) */
+ *                                            backend on both sides (CUDA-only checks skipped)
+ *   build/emu/tests-gpu/test_cuda_ops        the same checks with every CUDA kernel run on the CPU,
+ *                                            thread by thread under the race checks (kernels/cuda/emu;
+ *                                            the small shapes: --quick is implied) */
 #include "tests/test.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -19,6 +22,9 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <xxhash.h>
+#ifdef PLN_CUDA_EMU
+#include "kernels/cuda/emu/emu.h"
+#endif
 
 /* ---- random inputs ------------------------------------------------------------------------- */
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
@@ -689,6 +695,11 @@ int main(int argc, char **argv)
     if (probe) { g_gpu->destroy(g_gpu); return 0; }
     g_cpu = pln_backend_cpu_create();
     if (!g_cpu) { fprintf(stderr, "cpu backend: %s\n", pln_error()); return 2; }
+#ifdef PLN_CUDA_EMU
+    /* The CPU harness runs every thread as a fiber: the BLOOM-size shapes would take hours. */
+    g_quick = true;
+    printf("%s\n", pln_emu_not_exercised());
+#endif
 
     /* tiny and odd shapes (the fixtures: hidden 64/96, 4/6 heads of 16, vocab slice 1003) */
     test_embed(1003, 64, 0, 7);
@@ -794,6 +805,11 @@ int main(int argc, char **argv)
         test_sampling(4, V, V, 50, false);
         test_sampling(8, V, 0, 1, false);
     }
+#ifdef PLN_CUDA_EMU
+    printf("%zu kernel launches ran on the CPU harness, %zu reports\n", pln_emu_launch_count(), pln_emu_report_count());
+    CHECK(pln_emu_launch_count() > 1000 && pln_emu_report_count() == 0, "harness: %zu launches, %zu reports (last: %s)",
+          pln_emu_launch_count(), pln_emu_report_count(), pln_emu_last_report());
+#endif
     g_gpu->destroy(g_gpu);
     g_cpu->destroy(g_cpu);
     return test_done();

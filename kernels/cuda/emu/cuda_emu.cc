@@ -1,0 +1,1075 @@
+/* cuda_emu.cc — the CPU execution harness for the CUDA kernels (PLN_CUDA_EMU): the runtime behind
+ * cuda_emu.h. Compiled WITHOUT the sanitizer-coverage flags of the kernel files: the trace
+ * callbacks below must not trace themselves.
+ *
+ * Execution model: a launch runs its blocks one after another; inside a block every thread is a
+ * fiber (own stack, x86-64 register switch) that runs until it reaches __syncthreads, a warp
+ * collective or its end, then yields to the scheduler here. A barrier releases when every thread
+ * of the block waits at it; a warp collective completes when every lane of its mask has arrived,
+ * and then computes each lane's result from all lanes' inputs (a shuffle reads the partner's
+ * value as it was at the collective, never a later one).
+ *
+ * Checks: every load and store of the kernel files calls __sanitizer_cov_load/store*
+ * (-fsanitize-coverage=trace-loads,trace-stores); two compares drop addresses outside shared
+ * memory. Per shared byte a shadow keeps the last writer (thread, barrier epoch, warp-sync count)
+ * and its readers since, and reports
+ *   - races: two threads, one writing, with no __syncthreads between them and not ordered by a
+ *     warp collective both took part in;
+ *   - reads of shared bytes not written in this block's run;
+ *   - dynamic shared accesses past the launch's smem bytes (a red zone follows the buffer);
+ *   - divergent barriers: a thread exits while others wait at __syncthreads, threads wait at
+ *     different __syncthreads, or a collective that can never complete (deadlock).
+ * A report prints kernel, block, threads and offset on stderr, fails the launch
+ * (cudaGetLastError() = cudaErrorLaunchFailure, whose message is the report) and is counted
+ * (emu.h).
+ *
+ * Memory is host memory (cudaMalloc is an aligned malloc, so ASan sees device buffers), copies
+ * are memcpy, every stream runs in order at once, and graph capture records launches, copies and
+ * memsets for replay. cuBLASLt finds no algorithm (the backend's in-house fallback runs) and NCCL
+ * is not built (MPI stands in). */
+#include "kernels/cuda/emu/emu.h"
+
+#include <cublasLt.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <functional>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <unordered_map>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+/* The launch API of cuda_emu.h, without including it (it redefines the CUDA keywords). */
+struct pln_emu_launch_cfg {
+    const char *name;
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+};
+void pln_emu_launch_run(const pln_emu_launch_cfg &cfg, std::function<void()> body);
+
+extern "C" {
+uint3 pln_emu_thread_idx, pln_emu_block_idx;
+dim3 pln_emu_block_dim, pln_emu_grid_dim;
+}
+
+/* The kernel files are compiled with inline-8bit-counters (trace-loads/stores need a coverage
+ * mode); the counters themselves are not used. */
+extern "C" void __sanitizer_cov_8bit_counters_init(uint8_t *, uint8_t *) {}
+
+/* ---- fibers ---------------------------------------------------------------------------------- */
+#if !defined(__x86_64__)
+#error "the CPU harness switches fibers with x86-64 code: port pln_emu_ctx_switch"
+#endif
+/* Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores
+ * the stack pointer in *save and continues on the stack `to` (saved the same way). */
+asm(R"(
+    .text
+    .globl pln_emu_ctx_switch
+    .hidden pln_emu_ctx_switch
+    .type pln_emu_ctx_switch,@function
+pln_emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size pln_emu_ctx_switch,.-pln_emu_ctx_switch
+)");
+extern "C" void pln_emu_ctx_switch(void **save, void *to);
+
+enum { F_RUN, F_BAR, F_WARP, F_DONE };
+#define MAX_THREADS 1024
+#define STACK_SIZE ((size_t)256 << 10)
+
+struct fiber {
+    void *sp;
+    char *stack;               /* usable stack [stack, stack + STACK_SIZE), guard page below */
+    uint3 tid;
+    int lin, warp, lane;
+    int state;
+    const char *bar_site;
+    uint32_t lane_sync;        /* the warp's sync count after the last collective it completed */
+    int op, arg, width;
+    unsigned mask;
+    uint64_t val, res;
+    uint32_t ab[6];
+    float *c;
+    void *asan_fake;
+};
+
+static fiber g_fib[MAX_THREADS];
+static int g_nthreads;
+static fiber *g_cur;
+static void *g_sched_sp;
+static const std::function<void()> *g_body;
+static uint32_t g_wsync[MAX_THREADS / 32];
+#ifdef EMU_ASAN
+static void *g_sched_fake;
+static const void *g_sched_bottom;
+static size_t g_sched_size;
+#endif
+
+static void fiber_entry();
+
+static void fiber_init(fiber *f)
+{
+    if (!f->stack) {
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        char *m = (char *)mmap(NULL, STACK_SIZE + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) { perror("pollen cuda harness: fiber stack"); abort(); }
+        mprotect(m, page, PROT_NONE);   /* a stack overflow faults instead of corrupting a neighbour */
+        f->stack = m + page;
+    }
+#ifdef EMU_ASAN
+    /* the previous fiber on this stack ended by switching away: its frames' poison is stale */
+    __asan_unpoison_memory_region(f->stack, STACK_SIZE);
+#endif
+    uint64_t *sp = (uint64_t *)(((uintptr_t)f->stack + STACK_SIZE) & ~(uintptr_t)15);
+    *--sp = 0;                               /* fiber_entry's return address: it never returns */
+    *--sp = (uint64_t)(uintptr_t)fiber_entry;
+    for (int i = 0; i < 6; i++) *--sp = 0;   /* rbp rbx r12-r15 */
+    *--sp = 0x1f80ull | (0x037full << 32);   /* MXCSR, x87 control word: the defaults */
+    f->sp = sp;
+    f->state = F_RUN;
+    f->bar_site = NULL;
+    f->lane_sync = 0;
+    f->asan_fake = NULL;
+}
+
+/* Scheduler -> fiber f, back when it blocks or ends. */
+static void run_fiber(fiber *f)
+{
+    g_cur = f;
+    pln_emu_thread_idx = f->tid;
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(&g_sched_fake, f->stack, STACK_SIZE);
+#endif
+    pln_emu_ctx_switch(&g_sched_sp, f->sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(g_sched_fake, NULL, NULL);
+#endif
+    g_cur = NULL;
+}
+
+/* Fiber -> scheduler. */
+static void yield_fiber(void)
+{
+    fiber *f = g_cur;
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(f->state == F_DONE ? NULL : &f->asan_fake, g_sched_bottom, g_sched_size);
+#endif
+    pln_emu_ctx_switch(&f->sp, g_sched_sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(f->asan_fake, &g_sched_bottom, &g_sched_size);
+#endif
+}
+
+static void fiber_entry()
+{
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &g_sched_bottom, &g_sched_size);
+#endif
+    (*g_body)();
+    g_cur->state = F_DONE;
+    yield_fiber();
+    abort();   /* a finished fiber is never resumed */
+}
+
+/* ---- reports --------------------------------------------------------------------------------- */
+static pthread_mutex_t g_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static const pln_emu_launch_cfg *g_cfg;   /* the running launch */
+static bool g_failed;                     /* a check fired in the running launch */
+static int g_reports_this_launch;
+static size_t g_report_count;
+static char g_last_report[1024];
+static char g_error_text[1200];
+
+static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void report(const char *fmt, ...)
+{
+    g_failed = true;
+    g_report_count++;
+    if (g_reports_this_launch++ >= 3) return;   /* the first few say it; the count keeps the rest */
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(g_last_report, sizeof g_last_report, "cuda harness: %s: block (%u,%u,%u): %s", g_cfg ? g_cfg->name : "?",
+             pln_emu_block_idx.x, pln_emu_block_idx.y, pln_emu_block_idx.z, msg);
+    fprintf(stderr, "%s\n", g_last_report);
+}
+
+static const char *where(void *pc, char *buf, size_t cap)
+{
+    Dl_info di;
+    if (pc && dladdr(pc, &di) && di.dli_fname)
+        snprintf(buf, cap, "%s+0x%lx", di.dli_fname, (unsigned long)((uintptr_t)pc - (uintptr_t)di.dli_fbase));
+    else snprintf(buf, cap, "%p", pc);
+    return buf;
+}
+
+/* ---- shared memory: ranges and shadow --------------------------------------------------------- */
+/* The static shared range: section .pln_shared of the executable, from its ELF section headers
+ * (present even in a stripped binary), moved by the load bias of a position-independent one. */
+static int main_bias(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    *(uintptr_t *)data = (uintptr_t)info->dlpi_addr;
+    return 1;   /* the first object is the executable */
+}
+
+static void find_static_shared(uintptr_t *lo, size_t *n)
+{
+    *lo = 0;
+    *n = 0;
+    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { perror("pollen cuda harness: /proc/self/exe"); abort(); }
+    Elf64_Ehdr eh;
+    bool ok = pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && !memcmp(eh.e_ident, ELFMAG, SELFMAG) &&
+              eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_shentsize == sizeof(Elf64_Shdr) && eh.e_shstrndx < eh.e_shnum;
+    std::vector<Elf64_Shdr> sh(ok ? eh.e_shnum : 0);
+    ok = ok && pread(fd, sh.data(), sh.size() * sizeof(Elf64_Shdr), (off_t)eh.e_shoff) == (ssize_t)(sh.size() * sizeof(Elf64_Shdr));
+    std::vector<char> names(ok ? sh[eh.e_shstrndx].sh_size + 1 : 0);
+    ok = ok && pread(fd, names.data(), names.size() - 1, (off_t)sh[eh.e_shstrndx].sh_offset) == (ssize_t)(names.size() - 1);
+    close(fd);
+    if (!ok) { fprintf(stderr, "pollen cuda harness: cannot read the ELF section headers of /proc/self/exe\n"); abort(); }
+    uintptr_t bias = 0;
+    dl_iterate_phdr(main_bias, &bias);
+    for (const Elf64_Shdr &h : sh)
+        if (h.sh_name < names.size() - 1 && !strcmp(&names[h.sh_name], ".pln_shared")) {
+            *lo = bias + (uintptr_t)h.sh_addr;
+            *n = (size_t)h.sh_size;
+        }
+}
+#define RED_ZONE 256
+#define NONE 0xffffu
+#define MANY 0xfffeu
+
+struct shadow {
+    uint32_t gen;              /* == g_gen: written in this block's run */
+    uint32_t wepoch, wsync;    /* barrier epoch and writer's warp-sync count at the last write */
+    uint32_t repoch, rsync;    /* the same for the reads since (max sync count) */
+    uint16_t wtid, rtid, rwarp;
+    uint16_t early;            /* read before any write in this block: an uninitialised read or a race */
+};
+
+static uintptr_t g_sh_lo, g_sh_span;      /* static shared, checked only while a block runs */
+static uintptr_t g_dyn_lo, g_dyn_span;    /* dynamic shared + red zone */
+static size_t g_dyn_size;                 /* the launch's smem bytes */
+static char *g_dyn_buf;
+static size_t g_dyn_cap;
+static shadow *g_shadow;
+static size_t g_shadow_cap;
+static uint32_t g_gen, g_epoch;
+/* Bytes read before any write in this block. A write by another thread with no barrier between
+ * makes it a race (the reader came first only by the harness's schedule); still unwritten at the
+ * next barrier or the block's end, it was read uninitialised. */
+static std::vector<std::pair<size_t, void *>> g_early;
+static size_t g_static_size;
+
+static void shadow_reserve(size_t n)
+{
+    if (n <= g_shadow_cap) return;
+    free(g_shadow);
+    g_shadow = (shadow *)calloc(n, sizeof *g_shadow);
+    if (!g_shadow) { fprintf(stderr, "pollen cuda harness: out of memory for the shared-memory shadow\n"); abort(); }
+    g_shadow_cap = n;
+    g_gen = 0;
+}
+
+static bool warp_ordered(const fiber *t, int other_warp, uint32_t other_sync)
+{
+    return other_warp == t->warp && t->lane_sync > other_sync;
+}
+
+static void race(const fiber *t, bool write, const char *kind, size_t off, bool dyn, int other, void *pc)
+{
+    char w[256];
+    report("shared-memory race (%s): thread %d (warp %d) %s %s byte %zu; thread %s%d last %s it with no __syncthreads "
+           "between and no warp sync of the same warp ordering them; at %s",
+           kind, t->lin, t->warp, write ? "writes" : "reads", dyn ? "dynamic shared" : "static shared", off,
+           other == MANY ? "(one of several) " : "", other == MANY ? -1 : other, strcmp(kind, "WAR") ? "wrote" : "read",
+           where(pc, w, sizeof w));
+}
+
+__attribute__((noinline)) static void shared_access(size_t off, size_t n, bool write, bool dyn, void *pc)
+{
+    fiber *t = g_cur;
+    if (!t) return;
+    size_t base = dyn ? g_static_size : 0;
+    if (dyn && off + n > g_dyn_size) {
+        char w[256];
+        report("dynamic shared memory overflow: thread %d %s %zu bytes at offset %zu of a %zu-byte launch smem; at %s",
+               t->lin, write ? "writes" : "reads", n, off, g_dyn_size, where(pc, w, sizeof w));
+        return;
+    }
+    const uint32_t mysync = g_wsync[t->warp];
+    for (size_t i = 0; i < n; i++) {
+        shadow *s = &g_shadow[base + off + i];
+        if (!write) {
+            if (s->gen != g_gen) {
+                s->gen = g_gen; s->wtid = NONE; s->rtid = NONE; s->early = 1;
+                g_early.push_back(std::make_pair(base + off + i, pc));
+            }
+            if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
+                !warp_ordered(t, s->wtid / 32, s->wsync)) {
+                race(t, false, "RAW", off + i, dyn, s->wtid, pc);
+                return;
+            }
+            if (s->rtid == NONE || s->repoch != g_epoch) {
+                s->rtid = (uint16_t)t->lin; s->repoch = g_epoch; s->rwarp = (uint16_t)t->warp; s->rsync = mysync;
+            } else if (s->rtid != t->lin) {
+                s->rtid = MANY;
+                if (s->rwarp != t->warp) s->rwarp = NONE;
+                if (mysync > s->rsync) s->rsync = mysync;
+            } else if (mysync > s->rsync) s->rsync = mysync;
+        } else {
+            if (s->gen != g_gen) {
+                s->gen = g_gen; s->rtid = NONE; s->early = 0;
+            } else if (s->early) {
+                s->early = 0;
+                if (s->rtid == t->lin) {
+                    char w[256];
+                    report("thread %d reads %s byte %zu before writing it: never written in this block before the read; "
+                           "at %s", t->lin, dyn ? "dynamic shared" : "static shared", off + i, where(pc, w, sizeof w));
+                    return;
+                }
+                if (s->rtid != NONE && s->repoch == g_epoch &&
+                    !(s->rwarp != NONE && warp_ordered(t, s->rwarp, s->rsync))) {
+                    char w[256];
+                    report("shared-memory race (RAW): thread %d (warp %d) writes %s byte %zu that thread %s%d read with no "
+                           "__syncthreads between and no warp sync of the same warp ordering them (the read could come "
+                           "first); at %s", t->lin, t->warp, dyn ? "dynamic shared" : "static shared", off + i,
+                           s->rtid == MANY ? "(one of several) " : "", s->rtid == MANY ? -1 : s->rtid,
+                           where(pc, w, sizeof w));
+                    return;
+                }
+                s->rtid = NONE;
+            } else {
+                if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
+                    !warp_ordered(t, s->wtid / 32, s->wsync)) {
+                    race(t, true, "WAW", off + i, dyn, s->wtid, pc);
+                    return;
+                }
+                if (s->rtid != NONE && s->rtid != t->lin && s->repoch == g_epoch &&
+                    !(s->rwarp != NONE && warp_ordered(t, s->rwarp, s->rsync))) {
+                    race(t, true, "WAR", off + i, dyn, s->rtid, pc);
+                    return;
+                }
+                s->rtid = NONE;
+            }
+            s->wtid = (uint16_t)t->lin; s->wepoch = g_epoch; s->wsync = mysync;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void access(const void *p, size_t n, bool write, void *pc)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (a - g_sh_lo < g_sh_span) shared_access(a - g_sh_lo, n, write, false, pc);
+    else if (a - g_dyn_lo < g_dyn_span) shared_access(a - g_dyn_lo, n, write, true, pc);
+}
+
+#define TRACE(n, T)                                                                                              \
+    extern "C" void __sanitizer_cov_load##n(T *p) { access(p, n, false, __builtin_return_address(0)); }        \
+    extern "C" void __sanitizer_cov_store##n(T *p) { access(p, n, true, __builtin_return_address(0)); }
+TRACE(1, uint8_t)
+TRACE(2, uint16_t)
+TRACE(4, uint32_t)
+TRACE(8, uint64_t)
+TRACE(16, __int128)
+
+extern "C" void *pln_emu_dynamic_shared(void) { return g_dyn_buf; }
+
+/* Early reads still not written: read uninitialised. */
+static void flush_early(void)
+{
+    for (const auto &e : g_early) {
+        shadow *s = &g_shadow[e.first];
+        if (s->gen != g_gen || !s->early) continue;
+        s->early = 0;
+        const bool dyn = e.first >= g_static_size;
+        char w[256];
+        report("read of %s byte %zu never written in this block (thread %s%d); at %s",
+               dyn ? "dynamic shared" : "static shared", dyn ? e.first - g_static_size : e.first,
+               s->rtid == MANY ? "one of several, e.g. " : "", s->rtid == MANY ? -1 : s->rtid,
+               where(e.second, w, sizeof w));
+    }
+    g_early.clear();
+}
+
+/* ---- barriers and warp collectives ------------------------------------------------------------- */
+extern "C" void pln_emu_syncthreads(const char *site)
+{
+    fiber *f = g_cur;
+    if (!f) return;
+    f->state = F_BAR;
+    f->bar_site = site;
+    yield_fiber();
+}
+
+static uint64_t lane_val(int w, int lane) { return g_fib[w * 32 + lane].val; }
+
+static void mma_complete(int w)
+{
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const fiber *f = &g_fib[w * 32 + l];
+        const int g = l >> 2, q = l & 3;
+        float h[12];
+        for (int i = 0; i < 6; i++) {
+            __half_raw lo, hi;
+            lo.x = (unsigned short)(f->ab[i] & 0xffff);
+            hi.x = (unsigned short)(f->ab[i] >> 16);
+            h[2 * i] = __half2float(__half(lo));
+            h[2 * i + 1] = __half2float(__half(hi));
+        }
+        /* PTX ISA, mma.m16n8k16 .f16: a0 (row g, cols 2q..2q+1), a1 (row g+8), a2 (row g, cols
+         * 2q+8..), a3 (row g+8, cols 2q+8..); b0 (rows 2q..2q+1, col g), b1 (rows 2q+8..). */
+        A[g][2 * q] = h[0]; A[g][2 * q + 1] = h[1];
+        A[g + 8][2 * q] = h[2]; A[g + 8][2 * q + 1] = h[3];
+        A[g][2 * q + 8] = h[4]; A[g][2 * q + 9] = h[5];
+        A[g + 8][2 * q + 8] = h[6]; A[g + 8][2 * q + 9] = h[7];
+        B[2 * q][g] = h[8]; B[2 * q + 1][g] = h[9];
+        B[2 * q + 8][g] = h[10]; B[2 * q + 9][g] = h[11];
+    }
+    for (int l = 0; l < 32; l++) {
+        fiber *f = &g_fib[w * 32 + l];
+        const int g = l >> 2, q = l & 3;
+        /* c0 (row g, col 2q), c1 (row g, col 2q+1), c2 (row g+8, col 2q), c3 (row g+8, col 2q+1) */
+        for (int i = 0; i < 4; i++) {
+            int r = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
+            float s = 0.0f;
+            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][col];
+            f->c[i] += s;
+        }
+    }
+}
+
+/* All lanes of the mask have arrived: every lane's result, then all of them run again. */
+static void collective_complete(int w, unsigned mask)
+{
+    const fiber *first = NULL;
+    for (int l = 0; l < 32; l++)
+        if (mask >> l & 1) { first = &g_fib[w * 32 + l]; break; }
+    const int op = first->op;
+    if (op == PLN_EMU_MMA) mma_complete(w);
+    uint64_t ballot = 0, red = 0;
+    bool any = false, all = true;
+    bool red_init = false;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1)) continue;
+        const fiber *f = &g_fib[w * 32 + l];
+        if (f->op != op) {
+            report("warp %d: lanes meet at different collectives (lane %d at op %d, lane %d at op %d)", w,
+                   first->lane, op, l, f->op);
+        }
+        if (f->val) ballot |= 1ull << l;
+        any |= f->val != 0;
+        all &= f->val != 0;
+        uint64_t v = f->val;
+        if (!red_init) { red = v; red_init = true; continue; }
+        if (op == PLN_EMU_RED_ADD) red = (uint32_t)(red + v);
+        else if (op == PLN_EMU_RED_MIN) red = first->arg ? ((int64_t)v < (int64_t)red ? v : red) : (v < red ? v : red);
+        else if (op == PLN_EMU_RED_MAX) red = first->arg ? ((int64_t)v > (int64_t)red ? v : red) : (v > red ? v : red);
+        else if (op == PLN_EMU_RED_AND) red &= v;
+        else if (op == PLN_EMU_RED_OR) red |= v;
+        else if (op == PLN_EMU_RED_XOR) red ^= v;
+    }
+    const uint32_t sync = ++g_wsync[w];
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1)) continue;
+        fiber *f = &g_fib[w * 32 + l];
+        const int width = f->width > 0 && f->width <= 32 ? f->width : 32;
+        const int seg = l & ~(width - 1), in = l - seg;
+        int src = l;
+        switch (op) {
+        case PLN_EMU_SHFL: src = seg + ((f->arg % width) + width) % width; break;
+        case PLN_EMU_SHFL_UP: src = in >= f->arg ? l - f->arg : l; break;
+        case PLN_EMU_SHFL_DOWN: src = in + f->arg < width ? l + f->arg : l; break;
+        case PLN_EMU_SHFL_XOR: src = l ^ f->arg; if ((src & ~(width - 1)) != seg || src > 31) src = l; break;
+        default: break;
+        }
+        if (op >= PLN_EMU_SHFL && op <= PLN_EMU_SHFL_XOR) {
+            if (!(mask >> src & 1))
+                report("warp %d lane %d shuffles from lane %d, which is not in the mask 0x%08x", w, l, src, mask);
+            f->res = lane_val(w, src);
+        } else if (op == PLN_EMU_BALLOT) f->res = ballot;
+        else if (op == PLN_EMU_ANY) f->res = any;
+        else if (op == PLN_EMU_ALL) f->res = all;
+        else if (op >= PLN_EMU_RED_ADD && op <= PLN_EMU_RED_XOR) f->res = red;
+        f->state = F_RUN;
+        f->lane_sync = sync;
+    }
+}
+
+/* True when every lane of f's mask waits at a collective with the same mask. */
+static bool collective_ready(const fiber *f)
+{
+    for (int l = 0; l < 32; l++) {
+        if (!(f->mask >> l & 1)) continue;
+        int i = f->warp * 32 + l;
+        if (i >= g_nthreads) return false;   /* reported as a deadlock by the scheduler */
+        if (g_fib[i].state != F_WARP || g_fib[i].mask != f->mask) return false;
+    }
+    return true;
+}
+
+static uint64_t arrive(fiber *f)
+{
+    if (!(f->mask >> f->lane & 1))
+        report("thread %d (lane %d) calls a warp collective with mask 0x%08x that leaves it out", f->lin, f->lane, f->mask);
+    f->state = F_WARP;
+    if (collective_ready(f)) collective_complete(f->warp, f->mask);
+    else yield_fiber();
+    return f->res;
+}
+
+extern "C" uint64_t pln_emu_collective(int op, unsigned mask, uint64_t v, int arg, int width)
+{
+    fiber *f = g_cur;
+    if (!f) return v;
+    f->op = op; f->mask = mask; f->val = v; f->arg = arg; f->width = width;
+    return arrive(f);
+}
+
+extern "C" void pln_emu_mma16816(float c[4], const uint32_t ab[6])
+{
+    fiber *f = g_cur;
+    if (!f) return;
+    f->op = PLN_EMU_MMA; f->mask = 0xffffffffu; f->val = 0; f->arg = 0; f->width = 32;
+    memcpy(f->ab, ab, sizeof f->ab);
+    f->c = c;
+    arrive(f);
+}
+
+/* ---- atomics ---------------------------------------------------------------------------------- */
+extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
+{
+    int *q = (int *)p, old = *q;
+    unsigned uo = (unsigned)old, uv = (unsigned)v;
+    switch (op) {
+    case PLN_EMU_AT_ADD: *q = (int)(uo + uv); break;
+    case PLN_EMU_AT_OR: *q = (int)(uo | uv); break;
+    case PLN_EMU_AT_AND: *q = (int)(uo & uv); break;
+    case PLN_EMU_AT_XOR: *q = (int)(uo ^ uv); break;
+    case PLN_EMU_AT_MAX: *q = old > v ? old : v; break;
+    case PLN_EMU_AT_MIN: *q = old < v ? old : v; break;
+    case PLN_EMU_AT_UMAX: *q = (int)(uo > uv ? uo : uv); break;
+    case PLN_EMU_AT_UMIN: *q = (int)(uo < uv ? uo : uv); break;
+    case PLN_EMU_AT_EXCH: *q = v; break;
+    case PLN_EMU_AT_CAS: if (old == cmp) *q = v; break;
+    default: break;
+    }
+    return old;
+}
+extern "C" float pln_emu_atomic_add_f32(float *p, float v) { float o = *p; *p = o + v; return o; }
+extern "C" unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v)
+{
+    unsigned long long o = *p;
+    *p = o + v;
+    return o;
+}
+
+/* ---- blocks and launches ---------------------------------------------------------------------- */
+static const char *state_name(int s)
+{
+    return s == F_RUN ? "running" : s == F_BAR ? "at __syncthreads" : s == F_WARP ? "at a warp collective" : "exited";
+}
+
+/* Runs one block to its end; false when it cannot finish (divergent barrier, deadlock). */
+static bool run_block(void)
+{
+    const dim3 b = pln_emu_block_dim;
+    g_nthreads = (int)(b.x * b.y * b.z);
+    for (int i = 0; i < g_nthreads; i++) {
+        fiber *f = &g_fib[i];
+        fiber_init(f);
+        f->lin = i;
+        f->tid = make_uint3((unsigned)i % b.x, (unsigned)i / b.x % b.y, (unsigned)i / (b.x * b.y));
+        f->warp = i / 32;
+        f->lane = i % 32;
+    }
+    memset(g_wsync, 0, sizeof g_wsync);
+    g_gen++;
+    g_epoch++;
+    if (g_gen == 0) {   /* wrapped: no stale shadow entry may look current */
+        memset(g_shadow, 0, g_shadow_cap * sizeof *g_shadow);
+        g_gen = 1;
+    }
+    for (;;) {
+        bool ran = false;
+        for (int i = 0; i < g_nthreads; i++)
+            if (g_fib[i].state == F_RUN) { run_fiber(&g_fib[i]); ran = true; }
+        if (ran) continue;
+        int nbar = 0, nwarp = 0, ndone = 0, first_bar = -1, first_done = -1, first_warp = -1;
+        for (int i = 0; i < g_nthreads; i++) {
+            int st = g_fib[i].state;
+            if (st == F_BAR) { nbar++; if (first_bar < 0) first_bar = i; }
+            else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
+            else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
+        }
+        if (ndone == g_nthreads) { flush_early(); return true; }
+        if (nbar == g_nthreads) {
+            flush_early();
+            const char *site = g_fib[0].bar_site;
+            for (int i = 1; i < g_nthreads; i++)
+                if (strcmp(g_fib[i].bar_site, site) != 0) {
+                    report("divergent barrier: thread 0 waits at __syncthreads %s, thread %d at __syncthreads %s",
+                           site, i, g_fib[i].bar_site);
+                    return false;
+                }
+            g_epoch++;
+            for (int i = 0; i < g_nthreads; i++) g_fib[i].state = F_RUN;
+            continue;
+        }
+        /* nothing can run: a barrier some thread never reaches, or a collective that never completes */
+        if (nbar && ndone)
+            report("divergent barrier: thread %d exited while thread %d waits at __syncthreads %s (%d of %d threads wait)",
+                   first_done, first_bar, g_fib[first_bar].bar_site, nbar, g_nthreads);
+        else if (nwarp) {
+            const fiber *f = &g_fib[first_warp];
+            int other = -1;
+            for (int l = 0; l < 32 && other < 0; l++) {
+                int i = f->warp * 32 + l;
+                if ((f->mask >> l & 1) && (i >= g_nthreads || g_fib[i].state != F_WARP || g_fib[i].mask != f->mask))
+                    other = i;
+            }
+            report("deadlock: thread %d waits at a warp collective (mask 0x%08x) that lane %d never joins (%s)", f->lin,
+                   f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
+        } else
+            report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
+        g_early.clear();
+        return false;
+    }
+}
+
+struct stream_st;
+struct node {   /* one captured operation */
+    pln_emu_launch_cfg cfg;
+    std::function<void()> body;   /* a kernel launch (cfg.name set) or a copy/memset */
+};
+
+struct emu_log {
+    std::vector<pln_emu_launch_rec> recs;
+    size_t count;
+};
+static emu_log g_log;
+static thread_local cudaError_t g_last_error = cudaSuccess;
+#define LOG_KEEP 65536
+
+/* Runs a kernel now. */
+static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &body)
+{
+    pthread_mutex_lock(&g_lock);
+    pln_emu_launch_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.kernel = cfg.name;
+    rec.grid[0] = cfg.grid.x; rec.grid[1] = cfg.grid.y; rec.grid[2] = cfg.grid.z;
+    rec.block[0] = cfg.block.x; rec.block[1] = cfg.block.y; rec.block[2] = cfg.block.z;
+    rec.smem = cfg.smem;
+    const unsigned long long nt = (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
+    bool bad = nt == 0 || nt > MAX_THREADS || cfg.block.z > 64 || cfg.grid.x == 0 || cfg.grid.y == 0 ||
+               cfg.grid.z == 0 || cfg.grid.y > 65535 || cfg.grid.z > 65535 || cfg.grid.x > 2147483647u ||
+               cfg.smem > 48 * 1024;
+    if (bad) {
+        snprintf(g_last_report, sizeof g_last_report,
+                 "cuda harness: %s: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u) smem %zu", cfg.name,
+                 cfg.grid.x, cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z, cfg.smem);
+        fprintf(stderr, "%s\n", g_last_report);
+        g_last_error = cudaErrorInvalidConfiguration;
+        rec.failed = 1;
+    } else {
+        g_cfg = &cfg;
+        g_failed = false;
+        g_reports_this_launch = 0;
+        pln_emu_grid_dim = cfg.grid;
+        pln_emu_block_dim = cfg.block;
+        g_body = &body;
+        static uintptr_t sh_lo;
+        static size_t st;
+        static bool found;
+        if (!found) { find_static_shared(&sh_lo, &st); found = true; }
+        g_static_size = st;
+        if (g_dyn_cap < cfg.smem + RED_ZONE) {
+            free(g_dyn_buf);
+            g_dyn_cap = cfg.smem + RED_ZONE;
+            g_dyn_buf = (char *)aligned_alloc(256, (g_dyn_cap + 255) & ~(size_t)255);
+        }
+        shadow_reserve(st + cfg.smem + RED_ZONE);
+        g_sh_lo = sh_lo;
+        g_dyn_lo = (uintptr_t)g_dyn_buf;
+        g_dyn_size = cfg.smem;
+        for (unsigned z = 0; z < cfg.grid.z && !g_failed; z++)
+            for (unsigned y = 0; y < cfg.grid.y && !g_failed; y++)
+                for (unsigned x = 0; x < cfg.grid.x && !g_failed; x++) {
+                    pln_emu_block_idx = make_uint3(x, y, z);
+                    g_sh_span = st;
+                    g_dyn_span = cfg.smem + RED_ZONE;
+                    bool ok = run_block();
+                    g_sh_span = g_dyn_span = 0;
+                    if (!ok) g_failed = true;
+                }
+        if (g_failed) {
+            g_last_error = cudaErrorLaunchFailure;
+            rec.failed = 1;
+        }
+        g_cfg = NULL;
+        g_body = NULL;
+    }
+    if (g_log.count < LOG_KEEP) g_log.recs.push_back(rec);
+    g_log.count++;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- streams, events, graphs --------------------------------------------------------------------- */
+struct CUstream_st {
+    bool capturing;
+    std::vector<node> *capture;
+};
+struct CUevent_st { int unused; };
+struct CUgraph_st { std::vector<node> nodes; };
+struct CUgraphExec_st { std::vector<node> nodes; };
+
+static CUstream_st g_default_stream;
+static CUstream_st *stream_of(cudaStream_t s) { return s ? s : &g_default_stream; }
+
+/* Runs op now, or records it when the stream is capturing. */
+static cudaError_t enqueue(cudaStream_t s, const pln_emu_launch_cfg *cfg, std::function<void()> op)
+{
+    CUstream_st *st = stream_of(s);
+    if (st->capturing) {
+        node n;
+        if (cfg) n.cfg = *cfg;
+        else memset(&n.cfg, 0, sizeof n.cfg);
+        n.body = std::move(op);
+        st->capture->push_back(std::move(n));
+        return cudaSuccess;
+    }
+    if (cfg) execute(*cfg, op);
+    else op();
+    return cudaSuccess;
+}
+
+void pln_emu_launch_run(const pln_emu_launch_cfg &cfg, std::function<void()> body)
+{
+    enqueue(cfg.stream, &cfg, std::move(body));
+}
+
+/* ---- the CUDA runtime API ---------------------------------------------------------------------- */
+#define DEVICE_MEMORY ((size_t)141 << 30)   /* what cudaMemGetInfo reports: an H200 */
+static size_t g_allocated;
+static std::unordered_map<void *, size_t> g_sizes;   /* live cudaMalloc blocks */
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : (g_last_error = cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
+{
+    if (d != 0) return cudaErrorInvalidDevice;
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "pollen CPU harness (emulated sm_90)");
+    p->major = 9; p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->totalGlobalMem = DEVICE_MEMORY;
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
+    p->regsPerBlock = 65536;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { cudaError_t e = g_last_error; g_last_error = cudaSuccess; return e; }
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    default: return "cudaErrorUnknown";
+    }
+}
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorLaunchFailure:   /* the harness's report says what went wrong */
+        snprintf(g_error_text, sizeof g_error_text, "%s", g_last_report);
+        return g_error_text;
+    default: return "unknown error";
+    }
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    *p = NULL;
+    if (n > DEVICE_MEMORY - g_allocated) return g_last_error = cudaErrorMemoryAllocation;
+    size_t want = (n + 255) & ~(size_t)255;
+    void *m = NULL;
+    if (posix_memalign(&m, 256, want ? want : 256) != 0) return g_last_error = cudaErrorMemoryAllocation;
+    /* fresh device memory is not zero on a GPU: make a kernel that relies on it fail here too */
+    memset(m, 0xa5, want ? want : 256);
+    *p = m;
+    pthread_mutex_lock(&g_lock);
+    g_allocated += n;
+    g_sizes[m] = n;
+    pthread_mutex_unlock(&g_lock);
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p)
+{
+    if (!p) return cudaSuccess;
+    pthread_mutex_lock(&g_lock);
+    auto it = g_sizes.find(p);
+    bool known = it != g_sizes.end();
+    if (known) { g_allocated -= it->second; g_sizes.erase(it); }
+    pthread_mutex_unlock(&g_lock);
+    if (!known) return g_last_error = cudaErrorInvalidValue;   /* not from cudaMalloc, or freed twice */
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
+{
+    (void)flags;
+    *p = NULL;
+    if (n > DEVICE_MEMORY) return cudaErrorMemoryAllocation;
+    if (posix_memalign(p, 4096, n ? n : 1) != 0) return cudaErrorMemoryAllocation;
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot)
+{
+    *tot = DEVICE_MEMORY;
+    *fr = DEVICE_MEMORY - g_allocated;
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
+{
+    (void)k;
+    if (n) memmove(d, s, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
+{
+    (void)k;
+    if (!n) return cudaSuccess;
+    return enqueue(st, NULL, [d, s, n]() { memmove(d, s, n); });
+}
+cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st)
+{
+    return enqueue(st, NULL, [d, v, n]() { memset(d, v, n); });
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = new CUstream_st(); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) { (void)flags; return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { if (s) { delete s->capture; delete s; } return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    return stream_of(s)->capturing ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st)
+{
+    *st = stream_of(s)->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    CUstream_st *st = stream_of(s);
+    if (st->capturing) return g_last_error = cudaErrorIllegalState;
+    st->capturing = true;
+    delete st->capture;
+    st->capture = new std::vector<node>();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    CUstream_st *st = stream_of(s);
+    if (!st->capturing) return g_last_error = cudaErrorIllegalState;
+    st->capturing = false;
+    CUgraph_st *graph = new CUgraph_st();
+    graph->nodes = std::move(*st->capture);
+    delete st->capture;
+    st->capture = NULL;
+    *g = graph;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags)
+{
+    (void)flags;
+    CUgraphExec_st *x = new CUgraphExec_st();
+    x->nodes = g->nodes;
+    *e = x;
+    return cudaSuccess;
+}
+/* Always an in-place update: the harness has no topology to keep. */
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info)
+{
+    if (info) memset(info, 0, sizeof *info);
+    e->nodes = g->nodes;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
+{
+    cudaError_t before = g_last_error;
+    g_last_error = cudaSuccess;
+    for (const node &n : e->nodes) {
+        cudaError_t r = enqueue(s, n.cfg.name ? &n.cfg : NULL, n.body);
+        if (r != cudaSuccess) return r;
+        if (g_last_error != cudaSuccess) return cudaGetLastError();
+    }
+    g_last_error = before;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st(); return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) { (void)flags; return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { (void)a; (void)b; *ms = 0.0f; return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) { (void)s; (void)e; (void)flags; return cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v) { (void)f; (void)a; (void)v; return cudaSuccess; }
+
+/* ---- cuBLASLt: present, but never has an algorithm ----------------------------------------------- */
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)malloc(16); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { free(h); return CUBLAS_STATUS_SUCCESS; }
+const char *cublasLtGetStatusString(cublasStatus_t s)
+{
+    return s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED (cuBLASLt does not run in the CPU harness)"
+                                            : "cuBLASLt status";
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType_t t)
+{
+    (void)c; (void)t;
+    *d = (cublasLtMatmulDesc_t)calloc(1, sizeof **d);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { free(d); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *b,
+                                              size_t n)
+{
+    (void)d; (void)a; (void)b; (void)n;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r, uint64_t c, int64_t ld)
+{
+    (void)t; (void)r; (void)c; (void)ld;
+    *l = (cublasLtMatrixLayout_t)calloc(1, sizeof **l);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(const cublasLtMatrixLayout_t l) { free(l); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = (cublasLtMatmulPreference_t)calloc(1, sizeof **p);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(const cublasLtMatmulPreference_t p) { free(p); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *b, size_t n)
+{
+    (void)p; (void)a; (void)b; (void)n;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int want,
+                                              cublasLtMatmulHeuristicResult_t *res, int *found)
+{
+    (void)h; (void)op; (void)a; (void)b; (void)c; (void)d; (void)pref; (void)want; (void)res;
+    *found = 0;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t wss, cudaStream_t s)
+{
+    (void)h; (void)op; (void)alpha; (void)A; (void)la; (void)B; (void)lb; (void)beta; (void)C; (void)lc; (void)D;
+    (void)ld; (void)algo; (void)ws; (void)wss; (void)s;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+/* ---- emu.h ----------------------------------------------------------------------------------------- */
+size_t pln_emu_launch_count(void) { return g_log.count; }
+const pln_emu_launch_rec *pln_emu_launch_at(size_t i) { return i < g_log.recs.size() ? &g_log.recs[i] : NULL; }
+void pln_emu_launch_reset(void)
+{
+    pthread_mutex_lock(&g_lock);
+    g_log.recs.clear();
+    g_log.count = 0;
+    pthread_mutex_unlock(&g_lock);
+}
+size_t pln_emu_report_count(void) { return g_report_count; }
+const char *pln_emu_last_report(void) { return g_last_report; }
+void pln_emu_report_reset(void)
+{
+    g_report_count = 0;
+    g_last_report[0] = 0;
+}
+const char *pln_emu_not_exercised(void)
+{
+    return "CUDA backend on the CPU harness: every in-house kernel runs thread by thread; cuBLASLt and NCCL are NOT "
+           "exercised (cuBLASLt finds no algorithm, so its shapes run on the plain kernel; all-reduces go over MPI)";
+}
+}
