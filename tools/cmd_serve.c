@@ -105,6 +105,8 @@ static pln_sched *g_sched;
 static bool g_group_lost;
 static char g_group_msg[512];
 #define LOST_LINGER_S 1
+static pthread_t g_linger;
+static bool g_linger_started;
 
 static void *stop_after_linger(void *arg) {
     (void)arg;
@@ -157,8 +159,8 @@ static int eng_step(void *ctx, const pln_step_plan *p, pln_step_out *o) {
         snprintf(g_group_msg, sizeof g_group_msg, "%s", pln_error());
         fprintf(stderr, "pollen serve: %s\npollen serve: failing the requests in flight; /health is 503; exiting in %d s\n",
                 g_group_msg, LOST_LINGER_S);
-        pthread_t t;
-        if (pthread_create(&t, NULL, stop_after_linger, NULL) == 0) pthread_detach(t);
+        /* Joined before the scheduler is freed: a signal may end the drain before the linger. */
+        if (pthread_create(&g_linger, NULL, stop_after_linger, NULL) == 0) g_linger_started = true;
         else pln_sched_stop(g_sched);
     }
     return rc;
@@ -379,6 +381,7 @@ out:
     pthread_mutex_unlock(&sc.mu);
     pln_server_stop(srv, 0);
     pln_engine_shutdown(eng);
+    if (g_linger_started) pthread_join(g_linger, NULL);   /* it stops sched: not freed before */
     pln_sched_free(sched);
     pln_engine_close(eng);
     pln_tok_free(tok);
