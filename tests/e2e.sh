@@ -4,6 +4,30 @@ E2E_PASS=0; E2E_FAIL=0
 E2E_NAME=$(basename "$0" .sh)
 POLLEN=${PLN_BUILD:-build}/pollen
 TMP=$(mktemp -d "${PLN_TEST_TMP:-/tmp}/$E2E_NAME.XXXXXX")
+# start_server NAME [VAR=VALUE...] LAUNCH...: `LAUNCH --port 0 --port-file ... --quiet` in the
+# background (leading assignments go to its environment, as with env(1)), its output in
+# $TMP/NAME.log. Sets SRV_PID (the launcher), PORT and RANK0 (rank 0's pid, from its start-up
+# line); fails when the process ends first or after 30 s.
+start_server() {
+  local name=$1; shift
+  rm -f "$TMP/$name.port"
+  env "$@" --port 0 --port-file "$TMP/$name.port" --quiet >"$TMP/$name.log" 2>&1 &
+  SRV_PID=$!
+  for _ in $(seq 300); do [ -s "$TMP/$name.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
+  PORT=$(cat "$TMP/$name.port" 2>/dev/null)
+  RANK0=$(sed -n 's/^pollen serve: .* pid \([0-9]*\)$/\1/p' "$TMP/$name.log" | head -n 1)
+  [ -n "$PORT" ] && [ -n "$RANK0" ]
+}
+# stop_server: SIGTERM to rank 0, wait (bounded) for the launcher; returns its exit status (99:
+# it had to be killed).
+stop_server() {
+  kill -TERM "$RANK0" 2>/dev/null
+  for _ in $(seq 150); do kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $SRV_PID 2>/dev/null; then kill -KILL $SRV_PID; wait $SRV_PID 2>/dev/null; return 99; fi
+  wait $SRV_PID
+}
+# metric NAME: the value of one /metrics line of the server at $PORT (needs $CURL)
+metric() { $CURL "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
 check() { # check "what" cmd...
   local what=$1; shift
   if "$@"; then E2E_PASS=$((E2E_PASS+1)); else E2E_FAIL=$((E2E_FAIL+1)); echo "FAIL: $what" >&2; fi

@@ -13,15 +13,6 @@ command -v curl >/dev/null || { echo "SKIP: curl not installed (make deps)"; e2e
 [ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
 CURL="curl -s --max-time 30"
 
-start_server() { # NAME ARGS... : sets PORT, SRV_PID
-  local name=$1; shift
-  rm -f "$TMP/$name.port"
-  "$POLLEN" serve "$@" --port 0 --port-file "$TMP/$name.port" --quiet >"$TMP/$name.log" 2>&1 &
-  SRV_PID=$!
-  for _ in $(seq 300); do [ -s "$TMP/$name.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  PORT=$(cat "$TMP/$name.port" 2>/dev/null)
-  [ -n "$PORT" ]
-}
 # exits_within SECONDS: the server (already signalled) exits 0 within SECONDS; else it is killed.
 exits_within() {
   local t0=$(date +%s.%N)
@@ -40,7 +31,7 @@ S1=$TMP/s1
 check "sample TP-1 set" "$HELPER" --write-sample "$S1" --tp 1
 
 # ---- SIGTERM: an idle keep-alive connection and a half-sent request hold nothing up ------------
-check "server starts" start_server a "$S1"
+check "server starts" start_server a "$POLLEN" serve "$S1"
 exec 3<>/dev/tcp/127.0.0.1/$PORT
 printf 'GET /health HTTP/1.1\r\nHost: t\r\n\r\n' >&3
 read -r -t 5 LINE <&3
@@ -53,7 +44,7 @@ check "SIGTERM with an idle keep-alive and a half-sent request: exit 0 within 3 
 exec 3>&- 4>&-
 
 # ---- SIGTERM: a request in flight is answered, then the server exits ---------------------------
-check "server starts (--step-delay-ms 40)" start_server b "$S1" --step-delay-ms 40
+check "server starts (--step-delay-ms 40)" start_server b "$POLLEN" serve "$S1" --step-delay-ms 40
 exec 3<>/dev/tcp/127.0.0.1/$PORT
 printf 'GET /health HTTP/1.1\r\nHost: t\r\n\r\n' >&3
 read -r -t 5 LINE <&3
@@ -69,7 +60,7 @@ check "the request in flight was answered in full" \
 exec 3>&-
 
 # ---- /tokenize: a ~1 MB body cannot make a huge reply or a huge server ------------------------
-check "server starts" start_server c "$S1" --max-connections-per-client 6 --request-timeout 2
+check "server starts" start_server c "$POLLEN" serve "$S1" --max-connections-per-client 6 --request-timeout 2
 python3 -c "import json; print(json.dumps({'inputs': 'hello world, the quick brown fox ' * 29000}))" >"$TMP/big.json"
 H0=$(hwm_kb)
 check "/tokenize of ~1 MB: 422" test "$(status_of -X POST --data-binary @"$TMP/big.json" "http://127.0.0.1:$PORT/tokenize")" = 422

@@ -175,23 +175,6 @@ check_fails "NaN scale: serve refuses to start" "is NaN" timeout 60 "$POLLEN" se
 check_fails "generate: NaN logits at step 2 -> non-zero exit naming them" "step 2, sequence 1: .*non-finite logits" \
   env PLN_FAULT_NAN_LOGITS_AT_STEP=2 "$POLLEN" generate "$R16" --token-ids 5,6 --max-new-tokens 4 --quiet
 
-start_server() { # NAME ENV... -- LAUNCH...: sets PORT, SRV_PID, RANK0
-  local name=$1; shift
-  rm -f "$TMP/$name.port"
-  env "$@" --port 0 --port-file "$TMP/$name.port" --quiet >"$TMP/$name.log" 2>&1 &
-  SRV_PID=$!
-  for _ in $(seq 300); do [ -s "$TMP/$name.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  PORT=$(cat "$TMP/$name.port" 2>/dev/null)
-  RANK0=$(sed -n 's/.* pid \([0-9]*\)$/\1/p' "$TMP/$name.log" | head -n 1)
-  [ -n "$PORT" ] && [ -n "$RANK0" ]
-}
-stop_server() {
-  kill -TERM "$RANK0" 2>/dev/null
-  for _ in $(seq 150); do kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $SRV_PID 2>/dev/null; then kill -KILL $SRV_PID; wait $SRV_PID 2>/dev/null; return 99; fi
-  wait $SRV_PID
-}
-metric() { $CURL "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
 code() { $CURL -o "$TMP/body" -w '%{http_code}' -X POST "http://127.0.0.1:$PORT$1" -d "$2"; }
 post() { $CURL -X POST "http://127.0.0.1:$PORT$1" -d "$2"; }
 G='{"inputs":"Hello world","parameters":{"max_new_tokens":6}}'

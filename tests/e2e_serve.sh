@@ -11,26 +11,6 @@ command -v curl >/dev/null || { echo "SKIP: curl not installed (make deps)"; e2e
 [ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
 CURL="curl -s --max-time 30"
 
-# start_server NAME LAUNCH... : starts `LAUNCH serve ...` in the background; sets PORT, SRV_PID
-# (the launcher's pid), RANK0 (rank 0's pid, from its log line). Fails after 30 s.
-start_server() {
-  local name=$1; shift
-  rm -f "$TMP/$name.port"
-  "$@" --port 0 --port-file "$TMP/$name.port" --quiet >"$TMP/$name.log" 2>&1 &
-  SRV_PID=$!
-  for _ in $(seq 300); do [ -s "$TMP/$name.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  PORT=$(cat "$TMP/$name.port" 2>/dev/null)
-  RANK0=$(sed -n 's/.* pid \([0-9]*\)$/\1/p' "$TMP/$name.log" | head -n 1)
-  [ -n "$PORT" ] && [ -n "$RANK0" ]
-}
-# stop_server: SIGTERM to rank 0, wait (bounded) for the launcher; returns its exit status.
-stop_server() {
-  kill -TERM "$RANK0" 2>/dev/null
-  for _ in $(seq 150); do kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $SRV_PID 2>/dev/null; then kill -KILL $SRV_PID; wait $SRV_PID 2>/dev/null; return 99; fi
-  wait $SRV_PID
-}
-metric() { $CURL "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
 wait_metric() { # name value seconds
   for _ in $(seq $(( $3 * 20 ))); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.05; done
   echo "metric $1 = $(metric "$1"), want $2" >&2; return 1

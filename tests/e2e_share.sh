@@ -11,23 +11,6 @@ command -v curl >/dev/null || { echo "SKIP: curl not installed (make deps)"; e2e
 [ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
 CURL="curl -s --max-time 60"
 
-start_server() { # NAME LAUNCH... ; sets PORT, SRV_PID, RANK0
-  local name=$1; shift
-  rm -f "$TMP/$name.port"
-  "$@" --port 0 --port-file "$TMP/$name.port" --quiet --block-size 4 >"$TMP/$name.log" 2>&1 &
-  SRV_PID=$!
-  for _ in $(seq 300); do [ -s "$TMP/$name.port" ] && break; kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  PORT=$(cat "$TMP/$name.port" 2>/dev/null)
-  RANK0=$(sed -n 's/.* pid \([0-9]*\)$/\1/p' "$TMP/$name.log" | head -n 1)
-  [ -n "$PORT" ] && [ -n "$RANK0" ]
-}
-stop_server() {
-  kill -TERM "$RANK0" 2>/dev/null
-  for _ in $(seq 150); do kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $SRV_PID 2>/dev/null; then kill -KILL $SRV_PID; wait $SRV_PID 2>/dev/null; return 99; fi
-  wait $SRV_PID
-}
-metric() { $CURL "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
 # post PATH BODY: the answer without its per-request id and creation time
 post() { $CURL -X POST -H 'Content-Type: application/json' "http://127.0.0.1:$PORT$1" -d "$2" |
          sed -e 's/"id":"cmpl-[0-9a-f]*",//' -e 's/"created":[0-9]*,//'; echo; }
@@ -54,7 +37,7 @@ for tp in 1 2; do
   if [ $tp = 2 ] && [ -z "$LAUNCH2" ]; then echo "SKIP: TP 2 (mpirun not installed)"; break; fi
   L=LAUNCH$tp; SET=S$tp
   # shellcheck disable=SC2086
-  check "TP $tp: server with sharing starts" start_server share$tp ${!L} "$POLLEN" serve "${!SET}"
+  check "TP $tp: server with sharing starts" start_server share$tp ${!L} "$POLLEN" serve "${!SET}" --block-size 4
   run_requests "$TMP/share$tp.out"
   HIT=$(metric pln_prefix_cache_hit_tokens_total); FORK=$(metric pln_kv_fork_tokens_total)
   check "TP $tp: the repeated prompt hit the prefix cache ($HIT tokens)" test "${HIT:-0}" -gt 0
@@ -62,7 +45,7 @@ for tp in 1 2; do
   check "TP $tp: every block back once idle" test "$(metric pln_kv_blocks_free)" = "$(metric pln_kv_blocks_total)"
   check "TP $tp: sharing server stops cleanly" stop_server
   # shellcheck disable=SC2086
-  check "TP $tp: server without sharing starts" start_server plain$tp ${!L} "$POLLEN" serve "${!SET}" --no-block-sharing
+  check "TP $tp: server without sharing starts" start_server plain$tp ${!L} "$POLLEN" serve "${!SET}" --block-size 4 --no-block-sharing
   run_requests "$TMP/plain$tp.out"
   check "TP $tp: no sharing happened" test "$(metric pln_prefix_cache_hit_tokens_total)" = 0 -a "$(metric pln_kv_fork_tokens_total)" = 0
   check "TP $tp: server without sharing stops cleanly" stop_server
