@@ -4,6 +4,10 @@
  * PLN_ATTN_CHUNK keys (flash-decoding), so long contexts fill the GPU; the partial states are merged
  * with pln_softmax_merge. Scores exist only per chunk in shared memory: the full score matrix of
  * a long prompt is never materialized. head_dim must be a multiple of 8, at most 256.
+ * Decode steps (at most two tokens per sequence, power-of-two block sizes) run paged
+ * flash-decoding instead: a lane group per key row with 16-byte loads, online softmax per group,
+ * splits sized to fill the SMs and merged by the last block to finish (one launch; ctx->attn_splits
+ * forces or disables it).
  * Optionally (ctx->attn_tiled), prefill-heavy steps run a query-tiled kernel instead, where 16
  * consecutive tokens of a sequence share each K/V chunk staged in shared memory (head_dim 8, 16,
  * 32, 64 or 128). */

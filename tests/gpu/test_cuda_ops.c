@@ -522,7 +522,11 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     const size_t W = (size_t)nh * 3 * D;
     float *qkv_p = rnd_act((size_t)T * W, -2, 2), *qkv_d = rnd_act((size_t)S * W, -2, 2);
     size_t np = (size_t)T * nh * D, nd = (size_t)S * nh * D;
-    float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4);
+    float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4), *got_f = pln_xmalloc(np * 4);
+    enum { NSPLITCASE = 6 };
+    static const int splitcase[NSPLITCASE] = {1, 2, 3, 7, 701, -1};
+    float *got_x[NSPLITCASE];
+    for (int k = 0; k < NSPLITCASE; k++) got_x[k] = pln_xmalloc(nd * 4);
     float *want_p = pln_xmalloc(np * 4), *got_p = pln_xmalloc(np * 4), *want_d = pln_xmalloc(nd * 4), *got_d = pln_xmalloc(nd * 4);
     pln_backend *bes[2] = {g_cpu, g_gpu};
     for (int b = 0; b < 2; b++) {
@@ -553,6 +557,25 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
         }
         CHECK(be->kv_append(be, qd, kc, vc, &md, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
         CHECK(be->attention(be, od, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode) on %s: %s", be->name, pln_error());
+        if (b == 1 && !g_self) {
+            /* the decode step with the flash-decoding kernel's split count forced (1, 2, 3, 7 and
+             * more splits than keys: empty splits), with the split-key kernel (-1), and the prefill
+             * step on the flash-decoding kernel (every token its own causal bound) */
+            void *ox = poisoned(be, (nd > np ? nd : np) * be->act_size);
+            for (int k = 0; k < NSPLITCASE; k++) {
+                int old = pln_cuda_set_attn_splits(be, splitcase[k]);
+                CHECK(be->attention(be, ox, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode, splits %d): %s",
+                      splitcase[k], pln_error());
+                pln_cuda_set_attn_splits(be, old);
+                down_act(be, got_x[k], ox, nd);
+            }
+            int old = pln_cuda_set_attn_splits(be, 3);
+            CHECK(be->attention(be, ox, qp, kc, vc, &mp, dsl, nh, D) == 0, "attention (prefill, flash-decoding): %s",
+                  pln_error());
+            pln_cuda_set_attn_splits(be, old);
+            down_act(be, got_f, ox, np);
+            be->free(be, ox);
+        }
         down_act(be, b ? got_p : want_p, op, np);
         down_act(be, b ? got_d : want_d, od, nd);
         be->free(be, kc); be->free(be, vc); be->free(be, dbt); be->free(be, dsl); be->free(be, dps); be->free(be, dpp);
@@ -562,6 +585,14 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     report("attn decode", shape, got_d, want_d, nd, 5e-3);
     if (!g_self) report("attn prefill/tiled", shape, got_t, want_p, np, 5e-3);
     if (!g_self) report("attn prefill/grouped", shape, got_g, want_p, np, 5e-3);
+    if (!g_self) report("attn prefill/flash-decoding", shape, got_f, want_p, np, 5e-3);
+    for (int k = 0; k < NSPLITCASE && !g_self; k++) {
+        char what[64];
+        snprintf(what, sizeof what, splitcase[k] < 0 ? "attn decode/split-key" : "attn decode/splits=%d", splitcase[k]);
+        report(what, shape, got_x[k], want_d, nd, 5e-3);
+    }
+    for (int k = 0; k < NSPLITCASE; k++) free(got_x[k]);
+    free(got_f);
     free(got_t);
     free(got_g);
     free(perm); free(bt); free(ps); free(pp); free(ds); free(dp); free(qkv_p); free(qkv_d);
