@@ -1,5 +1,5 @@
-/* attention.cu — paged flash-decoding for decode steps; split-key attention (one block per token, head and key chunk) and the merge
- * of the chunks' partial softmax states. See attention.cuh. */
+/* attention.cu — paged flash-decoding for decode steps; split-key attention (one block per token,
+ * head and key chunk) and the merge of the chunks' partial softmax states. See attention.cuh. */
 #include "kernels/cuda/attention.cuh"
 
 #define ATTN_THREADS 128

@@ -23,48 +23,48 @@ __device__ __forceinline__ void epilogue(OT *out, int64_t N, int t, int64_t row,
 }
 
 /* ---- GEMV: T <= NT tokens, 16 weight rows per block, 4 warps splitting k --------------------
- * A k-step is 32 columns (fp16: 16 bytes per lane per row) or 64 (int8: 16 int8 per lane).
- * Each lane keeps U steps of rows g and g+8 in flight before the first mma. */
+ * A k-step is 32 columns (fp16: 16 bytes per lane per row) or 64 (int8: 16 int8 per lane). A
+ * batch is GEMV_U steps of rows g and g+8 (8 16-byte loads per lane). Software-pipelined: two
+ * register buffers alternate, the next batch's weight (and group-scale) loads are issued before
+ * this batch's math, so 8 loads stay in flight through the math; each buffer feeds its own set of
+ * accumulators (two independent mma chains), summed at the end. Steps past the end are
+ * predicated off (no load, no mma), never a break, so the activation loads can be scheduled early. */
 #define GEMV_WARPS 4
 #define GEMV_U 4
 
-template <bool I8, bool GROUPED, int NT, typename OT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__restrict__ Wv,
-            const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-            int64_t N, int64_t K, int gelu, int64_t n_valid)
+template <bool I8, bool GROUPED>
+__device__ __forceinline__ void gemv_load(int4 (&wa)[GEMV_U], int4 (&wb)[GEMV_U], __half2 (&sa)[GEMV_U],
+                                          __half2 (&sb)[GEMV_U], int64_t s0, int64_t nsteps, const int4 *pa,
+                                          const int4 *pb, bool va, bool vb, const __half *scale, int64_t ra,
+                                          int64_t rb, int64_t sgroups, int64_t G, int q)
 {
-    constexpr int KS = I8 ? 64 : 32;            /* columns per warp step */
-    constexpr int NTILES = NT / 8;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g, rb = row0 + g + 8;
-    const bool va = ra < N, vb = rb < N;
-    const char *W = (const char *)Wv;
-    const int64_t rowbytes = I8 ? K : K * 2;
-    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
-    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
-    const int64_t nsteps = K / KS;
-    const int64_t sgroups = GROUPED ? K / G : 1;
-
-    float acc[NTILES][4];
+    constexpr int KS = I8 ? 64 : 32;
 #pragma unroll
-    for (int n = 0; n < NTILES; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-
-    for (int64_t s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * GEMV_U) {
-        int4 wa[GEMV_U], wb[GEMV_U];
-#pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
-            int4 z = make_int4(0, 0, 0, 0);
-            wa[u] = (s < nsteps && va) ? pln_ld_stream(pa + s * 4) : z;
-            wb[u] = (s < nsteps && vb) ? pln_ld_stream(pb + s * 4) : z;
+    for (int u = 0; u < GEMV_U; u++) {
+        const int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+        const int4 z = make_int4(0, 0, 0, 0);
+        wa[u] = (s < nsteps && va) ? pln_ld_stream(pa + s * 4) : z;
+        wb[u] = (s < nsteps && vb) ? pln_ld_stream(pb + s * 4) : z;
+        if (GROUPED) {
+            const int64_t gi = (s * KS + 16 * q) / G;
+            sa[u] = __half2half2(s < nsteps && va ? scale[ra * sgroups + gi] : __float2half(0.0f));
+            sb[u] = __half2half2(s < nsteps && vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
         }
+    }
+}
+
+template <bool I8, bool GROUPED, int NT>
+__device__ __forceinline__ void gemv_math(float (&acc)[NT / 8][4], const int4 (&wa)[GEMV_U],
+                                          const int4 (&wb)[GEMV_U], const __half2 (&sa)[GEMV_U],
+                                          const __half2 (&sb)[GEMV_U], int64_t s0, int64_t nsteps,
+                                          const __half *x, int T, int64_t K, int g, int q)
+{
+    constexpr int KS = I8 ? 64 : 32;
+    constexpr int NTILES = NT / 8;
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
-            if (s >= nsteps) break;
+    for (int u = 0; u < GEMV_U; u++) {
+        const int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+        if (s < nsteps) {   /* warp-uniform */
             const int64_t k = s * KS + (I8 ? 16 : 8) * q;   /* this lane's first column */
             const uint32_t *A = (const uint32_t *)&wa[u];
             const uint32_t *B = (const uint32_t *)&wb[u];
@@ -83,12 +83,6 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
                         pln_mma16816(acc[n], A[2 * j], B[2 * j], A[2 * j + 1], B[2 * j + 1],
                                      xv[n][2 * j], xv[n][2 * j + 1]);
             } else {
-                __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
-                if (GROUPED) {
-                    int64_t gi = k / G;
-                    sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
-                    sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
-                }
                 uint32_t xv[NTILES][8];
 #pragma unroll
                 for (int n = 0; n < NTILES; n++) {
@@ -105,8 +99,8 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
                     pln_i8x4_to_h2x2(A[j], alo, ahi);
                     pln_i8x4_to_h2x2(B[j], blo, bhi);
                     if (GROUPED) {
-                        alo = __hmul2(alo, sa); ahi = __hmul2(ahi, sa);
-                        blo = __hmul2(blo, sb); bhi = __hmul2(bhi, sb);
+                        alo = __hmul2(alo, sa[u]); ahi = __hmul2(ahi, sa[u]);
+                        blo = __hmul2(blo, sb[u]); bhi = __hmul2(bhi, sb[u]);
                     }
 #pragma unroll
                     for (int n = 0; n < NTILES; n++)
@@ -116,6 +110,48 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
             }
         }
     }
+}
+
+template <bool I8, bool GROUPED, int NT, typename OT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__restrict__ Wv,
+            const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+            int64_t N, int64_t K, int gelu, int64_t n_valid)
+{
+    constexpr int KS = I8 ? 64 : 32;            /* columns per warp step */
+    constexpr int NTILES = NT / 8;
+    constexpr int STRIDE = GEMV_WARPS * GEMV_U;  /* steps from one batch of a warp to its next */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    const int64_t ra = row0 + g, rb = row0 + g + 8;
+    const bool va = ra < N, vb = rb < N;
+    const char *W = (const char *)Wv;
+    const int64_t rowbytes = I8 ? K : K * 2;
+    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
+    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
+    const int64_t nsteps = K / KS;
+    const int64_t sgroups = GROUPED ? K / G : 1;
+
+    float acc[NTILES][4], acc2[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] = acc2[n][i] = 0.0f;
+
+    int4 wa0[GEMV_U], wb0[GEMV_U], wa1[GEMV_U], wb1[GEMV_U];
+    __half2 sa0[GEMV_U], sb0[GEMV_U], sa1[GEMV_U], sb1[GEMV_U];
+    gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, warp, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+    for (int64_t s0 = warp; s0 < nsteps; s0 += 2 * STRIDE) {
+        gemv_load<I8, GROUPED>(wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+        gemv_math<I8, GROUPED, NT>(acc, wa0, wb0, sa0, sb0, s0, nsteps, x, T, K, g, q);
+        gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, s0 + 2 * STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+        gemv_math<I8, GROUPED, NT>(acc2, wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, x, T, K, g, q);
+    }
+#pragma unroll
+    for (int n = 0; n < NTILES; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] += acc2[n][i];
 
     /* Sum the four warps' k-slices. */
     __shared__ float red[GEMV_WARPS][16][NT + 1];

@@ -768,6 +768,12 @@ int main(int argc, char **argv)
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 33, true, true, 1);   /* cuBLASLt with a misaligned bias */
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 3, true, false, 3);
     /* groups that straddle the int8 k-step of 64 columns (48) and the smallest group (16) */
+    /* long rows: the GEMV's pipeline runs several double-buffered rounds and ends part-way
+     * through a batch (65 and 33 steps of 32 / 64 columns against rounds of 2 x 16 steps) */
+    test_linear(PLN_DTYPE_F16, 40, 2080, 0, 1, true, false);
+    test_linear(PLN_DTYPE_F16, 40, 2080, 0, 9, false, true);
+    test_linear(PLN_DTYPE_I8, 40, 4160, 0, 1, true, false);
+    test_linear(PLN_DTYPE_I8, 24, 2112, 64, 9, true, true);
     test_linear(PLN_DTYPE_I8, 70, 192, 48, 3, true, false);
     test_linear(PLN_DTYPE_I8, 70, 192, 48, 16, false, true);
     test_linear(PLN_DTYPE_I8, 70, 192, 48, 70, true, true);
