@@ -1,6 +1,7 @@
 /* attention.cu — paged flash-decoding for decode steps; split-key attention (one block per token,
  * head and key chunk) and the merge of the chunks' partial softmax states. See attention.cuh. */
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/kv_append.cuh"
 
 #define ATTN_THREADS 128
 
@@ -224,14 +225,22 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
  * arrival counter that it resets) merges every split's state: no second launch. */
 #define DEC_THREADS 128
 
-__device__ __forceinline__ void dec_load(pln_h8 &k, pln_h8 &v, bool ok, const __half *kc, const __half *vc,
-                                         const int *sbt, int j, int jb0, int bs_shift, int nh, int h, int D, int part)
+__device__ __forceinline__ void dec_load(pln_h8 &k, pln_h8 &v, bool ok, __half *kc, __half *vc, const int *sbt,
+                                         int j, int jb0, int bs_shift, int nh, int h, int D, int part,
+                                         const __half *knew, int append_pos)
 {
     if (ok) {
         const int blk = sbt[(j >> bs_shift) - jb0];
         const int64_t off = (((int64_t)blk * nh + h) * (1 << bs_shift) + (j & ((1 << bs_shift) - 1))) * D + part * 8;
-        k = *(const pln_h8 *)(kc + off);
-        v = *(const pln_h8 *)(vc + off);
+        if (j == append_pos) {   /* fused kv_append: the token's own key and value, from qkv into the cache */
+            k = *(const pln_h8 *)knew;
+            v = *(const pln_h8 *)(knew + D);
+            *(pln_h8 *)(kc + off) = k;
+            *(pln_h8 *)(vc + off) = v;
+        } else {
+            k = *(const pln_h8 *)(kc + off);
+            v = *(const pln_h8 *)(vc + off);
+        }
     } else {
         k.u = make_uint4(0, 0, 0, 0);
         v.u = k.u;
@@ -244,9 +253,9 @@ __device__ __forceinline__ void dec_load(pln_h8 &k, pln_h8 &v, bool ok, const __
 template <int G>
 __global__ void __launch_bounds__(DEC_THREADS)
 attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt, const __half *qkv,
-                   const __half *kc, const __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
+                   __half *kc, __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
                    const int32_t *block_table, int bs_shift, int max_blocks, const float *slopes, int nh, int D,
-                   int nsplit, int keys_per_split, int t0)
+                   int nsplit, int keys_per_split, int t0, int append)
 {
     constexpr int NG = DEC_THREADS / G;
     PLN_DYNAMIC_SHARED(int, sbt);
@@ -265,8 +274,11 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
         for (int b = threadIdx.x; b <= ((j1 - 1) >> bs_shift) - jb0; b += DEC_THREADS) sbt[b] = bt[jb0 + b];
     float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const float slope = slopes[h];
+    const __half *qrow = qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3) * D + part * 8;
+    const __half *knew = qrow + D;   /* this token's k (then v) */
+    const int append_pos = append ? pos : -1;
     if (lane_on) {
-        pln_h8 qv = *(const pln_h8 *)(qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3) * D + part * 8);
+        pln_h8 qv = *(const pln_h8 *)qrow;
         pln_h8_to_f(qv, q);
         const float inv_norm = rsqrtf((float)D);
 #pragma unroll
@@ -280,8 +292,8 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
         const int ja = j0 + g + 2 * NG * it, jb = ja + NG;
         const bool oka = ja < j1, okb = jb < j1;
         pln_h8 ka, va, kb, vb;
-        dec_load(ka, va, oka && lane_on, kc, vc, sbt, ja, jb0, bs_shift, nh, h, D, part);
-        dec_load(kb, vb, okb && lane_on, kc, vc, sbt, jb, jb0, bs_shift, nh, h, D, part);
+        dec_load(ka, va, oka && lane_on, kc, vc, sbt, ja, jb0, bs_shift, nh, h, D, part, knew, append_pos);
+        dec_load(kb, vb, okb && lane_on, kc, vc, sbt, jb, jb0, bs_shift, nh, h, D, part, knew, append_pos);
         float kf[8], sa = 0.0f, sb = 0.0f;
         pln_h8_to_f(ka, kf);
 #pragma unroll
@@ -361,11 +373,12 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
  * the shape is not one it serves (the caller runs the split-key kernel), 0 done, -1 error. */
 #define DEC_MIN_KEYS 32
 static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache, const void *v_cache,
-                       const pln_attn_meta *m, const float *slopes, int nh, int D)
+                       const pln_attn_meta *m, const float *slopes, int nh, int D, bool append)
 {
     const int T = m->n_tokens, bs = m->block_size;
     if (c->attn_splits < 0 || bs <= 0 || (bs & (bs - 1)) != 0) return 1;
     if (c->attn_splits == 0 && T > 2 * m->n_seqs) return 1;   /* prefill-shaped: the split-key kernel */
+    if (append && T != m->n_seqs) return 1;   /* fused append: one token per sequence only */
     int G = 1;
     while (G * 8 < D) G *= 2;
     if (G < 2) G = 2;
@@ -400,8 +413,8 @@ static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     dim3 grid((unsigned)T, (unsigned)nh, (unsigned)nsplit);
 #define DEC_LAUNCH(GG)                                                                                              \
     PLN_LAUNCH(grid, DEC_THREADS, smem, c->stream, attn_decode_kernel<GG>)(                                          \
-        (__half *)out, pm, ps, pacc, cnt, (const __half *)qkv, (const __half *)k_cache, (const __half *)v_cache,    \
-        m->tok_seq, m->tok_pos, m->block_table, bs_shift, m->max_blocks, slopes, nh, D, nsplit, kps, 0)
+        (__half *)out, pm, ps, pacc, cnt, (const __half *)qkv, (__half *)k_cache, (__half *)v_cache,                \
+        m->tok_seq, m->tok_pos, m->block_table, bs_shift, m->max_blocks, slopes, nh, D, nsplit, kps, 0, append ? 1 : 0)
     switch (G) {
     case 2: DEC_LAUNCH(2); break;
     case 4: DEC_LAUNCH(4); break;
@@ -425,7 +438,7 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     if (((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)
         return pln_errorf("attention: qkv and the KV cache must be 16-byte aligned");
     if (m->max_pos <= 0) return pln_errorf("attention: max_pos %d must be positive", m->max_pos);
-    const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, nh, D);
+    const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, nh, D, false);
     if (dec <= 0) return dec;
     /* Prefill-heavy steps (on average 4+ tokens per sequence) on the query-tiled kernel when
      * enabled; decode and mixed steps on the split-key kernel. */
@@ -479,4 +492,18 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         }
     }
     return 0;
+}
+
+int pln_cuda_append_attention(pln_cuda_ctx *c, void *out, const void *qkv, void *k_cache, void *v_cache,
+                              const pln_attn_meta *m, const float *slopes, int32_t n_head_local,
+                              int32_t head_dim)
+{
+    const int D = head_dim;
+    if (m->n_tokens > 0 && D % 8 == 0 && D > 0 && D <= 256 && m->max_pos > 0 &&
+        !(((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
+        const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, D, true);
+        if (dec <= 0) return dec;
+    }
+    if (pln_cuda_kv_append(c, qkv, k_cache, v_cache, m, n_head_local, head_dim)) return -1;
+    return pln_cuda_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
 }

@@ -25,4 +25,11 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
                        const void *v_cache, const pln_attn_meta *m, const float *slopes,
                        int32_t n_head_local, int32_t head_dim);
 
+/* kv_append then attention (backend.h append_attention): on decode steps with one token per
+ * sequence and the flash-decoding kernel, one launch that takes each token's own key and value
+ * from qkv and writes them to the cache as it goes; otherwise the two ops. */
+int pln_cuda_append_attention(pln_cuda_ctx *c, void *out, const void *qkv, void *k_cache, void *v_cache,
+                              const pln_attn_meta *m, const float *slopes, int32_t n_head_local,
+                              int32_t head_dim);
+
 #endif

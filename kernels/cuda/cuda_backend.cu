@@ -258,6 +258,13 @@ static int cu_attention(pln_backend *be, void *out, const void *qkv, const void 
     return pln_cuda_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
 }
 
+static int cu_append_attention(pln_backend *be, void *out, const void *qkv, void *k_cache, void *v_cache,
+                               const pln_attn_meta *m, const float *slopes, int32_t n_head_local, int32_t head_dim)
+{
+    CTX(be);
+    return pln_cuda_append_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
+}
+
 static int cu_gather_rows(pln_backend *be, void *out, const void *in, const int32_t *rows, int32_t n, int64_t H)
 {
     CTX(be);
@@ -372,6 +379,7 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     be->linear = cu_linear;
     be->kv_append = cu_kv_append;
     be->attention = cu_attention;
+    be->append_attention = cu_append_attention;
     be->gather_rows = cu_gather_rows;
     be->logits = cu_logits;
     be->logit_process = cu_logit_process;

@@ -208,7 +208,7 @@ static void check_graphs(const char *label, const char *dir, const ref_t *r)
  * added to the layer loop fails the test; a fusion lowers it (docs/CUDA.md "Launch budget"). The
  * all-reduces are not counted (NCCL does not run on the harness; on a GPU they add 2 per layer at
  * TP > 1). */
-#define LAUNCH_BUDGET_PER_LAYER 8
+#define LAUNCH_BUDGET_PER_LAYER 7
 
 /* The launch budget of one decode step (batch 1, position n, op by op) from the harness's launch
  * log: the launches between the embedding's two LayerNorms and gather_rows (the logits' rows),

@@ -525,7 +525,7 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4), *got_f = pln_xmalloc(np * 4);
     enum { NSPLITCASE = 6 };
     static const int splitcase[NSPLITCASE] = {1, 2, 3, 7, 701, -1};
-    float *got_x[NSPLITCASE];
+    float *got_x[NSPLITCASE], *got_fa[2] = {pln_xmalloc(nd * 4), pln_xmalloc(nd * 4)};
     for (int k = 0; k < NSPLITCASE; k++) got_x[k] = pln_xmalloc(nd * 4);
     float *want_p = pln_xmalloc(np * 4), *got_p = pln_xmalloc(np * 4), *want_d = pln_xmalloc(nd * 4), *got_d = pln_xmalloc(nd * 4);
     pln_backend *bes[2] = {g_cpu, g_gpu};
@@ -555,8 +555,48 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
             down_act(be, got_g, ot, np);
             be->free(be, ot);
         }
+        /* the fused kv_append + attention of decode steps, on copies of the cache before the
+         * decode step's append (auto splits and 7): outputs against the CPU, and the caches it
+         * leaves bit for bit equal to kv_append's */
+        void *fkc[2] = {NULL, NULL}, *fvc[2] = {NULL, NULL};
+        if (b == 1 && !g_self && be->append_attention) {
+            uint8_t *hk = pln_xmalloc(cache), *hv = pln_xmalloc(cache);
+            be->download(be, hk, kc, cache);
+            be->download(be, hv, vc, cache);
+            for (int f = 0; f < 2; f++) {
+                fkc[f] = up(be, hk, cache);
+                fvc[f] = up(be, hv, cache);
+                void *of = poisoned(be, nd * be->act_size);
+                int old = pln_cuda_set_attn_splits(be, f ? 7 : 0);
+                CHECK(be->append_attention(be, of, qd, fkc[f], fvc[f], &md, dsl, nh, D) == 0,
+                      "append_attention (decode, splits %d): %s", f ? 7 : 0, pln_error());
+                pln_cuda_set_attn_splits(be, old);
+                down_act(be, got_fa[f], of, nd);
+                be->free(be, of);
+            }
+            free(hk);
+            free(hv);
+        }
         CHECK(be->kv_append(be, qd, kc, vc, &md, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
         CHECK(be->attention(be, od, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode) on %s: %s", be->name, pln_error());
+        if (fkc[0]) {
+            uint8_t *a = pln_xmalloc(cache), *bb = pln_xmalloc(cache);
+            for (int f = 0; f < 2; f++) {
+                int same = 1;
+                be->download(be, a, kc, cache);
+                be->download(be, bb, fkc[f], cache);
+                same &= memcmp(a, bb, cache) == 0;
+                be->download(be, a, vc, cache);
+                be->download(be, bb, fvc[f], cache);
+                same &= memcmp(a, bb, cache) == 0;
+                printf("%-16s %-44s %s\n", "kv fused append", shape, same ? "caches identical  OK" : "caches DIFFER  NOT OK");
+                CHECK(same, "append_attention (splits %d): the K/V caches differ from kv_append's (%s)", f ? 7 : 0, shape);
+                be->free(be, fkc[f]);
+                be->free(be, fvc[f]);
+            }
+            free(a);
+            free(bb);
+        }
         if (b == 1 && !g_self) {
             /* the decode step with the flash-decoding kernel's split count forced (1, 2, 3, 7 and
              * more splits than keys: empty splits), with the split-key kernel (-1), and the prefill
@@ -591,7 +631,11 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
         snprintf(what, sizeof what, splitcase[k] < 0 ? "attn decode/split-key" : "attn decode/splits=%d", splitcase[k]);
         report(what, shape, got_x[k], want_d, nd, 5e-3);
     }
+    if (!g_self) report("attn decode/fused append", shape, got_fa[0], want_d, nd, 5e-3);
+    if (!g_self) report("attn decode/fused splits=7", shape, got_fa[1], want_d, nd, 5e-3);
     for (int k = 0; k < NSPLITCASE; k++) free(got_x[k]);
+    free(got_fa[0]);
+    free(got_fa[1]);
     free(got_f);
     free(got_t);
     free(got_g);
