@@ -782,6 +782,8 @@ int main(int argc, char **argv)
     test_embed(37, 13, 3, 4);                         /* H not a multiple of 8: element path */
     test_layernorm(3, 64);
     test_layernorm(5, 13);
+    test_layernorm(2, 16360);                         /* register path, 2 vectors per thread (gamma, beta prefetched) */
+    test_layernorm(2, 24000);                         /* register path, 4 vectors per thread */
     test_layernorm(2, 40000);                         /* too long for the register path */
     /* T: 1 and odd 7 (8-token GEMV), 9 and 16 (16-token GEMV), 17 (the first GEMM), 40 (a
      * partial 64-token tile), 130 (three tiles of the int8 GEMM, the last partial) */
