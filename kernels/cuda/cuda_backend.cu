@@ -73,6 +73,15 @@ extern "C" int pln_cuda_set_attn_splits(pln_backend *be, int splits)
     return old;
 }
 
+extern "C" int pln_cuda_set_gemv_splits(pln_backend *be, int splits)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    int old = c->gemv_splits;
+    c->gemv_splits = splits > 0 ? splits : 0;
+    return old;
+}
+
 static bool capturing(pln_cuda_ctx *c)
 {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
