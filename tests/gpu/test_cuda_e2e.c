@@ -3,7 +3,9 @@
  * HF generate identical, the four prompts batched (prefills and decodes of different lengths in
  * one step, so decode attention runs at several positions at once), int8 and int4 (groups of 32)
  * sets against the CPU engine on the same set, and decode steps replayed as CUDA graphs against
- * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures.
+ * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures. On the
+ * CPU harness also the launch budget: kernels per layer of one decode step, from the launch log
+ * (`--launches DIR`: only that, on a bloom-4h set, for tests/gpu/e2e_cuda_tp.sh at TP 2).
  *
  *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`)
  *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda"
