@@ -166,7 +166,7 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
     }
     __syncthreads();
     const int kspl = gridDim.y;
-    float *mine = part + ((int64_t)blockIdx.x * kspl + blockIdx.y) * 16 * NT;
+    float *mine = kspl > 1 ? part + ((int64_t)blockIdx.x * kspl + blockIdx.y) * 16 * NT : nullptr;
     for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
         int t = i / 16, r = i % 16;           /* consecutive threads: consecutive rows */
         int64_t row = row0 + r;
