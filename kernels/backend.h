@@ -155,6 +155,13 @@ struct pln_backend {
      * allocated. */
     int (*set_kv_dtype)(pln_backend *be, pln_dtype dt);
 
+    /* ---- optional: kv_append and attention as one op (NULL: the model runs the two) ----
+     * The same results as kv_append then attention with the same arguments; a backend may fuse
+     * them (the CUDA decode kernel writes each token's k and v while it attends). */
+    int (*append_attention)(pln_backend *be, void *out, const void *qkv, void *k_cache, void *v_cache,
+                            const pln_attn_meta *m, const float *slopes, int32_t n_head_local,
+                            int32_t head_dim);
+
     void (*destroy)(pln_backend *be);
 };
 

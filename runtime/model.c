@@ -213,9 +213,14 @@ static int enqueue_step(pln_model *m, pln_kvcache *kv, const pln_attn_meta *meta
     for (int64_t i = 0; i < m->cfg.n_layer; i++) {
         const pln_layer *L = &m->layers[i];
         OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, false));
-        OP(be->kv_append(be, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->n_head_local, m->head_dim));
-        OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->slopes,
-                         m->n_head_local, m->head_dim));
+        if (be->append_attention)   /* fused where the backend can (one launch on CUDA decode steps) */
+            OP(be->append_attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->slopes,
+                                    m->n_head_local, m->head_dim));
+        else {
+            OP(be->kv_append(be, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->n_head_local, m->head_dim));
+            OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->slopes,
+                             m->n_head_local, m->head_dim));
+        }
         OP(be->linear(be, m->y, m->attn, &L->dense, NULL, T, false));
         ALLREDUCE(m->y);
         OP(be->residual_layernorm(be, m->x, m->y, L->dense_b, L->ln2_g, L->ln2_b, m->ln, T, H, eps));

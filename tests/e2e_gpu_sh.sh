@@ -37,7 +37,10 @@ fi
 FAKE='echo "stage $0: $*"; env | grep -E "^(NCCL_SOCKET_IFNAME|NCCL_IB_DISABLE|OMPI_MCA_btl_tcp_if_include)=" | sort
 case $0 in
   test-gpu) echo "total: 7 passed, ${FAKE_FAILED:-0} failed"; echo "1 passed" > "$PLN_TEST_GPU_LOGS/test_x.log";;
-  bench) echo "RESULT decode_fp16_b1_ms_step 12.5 ms"; echo "RESULT copy_gbs 4100 GB/s";;
+  bench) echo "RESULT decode_fp16_b1_ms_step 12.5 ms"; echo "RESULT copy_gbs 4100 GB/s"
+    echo "RESULT op_query_key_value_fp16_b1_us 40 us"; echo "RESULT op_query_key_value_fp16_b1_gbs 3850 GB/s"
+    echo "RESULT op_residual+layernorm_fp16_b1_us 5 us"; echo "RESULT op_residual+layernorm_fp16_b1_gbs 40 GB/s"
+    echo "RESULT decode_int8_b1_ms_step 7 ms"; echo "RESULT op_query_key_value_int8_b1_us 20 us";;
   sanitizer-memcheck) echo "========= ERROR SUMMARY: 0 errors";;
   sanitizer-racecheck) echo "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)"; exit 99;;
 esac'
@@ -52,6 +55,19 @@ check "test mode: test counts in results.txt" grep -qx 'test_gpu_passed 7 tests'
 check "test mode: bench figures in results.txt" grep -qx 'decode_fp16_b1_ms_step 12.5 ms' "$TMP/fake/results.txt"
 check "test mode: and in the table" grep -Eq '^fp16 +1 +12\.50 ' "$TMP/fake/table.txt"
 check "test mode: copy ceiling in the table" grep -q 'device copy 4100 GB/s' "$TMP/fake/table.txt"
+# the per-kernel breakdown: us/call x calls per step (70 per linear, 140 residual + LayerNorm),
+# GB/s and the share of the step (40 us x 70 = 2.8 ms = 22.4 % of 12.5 ms); int8 falls back to
+# fp16's figure for the kernels it shares (marked *); classes without figures print dashes
+check "test mode: breakdown row for the QKV GEMV" \
+  grep -Eq '^  query_key_value +40\.0 +70 +2\.800 +3850 +22\.4$' "$TMP/fake/table.txt"
+check "test mode: breakdown row for residual + LayerNorm (140 calls)" \
+  grep -Eq '^  residual\+layernorm +5\.0 +140 +0\.700 +40 +5\.6$' "$TMP/fake/table.txt"
+check "test mode: breakdown sum and remainder" \
+  sh -c "grep -Eq '^  sum of kernels +3\.500 +28\.0$' '$TMP/fake/table.txt' && grep -Eq '^  step - sum +9\.000$' '$TMP/fake/table.txt'"
+check "test mode: a class without figures prints dashes" grep -Eq '^  dense +- +70 +- +- +-$' "$TMP/fake/table.txt"
+check "test mode: int8 uses fp16's figure for a shared kernel, marked" \
+  grep -Eq '^  residual\+layernorm\* +5\.0 +140 +0\.700 +40 +10\.0$' "$TMP/fake/table.txt"
+check "test mode: int8's own figure where it has one" grep -Eq '^  query_key_value +20\.0 +70 +1\.400 +0 +20\.0$' "$TMP/fake/table.txt"
 check "test mode: racecheck's hazards counted" grep -qx 'sanitizer_racecheck_errors 2 -' "$TMP/fake/results.txt"
 check "test mode: racecheck's exit recorded" grep -qx 'sanitizer_racecheck_exit 99 -' "$TMP/fake/results.txt"
 mkdir -p "$TMP/fake/x" && tar -C "$TMP/fake/x" -xzf "$TMP/fake/logs.tar.gz"

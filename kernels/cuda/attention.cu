@@ -1,6 +1,7 @@
-/* attention.cu — split-key attention (one block per token, head and key chunk) and the merge
- * of the chunks' partial softmax states. See attention.cuh. */
+/* attention.cu — paged flash-decoding for decode steps; split-key attention (one block per token,
+ * head and key chunk) and the merge of the chunks' partial softmax states. See attention.cuh. */
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/kv_append.cuh"
 
 #define ATTN_THREADS 128
 
@@ -212,6 +213,220 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
     }
 }
 
+/* ---- paged flash-decoding (decode steps) ---------------------------------------------------
+ * One block of 128 threads per (token t0 + blockIdx.x, head, key split). A group of G lanes (G a
+ * power of two >= D / 8) owns one key row at a time: each lane holds 8 dimensions of q in
+ * registers and loads 16 bytes of the K and the V row (128-bit loads, a warp request covers
+ * whole rows); the group's dot product meets by shuffles, and each group runs its own online
+ * softmax over keys g, g + NG, ... of the split, two keys per step (four 16-byte loads in flight
+ * per lane). The split's block-table entries are staged in shared memory once (one global load
+ * per KV block). The groups' states meet in shared memory; with one split the block writes the
+ * output, else its state goes to scratch and the last block of the (token, head) to arrive (an
+ * arrival counter that it resets) merges every split's state: no second launch. */
+#define DEC_THREADS 128
+
+__device__ __forceinline__ void dec_load(pln_h8 &k, pln_h8 &v, bool ok, __half *kc, __half *vc, const int *sbt,
+                                         int j, int jb0, int bs_shift, int nh, int h, int D, int part,
+                                         const __half *knew, int append_pos)
+{
+    if (ok) {
+        const int blk = sbt[(j >> bs_shift) - jb0];
+        const int64_t off = (((int64_t)blk * nh + h) * (1 << bs_shift) + (j & ((1 << bs_shift) - 1))) * D + part * 8;
+        if (j == append_pos) {   /* fused kv_append: the token's own key and value, from qkv into the cache */
+            k = *(const pln_h8 *)knew;
+            v = *(const pln_h8 *)(knew + D);
+            *(pln_h8 *)(kc + off) = k;
+            *(pln_h8 *)(vc + off) = v;
+        } else {
+            k = *(const pln_h8 *)(kc + off);
+            v = *(const pln_h8 *)(vc + off);
+        }
+    } else {
+        k.u = make_uint4(0, 0, 0, 0);
+        v.u = k.u;
+    }
+}
+
+/* pm/ps [tokens, nh, nsplit], pacc [tokens, nh, nsplit, D] for the launch's tokens (local index
+ * blockIdx.x); cnt [tokens, nh] zero at entry and at exit. keys_per_split keys per split; the
+ * dynamic shared memory holds the split's block-table entries (keys_per_split / bs + 2 ints). */
+template <int G>
+__global__ void __launch_bounds__(DEC_THREADS)
+attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt, const __half *qkv,
+                   __half *kc, __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
+                   const int32_t *block_table, int bs_shift, int max_blocks, const float *slopes, int nh, int D,
+                   int nsplit, int keys_per_split, int t0, int append)
+{
+    constexpr int NG = DEC_THREADS / G;
+    PLN_DYNAMIC_SHARED(int, sbt);
+    __shared__ float gm[NG], gl[NG];
+    __shared__ float gacc[NG * 8 * G];   /* D <= 8 G */
+    __shared__ bool last;
+    const int t = t0 + (int)blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    const int g = threadIdx.x / G, part = threadIdx.x % G;
+    const int seq = tok_seq[t], pos = tok_pos[t];
+    const int j0 = sp * keys_per_split, j1 = min(j0 + keys_per_split, pos + 1);
+    const int nk = max(j1 - j0, 0);
+    const bool lane_on = part * 8 < D;
+    const int32_t *bt = block_table + (int64_t)seq * max_blocks;
+    const int jb0 = j0 >> bs_shift;
+    if (nk > 0)
+        for (int b = threadIdx.x; b <= ((j1 - 1) >> bs_shift) - jb0; b += DEC_THREADS) sbt[b] = bt[jb0 + b];
+    float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const float slope = slopes[h];
+    const __half *qrow = qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3) * D + part * 8;
+    const __half *knew = qrow + D;   /* this token's k (then v) */
+    const int append_pos = append ? pos : -1;
+    if (lane_on) {
+        pln_h8 qv = *(const pln_h8 *)qrow;
+        pln_h8_to_f(qv, q);
+        const float inv_norm = rsqrtf((float)D);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] *= inv_norm;
+    }
+    __syncthreads();   /* sbt */
+
+    float m = -INFINITY, l = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const int steps = (nk + 2 * NG - 1) / (2 * NG);   /* the same for every lane: shuffles stay convergent */
+    for (int it = 0; it < steps; it++) {
+        const int ja = j0 + g + 2 * NG * it, jb = ja + NG;
+        const bool oka = ja < j1, okb = jb < j1;
+        pln_h8 ka, va, kb, vb;
+        dec_load(ka, va, oka && lane_on, kc, vc, sbt, ja, jb0, bs_shift, nh, h, D, part, knew, append_pos);
+        dec_load(kb, vb, okb && lane_on, kc, vc, sbt, jb, jb0, bs_shift, nh, h, D, part, knew, append_pos);
+        float kf[8], sa = 0.0f, sb = 0.0f;
+        pln_h8_to_f(ka, kf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sa += q[i] * kf[i];
+        pln_h8_to_f(kb, kf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sb += q[i] * kf[i];
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) {
+            sa += __shfl_xor_sync(0xffffffffu, sa, o);
+            sb += __shfl_xor_sync(0xffffffffu, sb, o);
+        }
+        sa = oka ? sa + slope * (float)ja : -INFINITY;
+        sb = okb ? sb + slope * (float)jb : -INFINITY;
+        const float mn = fmaxf(m, fmaxf(sa, sb));
+        if (mn == -INFINITY) continue;   /* group-uniform: no key of this group yet */
+        const float corr = __expf(m - mn), pa = __expf(sa - mn), pb = __expf(sb - mn);
+        l = l * corr + pa + pb;
+        m = mn;
+        float vfa[8], vfb[8];
+        pln_h8_to_f(va, vfa);
+        pln_h8_to_f(vb, vfb);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] * corr + pa * vfa[i] + pb * vfb[i];
+    }
+    /* the groups' states meet: M = max of the group maxima, every state rescaled to it */
+    if (part == 0) { gm[g] = m; gl[g] = l; }
+    if (lane_on) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) gacc[g * D + part * 8 + i] = acc[i];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < NG; k++) M = fmaxf(M, gm[k]);
+    const int64_t pidx = ((int64_t)blockIdx.x * nh + h) * nsplit + sp;
+    const int64_t oidx = (int64_t)t * nh * D + (int64_t)h * D;
+    float L = 0.0f;
+    for (int k = 0; k < NG; k++) L += gm[k] == -INFINITY ? 0.0f : gl[k] * __expf(gm[k] - M);
+    for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
+        float v = 0.0f;
+        for (int k = 0; k < NG; k++) v += gm[k] == -INFINITY ? 0.0f : gacc[k * D + d] * __expf(gm[k] - M);
+        if (nsplit == 1) out[oidx + d] = __float2half_rn(v / L);
+        else pacc[pidx * D + d] = v;
+    }
+    if (nsplit == 1) return;
+    if (threadIdx.x == 0) { pm[pidx] = M; ps[pidx] = L; }
+    /* publish this split's state, then count it in; the last to arrive merges */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = cnt + (int64_t)blockIdx.x * nh + h;
+        last = atomicAdd(c, 1u) == (unsigned)nsplit - 1;
+        if (last) atomicExch(c, 0u);   /* zero again for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int64_t base = ((int64_t)blockIdx.x * nh + h) * nsplit;
+    pln_softmax_state st = {-INFINITY, 0.0f};
+    for (int k = 0; k < nsplit; k++) {
+        pln_softmax_state b = {__ldcg(pm + base + k), __ldcg(ps + base + k)};
+        st = pln_softmax_merge(st, b);
+    }
+    for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
+        float v = 0.0f;
+        for (int k = 0; k < nsplit; k++) {
+            const float mk = __ldcg(pm + base + k);
+            if (mk != -INFINITY) v += __ldcg(pacc + (base + k) * D + d) * __expf(mk - st.m);
+        }
+        out[oidx + d] = __float2half_rn(v / st.s);
+    }
+}
+
+/* The flash-decoding launch (see attn_decode_kernel): splits from c->attn_splits or sized to fill
+ * the SMs twice over with at least DEC_MIN_KEYS keys each, bounded by the scratch. Returns 1 when
+ * the shape is not one it serves (the caller runs the split-key kernel), 0 done, -1 error. */
+#define DEC_MIN_KEYS 32
+static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache, const void *v_cache,
+                       const pln_attn_meta *m, const float *slopes, int nh, int D, bool append)
+{
+    const int T = m->n_tokens, bs = m->block_size;
+    if (c->attn_splits < 0 || bs <= 0 || (bs & (bs - 1)) != 0) return 1;
+    if (c->attn_splits == 0 && T > 2 * m->n_seqs) return 1;   /* prefill-shaped: the split-key kernel */
+    if (append && T != m->n_seqs) return 1;   /* fused append: one token per sequence only */
+    int G = 1;
+    while (G * 8 < D) G *= 2;
+    if (G < 2) G = 2;
+    int bs_shift = 0;
+    while ((1 << bs_shift) < bs) bs_shift++;
+    int nsplit = c->attn_splits;
+    if (nsplit <= 0) {
+        const int by_sm = pln_cdiv(2 * (int64_t)(c->sm_count > 0 ? c->sm_count : 1), (int64_t)T * nh);
+        nsplit = min(by_sm, pln_cdiv(m->max_pos, DEC_MIN_KEYS));
+    }
+    nsplit = max(1, min(nsplit, 65535));
+    const size_t per_split = (size_t)T * nh * (2 + (size_t)D) * sizeof(float);
+    const size_t cap = c->attn_scratch ? c->attn_scratch : PLN_ATTN_SCRATCH;
+    if (nsplit > 1 && (size_t)nsplit * per_split > cap) nsplit = cap / per_split > 1 ? (int)(cap / per_split) : 1;
+    int kps = pln_cdiv(m->max_pos, nsplit);
+    /* the split's block-table entries in shared memory: at most 8192 (32 KB); longer splits are split more */
+    if (kps / bs + 2 > 8192) {
+        nsplit = pln_cdiv(m->max_pos, (int64_t)8190 * bs);
+        kps = pln_cdiv(m->max_pos, nsplit);
+    }
+    const size_t smem = ((size_t)kps / bs + 2) * sizeof(int);
+    float *pm = nullptr, *ps = nullptr, *pacc = nullptr;
+    unsigned *cnt = nullptr;
+    if (nsplit > 1) {
+        const size_t nst = (size_t)T * nh * nsplit;
+        float *w = (float *)pln_cuda_scratch(c, nst * (2 + (size_t)D) * sizeof(float));
+        if (!w) return -1;
+        pm = w; ps = w + nst; pacc = w + 2 * nst;
+        cnt = pln_cuda_attn_counters(c, (size_t)T * nh);
+        if (!cnt) return -1;
+    }
+    dim3 grid((unsigned)T, (unsigned)nh, (unsigned)nsplit);
+#define DEC_LAUNCH(GG)                                                                                              \
+    PLN_LAUNCH(grid, DEC_THREADS, smem, c->stream, attn_decode_kernel<GG>)(                                          \
+        (__half *)out, pm, ps, pacc, cnt, (const __half *)qkv, (__half *)k_cache, (__half *)v_cache,                \
+        m->tok_seq, m->tok_pos, m->block_table, bs_shift, m->max_blocks, slopes, nh, D, nsplit, kps, 0, append ? 1 : 0)
+    switch (G) {
+    case 2: DEC_LAUNCH(2); break;
+    case 4: DEC_LAUNCH(4); break;
+    case 8: DEC_LAUNCH(8); break;
+    case 16: DEC_LAUNCH(16); break;
+    default: DEC_LAUNCH(32); break;
+    }
+#undef DEC_LAUNCH
+    cudaCheckLaunch();
+    return 0;
+}
+
 int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache,
                        const void *v_cache, const pln_attn_meta *m, const float *slopes,
                        int32_t n_head_local, int32_t head_dim)
@@ -223,6 +438,8 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     if (((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)
         return pln_errorf("attention: qkv and the KV cache must be 16-byte aligned");
     if (m->max_pos <= 0) return pln_errorf("attention: max_pos %d must be positive", m->max_pos);
+    const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, nh, D, false);
+    if (dec <= 0) return dec;
     /* Prefill-heavy steps (on average 4+ tokens per sequence) on the query-tiled kernel when
      * enabled; decode and mixed steps on the split-key kernel. */
     if (c->attn_tiled && (D == 8 || D == 16 || D == 32 || D == 64 || D == 128) && T >= 4 * m->n_seqs) {
@@ -275,4 +492,18 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         }
     }
     return 0;
+}
+
+int pln_cuda_append_attention(pln_cuda_ctx *c, void *out, const void *qkv, void *k_cache, void *v_cache,
+                              const pln_attn_meta *m, const float *slopes, int32_t n_head_local,
+                              int32_t head_dim)
+{
+    const int D = head_dim;
+    if (m->n_tokens > 0 && D % 8 == 0 && D > 0 && D <= 256 && m->max_pos > 0 &&
+        !(((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
+        const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, D, true);
+        if (dec <= 0) return dec;
+    }
+    if (pln_cuda_kv_append(c, qkv, k_cache, v_cache, m, n_head_local, head_dim)) return -1;
+    return pln_cuda_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
 }

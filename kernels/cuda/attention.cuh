@@ -4,6 +4,10 @@
  * PLN_ATTN_CHUNK keys (flash-decoding), so long contexts fill the GPU; the partial states are merged
  * with pln_softmax_merge. Scores exist only per chunk in shared memory: the full score matrix of
  * a long prompt is never materialized. head_dim must be a multiple of 8, at most 256.
+ * Decode steps (at most two tokens per sequence, power-of-two block sizes) run paged
+ * flash-decoding instead: a lane group per key row with 16-byte loads, online softmax per group,
+ * splits sized to fill the SMs and merged by the last block to finish (one launch; ctx->attn_splits
+ * forces or disables it).
  * Optionally (ctx->attn_tiled), prefill-heavy steps run a query-tiled kernel instead, where 16
  * consecutive tokens of a sequence share each K/V chunk staged in shared memory (head_dim 8, 16,
  * 32, 64 or 128). */
@@ -20,5 +24,12 @@
 int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *k_cache,
                        const void *v_cache, const pln_attn_meta *m, const float *slopes,
                        int32_t n_head_local, int32_t head_dim);
+
+/* kv_append then attention (backend.h append_attention): on decode steps with one token per
+ * sequence and the flash-decoding kernel, one launch that takes each token's own key and value
+ * from qkv and writes them to the cache as it goes; otherwise the two ops. */
+int pln_cuda_append_attention(pln_cuda_ctx *c, void *out, const void *qkv, void *k_cache, void *v_cache,
+                              const pln_attn_meta *m, const float *slopes, int32_t n_head_local,
+                              int32_t head_dim);
 
 #endif

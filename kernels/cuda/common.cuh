@@ -97,7 +97,7 @@ static inline int pln_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b)
 typedef enum { PLN_LINEAR_AUTO = 0, PLN_LINEAR_GEMV = 1, PLN_LINEAR_GEMM = 2, PLN_LINEAR_NAIVE = 3 } pln_linear_path;
 
 /* What every host launcher needs: the stream, the cuBLASLt handle and workspace, and one
- * growable device scratch buffer (attention partials, top-k candidates). Owned by the backend. */
+ * growable device scratch buffer (attention partials, GEMV split-k partials, top-k candidates). Owned by the backend. */
 typedef struct pln_cuda_ctx {
     int device;
     int sm_count;
@@ -112,6 +112,10 @@ typedef struct pln_cuda_ctx {
     bool gelu_epilogue;          /* false: cuBLASLt adds the bias only and GeLU runs as its own pass */
     bool attn_tiled;             /* prefill-heavy steps on the query-tiled attention kernel */
     size_t attn_scratch;         /* bound on split-key partial states per launch (0: PLN_ATTN_SCRATCH) */
+    int attn_splits;             /* flash-decoding kernel: 0 auto, > 0 forced on with that many splits, < 0 off */
+    int gemv_splits;             /* GEMV split-k: 0 auto (fill the SMs), n > 0 forced (tests) */
+    unsigned *attn_count;        /* arrival counters (flash-decoding merge, GEMV split-k), zero at rest */
+    size_t attn_count_n;
     uint64_t epoch;              /* bumped whenever scratch moves: graphs recorded before are stale */
     void *host_pinned;           /* small pinned buffer for top-k results */
     size_t host_pinned_size;
@@ -121,6 +125,9 @@ typedef struct pln_cuda_ctx {
  * from a CUDA graph must have run once uncaptured first). NULL + error on failure. */
 void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n);
 void *pln_cuda_host_pinned(pln_cuda_ctx *c, size_t n);
+/* At least n zeroed counters (ctx->attn_count; each user leaves them zero again), grown like the
+ * scratch: outside stream capture, bumping the epoch. NULL + error on failure. */
+unsigned *pln_cuda_attn_counters(pln_cuda_ctx *c, size_t n);
 /* The context of a cuda backend, or NULL with an error. */
 pln_cuda_ctx *pln_cuda_ctx_of(pln_backend *be);
 

@@ -64,6 +64,24 @@ extern "C" long long pln_cuda_set_attn_scratch(pln_backend *be, long long bytes)
     return old;
 }
 
+extern "C" int pln_cuda_set_attn_splits(pln_backend *be, int splits)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1000000;
+    int old = c->attn_splits;
+    c->attn_splits = splits;
+    return old;
+}
+
+extern "C" int pln_cuda_set_gemv_splits(pln_backend *be, int splits)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    int old = c->gemv_splits;
+    c->gemv_splits = splits > 0 ? splits : 0;
+    return old;
+}
+
 static bool capturing(pln_cuda_ctx *c)
 {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -88,6 +106,30 @@ void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n)
     c->scratch_size = want;
     c->epoch++;
     return p;
+}
+
+unsigned *pln_cuda_attn_counters(pln_cuda_ctx *c, size_t n)
+{
+    if (n <= c->attn_count_n) return c->attn_count;
+    if (capturing(c)) {
+        pln_errorf("cuda attention counters: %zu needed during graph capture (have %zu). HINT: run the step once "
+                   "uncaptured before capturing it", n, c->attn_count_n);
+        return NULL;
+    }
+    size_t want = n + n / 4 + 64;
+    void *p = NULL;
+    if (pln_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __FILE__, __LINE__)) return NULL;
+    if (pln_cuda_check(cudaMalloc(&p, want * sizeof(unsigned)), "cudaMalloc(attention counters)", __FILE__, __LINE__))
+        return NULL;
+    if (pln_cuda_check(cudaMemset(p, 0, want * sizeof(unsigned)), "cudaMemset(attention counters)", __FILE__, __LINE__)) {
+        cudaFree(p);
+        return NULL;
+    }
+    if (c->attn_count) cudaFree(c->attn_count);
+    c->attn_count = (unsigned *)p;
+    c->attn_count_n = want;
+    c->epoch++;
+    return c->attn_count;
 }
 
 void *pln_cuda_host_pinned(pln_cuda_ctx *c, size_t n)
@@ -225,6 +267,13 @@ static int cu_attention(pln_backend *be, void *out, const void *qkv, const void 
     return pln_cuda_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
 }
 
+static int cu_append_attention(pln_backend *be, void *out, const void *qkv, void *k_cache, void *v_cache,
+                               const pln_attn_meta *m, const float *slopes, int32_t n_head_local, int32_t head_dim)
+{
+    CTX(be);
+    return pln_cuda_append_attention(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, head_dim);
+}
+
 static int cu_gather_rows(pln_backend *be, void *out, const void *in, const int32_t *rows, int32_t n, int64_t H)
 {
     CTX(be);
@@ -261,6 +310,7 @@ static void cu_destroy(pln_backend *be)
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->lt_ws) cudaFree(c->lt_ws);
         if (c->scratch) cudaFree(c->scratch);
+        if (c->attn_count) cudaFree(c->attn_count);
         if (c->host_pinned) cudaFreeHost(c->host_pinned);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
@@ -309,6 +359,7 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     c->cc_minor = prop.minor;
     c->gelu_epilogue = getenv("PLN_CUDA_NO_GELU_EPILOGUE") == NULL;
     c->attn_tiled = getenv("PLN_CUDA_PREFILL_TILED") && atoi(getenv("PLN_CUDA_PREFILL_TILED")) != 0;
+    c->attn_splits = getenv("PLN_CUDA_ATTN_SPLITS") ? atoi(getenv("PLN_CUDA_ATTN_SPLITS")) : 0;
     c->lt_ws_size = LT_WORKSPACE;
     be->destroy = cu_destroy;
     if (pln_cuda_check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__) ||
@@ -337,6 +388,7 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     be->linear = cu_linear;
     be->kv_append = cu_kv_append;
     be->attention = cu_attention;
+    be->append_attention = cu_append_attention;
     be->gather_rows = cu_gather_rows;
     be->logits = cu_logits;
     be->logit_process = cu_logit_process;

@@ -29,6 +29,18 @@ int pln_cuda_set_prefill_tiled(pln_backend *be, int on);
  * cuda. */
 long long pln_cuda_set_attn_scratch(pln_backend *be, long long bytes);
 
+/* The flash-decoding attention kernel (decode steps, docs/CUDA.md "Attention"): 0 = automatic
+ * (decode-shaped steps, splits sized to fill the SMs), n > 0 = every step on it with n key splits
+ * (for tests of the split edge cases), n < 0 = never (the split-key kernel everywhere).
+ * PLN_CUDA_ATTN_SPLITS sets the start value. Returns the previous value, or -1000000 if be is not
+ * cuda. */
+int pln_cuda_set_attn_splits(pln_backend *be, int splits);
+
+/* The fp16/int8 GEMV's split of k over blocks: 0 = automatic (row tiles under 4 blocks per SM
+ * are split so the grid fills the GPU), n > 0 = n splits (at most one per 32-column step) for
+ * tests. Returns the previous value, or -1 if be is not cuda. */
+int pln_cuda_set_gemv_splits(pln_backend *be, int splits);
+
 /* Fills n elements of dt in device memory with seeded random values (F16/F32 uniform in
  * [lo, hi), I8 uniform in [-127, 127], I32 integers in [lo, hi)), on the backend's stream. */
 int pln_cuda_fill_random(pln_backend *be, void *p, size_t n, pln_dtype dt, float lo, float hi, uint64_t seed);

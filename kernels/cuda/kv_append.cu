@@ -1,25 +1,33 @@
-/* kv_append.cu — one block per (token, head): copies k and v rows into the token's cache slot
- * (block_table[seq][pos / block_size], row pos % block_size). q stays in the qkv buffer, where
- * attention reads it. */
+/* kv_append.cu — one block of KV_THREADS per token, covering all of the rank's heads: copies k
+ * and v rows into the token's cache slot (block_table[seq][pos / block_size], row
+ * pos % block_size). q stays in the qkv buffer, where attention reads it. Decode steps fuse this
+ * into the flash-decoding attention kernel (attention.cu); this serves prefill and mixed steps.
+ * (One 32-thread block per head, as before, capped an SM at 32 blocks: half its threads.) */
 #include "kernels/cuda/kv_append.cuh"
 
-__global__ void kv_append_kernel(const __half *qkv, __half *kc, __half *vc, const int32_t *tok_seq,
-                                 const int32_t *tok_pos, const int32_t *block_table, int block_size,
-                                 int max_blocks, int nh, int D, bool vec)
+#define KV_THREADS 128
+
+__global__ void __launch_bounds__(KV_THREADS)
+kv_append_kernel(const __half *qkv, __half *kc, __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
+                 const int32_t *block_table, int block_size, int max_blocks, int nh, int D, bool vec)
 {
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int t = blockIdx.x;
     const int seq = tok_seq[t], pos = tok_pos[t];
     const int blk = block_table[(int64_t)seq * max_blocks + pos / block_size];
-    const int64_t dst = (((int64_t)blk * nh + h) * block_size + pos % block_size) * D;
-    const __half *k = qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3 + 1) * D;
-    const __half *v = k + D;
-    if (vec) {
-        for (int i = threadIdx.x; i < D / 8; i += blockDim.x) {
-            ((int4 *)(kc + dst))[i] = ((const int4 *)k)[i];
-            ((int4 *)(vc + dst))[i] = ((const int4 *)v)[i];
+    const int64_t slot = (int64_t)blk * nh * block_size + pos % block_size;   /* head h: (slot + h * bs) * D */
+    const int per = vec ? D / 8 : D;   /* pieces per head row */
+    for (int i = threadIdx.x; i < nh * per; i += KV_THREADS) {
+        const int h = i / per, c = i % per;
+        const int64_t dst = (slot + (int64_t)h * block_size) * D;
+        const __half *k = qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3 + 1) * D;
+        const __half *v = k + D;
+        if (vec) {
+            ((int4 *)(kc + dst))[c] = ((const int4 *)k)[c];
+            ((int4 *)(vc + dst))[c] = ((const int4 *)v)[c];
+        } else {
+            kc[dst + c] = k[c];
+            vc[dst + c] = v[c];
         }
-    } else {
-        for (int i = threadIdx.x; i < D; i += blockDim.x) { kc[dst + i] = k[i]; vc[dst + i] = v[i]; }
     }
 }
 
@@ -32,10 +40,9 @@ int pln_cuda_kv_append(pln_cuda_ctx *c, const void *qkv, void *k_cache, void *v_
                           m->block_size, head_dim, n_head_local);
     bool vec = head_dim % 8 == 0 && ((uintptr_t)qkv & 15) == 0 && ((uintptr_t)k_cache & 15) == 0 &&
                ((uintptr_t)v_cache & 15) == 0;
-    dim3 grid((unsigned)m->n_tokens, (unsigned)n_head_local);
-    PLN_LAUNCH(grid, 32, 0, c->stream, kv_append_kernel)((const __half *)qkv, (__half *)k_cache, (__half *)v_cache,
-                                                 m->tok_seq, m->tok_pos, m->block_table, m->block_size,
-                                                 m->max_blocks, n_head_local, head_dim, vec);
+    PLN_LAUNCH(dim3((unsigned)m->n_tokens), KV_THREADS, 0, c->stream, kv_append_kernel)(
+        (const __half *)qkv, (__half *)k_cache, (__half *)v_cache, m->tok_seq, m->tok_pos, m->block_table,
+        m->block_size, m->max_blocks, n_head_local, head_dim, vec);
     cudaCheckLaunch();
     return 0;
 }

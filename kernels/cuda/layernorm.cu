@@ -83,7 +83,8 @@ residual_ln_kernel(__half *x, const __half *y, const __half *bias, const __half 
 
 /* The fast path: the whole row held in registers (V 16-byte vectors per thread, up to 1024
  * threads, so H <= 32768), read once from global memory: one pass instead of three, which
- * matters at decode where one row is one block and the kernel is latency bound. */
+ * matters at decode where one row is one block and the kernel is latency bound; gamma and beta
+ * are loaded before the reductions (V <= 2: BLOOM-176B's 14336 is V = 2). */
 template <int V>
 __global__ void __launch_bounds__(1024)
 residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __half *gamma,
@@ -92,6 +93,18 @@ residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __h
     __shared__ float scratch[32];
     const int64_t r = blockIdx.x;
     const int64_t nv = H / 8;
+    /* gamma and beta are issued first (for V <= 2; V = 4 has no registers to spare under the
+     * 1024-thread budget of 64), so their latency hides behind the row loads and the reductions
+     * instead of following them */
+    constexpr bool PF = V <= 2;
+    pln_h8 gq[PF ? V : 1], bq[PF ? V : 1];
+    if (PF) {
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            const int64_t v = threadIdx.x + (int64_t)u * blockDim.x;
+            if (v < nv) { gq[u] = ((const pln_h8 *)gamma)[v]; bq[u] = ((const pln_h8 *)beta)[v]; }
+        }
+    }
     float a[V][8];
     float s = 0.0f;
 #pragma unroll
@@ -124,8 +137,8 @@ residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __h
         const int64_t v = threadIdx.x + (int64_t)u * blockDim.x;
         if (v < nv) {
             float gm[8], bt[8];
-            pln_h8_to_f(((const pln_h8 *)gamma)[v], gm);
-            pln_h8_to_f(((const pln_h8 *)beta)[v], bt);
+            pln_h8_to_f(PF ? gq[PF ? u : 0] : ((const pln_h8 *)gamma)[v], gm);
+            pln_h8_to_f(PF ? bq[PF ? u : 0] : ((const pln_h8 *)beta)[v], bt);
 #pragma unroll
             for (int j = 0; j < 8; j++) a[u][j] = (a[u][j] - mean) * rstd * gm[j] + bt[j];
             ((pln_h8 *)(out + r * H))[v] = pln_f_to_h8(a[u]);

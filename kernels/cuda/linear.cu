@@ -23,48 +23,48 @@ __device__ __forceinline__ void epilogue(OT *out, int64_t N, int t, int64_t row,
 }
 
 /* ---- GEMV: T <= NT tokens, 16 weight rows per block, 4 warps splitting k --------------------
- * A k-step is 32 columns (fp16: 16 bytes per lane per row) or 64 (int8: 16 int8 per lane).
- * Each lane keeps U steps of rows g and g+8 in flight before the first mma. */
+ * A k-step is 32 columns (fp16: 16 bytes per lane per row) or 64 (int8: 16 int8 per lane). A
+ * batch is GEMV_U steps of rows g and g+8 (8 16-byte loads per lane). Software-pipelined: two
+ * register buffers alternate, the next batch's weight (and group-scale) loads are issued before
+ * this batch's math, so 8 loads stay in flight through the math; each buffer feeds its own set of
+ * accumulators (two independent mma chains), summed at the end. Steps past the end are
+ * predicated off (no load, no mma), never a break, so the activation loads can be scheduled early. */
 #define GEMV_WARPS 4
 #define GEMV_U 4
 
-template <bool I8, bool GROUPED, int NT, typename OT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__restrict__ Wv,
-            const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-            int64_t N, int64_t K, int gelu, int64_t n_valid)
+template <bool I8, bool GROUPED>
+__device__ __forceinline__ void gemv_load(int4 (&wa)[GEMV_U], int4 (&wb)[GEMV_U], __half2 (&sa)[GEMV_U],
+                                          __half2 (&sb)[GEMV_U], int64_t s0, int64_t nsteps, const int4 *pa,
+                                          const int4 *pb, bool va, bool vb, const __half *scale, int64_t ra,
+                                          int64_t rb, int64_t sgroups, int64_t G, int q)
 {
-    constexpr int KS = I8 ? 64 : 32;            /* columns per warp step */
-    constexpr int NTILES = NT / 8;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g, rb = row0 + g + 8;
-    const bool va = ra < N, vb = rb < N;
-    const char *W = (const char *)Wv;
-    const int64_t rowbytes = I8 ? K : K * 2;
-    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
-    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
-    const int64_t nsteps = K / KS;
-    const int64_t sgroups = GROUPED ? K / G : 1;
-
-    float acc[NTILES][4];
+    constexpr int KS = I8 ? 64 : 32;
 #pragma unroll
-    for (int n = 0; n < NTILES; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-
-    for (int64_t s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * GEMV_U) {
-        int4 wa[GEMV_U], wb[GEMV_U];
-#pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
-            int4 z = make_int4(0, 0, 0, 0);
-            wa[u] = (s < nsteps && va) ? pln_ld_stream(pa + s * 4) : z;
-            wb[u] = (s < nsteps && vb) ? pln_ld_stream(pb + s * 4) : z;
+    for (int u = 0; u < GEMV_U; u++) {
+        const int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+        const int4 z = make_int4(0, 0, 0, 0);
+        wa[u] = (s < nsteps && va) ? pln_ld_stream(pa + s * 4) : z;
+        wb[u] = (s < nsteps && vb) ? pln_ld_stream(pb + s * 4) : z;
+        if (GROUPED) {
+            const int64_t gi = (s * KS + 16 * q) / G;
+            sa[u] = __half2half2(s < nsteps && va ? scale[ra * sgroups + gi] : __float2half(0.0f));
+            sb[u] = __half2half2(s < nsteps && vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
         }
+    }
+}
+
+template <bool I8, bool GROUPED, int NT>
+__device__ __forceinline__ void gemv_math(float (&acc)[NT / 8][4], const int4 (&wa)[GEMV_U],
+                                          const int4 (&wb)[GEMV_U], const __half2 (&sa)[GEMV_U],
+                                          const __half2 (&sb)[GEMV_U], int64_t s0, int64_t nsteps,
+                                          const __half *x, int T, int64_t K, int g, int q)
+{
+    constexpr int KS = I8 ? 64 : 32;
+    constexpr int NTILES = NT / 8;
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            int64_t s = s0 + (int64_t)u * GEMV_WARPS;
-            if (s >= nsteps) break;
+    for (int u = 0; u < GEMV_U; u++) {
+        const int64_t s = s0 + (int64_t)u * GEMV_WARPS;
+        if (s < nsteps) {   /* warp-uniform */
             const int64_t k = s * KS + (I8 ? 16 : 8) * q;   /* this lane's first column */
             const uint32_t *A = (const uint32_t *)&wa[u];
             const uint32_t *B = (const uint32_t *)&wb[u];
@@ -83,12 +83,6 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
                         pln_mma16816(acc[n], A[2 * j], B[2 * j], A[2 * j + 1], B[2 * j + 1],
                                      xv[n][2 * j], xv[n][2 * j + 1]);
             } else {
-                __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
-                if (GROUPED) {
-                    int64_t gi = k / G;
-                    sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
-                    sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
-                }
                 uint32_t xv[NTILES][8];
 #pragma unroll
                 for (int n = 0; n < NTILES; n++) {
@@ -105,8 +99,8 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
                     pln_i8x4_to_h2x2(A[j], alo, ahi);
                     pln_i8x4_to_h2x2(B[j], blo, bhi);
                     if (GROUPED) {
-                        alo = __hmul2(alo, sa); ahi = __hmul2(ahi, sa);
-                        blo = __hmul2(blo, sb); bhi = __hmul2(bhi, sb);
+                        alo = __hmul2(alo, sa[u]); ahi = __hmul2(ahi, sa[u]);
+                        blo = __hmul2(blo, sb[u]); bhi = __hmul2(bhi, sb[u]);
                     }
 #pragma unroll
                     for (int n = 0; n < NTILES; n++)
@@ -116,6 +110,50 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
             }
         }
     }
+}
+
+template <bool I8, bool GROUPED, int NT, typename OT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__restrict__ Wv,
+            const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+            int64_t N, int64_t K, int gelu, int64_t n_valid, float *part, unsigned *cnt, int64_t per)
+{
+    constexpr int KS = I8 ? 64 : 32;            /* columns per warp step */
+    constexpr int NTILES = NT / 8;
+    constexpr int STRIDE = GEMV_WARPS * GEMV_U;  /* steps from one batch of a warp to its next */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    const int64_t ra = row0 + g, rb = row0 + g + 8;
+    const bool va = ra < N, vb = rb < N;
+    const char *W = (const char *)Wv;
+    const int64_t rowbytes = I8 ? K : K * 2;
+    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
+    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
+    /* split-k (gridDim.y > 1): this block's steps [sb, nsteps) of per each */
+    const int64_t sb = (int64_t)blockIdx.y * per;
+    const int64_t nsteps = K / KS < sb + per ? K / KS : sb + per;
+    const int64_t sgroups = GROUPED ? K / G : 1;
+
+    float acc[NTILES][4], acc2[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] = acc2[n][i] = 0.0f;
+
+    int4 wa0[GEMV_U], wb0[GEMV_U], wa1[GEMV_U], wb1[GEMV_U];
+    __half2 sa0[GEMV_U], sb0[GEMV_U], sa1[GEMV_U], sb1[GEMV_U];
+    gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, sb + warp, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+    for (int64_t s0 = sb + warp; s0 < nsteps; s0 += 2 * STRIDE) {
+        gemv_load<I8, GROUPED>(wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+        gemv_math<I8, GROUPED, NT>(acc, wa0, wb0, sa0, sb0, s0, nsteps, x, T, K, g, q);
+        gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, s0 + 2 * STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+        gemv_math<I8, GROUPED, NT>(acc2, wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, x, T, K, g, q);
+    }
+#pragma unroll
+    for (int n = 0; n < NTILES; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] += acc2[n][i];
 
     /* Sum the four warps' k-slices. */
     __shared__ float red[GEMV_WARPS][16][NT + 1];
@@ -127,6 +165,8 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
         red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
     }
     __syncthreads();
+    const int kspl = gridDim.y;
+    float *mine = kspl > 1 ? part + ((int64_t)blockIdx.x * kspl + blockIdx.y) * 16 * NT : nullptr;
     for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
         int t = i / 16, r = i % 16;           /* consecutive threads: consecutive rows */
         int64_t row = row0 + r;
@@ -134,8 +174,41 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < GEMV_WARPS; w++) v += red[w][r][t];
+        if (kspl > 1) { mine[i] = v; continue; }
         float sc = (I8 && !GROUPED) ? __half2float(scale[row]) : 1.0f;
         epilogue(out, N, t, row, v, sc, bias, gelu, n_valid);
+    }
+    if (kspl == 1) return;
+    /* split-k: the last block of this row tile to arrive sums the splits' partials (fp32, in
+     * split order) and runs the epilogue; it leaves the tile's counter zero again */
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = cnt + blockIdx.x;
+        last = atomicAdd(c, 1u) == (unsigned)kspl - 1;
+        if (last) atomicExch(c, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* 16-byte reads (4 rows of one token) through L2; elements no block wrote are never used */
+    const float4 *tile = (const float4 *)(part + (int64_t)blockIdx.x * kspl * 16 * NT);
+    for (int i4 = threadIdx.x; i4 < 4 * NT; i4 += blockDim.x) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int y = 0; y < kspl; y++) {
+            const float4 p = __ldcg(tile + (int64_t)y * 4 * NT + i4);
+            v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+        }
+        const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = 4 * i4 + j, t = i / 16, r = i % 16;
+            const int64_t row = row0 + r;
+            if (t >= T || row >= N) continue;
+            float sc = (I8 && !GROUPED) ? __half2float(scale[row]) : 1.0f;
+            epilogue(out, N, t, row, vv[j], sc, bias, gelu, n_valid);
+        }
     }
 }
 
@@ -597,18 +670,43 @@ static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in,
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
+/* Grids: 16 rows per block; a matrix with fewer row tiles than 4 blocks per SM (QKV of a TP-8
+ * BLOOM-176B rank: 336 on 132 SMs) splits k over gridDim.y blocks (each at least 32 steps, two
+ * pipelined rounds per warp), the last block of a tile reducing (split-k in gemv_kernel). */
+#define GEMV_FILL_PER_SM 4
 template <bool I8, bool GROUPED, typename OT>
-static void launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weight *W, const __half *b,
-                        int T, int gelu, int64_t n_valid)
+static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weight *W, const __half *b,
+                       int T, int gelu, int64_t n_valid)
 {
-    dim3 grid((unsigned)pln_cdiv(W->rows, 16));
+    const int blocks = pln_cdiv(W->rows, 16);
+    const int64_t nsteps = W->cols / (I8 ? 64 : 32);
+    const int64_t target = (int64_t)GEMV_FILL_PER_SM * (c->sm_count > 0 ? c->sm_count : 1);
+    int64_t kspl = 1;
+    if (blocks < target) {
+        kspl = pln_cdiv(target, blocks);
+        const int64_t most = nsteps / (2 * GEMV_WARPS * GEMV_U);
+        if (kspl > most) kspl = most;
+        if (kspl < 1) kspl = 1;
+    }
+    if (c->gemv_splits > 0) kspl = c->gemv_splits < nsteps ? c->gemv_splits : (nsteps > 0 ? nsteps : 1);
+    const int64_t per = pln_cdiv(nsteps, kspl);
+    float *part = nullptr;
+    unsigned *cnt = nullptr;
+    if (kspl > 1) {
+        part = (float *)pln_cuda_scratch(c, (size_t)blocks * kspl * 16 * 16 * sizeof(float));
+        if (!part) return -1;
+        cnt = pln_cuda_attn_counters(c, (size_t)blocks);
+        if (!cnt) return -1;
+    }
+    dim3 grid((unsigned)blocks, (unsigned)kspl);
     const __half *sc = (const __half *)W->scale;
     if (T <= 8)
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 8, OT>)(
-            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
     else
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 16, OT>)(
-            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+    return 0;
 }
 
 /* int4 weights: the GEMV (T <= 16), the GEMM, or the plain kernel (columns not a multiple of
@@ -669,9 +767,10 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
     const int ig = gelu ? 1 : 0;
 
     if (path == PLN_LINEAR_GEMV) {
-        if (!i8) launch_gemv<false, false, OT>(c, out, x, W, b, T, ig, n_valid);
-        else if (grouped) launch_gemv<true, true, OT>(c, out, x, W, b, T, ig, n_valid);
-        else launch_gemv<true, false, OT>(c, out, x, W, b, T, ig, n_valid);
+        int rc = !i8      ? launch_gemv<false, false, OT>(c, out, x, W, b, T, ig, n_valid)
+                 : grouped ? launch_gemv<true, true, OT>(c, out, x, W, b, T, ig, n_valid)
+                           : launch_gemv<true, false, OT>(c, out, x, W, b, T, ig, n_valid);
+        if (rc) return -1;
         cudaCheckLaunch();
         return 0;
     }

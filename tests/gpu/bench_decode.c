@@ -255,8 +255,12 @@ static int forward(model_t *m, state_t *s)
     for (int i = 0; i < NL && !rc; i++) {
         layer_t *L = &m->L[i];
         rc |= be->linear(be, s->qkv, s->ln, &L->qkv, L->b_qkv, T, false);
-        rc |= be->kv_append(be, s->qkv, s->k[i], s->v[i], &s->meta, NHL, HD);
-        rc |= be->attention(be, s->attn, s->qkv, s->k[i], s->v[i], &s->meta, s->slopes, NHL, HD);
+        if (be->append_attention)   /* as runtime/model.c: fused on decode steps */
+            rc |= be->append_attention(be, s->attn, s->qkv, s->k[i], s->v[i], &s->meta, s->slopes, NHL, HD);
+        else {
+            rc |= be->kv_append(be, s->qkv, s->k[i], s->v[i], &s->meta, NHL, HD);
+            rc |= be->attention(be, s->attn, s->qkv, s->k[i], s->v[i], &s->meta, s->slopes, NHL, HD);
+        }
         rc |= be->linear(be, s->y, s->attn, &L->dense, NULL, T, false);
         /* all-reduce(y) here in TP 8 */
         rc |= be->residual_layernorm(be, s->x, s->y, L->b_dense, L->ln2w, L->ln2b, s->ln, T, HID, eps);
@@ -343,7 +347,10 @@ static int do_op(void *arg, int it)
     case 1: return be->linear(be, s->y, s->attn, &L->dense, NULL, s->T, false);
     case 2: return be->linear(be, s->h4, s->ln, &L->h4h, L->b_h4h, s->T, true);
     case 3: return be->linear(be, s->y, s->h4, &L->h4, NULL, s->T, false);
-    case 4: return be->attention(be, s->attn, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, s->slopes, NHL, HD);
+    case 4:   /* the step's attention: with the KV append fused where the backend has it */
+        if (be->append_attention)
+            return be->append_attention(be, s->attn, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, s->slopes, NHL, HD);
+        return be->attention(be, s->attn, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, s->slopes, NHL, HD);
     case 5: return be->residual_layernorm(be, s->x, s->y, L->b_dense, L->ln2w, L->ln2b, s->ln, s->T, HID, 1e-5f);
     case 6: return be->logits(be, s->logits, s->sel, &o->m->emb, s->S, VR);
     case 7: return be->kv_append(be, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, NHL, HD);
@@ -373,7 +380,8 @@ static void per_op(model_t *m, int32_t B, int32_t ctx)
         case 1: bytes = wbytes(&L->dense) + (double)B * (HL + HID) * 2; break;
         case 2: bytes = wbytes(&L->h4h) + (double)B * (HID + FF) * 2; break;
         case 3: bytes = wbytes(&L->h4) + (double)B * (FF + HID) * 2; break;
-        case 4: bytes = (double)B * (ctx + 1) * NHL * HD * 2 * 2 + (double)B * (QKV + HL) * 2; break;
+        case 4: bytes = (double)B * (ctx + 1) * NHL * HD * 2 * 2 + (double)B * (QKV + HL) * 2 +
+                        (be->append_attention ? (double)B * NHL * HD * 2 * 2 : 0); break;   /* + the appended k, v */
         case 5: bytes = (double)B * HID * 2 * 4; break;
         case 6: bytes = wbytes(&m->emb) + (double)B * (HID * 2 + VR * 4); break;
         case 7: bytes = (double)B * NHL * HD * 2 * 2 * 2; break;
@@ -382,6 +390,8 @@ static void per_op(model_t *m, int32_t B, int32_t ctx)
         printf("  op %-20s %s batch %3d: %8.1f us  %7.0f GB/s  (%3.0f%% of copy)\n", names[w], dt, B, ms * 1e3, gbs, 100 * gbs / g_copy_gbs);
         char key[96];
         snprintf(key, sizeof key, "op_%s_%s_b%d_gbs", names[w], dt, B); result(key, gbs, "GB/s");
+        /* the time per call: tools/bench/gpu.sh multiplies it by the calls per decode step */
+        snprintf(key, sizeof key, "op_%s_%s_b%d_us", names[w], dt, B); result(key, ms * 1e3, "us");
     }
     /* GEMV against cuBLASLt / the int8 GEMM for the biggest matrix, T = 1..16 */
     if (B == 1) {

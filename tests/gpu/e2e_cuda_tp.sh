@@ -48,4 +48,13 @@ run_tp() { # run_tp TP SET args...: one process per rank; ranks share GPU 0 unle
   return $rc
 }
 check_tp_fidelity run_tp " on $BACKEND$HARNESS" 1e-2 5e-2 1e-2 "${SPECS[@]}"
+# The launch budget per decode layer at TP 2 (test_cuda_e2e checks it at TP 1): from the
+# harness's launch log, so only here.
+E2E_BIN=${PLN_BUILD:-build}/emu/tests-gpu/test_cuda_e2e
+if [ "${PLN_CUDA_EMU:-0}" = 1 ] && [ -x "$E2E_BIN" ]; then
+  check "bloom-4h: reshard --tp 2 for the launch budget" \
+    "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/budget-tp2" --tp 2 --dtype fp16 --quiet
+  check "bloom-4h TP 2: launches per decode layer within the budget (test_cuda_e2e --launches)" \
+    mpirun -np 2 "$E2E_BIN" --launches "$TMP/budget-tp2"
+fi
 e2e_done

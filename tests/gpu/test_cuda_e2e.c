@@ -3,7 +3,9 @@
  * HF generate identical, the four prompts batched (prefills and decodes of different lengths in
  * one step, so decode attention runs at several positions at once), int8 and int4 (groups of 32)
  * sets against the CPU engine on the same set, and decode steps replayed as CUDA graphs against
- * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures.
+ * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures. On the
+ * CPU harness also the launch budget: kernels per layer of one decode step, from the launch log
+ * (`--launches DIR`: only that, on a bloom-4h set, for tests/gpu/e2e_cuda_tp.sh at TP 2).
  *
  *   build/tests-gpu/test_cuda_e2e      (needs a GPU; SKIP without one or without `pollen reshard`)
  *   build/tests-gpu/test_cuda_e2e --cpu-as-gpu    the harness checking itself: "cpu" in place of "cuda"
@@ -203,6 +205,63 @@ static void check_graphs(const char *label, const char *dir, const ref_t *r)
     free(b);
 }
 
+#ifdef PLN_CUDA_EMU
+/* Kernel launches per layer of one decode step (batch 1, op by op) may not exceed this: a kernel
+ * added to the layer loop fails the test; a fusion lowers it (docs/CUDA.md "Launch budget"). The
+ * all-reduces are not counted (NCCL does not run on the harness; on a GPU they add 2 per layer at
+ * TP > 1). */
+#define LAUNCH_BUDGET_PER_LAYER 7
+
+/* The launch budget of one decode step (batch 1, position n, op by op) from the harness's launch
+ * log: the launches between the embedding's two LayerNorms and gather_rows (the logits' rows),
+ * divided by the layers. Run at TP 1 here and at TP 2 under mpirun (--launches DIR, from
+ * tests/gpu/e2e_cuda_tp.sh). */
+static void check_launches(const char *label, const char *dir, const ref_t *r)
+{
+    setenv("PLN_GRAPHS", "0", 1);
+    pln_engine *e = open_set(dir, g_gpu);
+    setenv("PLN_GRAPHS", "1", 1);
+    CHECK(e != NULL, "%s: engine opens", label);
+    if (!e) return;
+    pln_engine_info info;
+    pln_engine_get_info(e, &info);
+    if (pln_comm_rank(g_comm) != 0) {   /* TP > 1: the other ranks follow rank 0's steps */
+        CHECK(pln_engine_worker_loop(e) == 0, "%s: worker: %s", label, pln_error());
+        pln_engine_close(e);
+        return;
+    }
+    pln_step_seq s = fixture_seq(0, r->ids[0], r->n[0], true);
+    pln_step_plan p = {.n_seqs = 1, .seqs = &s};
+    pln_step_out o;
+    int rc = pln_engine_step(e, &p, &o);
+    CHECK(rc == 0, "%s: prefill: %s", label, rc ? pln_error() : "");
+    int32_t tok = o.token;
+    const size_t n0 = pln_emu_launch_count();
+    s = fixture_seq(0, &tok, 1, true);
+    if (!rc) rc = pln_engine_step(e, &p, &o);
+    CHECK(rc == 0, "%s: decode step: %s", label, rc ? pln_error() : "");
+    const size_t n = pln_emu_launch_count() - n0;
+    size_t gather = 0;
+    for (size_t i = 0; i < n && !gather; i++)
+        if (strstr(pln_emu_launch_at(n0 + i)->kernel, "gather")) gather = i;
+    const char *k0 = n ? pln_emu_launch_at(n0)->kernel : "";
+    CHECK(rc == 0 && gather > 3 && strstr(k0, "embed"), "%s: the step starts with the embedding (%s) and gathers the "
+          "logits' rows (launch %zu of %zu)", label, k0, gather, n);
+    double per_layer = gather > 3 ? (double)(gather - 3) / (double)info.n_layer : 1e9;
+    printf("%s %s TP %d decode step at batch 1: %zu launches, %.2f per layer (budget %d) %s\n", label, g_gpu, info.tp, n,
+           per_layer, LAUNCH_BUDGET_PER_LAYER, per_layer <= LAUNCH_BUDGET_PER_LAYER ? "OK" : "NOT OK");
+    for (size_t i = 0; i < n; i++) {
+        const pln_emu_launch_rec *l = pln_emu_launch_at(n0 + i);
+        if (i < gather && i >= 3 && i < 3 + (gather - 3) / (size_t)info.n_layer)
+            printf("  layer 0 launch: %s grid %u,%u,%u block %u\n", l->kernel, l->grid[0], l->grid[1], l->grid[2], l->block[0]);
+    }
+    CHECK(per_layer <= LAUNCH_BUDGET_PER_LAYER, "%s: %.2f launches per layer > budget %d", label, per_layer,
+          LAUNCH_BUDGET_PER_LAYER);
+    pln_engine_shutdown(e);
+    pln_engine_close(e);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     test_begin("test_cuda_e2e");
@@ -217,6 +276,13 @@ int main(int argc, char **argv)
     g_comm = pln_comm_init(&argc, &argv);
 #ifdef PLN_CUDA_EMU
     printf("%s\n", pln_emu_not_exercised());
+    if (argc > 2 && !strcmp(argv[1], "--launches")) {   /* only the launch budget, on the set argv[2] (bloom-4h) */
+        ref_t r;
+        if (ref_open(&r, "tests/fixtures/models/bloom-4h/reference-f16.safetensors")) CHECK(0, "bloom-4h: reference opens");
+        else { check_launches("bloom-4h", argv[2], &r); pln_safetensors_close(&r.st); }
+        pln_comm_free(g_comm);
+        return test_done();
+    }
 #endif
     struct { const char *model, *src; } sets[] = {{"bloom-4h", "fp16-st"}, {"bloom-6h", "fp16-bin"}};
     for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
@@ -229,6 +295,9 @@ int main(int argc, char **argv)
         CHECK(dir != NULL, "%s: reshard fp16", label);
         if (dir) check_fp16(label, dir, &r);
         if (dir) check_graphs(label, dir, &r);
+#ifdef PLN_CUDA_EMU
+        if (dir) check_launches(label, dir, &r);
+#endif
         free(dir);
         dir = fixture_reshard(sets[k].model, sets[k].src, 1, "int8");
         CHECK(dir != NULL, "%s: reshard int8", label);

@@ -266,7 +266,7 @@ static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
     return w;
 }
 
-static const char *path_name[] = {"auto", "gemv", "gemm", "plain"};
+static const char *path_name[] = {"auto", "gemv", "gemm", "plain", "gemv/k3"};
 
 static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
                            int bias_off, int in_off, int w_off);
@@ -335,13 +335,16 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
         g_gpu->upload(g_gpu, gbias, hb, (size_t)rows * 2);
     }
     void *go = dalloc(g_gpu, nout * g_gpu->act_size);
-    for (int path = 0; path < 4; path++) {
-        if (path == 1 && T > 16) continue;
+    for (int path = 0; path < 5; path++) {   /* 4: the GEMV with k split over 3 blocks per row tile */
+        if ((path == 1 || path == 4) && T > 16) continue;
+        if (path == 4 && (g_self || dt == PLN_DTYPE_U8)) continue;
         if (path == 3 && rows * cols * (int64_t)T > ((int64_t)1 << 31)) continue;   /* the plain kernel is slow */
         poison(g_gpu, go, nout * g_gpu->act_size);
         if (g_self && path) continue;
-        set_path(path);
+        set_path(path == 4 ? 1 : path);
+        if (path == 4) pln_cuda_set_gemv_splits(g_gpu, 3);
         CHECK(g_gpu->linear(g_gpu, go, gx, &gw, gbias, T, gelu) == 0, "cuda linear (%s): %s", path_name[path], pln_error());
+        if (path == 4) pln_cuda_set_gemv_splits(g_gpu, 0);
         down_act(g_gpu, got, go, nout);
         char op[32];
         snprintf(op, sizeof op, "linear/%s", path_name[path]);
@@ -522,7 +525,11 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     const size_t W = (size_t)nh * 3 * D;
     float *qkv_p = rnd_act((size_t)T * W, -2, 2), *qkv_d = rnd_act((size_t)S * W, -2, 2);
     size_t np = (size_t)T * nh * D, nd = (size_t)S * nh * D;
-    float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4);
+    float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4), *got_f = pln_xmalloc(np * 4);
+    enum { NSPLITCASE = 6 };
+    static const int splitcase[NSPLITCASE] = {1, 2, 3, 7, 701, -1};
+    float *got_x[NSPLITCASE], *got_fa[2] = {pln_xmalloc(nd * 4), pln_xmalloc(nd * 4)};
+    for (int k = 0; k < NSPLITCASE; k++) got_x[k] = pln_xmalloc(nd * 4);
     float *want_p = pln_xmalloc(np * 4), *got_p = pln_xmalloc(np * 4), *want_d = pln_xmalloc(nd * 4), *got_d = pln_xmalloc(nd * 4);
     pln_backend *bes[2] = {g_cpu, g_gpu};
     for (int b = 0; b < 2; b++) {
@@ -551,8 +558,67 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
             down_act(be, got_g, ot, np);
             be->free(be, ot);
         }
+        /* the fused kv_append + attention of decode steps, on copies of the cache before the
+         * decode step's append (auto splits and 7): outputs against the CPU, and the caches it
+         * leaves bit for bit equal to kv_append's */
+        void *fkc[2] = {NULL, NULL}, *fvc[2] = {NULL, NULL};
+        if (b == 1 && !g_self && be->append_attention) {
+            uint8_t *hk = pln_xmalloc(cache), *hv = pln_xmalloc(cache);
+            be->download(be, hk, kc, cache);
+            be->download(be, hv, vc, cache);
+            for (int f = 0; f < 2; f++) {
+                fkc[f] = up(be, hk, cache);
+                fvc[f] = up(be, hv, cache);
+                void *of = poisoned(be, nd * be->act_size);
+                int old = pln_cuda_set_attn_splits(be, f ? 7 : 0);
+                CHECK(be->append_attention(be, of, qd, fkc[f], fvc[f], &md, dsl, nh, D) == 0,
+                      "append_attention (decode, splits %d): %s", f ? 7 : 0, pln_error());
+                pln_cuda_set_attn_splits(be, old);
+                down_act(be, got_fa[f], of, nd);
+                be->free(be, of);
+            }
+            free(hk);
+            free(hv);
+        }
         CHECK(be->kv_append(be, qd, kc, vc, &md, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
         CHECK(be->attention(be, od, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode) on %s: %s", be->name, pln_error());
+        if (fkc[0]) {
+            uint8_t *a = pln_xmalloc(cache), *bb = pln_xmalloc(cache);
+            for (int f = 0; f < 2; f++) {
+                int same = 1;
+                be->download(be, a, kc, cache);
+                be->download(be, bb, fkc[f], cache);
+                same &= memcmp(a, bb, cache) == 0;
+                be->download(be, a, vc, cache);
+                be->download(be, bb, fvc[f], cache);
+                same &= memcmp(a, bb, cache) == 0;
+                printf("%-16s %-44s %s\n", "kv fused append", shape, same ? "caches identical  OK" : "caches DIFFER  NOT OK");
+                CHECK(same, "append_attention (splits %d): the K/V caches differ from kv_append's (%s)", f ? 7 : 0, shape);
+                be->free(be, fkc[f]);
+                be->free(be, fvc[f]);
+            }
+            free(a);
+            free(bb);
+        }
+        if (b == 1 && !g_self) {
+            /* the decode step with the flash-decoding kernel's split count forced (1, 2, 3, 7 and
+             * more splits than keys: empty splits), with the split-key kernel (-1), and the prefill
+             * step on the flash-decoding kernel (every token its own causal bound) */
+            void *ox = poisoned(be, (nd > np ? nd : np) * be->act_size);
+            for (int k = 0; k < NSPLITCASE; k++) {
+                int old = pln_cuda_set_attn_splits(be, splitcase[k]);
+                CHECK(be->attention(be, ox, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode, splits %d): %s",
+                      splitcase[k], pln_error());
+                pln_cuda_set_attn_splits(be, old);
+                down_act(be, got_x[k], ox, nd);
+            }
+            int old = pln_cuda_set_attn_splits(be, 3);
+            CHECK(be->attention(be, ox, qp, kc, vc, &mp, dsl, nh, D) == 0, "attention (prefill, flash-decoding): %s",
+                  pln_error());
+            pln_cuda_set_attn_splits(be, old);
+            down_act(be, got_f, ox, np);
+            be->free(be, ox);
+        }
         down_act(be, b ? got_p : want_p, op, np);
         down_act(be, b ? got_d : want_d, od, nd);
         be->free(be, kc); be->free(be, vc); be->free(be, dbt); be->free(be, dsl); be->free(be, dps); be->free(be, dpp);
@@ -562,6 +628,18 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     report("attn decode", shape, got_d, want_d, nd, 5e-3);
     if (!g_self) report("attn prefill/tiled", shape, got_t, want_p, np, 5e-3);
     if (!g_self) report("attn prefill/grouped", shape, got_g, want_p, np, 5e-3);
+    if (!g_self) report("attn prefill/flash-decoding", shape, got_f, want_p, np, 5e-3);
+    for (int k = 0; k < NSPLITCASE && !g_self; k++) {
+        char what[64];
+        snprintf(what, sizeof what, splitcase[k] < 0 ? "attn decode/split-key" : "attn decode/splits=%d", splitcase[k]);
+        report(what, shape, got_x[k], want_d, nd, 5e-3);
+    }
+    if (!g_self) report("attn decode/fused append", shape, got_fa[0], want_d, nd, 5e-3);
+    if (!g_self) report("attn decode/fused splits=7", shape, got_fa[1], want_d, nd, 5e-3);
+    for (int k = 0; k < NSPLITCASE; k++) free(got_x[k]);
+    free(got_fa[0]);
+    free(got_fa[1]);
+    free(got_f);
     free(got_t);
     free(got_g);
     free(perm); free(bt); free(ps); free(pp); free(ds); free(dp); free(qkv_p); free(qkv_d);
@@ -707,6 +785,8 @@ int main(int argc, char **argv)
     test_embed(37, 13, 3, 4);                         /* H not a multiple of 8: element path */
     test_layernorm(3, 64);
     test_layernorm(5, 13);
+    test_layernorm(2, 16360);                         /* register path, 2 vectors per thread (gamma, beta prefetched) */
+    test_layernorm(2, 24000);                         /* register path, 4 vectors per thread */
     test_layernorm(2, 40000);                         /* too long for the register path */
     /* T: 1 and odd 7 (8-token GEMV), 9 and 16 (16-token GEMV), 17 (the first GEMM), 40 (a
      * partial 64-token tile), 130 (three tiles of the int8 GEMM, the last partial) */
@@ -737,6 +817,12 @@ int main(int argc, char **argv)
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 33, true, true, 1);   /* cuBLASLt with a misaligned bias */
     test_linear_off(PLN_DTYPE_F16, 256, 64, 0, 3, true, false, 3);
     /* groups that straddle the int8 k-step of 64 columns (48) and the smallest group (16) */
+    /* long rows: the GEMV's pipeline runs several double-buffered rounds and ends part-way
+     * through a batch (65 and 33 steps of 32 / 64 columns against rounds of 2 x 16 steps) */
+    test_linear(PLN_DTYPE_F16, 40, 2080, 0, 1, true, false);
+    test_linear(PLN_DTYPE_F16, 40, 2080, 0, 9, false, true);
+    test_linear(PLN_DTYPE_I8, 40, 4160, 0, 1, true, false);
+    test_linear(PLN_DTYPE_I8, 24, 2112, 64, 9, true, true);
     test_linear(PLN_DTYPE_I8, 70, 192, 48, 3, true, false);
     test_linear(PLN_DTYPE_I8, 70, 192, 48, 16, false, true);
     test_linear(PLN_DTYPE_I8, 70, 192, 48, 70, true, true);

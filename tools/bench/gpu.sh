@@ -75,6 +75,29 @@ tread() { local a b; a=$(date +%s.%N); timeout -k 5 "$(cap 60)" cat "$1" > /dev/
 v() { awk -v k="$1" '$1 == k {print $2; exit}' "$RES"; }
 vd() { local x; x=$(v "$1"); echo "${x:--}"; }   # the value, or - where there is none
 f() { local x; x=$(v "$1"); case "$x" in ''|*[!0-9.eE+-]*) printf -- "-";; *) printf "%.${2:-2}f" "$x";; esac; }
+# One decode step at batch 1 by kernel class: bench_decode's time per call (a timed loop of that
+# op alone, layers rotated so nothing stays in L2) times the calls in one step of a TP-8 rank of
+# BLOOM-176B (70 layers: each linear and the attention once per layer, the residual + LayerNorm
+# twice, the logits once), its GB/s, and its share of the measured step (the graph's ms/step);
+# int8 rows without their own figure use fp16's (the same kernel; marked *). The remainder is
+# what no kernel class accounts for (launch gaps; the all-reduces at TP > 1).
+breakdown() {
+  local dt=$1 step sum=0 oc op n us gbs mark
+  step=$(v decode_${dt}_b1_ms_step)
+  echo "one decode step, $dt, batch 1, by kernel class (step $(f decode_${dt}_b1_ms_step 3) ms as a graph):"
+  printf "  %-20s %9s %6s %9s %8s %7s\n" kernel "us/call" calls "ms/step" "GB/s" "% step"
+  for oc in query_key_value:70 dense:70 dense_h_to_4h+gelu:70 dense_4h_to_h:70 attention:70 residual+layernorm:140 logits:1; do
+    op=${oc%%:*} n=${oc##*:} mark=""
+    us=$(v "op_${op}_${dt}_b1_us"); gbs=$(v "op_${op}_${dt}_b1_gbs")
+    if [ -z "$us" ] && [ "$dt" != fp16 ]; then us=$(v "op_${op}_fp16_b1_us"); gbs=$(v "op_${op}_fp16_b1_gbs"); mark="*"; fi
+    if [ -z "$us" ]; then printf "  %-20s %9s %6s %9s %8s %7s\n" "$op" - "$n" - - -; continue; fi
+    awk -v op="$op$mark" -v us="$us" -v n="$n" -v g="${gbs:-0}" -v st="${step:-0}" 'BEGIN{ms = us * n / 1000;
+      printf "  %-20s %9.1f %6d %9.3f %8.0f %7s\n", op, us, n, ms, g, (st > 0 ? sprintf("%.1f", 100 * ms / st) : "-")}'
+    sum=$(awk -v a="$sum" -v us="$us" -v n="$n" 'BEGIN{print a + us * n / 1000}')
+  done
+  awk -v s="$sum" -v st="${step:-0}" 'BEGIN{printf "  %-20s %9s %6s %9.3f %8s %7s\n", "sum of kernels", "", "", s, "",
+    (st > 0 ? sprintf("%.1f", 100 * s / st) : "-"); if (st > 0) printf "  %-20s %9s %6s %9.3f\n", "step - sum", "", "", st - s}'
+}
 table() {
   echo "pollen CUDA backend on $(cat "$TMPW/gpu-name" 2>/dev/null || echo "no GPU (nvidia-smi found none)"), $(date -u +%Y-%m-%d)"
   echo "binaries: $(vd binaries) ($(vd build_dir)); gpu: $(vd gpu)"
@@ -96,6 +119,7 @@ table() {
   for op in query_key_value dense dense_h_to_4h+gelu dense_4h_to_h attention residual+layernorm logits; do
     printf "  %-20s fp16 %8s  int8 %8s\n" $op "$(f op_${op}_fp16_b1_gbs 0)" "$(f op_${op}_int8_b1_gbs 0)"
   done
+  breakdown fp16; breakdown int8
   echo "int4 g128 at BLOOM-176B's full width (TP 1: the model on one GPU), GB/s of weights+scales (T 512: TFLOP/s follows in the log):"
   for op in query_key_value dense dense_h_to_4h dense_4h_to_h; do
     printf "  %-20s T1 %6s  T8 %6s  T16 %6s  T512 %6s us\n" $op "$(f op_int4_tp1_${op}_T1_gbs 0)" "$(f op_int4_tp1_${op}_T8_gbs 0)" \
