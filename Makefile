@@ -17,6 +17,8 @@ DEBIAN_PKGS := build-essential pkg-config libjansson-dev libarchive-dev zlib1g-d
                libpcre2-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin python3 curl
 # network namespaces for the multi-host test (tests/e2e_multihost.sh)
 DEBIAN_PKGS += iproute2
+# clang++ compiles the CUDA kernels for the CPU execution harness (kernels/cuda/emu) that make test runs
+DEBIAN_PKGS += clang
 
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
