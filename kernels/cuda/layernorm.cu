@@ -11,6 +11,8 @@ __global__ void __launch_bounds__(LN_THREADS)
 residual_ln_kernel(__half *x, const __half *y, const __half *bias, const __half *gamma,
                    const __half *beta, __half *out, const __half *in, int64_t H, float eps)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     __shared__ float scratch[32];
     const int64_t r = blockIdx.x;
     const __half *src = in ? in + r * H : x + r * H;
@@ -105,6 +107,10 @@ residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __h
             if (v < nv) { gq[u] = ((const pln_h8 *)gamma)[v]; bq[u] = ((const pln_h8 *)beta)[v]; }
         }
     }
+    /* gamma and beta are parameters, never a previous kernel's output: with programmatic
+     * dependent launch their loads overlap the previous kernel's tail */
+    pln_pdl_wait();
+    pln_pdl_trigger();
     float a[V][8];
     float s = 0.0f;
 #pragma unroll

@@ -144,6 +144,9 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
     int4 wa0[GEMV_U], wb0[GEMV_U], wa1[GEMV_U], wb1[GEMV_U];
     __half2 sa0[GEMV_U], sb0[GEMV_U], sa1[GEMV_U], sb1[GEMV_U];
     gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, sb + warp, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+    /* the weights never depend on the previous kernel: their first batch is in flight while it
+     * finishes (programmatic dependent launch); the activations are read after the wait */
+    pln_pdl_wait();
     for (int64_t s0 = sb + warp; s0 < nsteps; s0 += 2 * STRIDE) {
         gemv_load<I8, GROUPED>(wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
         gemv_math<I8, GROUPED, NT>(acc, wa0, wb0, sa0, sb0, s0, nsteps, x, T, K, g, q);
@@ -154,6 +157,7 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
     for (int n = 0; n < NTILES; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[n][i] += acc2[n][i];
+    pln_pdl_trigger();   /* only the reduction is left: the next kernel may start its weight loads */
 
     /* Sum the four warps' k-slices. */
     __shared__ float red[GEMV_WARPS][16][NT + 1];
@@ -223,6 +227,7 @@ gemm_i8_kernel(OT *__restrict__ out, const __half *__restrict__ x, const int8_t 
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
                int64_t N, int64_t K, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     __shared__ __align__(16) __half xs[64 * GEMM_XS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -309,6 +314,7 @@ __global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bo
                                     const __half *scale, int64_t G, const __half *bias, int T,
                                     int64_t N, int64_t K, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (wid >= (int64_t)T * N) return;
@@ -360,6 +366,7 @@ gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
                int64_t N, int64_t K, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     constexpr int NTILES = NT / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -449,6 +456,7 @@ gemm_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
                int64_t N, int64_t K, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     __shared__ __align__(16) __half xs[64 * GEMM4_XS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -521,6 +529,7 @@ __global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *
                                        int64_t G, const __half *bias, int T, int64_t N, int64_t K, int gelu,
                                        int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (wid >= (int64_t)T * N) return;
@@ -539,6 +548,7 @@ __global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *
 template <typename OT>
 __global__ void post_kernel(OT *out, int T, int64_t N, const __half *bias, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * N) return;
     int64_t row = i % N;

@@ -162,6 +162,35 @@ __global__ void add_kernel(int *x, int v)
     x[threadIdx.x] += v;
 }
 
+/* Programmatic dependent launch: a producer, and consumers that read its output before or after
+ * griddepcontrol.wait (pln_pdl_wait). */
+__global__ void pdl_producer_kernel(int *x, int v)
+{
+    pln_pdl_wait();
+    pln_pdl_trigger();
+    x[threadIdx.x] = v + (int)threadIdx.x;
+}
+/* mode 0: reads x before its wait (broken); 1: after; 2: writes x before its wait (broken);
+ * 3: only thread 0 waits, the others are ordered after it by __syncthreads */
+__global__ void pdl_consumer_kernel(int *out, int *x, const int *w, int mode)
+{
+    const int a = w[threadIdx.x];   /* a parameter no kernel writes: fine before the wait */
+    int b = 0;
+    if (mode == 0) b = x[threadIdx.x];
+    if (mode == 2) x[threadIdx.x] = 0;
+    if (mode != 3 || threadIdx.x == 0) pln_pdl_wait();
+    if (mode == 3) __syncthreads();
+    if (mode != 0) b = x[threadIdx.x];
+    out[threadIdx.x] = a + b;
+}
+/* Lets its dependents start before it waited itself: they may then overlap its predecessor too. */
+__global__ void pdl_early_trigger_kernel(int *y)
+{
+    pln_pdl_trigger();
+    pln_pdl_wait();
+    y[threadIdx.x] = 1;
+}
+
 /* ---- checks -------------------------------------------------------------------------------------- */
 /* Expects the last launch to have failed with a report containing `what` (NULL: to have passed). */
 static void expect(const char *name, const char *what)
@@ -400,8 +429,69 @@ int main(void)
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
 
+    /* programmatic dependent launch: a read of the previous kernel's output before the wait is
+     * reported even though the harness ran that kernel to its end first */
+    int *px = dev<int>(64), *pw = dev<int>(64), *po = dev<int>(64), *py = dev<int>(64);
+    int pwh[64];
+    for (int i = 0; i < 64; i++) pwh[i] = 1000 * i;
+    cudaMemcpy(pw, pwh, sizeof pwh, cudaMemcpyHostToDevice);
+    pln_cuda_pdl = 1;
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    expect("pdl: producer", NULL);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    CHECK(strstr(pln_emu_last_report(), "thread 0 reads 4 bytes") && strstr(pln_emu_last_report(), "pdl_producer_kernel"),
+          "pdl report names the access and the producer: %s", pln_emu_last_report());
+    expect("pdl: read before griddepcontrol.wait", "before griddepcontrol.wait");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 2);
+    expect("pdl: write before griddepcontrol.wait", "writes 4 bytes");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 1);
+    expect("pdl: read after the wait", NULL);
+    int ho[64];
+    cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
+    int pbad = 0;
+    for (int i = 0; i < 64; i++) pbad += ho[i] != 1000 * i + 7 + i;
+    CHECK(pbad == 0, "pdl consumer after its wait: %d of 64 values wrong (out[1] %d, want 1008)", pbad, ho[1]);
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 3);
+    expect("pdl: one thread waits, a barrier orders", NULL);
+    /* an early trigger chains: the consumer of the middle kernel may overlap the producer too */
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_early_trigger_kernel)(py);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    CHECK(strstr(pln_emu_last_report(), "kernel pdl_producer_kernel writes"), "pdl report names the writer two back: %s",
+          pln_emu_last_report());
+    expect("pdl: early trigger, read 2 back", "before griddepcontrol.wait");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(py, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    expect("pdl: waited trigger, read 2 back", NULL);
+    /* a copy between them: the consumer cannot overlap the producer */
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    cudaMemcpyAsync(py, pw, 4, cudaMemcpyDeviceToDevice, st);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    expect("pdl: a copy between", NULL);
+    /* in a graph: the replay checks the same */
+    cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    cudaStreamEndCapture(st, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    CHECK(cudaGraphLaunch(ge, st) == cudaErrorLaunchFailure, "a read before the wait in a graph fails cudaGraphLaunch");
+    cudaGetLastError();
+    printf("%-36s %s\n", "pdl: in a graph replay", strstr(pln_emu_last_report(), "griddepcontrol") ? "OK" : "NOT OK");
+    pln_emu_report_reset();
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    /* without the attribute (sm_80, PLN_PDL=0) launches serialize: the same kernel is correct */
+    pln_cuda_pdl = 0;
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    expect("pdl off: plain launches", NULL);
+
     cudaFree(out); cudaFree(fo); cudaFree(sum); cudaFree(bsum); cudaFree(bal); cudaFree(par);
-    cudaFree(da); cudaFree(db); cudaFree(dd); cudaFree(x);
+    cudaFree(da); cudaFree(db); cudaFree(dd); cudaFree(x); cudaFree(px); cudaFree(pw); cudaFree(po); cudaFree(py);
     cudaStreamDestroy(st);
     return test_done();
 }

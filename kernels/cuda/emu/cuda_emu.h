@@ -56,6 +56,9 @@ void pln_emu_mma16816(float c[4], const uint32_t ab[6]);
 int pln_emu_atomic_i32(int op, void *p, int v, int cmp);
 float pln_emu_atomic_add_f32(float *p, float v);
 unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v);
+/* griddepcontrol.wait / .launch_dependents (programmatic dependent launch) */
+void pln_emu_griddep_wait(void);
+void pln_emu_griddep_launch(void);
 }
 
 #undef threadIdx
@@ -210,6 +213,7 @@ struct pln_emu_launch_cfg {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    int pdl;   /* launched with programmatic stream serialization: may overlap the previous kernel */
 };
 void pln_emu_launch_run(const pln_emu_launch_cfg &cfg, std::function<void()> body);
 
@@ -225,9 +229,9 @@ template <typename... P> struct pln_emu_launcher_t {
 };
 template <typename... P>
 static inline pln_emu_launcher_t<P...> pln_emu_launcher(const char *name, dim3 grid, dim3 block, size_t smem,
-                                                        cudaStream_t stream, void (*fn)(P...))
+                                                        cudaStream_t stream, int pdl, void (*fn)(P...))
 {
-    return pln_emu_launcher_t<P...>{{name, grid, block, smem, stream}, fn};
+    return pln_emu_launcher_t<P...>{{name, grid, block, smem, stream, pdl != 0}, fn};
 }
 
 #endif
