@@ -188,10 +188,11 @@ static void test_embed(int64_t vn, int64_t H, int64_t v0, int32_t T)
 }
 
 /* ---- layernorm, residual + bias + layernorm -------------------------------------------------- */
+static int g_ln_split;   /* the cuda backend runs LayerNorm rows over several blocks (pln_cuda_set_ln_split) */
 static void test_layernorm(int32_t T, int64_t H)
 {
     char shape[96];
-    snprintf(shape, sizeof shape, "T %d H %lld", T, (long long)H);
+    snprintf(shape, sizeof shape, "T %d H %lld%s", T, (long long)H, g_ln_split ? " split" : "");
     size_t n = (size_t)T * H;
     float *x = rnd_act(n, -4, 6), *y = rnd_act(n, -2, 2);
     uint16_t *gm = rnd_f16((size_t)H, 0.5f, 1.5f), *bt = rnd_f16((size_t)H, -0.5f, 0.5f), *bias = rnd_f16((size_t)H, -1, 1);
@@ -788,6 +789,21 @@ int main(int argc, char **argv)
     test_layernorm(2, 16360);                         /* register path, 2 vectors per thread (gamma, beta prefetched) */
     test_layernorm(2, 24000);                         /* register path, 4 vectors per thread */
     test_layernorm(2, 40000);                         /* too long for the register path */
+    /* several blocks per row (two launches): T of decode and prefill, hidden sizes from one
+     * partial block to BLOOM-176B's 14 blocks, odd ones on the one-block element kernel */
+    if (!g_self) {
+        g_ln_split = 1;
+        pln_cuda_set_ln_split(g_gpu, 1);
+        const int32_t Tl[] = {1, 2, 7, 64};
+        const int64_t Hl[] = {64, 1032, 14336, 13, 1001};
+        for (size_t ti = 0; ti < sizeof Tl / sizeof Tl[0]; ti++)
+            for (size_t hi = 0; hi < sizeof Hl / sizeof Hl[0]; hi++)
+                test_layernorm(Tl[ti], Hl[hi]);
+        pln_cuda_set_ln_split(g_gpu, 0);
+        g_ln_split = 0;
+        test_layernorm(1, 14336);                     /* the one-block register kernel at batch 1 */
+        test_layernorm(7, 1001);
+    }
     /* T: 1 and odd 7 (8-token GEMV), 9 and 16 (16-token GEMV), 17 (the first GEMM), 40 (a
      * partial 64-token tile), 130 (three tiles of the int8 GEMM, the last partial) */
     const int32_t Tsmall[] = {1, 7, 9, 16, 17, 40, 130};
