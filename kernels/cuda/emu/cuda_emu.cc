@@ -53,6 +53,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -428,6 +429,17 @@ static bool g_pdl_blk_triggered;      /* ... called griddepcontrol.launch_depend
  * dependent may overlap the predecessor too. */
 static bool g_pdl_ordered;
 static bool g_pdl_reported;
+/* Device memory (cudaMalloc): the only memory the rule is about. A fiber's own stack (locals the
+ * compiler did not keep in registers; stacks are reused by the next kernel's threads) is not. */
+static std::map<uintptr_t, uintptr_t> g_dev_ranges;   /* start -> end */
+
+static bool device_memory(uintptr_t a)
+{
+    auto it = g_dev_ranges.upper_bound(a);
+    if (it == g_dev_ranges.begin()) return false;
+    --it;
+    return a < it->second;
+}
 
 static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
 {
@@ -438,7 +450,7 @@ static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
 static void pdl_access(uintptr_t a, size_t n, bool write, void *pc)
 {
     fiber *t = g_cur;
-    if (!t || !n) return;
+    if (!t || !n || !(write || (g_pdl_check && !t->waited)) || !device_memory(a)) return;
     for (uintptr_t g = a & ~(uintptr_t)15; g < a + n; g += 16) {
         const uint16_t m = granule_mask(g, a, n);
         if (g_pdl_check && !t->waited && !g_pdl_reported) {
@@ -974,6 +986,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
     pthread_mutex_lock(&g_lock);
     g_allocated += n;
     g_sizes[m] = n;
+    g_dev_ranges[(uintptr_t)m] = (uintptr_t)m + n;
     pthread_mutex_unlock(&g_lock);
     return cudaSuccess;
 }
@@ -983,7 +996,12 @@ cudaError_t cudaFree(void *p)
     pthread_mutex_lock(&g_lock);
     auto it = g_sizes.find(p);
     bool known = it != g_sizes.end();
-    if (known) { g_allocated -= it->second; g_sizes.erase(it); }
+    if (known) {
+        g_allocated -= it->second;
+        g_sizes.erase(it);
+        g_dev_ranges.erase((uintptr_t)p);
+        pdl_barrier();   /* cudaFree waits for the device; the address may come back as another buffer */
+    }
     pthread_mutex_unlock(&g_lock);
     if (!known) return g_last_error = cudaErrorInvalidValue;   /* not from cudaMalloc, or freed twice */
     free(p);
