@@ -7,8 +7,9 @@
  * one ELF section (.pln_shared), so the harness knows the range and checks every access to it;
  * threadIdx/blockIdx/blockDim/gridDim to the running fiber's values; __syncthreads, __syncwarp
  * and the warp collectives (shuffles, votes, reductions, the m16n8k16 mma) to calls that yield
- * to the harness's scheduler (kernels/cuda/emu/cuda_emu.cc); atomics, __ldg and the fast-math
- * intrinsics to host equivalents. __half/__half2/__nv_bfloat16 and the vector types come from
+ * to the harness's scheduler (kernels/cuda/emu/cuda_emu.cc); griddepcontrol.wait/launch_dependents
+ * (pln_pdl_wait/pln_pdl_trigger in common.cuh) to calls that feed its programmatic-dependent-launch
+ * check; atomics, __ldg and the fast-math intrinsics to host equivalents. __half/__half2/__nv_bfloat16 and the vector types come from
  * the toolkit's own headers, which implement them for the host. */
 #ifndef PLN_CUDA_EMU_H
 #define PLN_CUDA_EMU_H
