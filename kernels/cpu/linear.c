@@ -35,23 +35,26 @@ static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weigh
         }
 }
 
-void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s) {
+void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *sum) {
     for (int64_t b = 0; b < K / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float sc = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
         s[b] = sc;
+        int32_t n = 0;
         for (int i = 0; i < 32; i++) {
             float v = nearbyintf(xb[i] * inv);   /* |v| <= 127 by construction */
             q[32 * b + i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+            n += q[32 * b + i];
         }
+        sum[b] = n;
     }
 }
 
-/* The integer-dot path applies: asked for, a batch, quantized weights in whole 32-column blocks. */
-static bool use_int_dot(const pln_cpu *c, const pln_weight *W, int32_t T) {
-    return c->int_dot && T >= 2 && W->dtype != PLN_DTYPE_F16 && W->cols % 32 == 0 && W->group % 32 == 0;
+/* The integer-dot path applies: asked for, quantized weights in whole 32-column blocks. */
+static bool use_int_dot(const pln_cpu *c, const pln_weight *W) {
+    return c->int_dot && W->dtype != PLN_DTYPE_F16 && W->cols % 32 == 0 && W->group % 32 == 0;
 }
 
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
@@ -60,21 +63,22 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
     const pln_cpu_kernels *k = c->k;
     int64_t K = W->cols;
     int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
-    if (use_int_dot(c, W, T)) {
+    if (use_int_dot(c, W)) {
         /* each block of tokens quantized once, then shared by every row chunk */
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32;
         int8_t *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
         float *xs = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
+        int32_t *xsum = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
         for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
             int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
             #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (nt * K > 65536)
-            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq + t * K, xs + t * nb);
+            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq + t * K, xs + t * nb, xsum + t * nb);
             float *o = out + t0 * ldo;
             #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
             for (int64_t ch = 0; ch < n_chunks; ch++) {
                 int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
-                k->gemm_q8(o + r0, ldo, xq, xs, nt, (const uint8_t *)W->w + r0 * rb, i4, W->scale + r0 * (K / W->group),
+                k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, (const uint8_t *)W->w + r0 * rb, i4, W->scale + r0 * (K / W->group),
                            W->group, nr, K);
                 if (bias || gelu)
                     for (int64_t t = 0; t < nt; t++)
@@ -83,6 +87,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         }
         free(xq);
         free(xs);
+        free(xsum);
         return;
     }
     for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define TGT __attribute__((target("avx512f,avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
@@ -298,81 +299,192 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
 }
 
 /* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
- * Per block of 32 columns: |w| (u8) times x with w's sign (s8), summed in pairs then in int32
- * (vpmaddubsw + vpmaddwd; weights and activations are within +-127, so no pair saturates) or in
- * one AVX-512 VNNI vpdpbusd instruction: eight exact int32 partial dots, converted to float and added with one FMA
- * by the block's two scales into a float accumulator per row. A tile is 4 rows: each activation
- * block is loaded once for the 4 rows, and the rows (int4 ones unpacked to int8 once per call)
- * stay in cache while every token of the chunk passes. */
-INL float q8_hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-INL __m256i q8_dotv(__m256i aw, __m256i sx) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-}
-static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))) __m256i q8_dotv_vnni(__m256i aw, __m256i sx) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-}
-INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
-    const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
-    for (int64_t b = 0; b < K / 32; b++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * b));
-        _mm_storeu_si128((__m128i *)(row + 32 * b), _mm_sub_epi8(_mm_and_si128(v, m), bias));
-        _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bias));
-    }
-}
-#define DEF_GEMM_Q8(NAME, ATTR, DOTV)                                                                           \
-    static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
-        const int NR, float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,                   \
-        const int8_t *const *wr, const float *wsb, int64_t K) {                                                  \
-        int64_t nb = K / 32;                                                                                     \
-        for (int64_t t = 0; t < nt; t++) {                                                                       \
-            const int8_t *xt = xq + t * K;                                                                       \
-            const float *xst = xs + t * nb;                                                                      \
-            __m256 acc[4];                                                                                       \
-            for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();                                           \
-            for (int64_t b = 0; b < nb; b++) {                                                                   \
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + 32 * b));                                 \
-                for (int i = 0; i < NR; i++) {                                                                   \
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(wr[i] + 32 * b));                          \
-                    __m256i d = DOTV(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                        \
-                    __m256 s = _mm256_set1_ps(xst[b] * wsb[i * nb + b]);                                         \
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[i]);                                  \
-                }                                                                                                \
-            }                                                                                                    \
-            for (int i = 0; i < NR; i++) out[t * ldo + i] = q8_hsum_ps(acc[i]);                                  \
-        }                                                                                                        \
-    }                                                                                                            \
-    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,               \
-                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) { \
-        int64_t ng = K / group, nb = K / 32;                                                                     \
-        int8_t *buf = i4 ? pln_xmalloc((size_t)4 * (size_t)K) : NULL;                                           \
-        float *wsb = pln_xmalloc((size_t)4 * (size_t)nb * sizeof(float)); /* the tile's scales per block */    \
-        for (int64_t r = 0; r < nr; r += 4) {                                                                    \
-            int n = nr - r < 4 ? (int)(nr - r) : 4;                                                              \
-            const int8_t *wr[4];                                                                                 \
-            for (int i = 0; i < n; i++) {                                                                        \
-                wr[i] = (const int8_t *)w + (r + i) * K;                                                         \
-                if (i4) { q8_unpack_i4((const uint8_t *)w + (r + i) * (K / 2), K, buf + i * K); wr[i] = buf + i * K; } \
-                for (int64_t b = 0; b < nb; b++) wsb[i * nb + b] = _cvtsh_ss(scale[(r + i) * ng + 32 * b / group]);      \
-            }                                                                                                    \
-            if (n == 4) NAME##_tile(4, out + r, ldo, xq, xs, nt, wr, wsb, K);                                    \
-            else                                                                                                 \
-                for (int i = 0; i < n; i++) NAME##_tile(1, out + r + i, ldo, xq, xs, nt, wr + i, wsb + i * nb, K); \
-        }                                                                                                        \
-        free(buf);                                                                                               \
-        free(wsb);                                                                                               \
-    }
-DEF_GEMM_Q8(gemm_q8_avx512_base, TGT, q8_dotv)
-DEF_GEMM_Q8(gemm_q8_avx512_vnni, __attribute__((target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))), q8_dotv_vnni)
+ * AVX-512 VNNI (with BW for the nibble unpack); other AVX-512 CPUs run the AVX2 file's version.
+ * Both use the weights as unsigned bytes u = q + off (int4: the stored nibble, off 8; int8: q xor
+ * 0x80, off 128) against signed activation bytes, and start each block's int32 accumulator at
+ * -off * (the block's sum of xq), so the block dot is exact: sum u x - off sum x = sum q x.
+ *
+ * Several tokens (prefill, batched decode): the chunk's 16 rows are repacked once per call
+ * (pln_cpu_q8_repack; the buffer stays in L1/L2 while every token of the chunk passes) so that
+ * one 64-byte vector holds 4 columns of all 16 rows, and one vpdpbusd against a broadcast
+ * 4-byte activation group advances 16 rows x 4 columns. A tile is 16 rows x up to 8 tokens of
+ * int32 block accumulators; per block of 32 columns and token one convert and one FMA (by the
+ * token's block scale, times the row scales as a vector when grouped; per-row weights multiply
+ * their scale once at the end).
+ *
+ * One token (decode GEMV): no repack, the rows are read as stored. The activations are laid out
+ * once per call in the order a 32-byte load of two int4 blocks unpacks to (broadcast to both
+ * halves, shifted by 0 / 4 bits per half, masked: low nibbles of both blocks, then high ones),
+ * so one vpdpbusd covers 64 columns of a row; int8 rows take 64 bytes as they are. */
+#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define VINL static inline __attribute__((always_inline)) VNNI512
 
-static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt, const void *w,
-                        bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
-    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) gemm_q8_avx512_vnni(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
-    else gemm_q8_avx512_base(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
+#define Q8UNROLL _Pragma("GCC unroll 8")
+
+static inline int32_t q8_ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* NT tokens x the 16 repacked rows; m: the rows that exist (stored); wsf: the row scales per
+ * group [ng][16] (grouped) or NULL with wrow [16] (per row, applied at the end). */
+VINL void q8_tile16(const int NT, float *out, int64_t ldo, const int8_t *xq, const float *xs,
+                    const int32_t *xsum, int32_t off, const uint8_t *wp, const float *wsf,
+                    const float *wrow, int64_t group, int64_t K, __mmask16 m) {
+    int64_t nb = K / 32;
+    __m512 fa[8];
+    Q8UNROLL for (int j = 0; j < NT; j++) fa[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i ia[8];
+        Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm512_set1_epi32(-off * xsum[j * nb + b]);
+        const uint8_t *wb = wp + 512 * b;
+        const int8_t *xb = xq + 32 * b;
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            __m512i wv = _mm512_load_si512((const void *)(wb + 64 * g));
+            Q8UNROLL for (int j = 0; j < NT; j++)
+                ia[j] = _mm512_dpbusd_epi32(ia[j], wv, _mm512_set1_epi32(q8_ld32(xb + j * K + 4 * g)));
+        }
+        if (wsf) {
+            __m512 sc = _mm512_loadu_ps(wsf + (32 * b / group) * 16);
+            Q8UNROLL for (int j = 0; j < NT; j++)
+                fa[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[j]), _mm512_mul_ps(sc, _mm512_set1_ps(xs[j * nb + b])), fa[j]);
+        } else {
+            Q8UNROLL for (int j = 0; j < NT; j++)
+                fa[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[j]), _mm512_set1_ps(xs[j * nb + b]), fa[j]);
+        }
+    }
+    __m512 wr = wsf ? _mm512_set1_ps(1.0f) : _mm512_loadu_ps(wrow);
+    Q8UNROLL for (int j = 0; j < NT; j++) _mm512_mask_storeu_ps(out + j * ldo, m, _mm512_mul_ps(fa[j], wr));
+}
+
+/* One token: NR rows from row r0, pairs of blocks [p0, p1) (full: both blocks exist; the tail
+ * pair of an odd block count has only its first). xp / cv / sv: the activations, the offset
+ * corrections and the block scales laid out per pair (see q8_gemv512); wsf [nr][ng] row scales. */
+VINL void q8_gemv_rows(const int NR, const bool i4, const bool full, __m512 *f, int64_t r0, int64_t p0,
+                       int64_t p1, const int8_t *xp, const int32_t *cv, const float *sv, const void *w,
+                       const float *wsf, int64_t group, int64_t K) {
+    int64_t ng = K / group, rb = i4 ? K / 2 : K;
+    const __m512i nib = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    /* 16-bit shift counts: 0 for the low 256 bits, 4 for the high */
+    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __mmask16 m1 = i4 ? 0xF0F0 : 0xFF00;   /* the lanes of the pair's second block */
+    const uint8_t *wr = (const uint8_t *)w + r0 * rb;
+    for (int64_t p = p0; p < p1; p++) {
+        __m512i xv = _mm512_loadu_si512((const void *)(xp + 64 * p));
+        __m512i c = _mm512_loadu_si512((const void *)(cv + 16 * p));
+        __m512 s = _mm512_loadu_ps(sv + 16 * p);
+        int64_t g0 = 64 * p / group, g1 = full ? (64 * p + 32) / group : g0;
+        if (NR == 4 && (!i4 || (p & 1) == 0)) {   /* see PREFETCH_NOTE: the next rows' next line */
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(wr + (4 + i) * rb + (i4 ? 32 : 64) * p), _MM_HINT_T1);
+        }
+        UNROLL for (int i = 0; i < NR; i++) {
+            const uint8_t *q = wr + i * rb + (i4 ? 32 : 64) * p;
+            __m512i wu;
+            if (i4) {
+                __m512i raw = full ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q))
+                                   : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
+                wu = _mm512_and_si512(_mm512_srlv_epi16(raw, shv), nib);
+            } else {
+                __m512i raw = full ? _mm512_loadu_si512((const void *)q)
+                                   : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
+                wu = _mm512_xor_si512(raw, flip);
+            }
+            __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wu, xv));
+            if (ng == 1) {
+                f[i] = _mm512_fmadd_ps(d, s, f[i]);
+            } else {
+                const float *ws = wsf + (r0 + i) * ng;
+                __m512 sc = g0 == g1 ? _mm512_set1_ps(ws[g0])
+                                     : _mm512_mask_blend_ps(m1, _mm512_set1_ps(ws[g0]), _mm512_set1_ps(ws[g1]));
+                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, sc), f[i]);
+            }
+        }
+    }
+}
+
+VINL void q8_gemv_tile(const int NR, const bool i4, float *out, int64_t r0, const int8_t *xp, const int32_t *cv,
+                       const float *sv, const void *w, const float *wsf, int64_t group, int64_t K) {
+    int64_t nb = K / 32, ng = K / group;
+    __m512 f[4];
+    UNROLL for (int i = 0; i < NR; i++) f[i] = _mm512_setzero_ps();
+    q8_gemv_rows(NR, i4, true, f, r0, 0, nb / 2, xp, cv, sv, w, wsf, group, K);
+    if (nb & 1) q8_gemv_rows(NR, i4, false, f, r0, nb / 2, nb / 2 + 1, xp, cv, sv, w, wsf, group, K);
+    UNROLL for (int i = 0; i < NR; i++)
+        out[r0 + i] = _mm512_reduce_add_ps(f[i]) * (ng == 1 ? wsf[r0 + i] : 1.0f);
+}
+
+static VNNI512 void q8_gemv512(float *out, const int8_t *xq, const float *xs, const int32_t *xsum, const void *w,
+                               bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    int64_t nb = K / 32, np = (nb + 1) / 2, ng = K / group;
+    int8_t *xp = pln_xmalloc((size_t)np * 64);
+    int32_t *cv = pln_xmalloc((size_t)np * 16 * sizeof(int32_t));
+    float *sv = pln_xmalloc((size_t)np * 16 * sizeof(float));
+    float *wsf = pln_xmalloc((size_t)(nr * ng) * sizeof(float));
+    memset(xp, 0, (size_t)np * 64);
+    memset(cv, 0, (size_t)np * 16 * sizeof(int32_t));
+    memset(sv, 0, (size_t)np * 16 * sizeof(float));
+    int32_t off = i4 ? 8 : 128;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t p = b / 2, h = b & 1;
+        if (i4) {   /* lanes 0-3 and 8-11: the first block; 4-7 and 12-15: the second */
+            memcpy(xp + 64 * p + 16 * h, xq + 32 * b, 16);
+            memcpy(xp + 64 * p + 32 + 16 * h, xq + 32 * b + 16, 16);
+            cv[16 * p + 4 * h] = -off * xsum[b];
+            for (int l = 0; l < 4; l++) sv[16 * p + 4 * h + l] = sv[16 * p + 8 + 4 * h + l] = xs[b];
+        } else {    /* lanes 0-7: the first block; 8-15: the second */
+            memcpy(xp + 64 * p + 32 * h, xq + 32 * b, 32);
+            cv[16 * p + 8 * h] = -off * xsum[b];
+            for (int l = 0; l < 8; l++) sv[16 * p + 8 * h + l] = xs[b];
+        }
+    }
+    for (int64_t i = 0; i < nr * ng; i++) wsf[i] = _cvtsh_ss(scale[i]);
+    int64_t r = 0;
+    if (i4) {
+        for (; r + 4 <= nr; r += 4) q8_gemv_tile(4, true, out, r, xp, cv, sv, w, wsf, group, K);
+        for (; r < nr; r++) q8_gemv_tile(1, true, out, r, xp, cv, sv, w, wsf, group, K);
+    } else {
+        for (; r + 4 <= nr; r += 4) q8_gemv_tile(4, false, out, r, xp, cv, sv, w, wsf, group, K);
+        for (; r < nr; r++) q8_gemv_tile(1, false, out, r, xp, cv, sv, w, wsf, group, K);
+    }
+    free(xp);
+    free(cv);
+    free(sv);
+    free(wsf);
+}
+
+static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
+                                    int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group,
+                                    int64_t nr, int64_t K) {
+    if (nt == 1) { q8_gemv512(out, xq, xs, xsum, w, i4, scale, group, nr, K); return; }
+    int64_t nb = K / 32, ng = K / group;
+    uint8_t *raw = pln_xmalloc((size_t)nb * 512 + 64);
+    uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;   /* aligned: each vector one cache line */
+    float *wsf = ng > 1 ? pln_xmalloc((size_t)ng * 16 * sizeof(float)) : NULL;
+    float wrow[16];
+    pln_cpu_q8_repack(wp, w, i4, nr, K);
+    for (int64_t i = 0; i < 16; i++) {
+        if (ng == 1) wrow[i] = i < nr ? _cvtsh_ss(scale[i]) : 0.0f;
+        else for (int64_t g = 0; g < ng; g++) wsf[g * 16 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f;
+    }
+    __mmask16 m = (__mmask16)((1u << nr) - 1);
+    int32_t off = i4 ? 8 : 128;
+    int64_t t = 0;
+    for (; t + 8 <= nt; t += 8) q8_tile16(8, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, wsf, wrow, group, K, m);
+    for (; t + 4 <= nt; t += 4) q8_tile16(4, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, wsf, wrow, group, K, m);
+    for (; t + 2 <= nt; t += 2) q8_tile16(2, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, wsf, wrow, group, K, m);
+    for (; t < nt; t++) q8_tile16(1, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, wsf, wrow, group, K, m);
+    free(raw);
+    free(wsf);
+}
+
+static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
+                           const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        gemm_q8_vnni512(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+    else
+        pln_cpu_kernels_avx2.gemm_q8(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
 }
 
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
