@@ -51,12 +51,15 @@ typedef struct {
     void (*gemm_i4)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
-     * xq int8 [nt, K], xs fp32 [nt, K / 32] (their scales) and xsum int32 [nt, K / 32] (each
-     * block's sum of xq, for the kernels that offset the weights to unsigned bytes); w is I8 (rows
-     * of K bytes) or, when i4, packed int4 (rows of K / 2 bytes), group % 32 == 0, nr <= 16. For
-     * every block b the integer dot d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r]
-     * = sum over b of d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in
-     * summation order; per-row weights, one group, may apply the weight scale once at the end). */
+     * token-interleaved so that a tile of tokens finds its operands side by side: xq holds int8
+     * column k of token t at xq[4 * ((k / 4) * nt + t) + k % 4] (4-byte groups of columns, all nt
+     * tokens' groups together), xs fp32 and xsum int32 [K / 32][nt] (block b of token t at
+     * [b * nt + t]: its scale, and its sum of xq for the kernels that offset the weights to
+     * unsigned bytes). At nt = 1 these are plain rows. w is I8 (rows of K bytes) or, when i4,
+     * packed int4 (rows of K / 2 bytes), group % 32 == 0, nr <= 32. For every block b the integer
+     * dot d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
+     * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order;
+     * per-row weights, one group, may apply the weight scale once at the end). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):

@@ -358,41 +358,43 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
     return _mm256_dpbusd_avx_epi32(acc, wu, x);
 }
 
-/* NT tokens x the 8 repacked rows of half h (rows 8 h .. 8 h + 7); n: the rows that exist. wsf:
- * row scales per group [ng][16] (grouped) or NULL with wrow [16] (per row, at the end). sgn: int8
+/* NT tokens x the 8 repacked rows 8 h .. 8 h + 7 (h < 4; wp: their set of 16); n: the rows that
+ * exist. wsf: row scales per group [ng][32] (grouped) or NULL with wrow [32] (per row, at the end). sgn: int8
  * weights by the sign trick (no offset). */
 #define DEF_GEMM_Q8(NAME, ATTR, DOTV, VNNI)                                                                     \
     static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
         const int NT, const bool sgn, float *out, int64_t ldo, const int8_t *xq, const float *xs,               \
-        const int32_t *xsum, int32_t off, const uint8_t *wp, int h, const float *wsf, const float *wrow,        \
-        int64_t group, int64_t K, int n) {                                                                       \
-        int64_t nb = K / 32;                                                                                     \
+        const int32_t *xsum, int64_t ldq, int32_t off, const uint8_t *wp, int h, const float *wsf,              \
+        const float *wrow, int64_t group, int64_t K, int n) {                                                    \
+        int64_t nb = K / 32, bpg = group / 32, gi = 0, gb = 0;                                                   \
         __m256 fa[4];                                                                                            \
         Q8UNROLL for (int j = 0; j < NT; j++) fa[j] = _mm256_setzero_ps();                                       \
         for (int64_t b = 0; b < nb; b++) {                                                                       \
             __m256i ia[4];                                                                                       \
-            Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm256_set1_epi32(sgn ? 0 : -off * xsum[j * nb + b]); \
-            const uint8_t *wb = wp + 512 * b + 32 * h;                                                           \
-            const int8_t *xb = xq + 32 * b;                                                                      \
-            Q8UNROLL for (int g = 0; g < 8; g++) {                                                               \
+            Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm256_set1_epi32(sgn ? 0 : -off * xsum[b * ldq + j]); \
+            const uint8_t *wb = wp + 512 * b + 32 * (h & 1);                                                     \
+            const int8_t *xg = xq + 32 * b * ldq;                                                                \
+            Q8UNROLL for (int g = 0; g < 8; g++, xg += 4 * ldq) {                                                \
+                __asm__("" : "+r"(xg)); /* one walking pointer (simd_avx512.c) */                               \
                 __m256i wv = _mm256_load_si256((const __m256i *)(wb + 64 * g));                                  \
                 if (sgn) {                                                                                       \
                     __m256i ws8 = _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80)), aw = _mm256_abs_epi8(ws8); \
                     Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
-                        ia[j] = q8_dot_base(ia[j], aw, _mm256_sign_epi8(_mm256_set1_epi32(q8_ld32(xb + j * K + 4 * g)), ws8)); \
+                        ia[j] = q8_dot_base(ia[j], aw, _mm256_sign_epi8(_mm256_set1_epi32(q8_ld32(xg + 4 * j)), ws8)); \
                 } else {                                                                                         \
                     Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
-                        ia[j] = DOTV(ia[j], wv, _mm256_set1_epi32(q8_ld32(xb + j * K + 4 * g)));                 \
+                        ia[j] = DOTV(ia[j], wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)));                 \
                 }                                                                                                \
             }                                                                                                    \
             if (wsf) {                                                                                           \
-                __m256 sc = _mm256_loadu_ps(wsf + (32 * b / group) * 16 + 8 * h);                                \
+                __m256 sc = _mm256_loadu_ps(wsf + gi * 32 + 8 * h);                                              \
                 Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
-                    fa[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(sc, _mm256_set1_ps(xs[j * nb + b])), fa[j]); \
+                    fa[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(sc, _mm256_set1_ps(xs[b * ldq + j])), fa[j]); \
             } else {                                                                                             \
                 Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
-                    fa[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_set1_ps(xs[j * nb + b]), fa[j]);   \
+                    fa[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_set1_ps(xs[b * ldq + j]), fa[j]);   \
             }                                                                                                    \
+            if (++gb == bpg) { gb = 0; gi++; }                                                                   \
         }                                                                                                        \
         __m256 wr = wsf ? _mm256_set1_ps(1.0f) : _mm256_loadu_ps(wrow + 8 * h);                                  \
         Q8UNROLL for (int j = 0; j < NT; j++) {                                                                  \
@@ -406,34 +408,37 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         const bool sgn, float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,        \
         int64_t nt, int32_t off, const uint8_t *wp, int h, const float *wsf, const float *wrow, int64_t group,   \
         int64_t K, int n) {                                                                                      \
-        int64_t nb = K / 32, t = 0;                                                                              \
+        int64_t t = 0;                                                                                           \
         for (; t + 4 <= nt; t += 4)                                                                              \
-            NAME##_tile(4, sgn, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, h, wsf, wrow, group, K, n); \
+            NAME##_tile(4, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
         for (; t + 2 <= nt; t += 2)                                                                              \
-            NAME##_tile(2, sgn, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, h, wsf, wrow, group, K, n); \
+            NAME##_tile(2, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
         for (; t < nt; t++)                                                                                      \
-            NAME##_tile(1, sgn, out + t * ldo, ldo, xq + t * K, xs + t * nb, xsum + t * nb, off, wp, h, wsf, wrow, group, K, n); \
+            NAME##_tile(1, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
     }                                                                                                            \
     static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,      \
                           int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
                           int64_t K) {                                                                           \
-        int64_t nb = K / 32, ng = K / group;                                                                     \
-        uint8_t *raw = pln_xmalloc((size_t)nb * 512 + 64);                                                       \
+        int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;                           \
+        uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);                                                 \
         uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;                                                     \
-        float *wsf = ng > 1 ? pln_xmalloc((size_t)ng * 16 * sizeof(float)) : NULL;                              \
-        float wrow[16];                                                                                          \
-        pln_cpu_q8_repack(wp, w, i4, nr, K);                                                                     \
-        for (int64_t i = 0; i < 16; i++) {                                                                       \
+        float *wsf = ng > 1 ? pln_xmalloc((size_t)ng * 32 * sizeof(float)) : NULL;                              \
+        float wrow[32];                                                                                          \
+        for (int64_t s = 0; s < ns; s++)                                                                         \
+            pln_cpu_q8_repack(wp + s * sstride, (const uint8_t *)w + 16 * s * (i4 ? K / 2 : K), i4,              \
+                              nr - 16 * s < 16 ? nr - 16 * s : 16, K);                                           \
+        for (int64_t i = 0; i < 32; i++) {                                                                       \
             if (ng == 1) wrow[i] = i < nr ? _cvtsh_ss(scale[i]) : 0.0f;                                          \
-            else for (int64_t g = 0; g < ng; g++) wsf[g * 16 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f; \
+            else for (int64_t g = 0; g < ng; g++) wsf[g * 32 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f; \
         }                                                                                                        \
         int32_t off = i4 ? 8 : 128;                                                                              \
-        for (int h = 0; h < 2 && 8 * h < nr; h++) {                                                              \
+        for (int h = 0; h < 4 && 8 * h < nr; h++) {                                                              \
             int n = nr - 8 * h < 8 ? (int)(nr - 8 * h) : 8;                                                      \
+            const uint8_t *wph = wp + (h / 2) * sstride;                                                         \
             if (!VNNI && !i4)                                                                                    \
-                NAME##_half(true, out + 8 * h, ldo, xq, xs, xsum, nt, off, wp, h, wsf, wrow, group, K, n);       \
+                NAME##_half(true, out + 8 * h, ldo, xq, xs, xsum, nt, off, wph, h, wsf, wrow, group, K, n);      \
             else                                                                                                 \
-                NAME##_half(false, out + 8 * h, ldo, xq, xs, xsum, nt, off, wp, h, wsf, wrow, group, K, n);      \
+                NAME##_half(false, out + 8 * h, ldo, xq, xs, xsum, nt, off, wph, h, wsf, wrow, group, K, n);     \
         }                                                                                                        \
         free(raw);                                                                                               \
         free(wsf);                                                                                               \

@@ -91,12 +91,11 @@ static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs
             wr = row;
         }
         for (int64_t t = 0; t < nt; t++) {
-            const int8_t *xt = xq + t * K;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t d = 0;
-                for (int i = 0; i < 32; i++) d += (int32_t)wr[32 * b + i] * xt[32 * b + i];
-                acc = fmaf((float)d, xs[t * nb + b] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
+                for (int64_t k = 32 * b; k < 32 * b + 32; k++) d += (int32_t)wr[k] * xq[4 * ((k / 4) * nt + t) + k % 4];
+                acc = fmaf((float)d, xs[b * nt + t] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
             }
             out[t * ldo + r] = acc;
         }
