@@ -73,22 +73,22 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         /* each block of tokens quantized once, then shared by every row chunk */
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
-        int8_t *xr = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K), *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
-        float *sr = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
+        int8_t *xq_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K), *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
+        float *xs_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
         float *xs = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
-        int32_t *nr_sum = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
+        int32_t *xsum_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
         int32_t *xsum = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
         for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
             int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
             #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (nt * K > 65536)
-            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xr + t * K, sr + t * nb, nr_sum + t * nb);
+            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq_row + t * K, xs_row + t * nb, xsum_row + t * nb);
             /* token-interleaved (cpu.h gemm_q8): a tile of tokens finds its 4-byte activation
              * groups, scales and sums side by side */
             for (int64_t t = 0; t < nt; t++) {
-                for (int64_t kg = 0; kg < K / 4; kg++) memcpy(xq + 4 * (kg * nt + t), xr + t * K + 4 * kg, 4);
+                for (int64_t kg = 0; kg < K / 4; kg++) memcpy(xq + 4 * (kg * nt + t), xq_row + t * K + 4 * kg, 4);
                 for (int64_t b = 0; b < nb; b++) {
-                    xs[b * nt + t] = sr[t * nb + b];
-                    xsum[b * nt + t] = nr_sum[t * nb + b];
+                    xs[b * nt + t] = xs_row[t * nb + b];
+                    xsum[b * nt + t] = xsum_row[t * nb + b];
                 }
             }
             float *o = out + t0 * ldo;
@@ -102,11 +102,11 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                         k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
             }
         }
-        free(xr);
+        free(xq_row);
         free(xq);
-        free(sr);
+        free(xs_row);
         free(xs);
-        free(nr_sum);
+        free(xsum_row);
         free(xsum);
         return;
     }
