@@ -408,10 +408,16 @@ static void test_logits(void) {
 }
 
 /* ---- KV cache + attention ------------------------------------------------------------------ */
-static void test_attention_case(int n_head, int head_dim, int block_size) {
+static void test_attention_case(int n_head, int head_dim, int block_size, bool long_ctx) {
     enum { S = 4 };
-    /* per sequence: tokens already in the cache, and tokens fed in this step */
+    /* per sequence: tokens already in the cache, and tokens fed in this step (long: prefills
+     * whose query groups and 16-key score blocks cross many KV blocks, causal tails included) */
     int32_t prior[S] = {0, 9, 5, 16}, fed[S] = {7, 1, 3, 1};
+    if (long_ctx) {
+        static const int32_t lp[S] = {0, 70, 37, 100}, lf[S] = {41, 1, 19, 2};
+        memcpy(prior, lp, sizeof prior);
+        memcpy(fed, lf, sizeof fed);
+    }
     int max_len = 0;
     for (int s = 0; s < S; s++) if (prior[s] + fed[s] > max_len) max_len = prior[s] + fed[s];
     int32_t max_blocks = (max_len + block_size - 1) / block_size + 1;
@@ -455,7 +461,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size) {
         int s = seq2[t], p = pos2[t];
         for (int h = 0; h < n_head; h++) {
             const float *q = hist[s] + p * width + h * 3 * head_dim;
-            double sc[64], mx = -INFINITY, sum = 0;
+            double sc[128], mx = -INFINITY, sum = 0;
             for (int j = 0; j <= p; j++) {
                 const float *k = hist[s] + j * width + (h * 3 + 1) * head_dim;
                 double d = 0;
@@ -505,10 +511,14 @@ static void test_attention_case(int n_head, int head_dim, int block_size) {
 }
 
 static void test_attention(void) {
-    test_attention_case(3, 8, 4);
-    test_attention_case(2, 13, 5);
-    test_attention_case(4, 64, 16);
-    test_attention_case(1, 128, 3);
+    test_attention_case(3, 8, 4, false);
+    test_attention_case(2, 13, 5, false);
+    test_attention_case(4, 64, 16, false);
+    test_attention_case(1, 128, 3, false);
+    test_attention_case(2, 64, 16, true);
+    test_attention_case(2, 128, 48, true);
+    test_attention_case(1, 80, 32, true);
+    test_attention_case(1, 24, 7, true);
     /* ALiBi slopes against DESIGN.md's formula, powers of two and not */
     static const int heads[] = {1, 6, 8, 12, 16, 112};
     for (size_t i = 0; i < 6; i++) {
