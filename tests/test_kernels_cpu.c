@@ -801,9 +801,9 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
 }
 
 /* Attention over a paged cache: decode (one token per sequence at position ctx-1) and a prefill
- * of ctx tokens, bloom-1b7's 16 heads of 128. */
-static void bench_attention(int ctx, int n_seq) {
-    int n_head = 16, hd = 128, bs = 16;
+ * of ctx tokens, n_head heads of hd (bloom-1b7: 16 x 128, bloom-560m: 16 x 64). */
+static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
+    int bs = 16;
     int32_t max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * n_seq;
     size_t pool = (size_t)n_blocks * n_head * bs * hd;
     float *kc = rnd_vec(pool, -1, 1), *vc = rnd_vec(pool, -1, 1);
@@ -832,8 +832,8 @@ static void bench_attention(int ctx, int n_seq) {
         }
         double keys = prefill ? (double)ctx * (ctx + 1) / 2 : (double)ctx * n_seq;
         double flops = keys * n_head * hd * 4;
-        printf("attention %s %s KV ctx %d, %d seq, 16x128 heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
-               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, best * 1e3,
+        printf("attention %s %s KV ctx %d, %d seq, %dx%d heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
+               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, n_head, hd, best * 1e3,
                flops / best / 1e9, prefill ? 0.0 : keys * n_head * hd * (f16 ? 4 : 8) / best / 1e9);
         free(seq); free(pos); free(qkv); free(out);
     }
@@ -847,7 +847,8 @@ static int run_bench(int n_t, const int *Ts) {
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
-    bench_attention(512, 8);
+    bench_attention(512, 8, 16, 128);
+    bench_attention(512, 8, 16, 64);
     /* GeLU epilogue cost beside the GEMM it follows */
     {
         int64_t n = 32 * 8192;
