@@ -82,7 +82,7 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
 #define KCHUNK 64
 
 /* Queries of one head (consecutive tokens of one sequence) that walk the keys together. */
-#define QGROUP 4
+#define QGROUP 8
 
 /* The fast path: one pass over the keys with an online softmax. Per stretch of keys: scores,
  * the stretch's max, then the running state (max m, sum l) and the unnormalised output are
