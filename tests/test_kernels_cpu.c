@@ -439,10 +439,16 @@ static void test_logits(void) {
 }
 
 /* ---- KV cache + attention ------------------------------------------------------------------ */
-static void test_attention_case(int n_head, int head_dim, int block_size) {
+static void test_attention_case(int n_head, int head_dim, int block_size, bool long_ctx) {
     enum { S = 4 };
-    /* per sequence: tokens already in the cache, and tokens fed in this step */
+    /* per sequence: tokens already in the cache, and tokens fed in this step (long: prefills
+     * whose query groups and 16-key score blocks cross many KV blocks, causal tails included) */
     int32_t prior[S] = {0, 9, 5, 16}, fed[S] = {7, 1, 3, 1};
+    if (long_ctx) {
+        static const int32_t lp[S] = {0, 70, 37, 100}, lf[S] = {41, 1, 19, 2};
+        memcpy(prior, lp, sizeof prior);
+        memcpy(fed, lf, sizeof fed);
+    }
     int max_len = 0;
     for (int s = 0; s < S; s++) if (prior[s] + fed[s] > max_len) max_len = prior[s] + fed[s];
     int32_t max_blocks = (max_len + block_size - 1) / block_size + 1;
@@ -486,7 +492,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size) {
         int s = seq2[t], p = pos2[t];
         for (int h = 0; h < n_head; h++) {
             const float *q = hist[s] + p * width + h * 3 * head_dim;
-            double sc[64], mx = -INFINITY, sum = 0;
+            double sc[128], mx = -INFINITY, sum = 0;
             for (int j = 0; j <= p; j++) {
                 const float *k = hist[s] + j * width + (h * 3 + 1) * head_dim;
                 double d = 0;
@@ -536,10 +542,14 @@ static void test_attention_case(int n_head, int head_dim, int block_size) {
 }
 
 static void test_attention(void) {
-    test_attention_case(3, 8, 4);
-    test_attention_case(2, 13, 5);
-    test_attention_case(4, 64, 16);
-    test_attention_case(1, 128, 3);
+    test_attention_case(3, 8, 4, false);
+    test_attention_case(2, 13, 5, false);
+    test_attention_case(4, 64, 16, false);
+    test_attention_case(1, 128, 3, false);
+    test_attention_case(2, 64, 16, true);
+    test_attention_case(2, 128, 48, true);
+    test_attention_case(1, 80, 32, true);
+    test_attention_case(1, 24, 7, true);
     /* ALiBi slopes against DESIGN.md's formula, powers of two and not */
     static const int heads[] = {1, 6, 8, 12, 16, 112};
     for (size_t i = 0; i < 6; i++) {
@@ -821,9 +831,9 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
 }
 
 /* Attention over a paged cache: decode (one token per sequence at position ctx-1) and a prefill
- * of ctx tokens, bloom-1b7's 16 heads of 128. */
-static void bench_attention(int ctx, int n_seq) {
-    int n_head = 16, hd = 128, bs = 16;
+ * of ctx tokens, n_head heads of hd (bloom-1b7: 16 x 128, bloom-560m: 16 x 64). */
+static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
+    int bs = 16;
     int32_t max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * n_seq;
     size_t pool = (size_t)n_blocks * n_head * bs * hd;
     float *kc = rnd_vec(pool, -1, 1), *vc = rnd_vec(pool, -1, 1);
@@ -852,8 +862,8 @@ static void bench_attention(int ctx, int n_seq) {
         }
         double keys = prefill ? (double)ctx * (ctx + 1) / 2 : (double)ctx * n_seq;
         double flops = keys * n_head * hd * 4;
-        printf("attention %s %s KV ctx %d, %d seq, 16x128 heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
-               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, best * 1e3,
+        printf("attention %s %s KV ctx %d, %d seq, %dx%d heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
+               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, n_head, hd, best * 1e3,
                flops / best / 1e9, prefill ? 0.0 : keys * n_head * hd * (f16 ? 4 : 8) / best / 1e9);
         free(seq); free(pos); free(qkv); free(out);
     }
@@ -867,7 +877,8 @@ static int run_bench(int n_t, const int *Ts) {
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
-    bench_attention(512, 8);
+    bench_attention(512, 8, 16, 128);
+    bench_attention(512, 8, 16, 64);
     /* GeLU epilogue cost beside the GEMM it follows */
     {
         int64_t n = 32 * 8192;

@@ -76,6 +76,13 @@ typedef struct {
     /* sum_i exp(x[i] - mx) for a row whose max is mx (finite); -inf entries add nothing
      * (the SIMD versions: below 1e-37 each). */
     float (*sum_exp)(const float *x, int64_t n, float mx);
+    /* x[i] = exp(x[i] - mx) in place for i < n, returns their sum (an attention stretch's
+     * softmax numerators; mx >= every x[i], finite; the SIMD exp is the one of sum_exp). */
+    float (*exp_sum)(float *x, int64_t n, float mx);
+    /* An attention stretch's scores from its dots, in place: x[i] = x[i] * scale + slope * (j0 + i)
+     * (the SIMD tiers may fuse the multiply-add: equal within one rounding); returns their max
+     * (-inf when n == 0). */
+    float (*score_max)(float *x, int64_t n, float scale, float slope, int32_t j0);
 } pln_cpu_kernels;
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;

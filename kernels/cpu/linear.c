@@ -110,26 +110,30 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         free(xsum);
         return;
     }
-    for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
+    /* One parallel region for all the token blocks (a 512-token prefill has 8): items go block
+     * by block, so the threads still share one block's activations in cache, but they meet at
+     * one barrier per call instead of one per block, and a block's last rows overlap the next
+     * block's first instead of leaving a thread idle at each block's end.
+     * dynamic: when ranks or other work share the cores, a descheduled thread's rows are taken
+     * by the others instead of stalling the whole step. */
+    int64_t n_blk = (T + PLN_CPU_TCHUNK - 1) / PLN_CPU_TCHUNK;
+    #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * T > 65536)
+    for (int64_t it = 0; it < n_blk * n_chunks; it++) {
+        int64_t t0 = it / n_chunks * PLN_CPU_TCHUNK, ch = it % n_chunks;
         int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
         const float *x = in + t0 * K;
         float *o = out + t0 * ldo;
-        /* dynamic: when ranks or other work share the cores, a descheduled thread's rows are
-         * taken by the others instead of stalling the whole step */
-        #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
-        for (int64_t ch = 0; ch < n_chunks; ch++) {
-            int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
-            if (W->dtype == PLN_DTYPE_F16)
-                k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
-            else if (W->dtype == PLN_DTYPE_U8)
-                k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
-                           W->scale + r0 * (K / W->group), W->group, nr, K);
-            else
-                k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
-                           W->scale + r0 * (K / W->group), W->group, nr, K);
-            if (bias || gelu)
-                for (int64_t t = 0; t < nt; t++)
-                    k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
-        }
+        int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
+        if (W->dtype == PLN_DTYPE_F16)
+            k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
+        else if (W->dtype == PLN_DTYPE_U8)
+            k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
+                       W->scale + r0 * (K / W->group), W->group, nr, K);
+        else
+            k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
+                       W->scale + r0 * (K / W->group), W->group, nr, K);
+        if (bias || gelu)
+            for (int64_t t = 0; t < nt; t++)
+                k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
     }
 }

@@ -594,10 +594,43 @@ static TGT float sum_exp_avx2(const float *x, int64_t n, float mx) {
     return s;
 }
 
+static TGT float exp_sum_avx2(float *x, int64_t n, float mx) {
+    __m256 m = _mm256_set1_ps(mx), a = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(x + i, e);
+        a = _mm256_add_ps(a, e);
+    }
+    float s = hsum(a);
+    for (; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    return s;
+}
+
+static TGT float score_max_avx2(float *x, int64_t n, float scale, float slope, int32_t j0) {
+    __m256 sv = _mm256_set1_ps(scale), lv = _mm256_set1_ps(slope), mv = _mm256_set1_ps(-INFINITY);
+    __m256i jv = _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_mul_ps(lv, _mm256_cvtepi32_ps(jv)));
+        _mm256_storeu_ps(x + i, v);
+        mv = _mm256_max_ps(mv, v);
+        jv = _mm256_add_epi32(jv, _mm256_set1_epi32(8));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; i < n; i++) {
+        x[i] = x[i] * scale + slope * (float)(j0 + i);
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
-    .sum_exp = sum_exp_avx2,
+    .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
 };
 #endif

@@ -15,6 +15,7 @@
 #define TGT __attribute__((target("avx512f,avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 #define UNROLL _Pragma("GCC unroll 6")
+#define UNROLL16 _Pragma("GCC unroll 16")
 
 INL __m512 load_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -520,9 +521,45 @@ INL float kv_ld(const void *p, int64_t i, bool f16) {
     return f16 ? pln_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-/* Four keys at a time share each load of q. */
+/* The 16 horizontal sums of a[0..15] as one vector (lane i = sum of a[i]): pairs are folded by
+ * unpacks, then 128-bit lanes by shuffles, 30 instructions where 16 separate reductions take
+ * about 100. */
+INL __m512 hsum16(const __m512 *a) {
+    __m512 b[8], c[4];
+    UNROLL16 for (int i = 0; i < 8; i++)   /* per 128-bit lane: a2i, a2i+1, a2i, a2i+1 partials */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    UNROLL16 for (int i = 0; i < 4; i++) { /* per 128-bit lane: a4i .. a4i+3 partials */
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* lanes (0, 2 | 1, 3) of two vectors, added: each 128-bit lane now holds two lanes' sums */
+    __m512 f = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+    __m512 g = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(f, g, 0x88), _mm512_shuffle_f32x4(f, g, 0xdd));
+}
+
+/* Scores of 16 consecutive keys (rows of D, a multiple of 16; a compile-time constant after
+ * inlining for the common head sizes, so the 16 rows are one pointer plus fixed offsets instead
+ * of 16 registers). */
+INL __m512 dots16(const float *q, const void *k, int64_t k0, const int64_t D, bool f16) {
+    __m512 a[16];
+    UNROLL16 for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < D; e += 16) {
+        __m512 qv = _mm512_loadu_ps(q + e);
+        UNROLL16 for (int j = 0; j < 16; j++) a[j] = _mm512_fmadd_ps(qv, kv_ldv(k, k0 + j * D + e, f16), a[j]);
+    }
+    return hsum16(a);
+}
+
+/* Sixteen keys at a time (a full KV block) share each load of q and one hsum16; then four at a
+ * time. */
 INL void dots_impl(float *scores, const float *q, const void *k, int64_t n, int64_t d, bool f16) {
     int64_t i = 0;
+    if (d % 16 == 0)
+        for (; i + 16 <= n; i += 16) {
+            __m512 sv = d == 64 ? dots16(q, k, i * d, 64, f16) : d == 128 ? dots16(q, k, i * d, 128, f16) : dots16(q, k, i * d, d, f16);
+            _mm512_storeu_ps(scores + i, sv);
+        }
     for (; i + 4 <= n; i += 4) {
         const int64_t k0 = i * d;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
@@ -650,10 +687,41 @@ static TGT float sum_exp_avx512(const float *x, int64_t n, float mx) {
     return s;
 }
 
+/* A stretch of at most a block of keys: one masked vector for the tail, no scalar exp. */
+static TGT float exp_sum_avx512(float *x, int64_t n, float mx) {
+    __m512 m = _mm512_set1_ps(mx), a = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, e);
+        a = _mm512_add_ps(a, e);
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        a = _mm512_mask_add_ps(a, k, a, e);
+    }
+    return _mm512_reduce_add_ps(a);
+}
+
+static TGT float score_max_avx512(float *x, int64_t n, float scale, float slope, int32_t j0) {
+    __m512 sv = _mm512_set1_ps(scale), lv = _mm512_set1_ps(slope), mv = _mm512_set1_ps(-INFINITY);
+    __m512i jv = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv), _mm512_mul_ps(lv, _mm512_cvtepi32_ps(jv)));
+        _mm512_mask_storeu_ps(x + i, k, v);
+        mv = _mm512_mask_max_ps(mv, k, mv, v);
+        jv = _mm512_add_epi32(jv, _mm512_set1_epi32(16));
+    }
+    return _mm512_reduce_max_ps(mv);
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
-    .sum_exp = sum_exp_avx512,
+    .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
 };
 #endif

@@ -150,8 +150,24 @@ static float sum_exp_c(const float *x, int64_t n, float mx) {
     return (float)s;
 }
 
+static float exp_sum_c(float *x, int64_t n, float mx) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    return s;
+}
+
+static float score_max_c(float *x, int64_t n, float scale, float slope, int32_t j0) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = x[i] * scale + slope * (float)(j0 + i);
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
 const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .gemm_i4 = gemm_i4_c, .gemm_q8 = gemm_q8_c, .dots = dots_c,
     .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
-    .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c,
+    .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c, .exp_sum = exp_sum_c,
+    .score_max = score_max_c,
 };
