@@ -125,6 +125,24 @@ table() {
     printf "  %-20s T1 %6s  T8 %6s  T16 %6s  T512 %6s us\n" $op "$(f op_int4_tp1_${op}_T1_gbs 0)" "$(f op_int4_tp1_${op}_T8_gbs 0)" \
       "$(f op_int4_tp1_${op}_T16_gbs 0)" "$(f op_int4_tp1_${op}_T512_us 0)"
   done
+  echo "linears of one TP-8 rank by batch, us per call / TFLOP/s (fp16: cuBLASLt above 16 tokens; int8/int4: the"
+  echo "GEMV to 32 tokens, the cp.async GEMM above; at T 32 and 64 the quantized kernels forced: gemv | gemm us):"
+  printf "  %-16s %4s %15s %15s %15s %15s %23s\n" shape T fp16 int8 int8-g128 int4-g128 "int8 gemv|gemm"
+  local sh t d row
+  for sh in query_key_value dense dense_h_to_4h dense_4h_to_h; do for t in 8 32 64 128; do
+    row=$(printf "  %-16s %4s" $sh $t)
+    for d in fp16 int8 int8g128 int4g128; do
+      row="$row$(printf " %15s" "$(f lin_${sh}_${d}_T${t}_us 1)/$(f lin_${sh}_${d}_T${t}_tflops 0)")"
+    done
+    if [ "$t" = 32 ] || [ "$t" = 64 ]; then
+      row="$row$(printf " %23s" "$(f lin_${sh}_int8_T${t}_gemv_us 1)|$(f lin_${sh}_int8_T${t}_gemm_us 1)")"
+    fi
+    echo "$row"
+  done; done
+  for d in fp16 int8 int8g128 int4g128; do
+    echo "  one layer's linears, $d: T1 $(f lin_layer_${d}_T1_us 1) us, T128 $(f lin_layer_${d}_T128_us 1) us;" \
+         "batch 128 / batch 1 tokens/s $(f lin_layer_${d}_b128_over_b1 1)x (target >= 60)"
+  done
   echo "loader ($(f load_file_gb 1) GB $(vd load_file)): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
        "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"
   echo "compute-sanitizer on test_cuda_ops --quick: memcheck exit $(vd sanitizer_memcheck_exit), $(vd sanitizer_memcheck_errors) errors;" \
