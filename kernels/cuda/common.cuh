@@ -113,7 +113,7 @@ typedef struct pln_cuda_ctx {
     bool attn_tiled;             /* prefill-heavy steps on the query-tiled attention kernel */
     size_t attn_scratch;         /* bound on split-key partial states per launch (0: PLN_ATTN_SCRATCH) */
     int attn_splits;             /* flash-decoding kernel: 0 auto, > 0 forced on with that many splits, < 0 off */
-    int gemv_splits;             /* GEMV split-k: 0 auto (fill the SMs), n > 0 forced (tests) */
+    int gemv_splits;             /* GEMV and quantized GEMM split-k: 0 auto (fill the SMs), n > 0 forced (tests) */
     unsigned *attn_count;        /* arrival counters (flash-decoding merge, GEMV split-k), zero at rest */
     size_t attn_count_n;
     uint64_t epoch;              /* bumped whenever scratch moves: graphs recorded before are stale */

@@ -396,7 +396,7 @@ template <int WQ, int BT, typename OT>
 __global__ void __launch_bounds__(128)
 gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-               int64_t N, int64_t K, int gelu, int64_t n_valid)
+               int64_t N, int64_t K, int gelu, int64_t n_valid, float *part, unsigned *cnt, int per)
 {
     constexpr bool I4 = WQ == WQ_I4;
     constexpr int KS = I4 ? 128 : 64;   /* columns per k-step */
@@ -415,7 +415,8 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
     const int64_t rowbytes = I4 ? K / 2 : K;   /* either way 64 bytes per row and step */
     const uint8_t *pa = W + (va ? ra : 0) * rowbytes + 16 * q;
     const uint8_t *pb = W + (vb ? rb : 0) * rowbytes + 16 * q;
-    const int nk = (int)(K / KS);
+    /* split-k (gridDim.z > 1): this block's steps [kb, ke) */
+    const int kb = (int)blockIdx.z * per, ke = (int)(K / KS) < kb + per ? (int)(K / KS) : kb + per;
     const int64_t sgroups = WQ == WQ_I8 ? 1 : K / G;
 
 
@@ -425,14 +426,14 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
 
 #pragma unroll
     for (int st = 0; st < GEMM_STAGES - 1; st++) {
-        if (st < nk) gemm_issue<KS, BT>(xs[st], ws[st], pa, pb, va, vb, x, T, t0, K, st);
+        if (kb + st < ke) gemm_issue<KS, BT>(xs[st], ws[st], pa, pb, va, vb, x, T, t0, K, kb + st);
         pln_cp_async_commit();   /* empty groups keep the count uniform */
     }
     int buf = 0, nbuf = GEMM_STAGES - 1;   /* the stage read now, the stage issued now */
-    for (int kk = 0; kk < nk; kk++) {
+    for (int kk = kb; kk < ke; kk++) {
         pln_cp_async_wait<GEMM_STAGES - 2>();
         __syncthreads();
-        if (kk + GEMM_STAGES - 1 < nk) gemm_issue<KS, BT>(xs[nbuf], ws[nbuf], pa, pb, va, vb, x, T, t0, K, kk + GEMM_STAGES - 1);
+        if (kk + GEMM_STAGES - 1 < ke) gemm_issue<KS, BT>(xs[nbuf], ws[nbuf], pa, pb, va, vb, x, T, t0, K, kk + GEMM_STAGES - 1);
         pln_cp_async_commit();
         nbuf = nbuf == GEMM_STAGES - 1 ? 0 : nbuf + 1;
         __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
@@ -492,6 +493,46 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         buf = buf == GEMM_STAGES - 1 ? 0 : buf + 1;
     }
     pln_cp_async_wait<0>();   /* nothing may be in flight at exit (only empty groups are left) */
+    const int kspl = gridDim.z;
+    if (kspl > 1) {
+        /* split-k: every block writes its fp32 tile ([token][row] of 64 x BT) and counts in on the
+         * tile's arrival counter; the last to arrive sums the splits in split order (its own read
+         * back too, so the order never depends on who came last), runs the epilogue and leaves
+         * the counter zero again, as the GEMV does */
+        const int tix = blockIdx.y * gridDim.x + blockIdx.x;
+        float *tile = part + (int64_t)tix * kspl * 64 * BT;
+        float *mine = tile + (int64_t)blockIdx.z * 64 * BT;
+        const int lr = warp * 16 + g;
+#pragma unroll
+        for (int n = 0; n < NTILES; n++) {
+            const int lt = n * 8 + 2 * q;
+            mine[lt * 64 + lr] = acc[n][0];
+            mine[(lt + 1) * 64 + lr] = acc[n][1];
+            mine[lt * 64 + lr + 8] = acc[n][2];
+            mine[(lt + 1) * 64 + lr + 8] = acc[n][3];
+        }
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            last = atomicAdd(cnt + tix, 1u) == (unsigned)kspl - 1;
+            if (last) atomicExch(cnt + tix, 0u);
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int n = 0; n < NTILES; n++) {
+            const int lt = n * 8 + 2 * q;
+            const int at[4] = {lt * 64 + lr, (lt + 1) * 64 + lr, lt * 64 + lr + 8, (lt + 1) * 64 + lr + 8};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float v = 0.0f;
+                for (int y = 0; y < kspl; y++) v += __ldcg(tile + (int64_t)y * 64 * BT + at[i]);
+                acc[n][i] = v;
+            }
+        }
+    }
     float sca = 1.0f, scb = 1.0f;
     if (WQ == WQ_I8) {
         if (va) sca = __half2float(scale[ra]);
@@ -707,20 +748,45 @@ static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weig
 }
 
 /* The quantized GEMM: 64-token tiles for int8 above 32 tokens, 32-token tiles otherwise (int4's
- * 128-column steps would need 64 KB of shared memory for 64 tokens in 3 stages). */
+ * 128-column steps would need 64 KB of shared memory for 64 tokens in 3 stages). A grid of fewer
+ * tiles than GEMM_FILL_PER_SM blocks per SM (QKV of a TP-8 BLOOM-176B rank at 64 tokens: 84 tiles
+ * on 132 SMs) splits k over gridDim.z blocks of at least GEMM_MIN_SPLIT_STEPS steps each; the
+ * last block of a tile to finish reduces (split-k in gemm_wq_kernel). -1 on an error. */
+#define GEMM_FILL_PER_SM 2
+#define GEMM_MIN_SPLIT_STEPS 8
 template <int WQ, typename OT>
-static void launch_gemm(pln_cuda_ctx *c, OT *out, const __half *x, const uint8_t *w, const pln_weight *W,
-                        const __half *b, int T, int gelu, int64_t n_valid)
+static int launch_gemm(pln_cuda_ctx *c, OT *out, const __half *x, const uint8_t *w, const pln_weight *W,
+                       const __half *b, int T, int gelu, int64_t n_valid)
 {
     const __half *sc = (const __half *)W->scale;
     const int bt = WQ != WQ_I4 && T > 32 ? 64 : 32;
-    dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, bt));
+    const int nk = (int)(W->cols / (WQ == WQ_I4 ? 128 : 64));
+    const int64_t tiles = (int64_t)pln_cdiv(W->rows, 64) * pln_cdiv(T, bt);
+    const int64_t target = (int64_t)GEMM_FILL_PER_SM * (c->sm_count > 0 ? c->sm_count : 1);
+    int64_t kspl = 1;
+    if (tiles < target) {
+        kspl = pln_cdiv(target, tiles);
+        if (kspl > nk / GEMM_MIN_SPLIT_STEPS) kspl = nk / GEMM_MIN_SPLIT_STEPS;
+        if (kspl < 1) kspl = 1;
+    }
+    if (c->gemv_splits > 0) kspl = c->gemv_splits < nk ? c->gemv_splits : (nk > 0 ? nk : 1);
+    const int per = pln_cdiv(nk, kspl);
+    float *part = nullptr;
+    unsigned *cnt = nullptr;
+    if (kspl > 1) {
+        part = (float *)pln_cuda_scratch(c, (size_t)tiles * kspl * 64 * bt * sizeof(float));
+        if (!part) return -1;
+        cnt = pln_cuda_attn_counters(c, (size_t)tiles);
+        if (!cnt) return -1;
+    }
+    dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, bt), (unsigned)kspl);
     if (bt == 64)
         PLN_LAUNCH(grid, 128, 0, c->stream, gemm_wq_kernel<WQ, WQ == WQ_I4 ? 32 : 64, OT>)(
-            out, x, w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid);
+            out, x, w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
     else
         PLN_LAUNCH(grid, 128, 0, c->stream, gemm_wq_kernel<WQ, 32, OT>)(out, x, w, sc, W->group, b, T, W->rows,
-                                                                         W->cols, gelu, n_valid);
+                                                                         W->cols, gelu, n_valid, part, cnt, per);
+    return 0;
 }
 
 /* int4 weights: the GEMV (T <= 16), the GEMM, or the plain kernel (columns not a multiple of
@@ -752,7 +818,7 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
             PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<GEMV_MAX_T, OT>)(
                 out, x, w, sc, W->group, b, T, W->rows, W->cols, ig, n_valid);
     } else if (path == PLN_LINEAR_GEMM) {
-        launch_gemm<WQ_I4, OT>(c, out, x, w, W, b, T, ig, n_valid);
+        if (launch_gemm<WQ_I4, OT>(c, out, x, w, W, b, T, ig, n_valid)) return -1;
     } else {
         int64_t threads = (int64_t)T * W->rows * 32;
         PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_i4_kernel<OT>)(out, x, w, sc, W->group, b,
@@ -790,8 +856,9 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         return 0;
     }
     if (path == PLN_LINEAR_GEMM && i8) {
-        if (grouped) launch_gemm<WQ_I8G, OT>(c, out, x, (const uint8_t *)W->w, W, b, T, ig, n_valid);
-        else launch_gemm<WQ_I8, OT>(c, out, x, (const uint8_t *)W->w, W, b, T, ig, n_valid);
+        if (grouped ? launch_gemm<WQ_I8G, OT>(c, out, x, (const uint8_t *)W->w, W, b, T, ig, n_valid)
+                    : launch_gemm<WQ_I8, OT>(c, out, x, (const uint8_t *)W->w, W, b, T, ig, n_valid))
+            return -1;
         cudaCheckLaunch();
         return 0;
     }

@@ -266,7 +266,7 @@ static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
     return w;
 }
 
-static const char *path_name[] = {"auto", "gemv", "gemm", "plain", "gemv/k3"};
+static const char *path_name[] = {"auto", "gemv", "gemm", "plain", "gemv/k3", "gemm/k3"};
 
 static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
                            int bias_off, int in_off, int w_off);
@@ -335,16 +335,18 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
         g_gpu->upload(g_gpu, gbias, hb, (size_t)rows * 2);
     }
     void *go = dalloc(g_gpu, nout * g_gpu->act_size);
-    for (int path = 0; path < 5; path++) {   /* 4: the GEMV with k split over 3 blocks per row tile */
+    /* 4: the GEMV with k split over 3 blocks per row tile; 5: the quantized GEMM split the same way */
+    for (int path = 0; path < 6; path++) {
         if ((path == 1 || path == 4) && T > 32) continue;   /* the GEMV's largest tile (linear.cu GEMV_MAX_T) */
         if (path == 4 && (g_self || dt == PLN_DTYPE_U8)) continue;
+        if (path == 5 && (g_self || dt == PLN_DTYPE_F16)) continue;
         if (path == 3 && rows * cols * (int64_t)T > ((int64_t)1 << 31)) continue;   /* the plain kernel is slow */
         poison(g_gpu, go, nout * g_gpu->act_size);
         if (g_self && path) continue;
-        set_path(path == 4 ? 1 : path);
-        if (path == 4) pln_cuda_set_gemv_splits(g_gpu, 3);
+        set_path(path == 4 ? 1 : path == 5 ? 2 : path);
+        if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 3);
         CHECK(g_gpu->linear(g_gpu, go, gx, &gw, gbias, T, gelu) == 0, "cuda linear (%s): %s", path_name[path], pln_error());
-        if (path == 4) pln_cuda_set_gemv_splits(g_gpu, 0);
+        if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 0);
         down_act(g_gpu, got, go, nout);
         char op[32];
         snprintf(op, sizeof op, "linear/%s", path_name[path]);
