@@ -521,17 +521,25 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         __syncthreads();
         if (!last) return;
         __threadfence();
+        /* 16-byte reads (4 rows of one token) through L2, the splits in a loop kept rolled */
+        const float4 *t4 = (const float4 *)tile;
+        for (int i4 = tid; i4 < 16 * BT; i4 += 128) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+            for (int y = 0; y < kspl; y++) {
+                const float4 p = __ldcg(t4 + (int64_t)y * 16 * BT + i4);
+                v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+            }
+            const float vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int n = 0; n < NTILES; n++) {
-            const int lt = n * 8 + 2 * q;
-            const int at[4] = {lt * 64 + lr, (lt + 1) * 64 + lr, lt * 64 + lr + 8, (lt + 1) * 64 + lr + 8};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float v = 0.0f;
-                for (int y = 0; y < kspl; y++) v += __ldcg(tile + (int64_t)y * 64 * BT + at[i]);
-                acc[n][i] = v;
+            for (int j = 0; j < 4; j++) {
+                const int i = 4 * i4 + j, t = t0 + i / 64;
+                const int64_t row = (int64_t)blockIdx.x * 64 + i % 64;
+                if (t >= T || row >= N) continue;
+                epilogue(out, N, t, row, vv[j], WQ == WQ_I8 ? __half2float(scale[row]) : 1.0f, bias, gelu, n_valid);
             }
         }
+        return;
     }
     float sca = 1.0f, scb = 1.0f;
     if (WQ == WQ_I8) {
