@@ -345,6 +345,9 @@ int pln_map_open(pln_map *m, const char *path) {
         /* Anonymous memory, read once: the page cache's later changes to the file cannot reach it. */
         void *p = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) { close(fd); return pln_errorf("%s: cannot allocate %llu bytes to read it into (--no-mmap): %s", path, (unsigned long long)m->size, strerror(errno)); }
+#ifdef MADV_HUGEPAGE
+        madvise(p, m->size, MADV_HUGEPAGE);   /* before the read faults it in: see runtime/loader.c */
+#endif
         if (read_whole(fd, p, m->size, path)) { munmap(p, m->size); close(fd); return -1; }
         mprotect(p, m->size, PROT_READ);
         m->data = p;

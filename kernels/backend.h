@@ -155,6 +155,12 @@ struct pln_backend {
      * allocated. */
     int (*set_kv_dtype)(pln_backend *be, pln_dtype dt);
 
+    /* ---- optional: the integer-dot path for int8 / int4 weights (NULL: the backend has none) ----
+     * on: activations quantized to int8 per block of 32 columns and multiplied in integer
+     * arithmetic (the CPU backend: kernels/cpu/cpu.h pln_cpu_set_int_dot); off: the float path. */
+    void (*set_int_dot)(pln_backend *be, bool on);
+    bool int_dot;               /* what set_int_dot last chose (or the backend's default) */
+
     /* ---- optional: kv_append and attention as one op (NULL: the model runs the two) ----
      * The same results as kv_append then attention with the same arguments; a backend may fuse
      * them (the CUDA decode kernel writes each token's k and v while it attends). */

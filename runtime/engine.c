@@ -201,6 +201,16 @@ static bool slot_has_seen(const pln_engine *e, int32_t s, int32_t id) {
     return e->slots[s].seen_bits[id >> 3] & (1u << (id & 7));
 }
 
+int pln_engine_int_dot_choice(const char *opt, const char *s, const char *dtype) {
+    if (!s || !*s) return 2;
+    if (!strcmp(s, "on")) return 1;
+    if (!strcmp(s, "off")) return 0;
+    /* auto: int4's rounding of the weights dwarfs the int8 rounding of the activations; int8 and
+     * fp16 sets keep the exact float path (docs/ARCHITECTURE.md, "The integer-dot path") */
+    if (!strcmp(s, "auto")) return dtype && !strcmp(dtype, "int4");
+    return pln_errorf("%s: '%s' is not one of on, off, auto", opt, s);
+}
+
 pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     double t0 = pln_now();
     pln_engine *e = pln_xcalloc(1, sizeof *e);
@@ -240,6 +250,16 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     if (!e->ld) rc = -1;
     if (!rc) {
         e->cfg = *pln_loader_config(e->ld);
+        int idot = pln_engine_int_dot_choice("int_dot", opts->int_dot, e->cfg.dtype);
+        if (idot < 0) rc = -1;
+        else if (idot == 1 && !e->be->set_int_dot)
+            rc = pln_errorf("int_dot on: the %s backend has no integer-dot path (it is the cpu backend's); "
+                            "use --int-dot off or auto", e->backend_name);
+        else if (idot != 2 && e->be->set_int_dot)
+            e->be->set_int_dot(e->be, idot == 1);
+    }
+    e->opts.int_dot = NULL;     /* the caller's; the backend now holds the choice */
+    if (!rc) {
         e->model = pln_model_create(e->be, comm, e->ld);
         if (!e->model) rc = -1;
     }
@@ -943,6 +963,8 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->dtype = e->cfg.dtype;
     info->backend = e->backend_name;
     info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
+    /* on and applying: fp16 weights (but a quantized embedding) never take the path */
+    info->int_dot = e->be && e->be->int_dot && (strcmp(e->cfg.dtype, "fp16") || e->cfg.quantize_embedding);
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;
     info->prefix_cache = e->kv.prefix_on;

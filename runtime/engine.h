@@ -36,6 +36,11 @@ typedef struct {
     int32_t block_size;         /* KV block size in tokens (default 16) */
     const char *kv_dtype;       /* KV-cache dtype "f32" or "f16"; NULL/"" = the backend's own
                                    (cpu f32, the exact reference; cuda f16, its only one) */
+    const char *int_dot;        /* the CPU integer-dot path for int8/int4 weights: "on", "off" or
+                                   "auto" (on for int4 sets, off for the rest: docs/ARCHITECTURE.md
+                                   "The integer-dot path"); NULL/"" = the backend's default
+                                   (PLN_CPU_INT_DOT=1 on, else off). "on" on a backend without
+                                   one is an error. */
     bool populate;              /* fault the mapped shard in at load */
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
@@ -49,6 +54,11 @@ typedef struct {
 } pln_engine_opts;
 
 void pln_engine_opts_default(pln_engine_opts *o);
+
+/* Whether --int-dot s (NULL/"" = unset) turns the integer-dot path on for a set of dtype ("fp16",
+ * "int8", "int4"): 1 on, 0 off, 2 unset (the backend's default); -1 + error naming opt, the value
+ * and the choices for anything else. Pure. */
+int pln_engine_int_dot_choice(const char *opt, const char *s, const char *dtype);
 
 /* The CUDA device a rank uses: an explicit device (>= 0, the same on every rank: a single-GPU
  * run, or CUDA_VISIBLE_DEVICES set per rank) wins; else with gpus_per_node N > 0 the node-local
@@ -148,6 +158,7 @@ typedef struct {
     int64_t kv_blocks_total, kv_blocks_free;
     int32_t block_size, max_seqs, max_seq_len;
     const char *kv_dtype;       /* "f32" or "f16" */
+    bool int_dot;               /* the integer-dot path is on and the set has weights it takes */
     double load_seconds;
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */

@@ -49,22 +49,33 @@ for spec in "bloom-4h fp16-st 2" "bloom-6h fp16-bin 3"; do
   done
   check "$model int4 TP $tpn = TP 1" "$CMP" --cmp-dump "$TMP/$model-i4-$tpn.st" "$TMP/$model-i4-1.st" 1e-5
 done
-# The integer-dot path (PLN_CPU_INT_DOT=1: activations rounded to int8 per block of 32 for steps of
-# 2+ tokens, here the prefill) on int8 per channel at TP 2 and int4 g32 at TP 1: it must change the
-# logits (it ran), stay within 2e-2 of the float path on the same set, and within the set's bound
-# against fp16.
+# The integer-dot path (activations rounded to int8 per block of 32; int8 sets in steps of 2+
+# tokens, here the prefill, int4 sets at every step) on int8 per channel at TP 2 (PLN_CPU_INT_DOT=1:
+# the backend's default when no --int-dot is given) and int4 g32 at TP 1 (--int-dot on): it must
+# change the logits (it ran), stay within 2e-2 of the float path (--int-dot off) on the same set,
+# and within the set's bound against fp16. --int-dot auto, the default, is on for int4 (the
+# unflagged int4 run above is the --int-dot on one, bit for bit) and off for int8.
 # shellcheck disable=SC2086
 check "int8 TP 2 integer-dot: generate" env PLN_CPU_INT_DOT=1 mpirun -np 2 "$POLLEN" generate "$TMP/i8" $ids --max-new-tokens 1 \
   --quiet --dump-logits "$TMP/i8-idot.st"
 # shellcheck disable=SC2086
-check "int4 TP 1 integer-dot: generate" env PLN_CPU_INT_DOT=1 "$POLLEN" generate "$TMP/bloom-4h-i4-1" $ids --max-new-tokens 1 --quiet --dump-logits "$TMP/i4-idot.st"
-for pair in "i8-idot i8 i8" "i4-idot bloom-4h-i4-1 bloom-4h-i4-1"; do
+check "int4 TP 1 integer-dot: generate" "$POLLEN" generate "$TMP/bloom-4h-i4-1" $ids --max-new-tokens 1 --int-dot on --quiet --dump-logits "$TMP/i4-idot.st"
+# shellcheck disable=SC2086
+check "int4 TP 1 float path: generate" "$POLLEN" generate "$TMP/bloom-4h-i4-1" $ids --max-new-tokens 1 --int-dot off --quiet --dump-logits "$TMP/i4-float.st"
+check "int4: --int-dot auto (the default) is on" cmp "$TMP/i4-idot.st" "$TMP/bloom-4h-i4-1.st"
+for pair in "i8-idot i8 i8" "i4-idot i4-float bloom-4h-i4-1"; do
   read -r got base set <<<"$pair"
   d=$("$CMP" --cmp-dump "$TMP/$got.st" "$TMP/$base.st" 2e-2 | grep -o 'rel L2 [0-9.e+-]*' | awk '{print $3}')
   echo "integer-dot $got vs the float path: logits rel L2 ${d:-?}"
   check "$got: within 2e-2 of the float path and not identical to it" awk -v d="${d:-1}" 'BEGIN{exit !(d > 0 && d <= 2e-2)}'
   check "$got: within the quantization bound against fp16" "$CMP" --cmp-int8 "$TMP/$got.st" "$TMP/bloom-4h-f16.st" "$TMP/$set"
 done
+# shellcheck disable=SC2086
+check_fails "--int-dot: a value that is not on/off/auto" "is not one of on, off, auto" "$POLLEN" generate "$TMP/i8" $ids \
+  --max-new-tokens 1 --int-dot yes --quiet
+# shellcheck disable=SC2086
+check_fails "--int-dot on: refused on the cuda backend" "the integer-dot path is the cpu backend's" "$POLLEN" generate \
+  "$TMP/i8" $ids --max-new-tokens 1 --int-dot on --backend cuda --quiet
 check "int4 g32+emb: reshard" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/i4e" --tp 2 --dtype int4 \
   --group-size 32 --quantize-embedding --quiet
 # shellcheck disable=SC2086

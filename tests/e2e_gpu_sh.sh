@@ -43,7 +43,9 @@ case $0 in
     echo "RESULT decode_int8_b1_ms_step 7 ms"; echo "RESULT op_query_key_value_int8_b1_us 20 us"
     echo "RESULT decode_fp16_b1_ms_step_nopdl 13.75 ms"; echo "RESULT decode_fp16_b1_ms_step_eager 14 ms"
     echo "RESULT decode_fp16_b1_ms_step_eager_nopdl 16 ms"; echo "RESULT decode_fp16_b1_ms_step_lnsplit 12.25 ms"
-    echo "RESULT op_residual+layernorm-split_fp16_b1_us 3.5 us";;
+    echo "RESULT op_residual+layernorm-split_fp16_b1_us 3.5 us"
+    echo "RESULT lin_dense_h_to_4h_int8_T32_us 61.5 us"; echo "RESULT lin_dense_h_to_4h_int8_T32_tflops 107 TFLOP/s"
+    echo "RESULT lin_dense_h_to_4h_int8_T32_gemv_us 70.25 us"; echo "RESULT lin_layer_int4g128_b128_over_b1 42.5 x";;
   sanitizer-memcheck) echo "========= ERROR SUMMARY: 0 errors";;
   sanitizer-racecheck) echo "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)"; exit 99;;
 esac'
@@ -58,6 +60,9 @@ check "test mode: test counts in results.txt" grep -qx 'test_gpu_passed 7 tests'
 check "test mode: bench figures in results.txt" grep -qx 'decode_fp16_b1_ms_step 12.5 ms' "$TMP/fake/results.txt"
 check "test mode: and in the table" grep -Eq '^fp16 +1 +12\.50 ' "$TMP/fake/table.txt"
 check "test mode: copy ceiling in the table" grep -q 'device copy 4100 GB/s' "$TMP/fake/table.txt"
+check "test mode: the batch linears' row (int8 us/TFLOP/s, forced GEMV|GEMM)" \
+  grep -Eq '^  dense_h_to_4h +32 +-/- +61\.5/107 +-/- +-/- +70\.2\|-$' "$TMP/fake/table.txt"
+check "test mode: the layer's batch-128 / batch-1 ratio" grep -q 'int4g128: T1 - us, T128 - us; batch 128 / batch 1 tokens/s 42.5x' "$TMP/fake/table.txt"
 # the per-kernel breakdown: us/call x calls per step (70 per linear, 140 residual + LayerNorm),
 # GB/s and the share of the step (40 us x 70 = 2.8 ms = 22.4 % of 12.5 ms); int8 falls back to
 # fp16's figure for the kernels it shares (marked *); classes without figures print dashes

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # e2e_ranks.sh — a rank group on one host when ranks idle, stall or die, under `mpirun -np 2`:
-# an idle rank's waits use under 2 % of a core and wake within a few ms (test_comm --idle; and the
+# an idle rank's waits use under 5 % of a core (about 1 % when quiet; a spinning wait is 100 %)
+# and wake within a few ms (test_comm --idle; and the
 # serve worker's CPU time from /proc while no request runs); a collective that a rank never joins
 # fails at its bound naming that rank (test_comm --stall, 2 and 3 ranks); `serve` with a worker
 # stopped by SIGSTOP fails the request in flight naming rank 1, turns /health 503, and every rank
@@ -19,7 +20,7 @@ CURL="curl -s --max-time 30"
 
 # ---- waiting: CPU and wake-up latency, the bound ------------------------------------------------
 out=$(timeout 60 mpirun -np 2 "$COMM" --idle 3 2>&1); echo "$out" | grep -v '^\['
-check "idle rank: under 2 % of a core, wakes within 5 ms" grep -q 'test_comm_idle: [1-9][0-9]* passed, 0 failed' <<<"$out"
+check "idle rank: under 5 % of a core (about 1 % on a quiet machine; a spinning wait is 100 %), wakes within 5 ms" grep -q 'test_comm_idle: [1-9][0-9]* passed, 0 failed' <<<"$out"
 for np in 2 3; do
   t0=$(date +%s%N)
   out=$(timeout 60 mpirun -np $np "$COMM" --stall 2>&1); rc=$?
@@ -71,7 +72,7 @@ sleep 1
 a=$(cpu_ns $RANK1); t0=$(date +%s%N); sleep 4; b=$(cpu_ns $RANK1); t1=$(date +%s%N)
 pct=$(awk -v c=$((b - a)) -v t=$((t1 - t0)) 'BEGIN{printf "%.2f", 100 * c / t}')
 echo "idle serve: rank 1 used $pct % of a core over 4 s"
-check "idle serve worker: $pct % of a core (limit 2 %)" awk -v p="$pct" 'BEGIN{exit !(p < 2.0)}'
+check "idle serve worker: $pct % of a core (limit 5 %)" awk -v p="$pct" 'BEGIN{exit !(p < 5.0)}'
 t0=$(date +%s%N); AFTER=$(post /generate '{"inputs":"Hello world","parameters":{"max_new_tokens":4}}'); t1=$(date +%s%N)
 echo "first request after 5 s idle: $(( (t1 - t0) / 1000000 )) ms"
 check "the first request after idling answers as before ($AFTER)" test -n "$WARM" -a "$AFTER" = "$WARM"

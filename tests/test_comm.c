@@ -133,7 +133,7 @@ static int run_idle(pln_comm *c, double idle_s) {
         if (rank == 1 && round == 0) {
             double busy = (cpu_s() - c0) / (mono() - w0) * 100;
             printf("idle: rank 1 used %.2f %% of a core waiting %.1f s for a broadcast\n", busy, idle_s);
-            CHECK(busy < 2.0, "an idle rank uses %.2f %% of a core (limit 2 %%)", busy);
+            CHECK(busy < 5.0, "an idle rank uses %.2f %% of a core (limit 5 %%: about 1 %% when quiet, a spinning wait is 100 %%)", busy);
         }
     }
     if (rank == 1) {

@@ -228,6 +228,7 @@ static pln_backend *rec_create(int device) {
     be->memset0 = rb_memset0; be->sync = rb_sync; be->weights_from_host = rb_weights_from_host;
     be->load_file = NULL;
     be->set_kv_dtype = NULL;   /* the CPU's would treat this wrapper as its own context */
+    be->set_int_dot = NULL;    /* likewise */
     be->embed = rb_embed; be->layernorm = rb_layernorm; be->residual_layernorm = rb_rln; be->linear = rb_linear;
     be->kv_append = rb_kv_append; be->attention = rb_attention; be->gather_rows = rb_gather; be->logits = rb_logits;
     be->logit_process = rb_logit_process; be->topk = rb_topk;

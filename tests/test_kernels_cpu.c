@@ -259,10 +259,11 @@ static void test_linear(void) {
     test_linear_case(9, 4096, 1, true, 128, true, false);
 }
 
-/* The integer-dot path (off by default): on int8 and int4 weights at T >= 2, every tier (with and
- * without VNNI) agrees with the C tier to fp32 rounding; that is what the definition (activations quantized per block of 32, exact
- * integer dots, one scale product per block) gives in double within fp32 rounding; and the
- * error it adds against the exact float result is measured and bounded. At T = 1 it stays off. */
+/* The integer-dot path (off by default): on int8 weights at T >= 2 and int4 ones at any T, every tier (with and
+ * without VNNI) agrees with the C tier to fp32 rounding; every tier equals the integer reference
+ * (activations quantized per block of 32, exact integer dots, one scale product per block, summed
+ * in double) up to fp32 summation order; and the error it adds against the exact float result is
+ * measured and bounded. */
 static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64_t group, bool bias_on, bool gelu,
                               double *worst_rel) {
     test_weight tw = make_weight(rows, cols, kind, group);
@@ -272,8 +273,14 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
     float *exact = malloc((size_t)(T * rows) * 4), *defn = malloc((size_t)(T * rows) * 4);
     int8_t *xq = malloc((size_t)cols);
     float *xs = malloc((size_t)(cols / 32) * 4);
+    int32_t *xsum = malloc((size_t)(cols / 32) * 4);
     for (int t = 0; t < T; t++) {
-        pln_cpu_quant_act(x + t * cols, cols, xq, xs);
+        pln_cpu_quant_act(x + t * cols, cols, xq, xs, xsum);
+        for (int64_t b = 0; b < cols / 32; b++) {
+            int32_t n = 0;
+            for (int i = 0; i < 32; i++) n += xq[32 * b + i];
+            CHECK(n == xsum[b], "quant_act: block %lld sums to %d, reported %d", (long long)b, n, xsum[b]);
+        }
         for (int64_t r = 0; r < rows; r++) {
             double se = 0, sq = 0;
             for (int64_t k = 0; k < cols; k++) {
@@ -295,50 +302,74 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
         if (isa < PLN_CPU_ISA_C || !pln_cpu_isa_supported((pln_cpu_isa)isa) || pln_cpu_set_isa(g_be, (pln_cpu_isa)isa)) continue;
         memset(o, 0xff, (size_t)(T * rows) * 4);
         CHECK(g_be->linear(g_be, o, x, W, bias, T, gelu) == 0, "int-dot linear: %s", pln_error());
+        if (T == 1 && kind != WQ_I4) {   /* one int8 token: the float path, bit for bit */
+            float *fl = malloc((size_t)rows * 4);
+            pln_cpu_set_int_dot(g_be, false);
+            CHECK(g_be->linear(g_be, fl, x, W, bias, T, gelu) == 0, "linear: %s", pln_error());
+            pln_cpu_set_int_dot(g_be, true);
+            CHECK(!memcmp(o, fl, (size_t)rows * 4), "int-dot on, one int8 token: the float path");
+            free(fl);
+            continue;
+        }
+        /* the integer dots are exact: what is left is fp32 summation order (and GeLU's form) */
+        double rdt = test_rel_l2(o, defn, (size_t)(T * rows));
+        CHECK(rdt < 2e-6, "int-dot %s g%lld [%lld, %lld] T=%d: tier %s%s rel L2 %.3g from the integer reference", name,
+              (long long)group, (long long)rows, (long long)cols, T, pln_cpu_isa_name((pln_cpu_isa)isa),
+              pln_cpu_no_vnni ? " (no VNNI)" : "", rdt);
         if (!have_first) { memcpy(first, o, (size_t)(T * rows) * 4); have_first = true; }
-        else   /* the same exact integer dots; only the fp32 summation order (and GeLU's form) differ */
+        else
             CHECK(test_rel_l2(o, first, (size_t)(T * rows)) < 1e-6, "int-dot %s g%lld T=%d: tier %s%s far from the C tier",
                   name, (long long)group, T, pln_cpu_isa_name((pln_cpu_isa)isa), pln_cpu_no_vnni ? " (no VNNI)" : "");
     }
     pln_cpu_no_vnni = false;
     pln_cpu_set_int_dot(g_be, false);
     pln_cpu_set_isa(g_be, pln_cpu_isa_best());
+    if (!have_first) {
+        free(tw.w); free(tw.scale); free(x); free(o); free(first); free(bias); free(exact); free(defn); free(xq); free(xs); free(xsum);
+        return;
+    }
     double rd = test_rel_l2(first, defn, (size_t)(T * rows)), re = test_rel_l2(first, exact, (size_t)(T * rows));
-    CHECK(rd < 1e-5, "int-dot %s g%lld [%lld, %lld] T=%d: rel L2 %.3g from its definition", name, (long long)group,
+    CHECK(rd < 2e-6, "int-dot %s g%lld [%lld, %lld] T=%d: rel L2 %.3g from its definition", name, (long long)group,
           (long long)rows, (long long)cols, T, rd);
     CHECK(re > 0 && re < 1.5e-2, "int-dot %s g%lld [%lld, %lld] T=%d: rel L2 %.3g from the exact result", name,
           (long long)group, (long long)rows, (long long)cols, T, re);
     if (re > *worst_rel) *worst_rel = re;
-    free(tw.w); free(tw.scale); free(x); free(o); free(first); free(bias); free(exact); free(defn); free(xq); free(xs);
+    free(tw.w); free(tw.scale); free(x); free(o); free(first); free(bias); free(exact); free(defn); free(xq); free(xs); free(xsum);
 }
 
 static void test_int_dot(void) {
     double worst = 0;
-    static const int Ts[] = {2, 5, 70};
-    for (size_t ti = 0; ti < 3; ti++) {
+    /* T: one token (the GEMV), the tile remainders (1, 2, 4 of 8 tokens; 1, 2 of 4) and more than
+     * a chunk of PLN_CPU_TCHUNK; rows: not multiples of the 16-row chunk or the 4-row GEMV tile;
+     * K: one group (per row) and many, an odd number of 32-column blocks (the GEMV's lone tail
+     * block), groups of 96 (a pair of blocks straddles two groups) */
+    static const int Ts[] = {1, 2, 3, 5, 8, 15, 70};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti];
         test_int_dot_case(37, 256, T, WQ_I8, 0, true, false, &worst);
         test_int_dot_case(19, 384, T, WQ_I8, 32, false, true, &worst);
         test_int_dot_case(21, 384, T, WQ_I8, 96, true, true, &worst);
+        test_int_dot_case(33, 416, T, WQ_I8, 32, false, false, &worst);
+        test_int_dot_case(6, 96, T, WQ_I8, 0, false, false, &worst);
         test_int_dot_case(37, 384, T, WQ_I4, 32, true, false, &worst);
         test_int_dot_case(9, 512, T, WQ_I4, 128, false, false, &worst);
         test_int_dot_case(40, 256, T, WQ_I4, 64, true, true, &worst);
+        test_int_dot_case(13, 288, T, WQ_I4, 96, false, false, &worst);
+        test_int_dot_case(16, 224, T, WQ_I4, 224, true, false, &worst);
     }
     printf("integer-dot path: worst rel L2 against the exact float result %.3g (activations rounded to int8 per "
            "block of 32)\n", worst);
-    /* one token, or a shape the blocks do not fit: the float path, bit for bit */
+    /* a shape the blocks do not fit: the float path, bit for bit */
     pln_cpu_set_int_dot(g_be, true);
     test_weight tw = make_weight(7, 96, WQ_I8, 48);
     float *x = rnd_vec(2 * 96, -1, 1), a[14], b[14];
-    CHECK(g_be->linear(g_be, a, x, &tw.W, NULL, 1, false) == 0, "linear");
-    pln_cpu_set_int_dot(g_be, false);
-    CHECK(g_be->linear(g_be, b, x, &tw.W, NULL, 1, false) == 0, "linear");
-    CHECK(!memcmp(a, b, 7 * 4), "int-dot on, one token: the float path");
-    pln_cpu_set_int_dot(g_be, true);
-    CHECK(g_be->linear(g_be, a, x, &tw.W, NULL, 2, false) == 0, "linear");
-    pln_cpu_set_int_dot(g_be, false);
-    CHECK(g_be->linear(g_be, b, x, &tw.W, NULL, 2, false) == 0, "linear");
-    CHECK(!memcmp(a, b, 14 * 4), "int-dot on, groups of 48 (not whole blocks of 32): the float path");
+    for (int T = 1; T <= 2; T++) {
+        pln_cpu_set_int_dot(g_be, true);
+        CHECK(g_be->linear(g_be, a, x, &tw.W, NULL, T, false) == 0, "linear");
+        pln_cpu_set_int_dot(g_be, false);
+        CHECK(g_be->linear(g_be, b, x, &tw.W, NULL, T, false) == 0, "linear");
+        CHECK(!memcmp(a, b, (size_t)(7 * T) * 4), "int-dot on, groups of 48 (not whole blocks of 32), T=%d: the float path", T);
+    }
     free(tw.w); free(tw.scale); free(x);
 }
 
@@ -408,10 +439,16 @@ static void test_logits(void) {
 }
 
 /* ---- KV cache + attention ------------------------------------------------------------------ */
-static void test_attention_case(int n_head, int head_dim, int block_size) {
+static void test_attention_case(int n_head, int head_dim, int block_size, bool long_ctx) {
     enum { S = 4 };
-    /* per sequence: tokens already in the cache, and tokens fed in this step */
+    /* per sequence: tokens already in the cache, and tokens fed in this step (long: prefills
+     * whose query groups and 16-key score blocks cross many KV blocks, causal tails included) */
     int32_t prior[S] = {0, 9, 5, 16}, fed[S] = {7, 1, 3, 1};
+    if (long_ctx) {
+        static const int32_t lp[S] = {0, 70, 37, 100}, lf[S] = {41, 1, 19, 2};
+        memcpy(prior, lp, sizeof prior);
+        memcpy(fed, lf, sizeof fed);
+    }
     int max_len = 0;
     for (int s = 0; s < S; s++) if (prior[s] + fed[s] > max_len) max_len = prior[s] + fed[s];
     int32_t max_blocks = (max_len + block_size - 1) / block_size + 1;
@@ -455,7 +492,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size) {
         int s = seq2[t], p = pos2[t];
         for (int h = 0; h < n_head; h++) {
             const float *q = hist[s] + p * width + h * 3 * head_dim;
-            double sc[64], mx = -INFINITY, sum = 0;
+            double sc[128], mx = -INFINITY, sum = 0;
             for (int j = 0; j <= p; j++) {
                 const float *k = hist[s] + j * width + (h * 3 + 1) * head_dim;
                 double d = 0;
@@ -505,10 +542,14 @@ static void test_attention_case(int n_head, int head_dim, int block_size) {
 }
 
 static void test_attention(void) {
-    test_attention_case(3, 8, 4);
-    test_attention_case(2, 13, 5);
-    test_attention_case(4, 64, 16);
-    test_attention_case(1, 128, 3);
+    test_attention_case(3, 8, 4, false);
+    test_attention_case(2, 13, 5, false);
+    test_attention_case(4, 64, 16, false);
+    test_attention_case(1, 128, 3, false);
+    test_attention_case(2, 64, 16, true);
+    test_attention_case(2, 128, 48, true);
+    test_attention_case(1, 80, 32, true);
+    test_attention_case(1, 24, 7, true);
     /* ALiBi slopes against DESIGN.md's formula, powers of two and not */
     static const int heads[] = {1, 6, 8, 12, 16, 112};
     for (size_t i = 0; i < 6; i++) {
@@ -762,7 +803,6 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
         for (int idot = 0; idot < (i8 ? 2 : 1); idot++)
         for (int ti = 0; ti < n_t; ti++) {
             int T = Ts[ti];
-            if (idot && T < 2) continue;
             pln_cpu_set_int_dot(g_be, idot);
             float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
             int warm = n_copies / 2, reps = warm + (T == 1 ? 4 * n_copies : T <= 32 ? n_copies : n_copies / 2);
@@ -791,9 +831,9 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
 }
 
 /* Attention over a paged cache: decode (one token per sequence at position ctx-1) and a prefill
- * of ctx tokens, bloom-1b7's 16 heads of 128. */
-static void bench_attention(int ctx, int n_seq) {
-    int n_head = 16, hd = 128, bs = 16;
+ * of ctx tokens, n_head heads of hd (bloom-1b7: 16 x 128, bloom-560m: 16 x 64). */
+static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
+    int bs = 16;
     int32_t max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * n_seq;
     size_t pool = (size_t)n_blocks * n_head * bs * hd;
     float *kc = rnd_vec(pool, -1, 1), *vc = rnd_vec(pool, -1, 1);
@@ -822,8 +862,8 @@ static void bench_attention(int ctx, int n_seq) {
         }
         double keys = prefill ? (double)ctx * (ctx + 1) / 2 : (double)ctx * n_seq;
         double flops = keys * n_head * hd * 4;
-        printf("attention %s %s KV ctx %d, %d seq, 16x128 heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
-               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, best * 1e3,
+        printf("attention %s %s KV ctx %d, %d seq, %dx%d heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
+               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, n_head, hd, best * 1e3,
                flops / best / 1e9, prefill ? 0.0 : keys * n_head * hd * (f16 ? 4 : 8) / best / 1e9);
         free(seq); free(pos); free(qkv); free(out);
     }
@@ -837,7 +877,8 @@ static int run_bench(int n_t, const int *Ts) {
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
-    bench_attention(512, 8);
+    bench_attention(512, 8, 16, 128);
+    bench_attention(512, 8, 16, 64);
     /* GeLU epilogue cost beside the GEMM it follows */
     {
         int64_t n = 32 * 8192;

@@ -94,6 +94,17 @@ void pln_cli_restart_with_passive_omp(int argc, char **argv) {
     free(av);  /* exec failed: carry on with spinning threads */
 }
 
+const char *pln_cli_int_dot(const char *backend, const char *int_dot) {
+    if (!int_dot) {
+        const char *env = getenv("PLN_CPU_INT_DOT");
+        return env && *env ? NULL : "auto";
+    }
+    if (pln_engine_int_dot_choice("--int-dot", int_dot, NULL) < 0) pln_die("%s", pln_error());
+    if (backend && strcmp(backend, "cpu") && !strcmp(int_dot, "on"))
+        pln_die("--int-dot on: the integer-dot path is the cpu backend's; use --backend cpu, or --int-dot off or auto");
+    return int_dot;
+}
+
 const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype) {
     if (!kv_dtype) return NULL;
     pln_dtype dt;

@@ -26,6 +26,16 @@ double pln_cli_float(const char *opt, const char *s, double lo, bool lo_inclusiv
  * only, so f32 there is refused. backend NULL = cpu. Dies with a message naming the option. */
 const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype);
 
+/* --int-dot on|off|auto (pln_engine_opts.int_dot): the value given, checked (dies with a message
+ * naming the option on anything else; on is refused on a backend other than cpu); unset: NULL
+ * when PLN_CPU_INT_DOT is set (the backend's default from it), else "auto". backend NULL = cpu. */
+const char *pln_cli_int_dot(const char *backend, const char *int_dot);
+/* The help line of --int-dot, shared by generate, serve, bench and perplexity. */
+#define PLN_CLI_INT_DOT_HELP \
+    "  --int-dot on|off|auto   cpu, int8/int4 weights: activations rounded to int8 per block of 32 and\n" \
+    "                          multiplied in integer arithmetic (faster prefill and batches); auto (the\n" \
+    "                          default): on for int4 sets, off for int8 and fp16 (docs/ARCHITECTURE.md)\n"
+
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks
  * launched on it (OMPI_COMM_WORLD_LOCAL_SIZE, else `ranks`: pass pln_comm_local_size, the ranks on

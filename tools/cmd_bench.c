@@ -59,6 +59,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
+        else if (!strcmp(a, "--int-dot")) eo.int_dot = ARG();
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--json")) json = true;
@@ -67,7 +68,8 @@ int cmd_bench(int argc, char **argv) {
             if (rank == 0)
                 printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
                        "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda]\n"
-                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--no-mmap] [--json]\n"
+                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--int-dot on|off|auto] [--no-mmap] [--json]\n"
+                       PLN_CLI_INT_DOT_HELP
                        "  --no-mmap: read the rank file into memory instead of mapping it.\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
@@ -85,6 +87,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
+    eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
@@ -110,9 +113,9 @@ int cmd_bench(int argc, char **argv) {
     pln_engine_get_info(e, &info);
     char hb[32];
     if (!json)
-        printf("pollen bench %s: TP %d %s, KV %s, %lld layers, hidden %lld, vocab %lld; %s of weights per rank; %d threads/rank\n"
+        printf("pollen bench %s: TP %d %s%s, KV %s, %lld layers, hidden %lld, vocab %lld; %s of weights per rank; %d threads/rank\n"
                "load %.2f s (populate); STREAM copy %.1f GB/s (%lld MiB arrays)%s\n",
-               dir, info.tp, info.dtype, info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
+               dir, info.tp, info.dtype, info.int_dot ? " (int-dot)" : "", info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
                pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, bw, (long long)stream_mib,
                on_cpu ? "" : " -- not measured: the backend is not the CPU, so no MBU is reported");
 
@@ -183,6 +186,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "tp", json_integer(info.tp));
         json_object_set_new(root, "dtype", json_string(info.dtype));
         json_object_set_new(root, "kv_dtype", json_string(info.kv_dtype));
+        json_object_set_new(root, "int_dot", json_boolean(info.int_dot));
         json_object_set_new(root, "threads_per_rank", json_integer(threads));
         json_object_set_new(root, "weight_bytes_per_rank", json_integer((json_int_t)info.weight_bytes));
         json_object_set_new(root, "stream_copy_gbs", bw > 0 ? json_real(bw) : json_null());

@@ -47,6 +47,7 @@ static void usage(void) {
             "  --backend cpu|cuda      (default cpu)\n"
             "  --kv-dtype f32|f16      KV-cache dtype (default: f32 on cpu, the exact reference; f16 on\n"
             "                          cuda, its only one; f16 on cpu halves KV memory)\n"
+            PLN_CLI_INT_DOT_HELP
             "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
             "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --threads N             threads per rank (default: cores / ranks on the node)\n"
@@ -116,6 +117,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
+        else if (!strcmp(a, "--int-dot")) eo.int_dot = ARG();
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
@@ -145,6 +147,7 @@ int cmd_generate(int argc, char **argv) {
     if (pln_sample_params_check(&sp)) pln_die("%s", pln_error());
     if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
+    eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
 
@@ -341,6 +344,7 @@ int cmd_generate(int argc, char **argv) {
         json_object_set_new(root, "dtype", json_string(info.dtype));
         json_object_set_new(root, "backend", json_string(info.backend));
         json_object_set_new(root, "kv_dtype", json_string(info.kv_dtype));
+        json_object_set_new(root, "int_dot", json_boolean(info.int_dot));
         json_object_set_new(root, "threads_per_rank", json_integer(threads));
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
         puts(s);

@@ -42,6 +42,7 @@ typedef struct {
     int64_t n_vocab;
     char dtype[16];
     int32_t tp;
+    bool int_dot;               /* the set ran on the integer-dot path */
 } ppl_pass;
 
 typedef struct {
@@ -63,6 +64,7 @@ static void usage(void) {
             "  --per-token          with --json: every scored token's id, NLL (and KL)\n"
             "  --backend cpu|cuda   (default cpu)\n"
             "  --kv-dtype f32|f16   KV-cache dtype (default: the backend's own)\n"
+            PLN_CLI_INT_DOT_HELP
             "  --device D  --gpus-per-node N  --threads N  --populate  --verify   as for generate\n"
             "  --quiet              no progress bar\n"
             "Perplexity is exp(mean NLL) in nats per token, ± exp(mean) x the standard error of the mean.\n");
@@ -144,6 +146,7 @@ static int run_pass(pln_comm *comm, const ppl_run *r, const char *label, const i
     ps->n_vocab = V;
     ps->tp = info.tp;
     snprintf(ps->dtype, sizeof ps->dtype, "%s", info.dtype);
+    ps->int_dot = info.int_dot;
     int rc = 0;
     if (base && V != base_vocab)
         rc = pln_errorf("%s has a vocabulary of %lld but the base set %lld: compare sets of the same model",
@@ -240,6 +243,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--per-token")) per_token = true;
         else if (!strcmp(a, "--backend")) r.eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) r.eo.kv_dtype = ARG();
+        else if (!strcmp(a, "--int-dot")) r.eo.int_dot = ARG();
         else if (!strcmp(a, "--device")) r.eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) r.eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
@@ -256,6 +260,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (per_token && !json) pln_die("--per-token needs --json");
     if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);
+    r.eo.int_dot = pln_cli_int_dot(r.eo.backend, r.eo.int_dot);
     r.dir = dir;
     r.quiet = quiet || json;
     pln_cli_threads(threads, size);
@@ -370,6 +375,7 @@ int cmd_perplexity(int argc, char **argv) {
         json_object_set_new(o, "set", json_string(dir));
         json_object_set_new(o, "file", json_string(file));
         json_object_set_new(o, "dtype", json_string(pt.dtype));
+        json_object_set_new(o, "int_dot", json_boolean(pt.int_dot));
         json_object_set_new(o, "tp", json_integer(pt.tp));
         json_object_set_new(o, "tokens", json_integer(n_ids));
         json_object_set_new(o, "scored", json_integer(n));
@@ -384,6 +390,7 @@ int cmd_perplexity(int argc, char **argv) {
             json_t *b = json_object();
             json_object_set_new(b, "set", json_string(base_dir));
             json_object_set_new(b, "dtype", json_string(pb.dtype));
+            json_object_set_new(b, "int_dot", json_boolean(pb.int_dot));
             json_object_set_new(b, "ppl", json_real(exp(bm)));
             json_object_set_new(b, "ppl_stderr", json_real(exp(bm) * bse));
             json_object_set_new(b, "ln_ppl_ratio", json_real(dm));

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
             "  --model-id NAME                name in /info, /v1/models (default: the shard directory's name)\n"
             "  --backend cpu|cuda             (default cpu)\n"
             "  --kv-dtype f32|f16             KV-cache dtype (default f32 on cpu, f16 on cuda; f16 on cpu halves KV memory)\n"
+            PLN_CLI_INT_DOT_HELP
             "  --device D                     CUDA device of every rank (default: picked from the node-local rank)\n"
             "  --gpus-per-node N              CUDA device = node-local rank %% N (default: the node-local rank)\n"
             "  --max-seqs N                   engine sequence slots (default 32)\n"
@@ -240,6 +241,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--model-id")) so.model_id = VAL();
         else if (!strcmp(a, "--backend")) eo.backend = VAL();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = VAL();
+        else if (!strcmp(a, "--int-dot")) eo.int_dot = VAL();
         else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = int_arg(a, VAL(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--max-seqs")) eo.max_seqs = int_arg(a, VAL(), 1, 4096);
@@ -286,6 +288,7 @@ int cmd_serve(int argc, char **argv) {
         pln_die("--max-input-tokens (%d) must be below --max-total-tokens (%d)", so.lim.max_input_tokens, so.lim.max_total_tokens);
     eo.max_seq_len = so.lim.max_total_tokens;
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
+    eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
     if (chat_path) {   /* before anything loads: a broken template fails at once */
         if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
@@ -348,9 +351,9 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_unlock(&sc.mu);
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
-    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s] pid %d\n",
+    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s%s] pid %d\n",
             so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
-            (long long)info.kv_blocks_total, info.block_size, info.kv_dtype, (int)getpid());
+            (long long)info.kv_blocks_total, info.block_size, info.kv_dtype, info.int_dot ? ", int-dot" : "", (int)getpid());
     if (info.load_bytes_per_s > 0)
         fprintf(stderr, "pollen serve: weights: %.2f GB per rank streamed to the device at %.2f GB/s (start-up %.1f s)\n",
                 info.weight_bytes / 1e9, info.load_bytes_per_s / 1e9, info.load_seconds);

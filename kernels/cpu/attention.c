@@ -81,30 +81,41 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
 /* Keys scored at a time: a stretch of one block's contiguous rows. */
 #define KCHUNK 64
 
+/* Queries of one head (consecutive tokens of one sequence) that walk the keys together. */
+#define QGROUP 8
+
 /* The fast path: one pass over the keys with an online softmax. Per stretch of keys: scores,
  * the stretch's max, then the running state (max m, sum l) and the unnormalised output are
- * rescaled by exp(m_old - m_new) as the stretch's weighted values are added. */
-static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, const void *k_cache,
-                          const void *v_cache, const pln_attn_meta *m, int32_t s, int32_t pos,
-                          int32_t h, float slope, int32_t n_head, int32_t head_dim, bool prefetch,
-                          bool f16) {
+ * rescaled by exp(m_old - m_new) as the stretch's weighted values are added.
+ * nq <= QGROUP queries of sequence s (token t0 + i at position pos[i]) share the walk: each stretch
+ * is located once and read from cache by all of them, and their independent updates overlap in
+ * the core where one query's chain (scores -> max -> exp -> o) would leave it idle. */
+static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stride, const float *qkv,
+                          int64_t qkv_stride, int32_t nq, const void *k_cache, const void *v_cache,
+                          const pln_attn_meta *m, int32_t s, const int32_t *pos, int32_t h, float slope,
+                          int32_t n_head, int32_t head_dim, bool prefetch, bool f16) {
     size_t esz = f16 ? 2 : 4;
     float scale = 1.0f / sqrtf((float)head_dim);
-    float sc[KCHUNK];
-    pln_softmax_state st = {-INFINITY, 0.0f};
-    memset(o, 0, (size_t)head_dim * sizeof *o);
-    for (int32_t j0 = 0; j0 <= pos;) {
+    float sc[QGROUP][KCHUNK];
+    pln_softmax_state st[QGROUP];
+    int32_t last = 0;
+    for (int32_t i = 0; i < nq; i++) {
+        st[i] = (pln_softmax_state){-INFINITY, 0.0f};
+        memset(out + i * out_stride, 0, (size_t)head_dim * sizeof(float));
+        if (pos[i] > last) last = pos[i];
+    }
+    for (int32_t j0 = 0; j0 <= last;) {
         int32_t in_block = m->block_size - j0 % m->block_size;
-        int32_t n = pos + 1 - j0;
+        int32_t n = last + 1 - j0;
         if (n > in_block) n = in_block;
         if (n > KCHUNK) n = KCHUNK;
         int64_t off = kv_offset(m, s, j0, h, n_head, head_dim);
-        if (prefetch && j0 + n <= pos) {
+        if (prefetch && j0 + n <= last) {
             /* the next stretch usually lives in another block, where the hardware prefetcher
              * would start cold: ask for its rows while this stretch is computed (decode only:
              * a prefill's keys are already in cache, read by the previous token) */
             int32_t j1 = j0 + n, n1 = m->block_size - j1 % m->block_size;
-            if (n1 > pos + 1 - j1) n1 = pos + 1 - j1;
+            if (n1 > last + 1 - j1) n1 = last + 1 - j1;
             if (n1 > KCHUNK) n1 = KCHUNK;
             int64_t off1 = kv_offset(m, s, j1, h, n_head, head_dim);
             const char *kp = (const char *)k_cache + off1 * esz, *vp = (const char *)v_cache + off1 * esz;
@@ -113,24 +124,28 @@ static void attend_online(const pln_cpu_kernels *k, float *o, const float *q, co
                 __builtin_prefetch(vp + b);
             }
         }
-        if (f16) k->dots_f16(sc, q, (const uint16_t *)k_cache + off, n, head_dim);
-        else k->dots(sc, q, (const float *)k_cache + off, n, head_dim);
-        float bm = -INFINITY;
-        for (int32_t i = 0; i < n; i++) {
-            sc[i] = sc[i] * scale + slope * (float)(j0 + i);
-            if (sc[i] > bm) bm = sc[i];
+        for (int32_t qi = 0; qi < nq; qi++) {
+            if (pos[qi] < j0) continue;
+            int32_t nk = pos[qi] + 1 - j0 < n ? pos[qi] + 1 - j0 : n;   /* causal: keys <= pos */
+            const float *q = qkv + qi * qkv_stride;
+            float *o = out + qi * out_stride, *c_sc = sc[qi];
+            if (f16) k->dots_f16(c_sc, q, (const uint16_t *)k_cache + off, nk, head_dim);
+            else k->dots(c_sc, q, (const float *)k_cache + off, nk, head_dim);
+            float bm = k->score_max(c_sc, nk, scale, slope, j0);
+            float m_new = st[qi].m > bm ? st[qi].m : bm;
+            /* exp(0) = 1 exactly: no call when the running max holds (the usual case) */
+            float c = st[qi].m == -INFINITY ? 0.0f : st[qi].m == m_new ? 1.0f : expf(st[qi].m - m_new);
+            float l = st[qi].s * c + k->exp_sum(c_sc, nk, m_new);
+            if (f16) k->weighted_sum_f16(o, c, c_sc, (const uint16_t *)v_cache + off, nk, head_dim);
+            else k->weighted_sum(o, c, c_sc, (const float *)v_cache + off, nk, head_dim);
+            st[qi].m = m_new; st[qi].s = l;
         }
-        float m_new = st.m > bm ? st.m : bm;
-        float c = st.m == -INFINITY ? 0.0f : expf(st.m - m_new);
-        float l = st.s * c;
-        for (int32_t i = 0; i < n; i++) { sc[i] = expf(sc[i] - m_new); l += sc[i]; }
-        if (f16) k->weighted_sum_f16(o, c, sc, (const uint16_t *)v_cache + off, n, head_dim);
-        else k->weighted_sum(o, c, sc, (const float *)v_cache + off, n, head_dim);
-        st.m = m_new; st.s = l;
         j0 += n;
     }
-    float inv = 1.0f / st.s;
-    for (int32_t d = 0; d < head_dim; d++) o[d] *= inv;
+    for (int32_t qi = 0; qi < nq; qi++) {
+        float inv = 1.0f / st[qi].s, *o = out + qi * out_stride;
+        for (int32_t d = 0; d < head_dim; d++) o[d] *= inv;
+    }
 }
 
 int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_cache,
@@ -150,16 +165,25 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_ca
         return 0;
     }
     const pln_cpu_kernels *k = c->k;
-    int64_t n_work = (int64_t)T * n_head;
     bool decode = T <= m->n_seqs;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)m->max_pos * n_work * head_dim > 32768)
+    /* work items: groups of up to QGROUP consecutive tokens of one sequence (a prefill's
+     * neighbours; decode tokens are each their own sequence, so groups of one) */
+    int32_t *grp = malloc(((size_t)T + 1) * sizeof *grp), n_grp = 0;
+    if (!grp) return pln_errorf("attention: out of memory for %d tokens", T);
+    for (int32_t t = 0; t < T; t++)
+        if (t == 0 || t - grp[n_grp - 1] >= QGROUP || m->tok_seq[t] != m->tok_seq[t - 1]) grp[n_grp++] = t;
+    grp[n_grp] = T;
+    int64_t n_work = (int64_t)n_grp * n_head;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)m->max_pos * T * n_head * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
         /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
          * read the same keys and values while they are still in cache */
-        int32_t h = (int32_t)(w / T), t = (int32_t)(w % T);
-        attend_online(k, out + t * out_stride + (int64_t)h * head_dim,
-                      qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
-                      m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, decode, f16);
+        int32_t h = (int32_t)(w / n_grp), g = (int32_t)(w % n_grp), t = grp[g];
+        attend_online(k, out + t * out_stride + (int64_t)h * head_dim, out_stride,
+                      qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, qkv_stride, grp[g + 1] - t,
+                      k_cache, v_cache, m, m->tok_seq[t], m->tok_pos + t, h, slopes[h], n_head, head_dim,
+                      decode, f16);
     }
+    free(grp);
     return 0;
 }

@@ -51,11 +51,16 @@ typedef struct {
     void (*gemm_i4)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
-     * xq int8 [nt, K] and xs fp32 [nt, K / 32] (their scales); w is I8 (rows of K bytes) or, when
-     * i4, packed int4 (rows of K / 2 bytes), group % 32 == 0. For every block b the integer dot
-     * d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
-     * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order). */
-    void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,
+     * token-interleaved so that a tile of tokens finds its operands side by side: xq holds int8
+     * column k of token t at xq[4 * ((k / 4) * nt + t) + k % 4] (4-byte groups of columns, all nt
+     * tokens' groups together), xs fp32 and xsum int32 [K / 32][nt] (block b of token t at
+     * [b * nt + t]: its scale, and its sum of xq for the kernels that offset the weights to
+     * unsigned bytes). At nt = 1 these are plain rows. w is I8 (rows of K bytes) or, when i4,
+     * packed int4 (rows of K / 2 bytes), group % 32 == 0, nr <= 32. For every block b the integer
+     * dot d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
+     * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order;
+     * per-row weights, one group, may apply the weight scale once at the end). */
+    void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):
      * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
@@ -71,6 +76,13 @@ typedef struct {
     /* sum_i exp(x[i] - mx) for a row whose max is mx (finite); -inf entries add nothing
      * (the SIMD versions: below 1e-37 each). */
     float (*sum_exp)(const float *x, int64_t n, float mx);
+    /* x[i] = exp(x[i] - mx) in place for i < n, returns their sum (an attention stretch's
+     * softmax numerators; mx >= every x[i], finite; the SIMD exp is the one of sum_exp). */
+    float (*exp_sum)(float *x, int64_t n, float mx);
+    /* An attention stretch's scores from its dots, in place: x[i] = x[i] * scale + slope * (j0 + i)
+     * (the SIMD tiers may fuse the multiply-add: equal within one rounding); returns their max
+     * (-inf when n == 0). */
+    float (*score_max)(float *x, int64_t n, float scale, float slope, int32_t j0);
 } pln_cpu_kernels;
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;
@@ -84,8 +96,8 @@ typedef struct {
     pln_cpu_isa isa;
     const pln_cpu_kernels *k;    /* NULL for PLN_CPU_ISA_REF */
     int n_threads;               /* 0: OpenMP's default team */
-    bool int_dot;                /* int8/int4 weights at T >= 2: the integer-dot path (off by
-                                    default; PLN_CPU_INT_DOT=1 or pln_cpu_set_int_dot) */
+    bool int_dot;                /* int8/int4 weights: the integer-dot path (off by default;
+                                    PLN_CPU_INT_DOT=1 or pln_cpu_set_int_dot) */
 } pln_cpu;
 
 static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
@@ -101,20 +113,28 @@ int pln_cpu_threads(const pln_cpu *c);
 
 /* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
 int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
-/* The integer-dot path for int8 and int4 weights when a step has 2 or more tokens (prefill,
- * batched decode): each token's activations are quantized per block of 32 columns to int8
- * (scale absmax / 127, round to nearest) and multiplied with the integer weights in integer
- * arithmetic (vpdpbusd with AVX-512 VNNI or AVX-VNNI, vpmaddubsw on AVX2), one fp32 scale product
- * per block. Off by default: it adds the activations' rounding (measured by test_kernels_cpu and
- * tests/e2e_generate.sh) to the weights'; the float path stays the reference. The reference tier
+/* The integer-dot path for int8 weights at steps of 2+ tokens (prefill, batched decode) and int4
+ * weights at every step (linear.c use_int_dot; --int-dot, pln_engine_opts.int_dot): each
+ * token's activations are quantized per block of 32 columns to int8 (scale absmax / 127, round to
+ * nearest) and multiplied with the integer weights in integer arithmetic (vpdpbusd with AVX-512
+ * VNNI or AVX-VNNI, vpmaddubsw on AVX2), one fp32 scale product per block. Off by default: it adds
+ * the activations' rounding (measured by test_kernels_cpu, tests/e2e_generate.sh and
+ * docs/ARCHITECTURE.md) to the weights'; the float path stays the reference. The reference tier
  * (PLN_CPU_ISA_REF) never uses it. The default comes from PLN_CPU_INT_DOT=1. */
 void pln_cpu_set_int_dot(pln_backend *be, bool on);
 /* true: the integer-dot path uses vpmaddubsw even where the CPU has VNNI (set from
  * PLN_CPU_NO_VNNI=1 when a backend is created; tests flip it to cover both). */
 extern bool pln_cpu_no_vnni;
 /* The activation quantization of the integer-dot path, exposed for its test: x [K] (K % 32 == 0)
- * -> q [K], s [K / 32]. */
-void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s);
+ * -> q [K], s [K / 32], sum [K / 32] (each block's sum of q). */
+void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *sum);
+
+/* The integer-dot path's repack of nr <= 16 rows of I8 (or, when i4, packed int4) weights, K %
+ * 32 == 0, into wp [K / 32][8][16][4] bytes (64-byte aligned, 16 K bytes): for block b, 4-column
+ * group g and row r, the 4 bytes at wp + 512 b + 64 g + 4 r are columns 32 b + 4 g .. + 3 of row r
+ * as unsigned q + 8 (int4) or q + 128 (int8); rows nr..15 are zero. AVX2 (simd_avx2.c): call it
+ * only where the CPU has AVX2. */
+void pln_cpu_q8_repack(uint8_t *wp, const void *w, bool i4, int64_t nr, int64_t K);
 
 /* ---- ops (one file each; the backend table in cpu_backend.c checks arguments first) ---- */
 /* embed.c */

@@ -74,7 +74,7 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa) {
     return 0;
 }
 
-void pln_cpu_set_int_dot(pln_backend *be, bool on) { pln_cpu_of(be)->int_dot = on; }
+void pln_cpu_set_int_dot(pln_backend *be, bool on) { pln_cpu_of(be)->int_dot = be->int_dot = on; }
 bool pln_cpu_no_vnni;
 
 /* ---- threads ----------------------------------------------------------------------------- */
@@ -308,7 +308,8 @@ pln_backend *pln_backend_cpu_create(void) {
     pln_cpu_set_isa(be, pln_cpu_isa_best());
     c->n_threads = default_threads();
     const char *idot = getenv("PLN_CPU_INT_DOT");
-    c->int_dot = idot && !strcmp(idot, "1");
+    c->int_dot = be->int_dot = idot && !strcmp(idot, "1");
+    be->set_int_dot = pln_cpu_set_int_dot;
     const char *nv = getenv("PLN_CPU_NO_VNNI");
     if (nv && !strcmp(nv, "1")) pln_cpu_no_vnni = true;
     return be;

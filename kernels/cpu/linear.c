@@ -10,10 +10,13 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Rows per unit of parallel work: small enough to balance 2..64 threads on 2048 rows, large
  * enough that each unit streams several KiB of weights. */
 #define RCHUNK 16
+/* The integer-dot path's rows per unit: its tiles are 32 rows wide (cpu.h gemm_q8). */
+#define QCHUNK 32
 
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
@@ -35,23 +38,29 @@ static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weigh
         }
 }
 
-void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s) {
+void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *sum) {
     for (int64_t b = 0; b < K / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float sc = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
         s[b] = sc;
+        int32_t n = 0;
         for (int i = 0; i < 32; i++) {
             float v = nearbyintf(xb[i] * inv);   /* |v| <= 127 by construction */
             q[32 * b + i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+            n += q[32 * b + i];
         }
+        sum[b] = n;
     }
 }
 
-/* The integer-dot path applies: asked for, a batch, quantized weights in whole 32-column blocks. */
+/* The integer-dot path applies: asked for, quantized weights in whole 32-column blocks, and a
+ * batch, or one token of int4 weights (an int8 GEMV by integer dot measured slower than the float
+ * path's: docs/ARCHITECTURE.md "The integer-dot path"). */
 static bool use_int_dot(const pln_cpu *c, const pln_weight *W, int32_t T) {
-    return c->int_dot && T >= 2 && W->dtype != PLN_DTYPE_F16 && W->cols % 32 == 0 && W->group % 32 == 0;
+    return c->int_dot && W->dtype != PLN_DTYPE_F16 && W->cols % 32 == 0 && W->group % 32 == 0 &&
+           (T >= 2 || W->dtype == PLN_DTYPE_U8);
 }
 
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
@@ -63,48 +72,68 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
     if (use_int_dot(c, W, T)) {
         /* each block of tokens quantized once, then shared by every row chunk */
         bool i4 = W->dtype == PLN_DTYPE_U8;
-        int64_t rb = i4 ? K / 2 : K, nb = K / 32;
-        int8_t *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
+        int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
+        int8_t *xq_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K), *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
+        float *xs_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
         float *xs = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
+        int32_t *xsum_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
+        int32_t *xsum = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
         for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
             int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
             #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (nt * K > 65536)
-            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq + t * K, xs + t * nb);
+            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq_row + t * K, xs_row + t * nb, xsum_row + t * nb);
+            /* token-interleaved (cpu.h gemm_q8): a tile of tokens finds its 4-byte activation
+             * groups, scales and sums side by side */
+            for (int64_t t = 0; t < nt; t++) {
+                for (int64_t kg = 0; kg < K / 4; kg++) memcpy(xq + 4 * (kg * nt + t), xq_row + t * K + 4 * kg, 4);
+                for (int64_t b = 0; b < nb; b++) {
+                    xs[b * nt + t] = xs_row[t * nb + b];
+                    xsum[b * nt + t] = xsum_row[t * nb + b];
+                }
+            }
             float *o = out + t0 * ldo;
             #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
-            for (int64_t ch = 0; ch < n_chunks; ch++) {
-                int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
-                k->gemm_q8(o + r0, ldo, xq, xs, nt, (const uint8_t *)W->w + r0 * rb, i4, W->scale + r0 * (K / W->group),
+            for (int64_t ch = 0; ch < n_qchunks; ch++) {
+                int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
+                k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, (const uint8_t *)W->w + r0 * rb, i4, W->scale + r0 * (K / W->group),
                            W->group, nr, K);
                 if (bias || gelu)
                     for (int64_t t = 0; t < nt; t++)
                         k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
             }
         }
+        free(xq_row);
         free(xq);
+        free(xs_row);
         free(xs);
+        free(xsum_row);
+        free(xsum);
         return;
     }
-    for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
+    /* One parallel region for all the token blocks (a 512-token prefill has 8): items go block
+     * by block, so the threads still share one block's activations in cache, but they meet at
+     * one barrier per call instead of one per block, and a block's last rows overlap the next
+     * block's first instead of leaving a thread idle at each block's end.
+     * dynamic: when ranks or other work share the cores, a descheduled thread's rows are taken
+     * by the others instead of stalling the whole step. */
+    int64_t n_blk = (T + PLN_CPU_TCHUNK - 1) / PLN_CPU_TCHUNK;
+    #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * T > 65536)
+    for (int64_t it = 0; it < n_blk * n_chunks; it++) {
+        int64_t t0 = it / n_chunks * PLN_CPU_TCHUNK, ch = it % n_chunks;
         int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
         const float *x = in + t0 * K;
         float *o = out + t0 * ldo;
-        /* dynamic: when ranks or other work share the cores, a descheduled thread's rows are
-         * taken by the others instead of stalling the whole step */
-        #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
-        for (int64_t ch = 0; ch < n_chunks; ch++) {
-            int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
-            if (W->dtype == PLN_DTYPE_F16)
-                k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
-            else if (W->dtype == PLN_DTYPE_U8)
-                k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
-                           W->scale + r0 * (K / W->group), W->group, nr, K);
-            else
-                k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
-                           W->scale + r0 * (K / W->group), W->group, nr, K);
-            if (bias || gelu)
-                for (int64_t t = 0; t < nt; t++)
-                    k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
-        }
+        int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
+        if (W->dtype == PLN_DTYPE_F16)
+            k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
+        else if (W->dtype == PLN_DTYPE_U8)
+            k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
+                       W->scale + r0 * (K / W->group), W->group, nr, K);
+        else
+            k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
+                       W->scale + r0 * (K / W->group), W->group, nr, K);
+        if (bias || gelu)
+            for (int64_t t = 0; t < nt; t++)
+                k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
     }
 }

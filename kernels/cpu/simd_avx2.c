@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
@@ -303,81 +304,152 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
 }
 
 /* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
- * Per block of 32 columns: |w| (u8) times x with w's sign (s8), summed in pairs then in int32
- * (vpmaddubsw + vpmaddwd; weights and activations are within +-127, so no pair saturates) or in
- * one AVX-VNNI vpdpbusd instruction: eight exact int32 partial dots, converted to float and added with one FMA
- * by the block's two scales into a float accumulator per row. A tile is 4 rows: each activation
- * block is loaded once for the 4 rows, and the rows (int4 ones unpacked to int8 once per call)
- * stay in cache while every token of the chunk passes. */
-INL float q8_hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+ * The layout and arithmetic of simd_avx512.c's version, 8 rows per 256-bit vector: each 64-byte
+ * group of the repacked rows is two vectors (rows 0-7, rows 8-15). With AVX-VNNI one vpdpbusd
+ * per 8 rows x 4 columns x token (unsigned weights q + off, the block's accumulator started at
+ * -off * sum xq). Without it vpmaddubsw + vpmaddwd: int4's unsigned nibbles (0..15) times int8
+ * pairs cannot saturate int16, int8's q + 128 could, so int8 weights use the sign trick instead
+ * (|q| unsigned times x with q's sign, no offset). A tile is 8 rows x up to 4 tokens. */
+#define Q8UNROLL _Pragma("GCC unroll 8")
+
+static inline int32_t q8_ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
-INL __m256i q8_dotv(__m256i aw, __m256i sx) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+
+/* One 32-column block of row r as 32 unsigned bytes q + off, columns in order. */
+INL __m256i q8_row_block(const void *w, bool i4, int64_t r, int64_t b, int64_t K) {
+    if (i4) {
+        const __m128i m = _mm_set1_epi8(0x0f);
+        __m128i v = _mm_loadu_si128((const __m128i *)((const uint8_t *)w + r * (K / 2) + 16 * b));
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    }
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const int8_t *)w + r * K + 32 * b)),
+                            _mm256_set1_epi8((char)0x80));
 }
-static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __m256i q8_dotv_vnni(__m256i aw, __m256i sx) {
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
-}
-INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
-    const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
-    for (int64_t b = 0; b < K / 32; b++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * b));
-        _mm_storeu_si128((__m128i *)(row + 32 * b), _mm_sub_epi8(_mm_and_si128(v, m), bias));
-        _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bias));
+
+TGT void pln_cpu_q8_repack(uint8_t *wp, const void *w, bool i4, int64_t nr, int64_t K) {
+    int64_t nb = K / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = wp + 512 * b;
+        for (int64_t q = 0; q < 4; q++) {
+            /* four rows' blocks, transposed in 4-byte words: u_g holds group g (low lane) and
+             * g + 4 (high lane) of the four rows */
+            __m256i rw[4];
+            for (int i = 0; i < 4; i++)
+                rw[i] = 4 * q + i < nr ? q8_row_block(w, i4, 4 * q + i, b, K) : _mm256_setzero_si256();
+            __m256i t0 = _mm256_unpacklo_epi32(rw[0], rw[1]), t1 = _mm256_unpackhi_epi32(rw[0], rw[1]);
+            __m256i t2 = _mm256_unpacklo_epi32(rw[2], rw[3]), t3 = _mm256_unpackhi_epi32(rw[2], rw[3]);
+            __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                            _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+            for (int g = 0; g < 4; g++) {
+                _mm_storeu_si128((__m128i *)(o + 64 * g + 16 * q), _mm256_castsi256_si128(u[g]));
+                _mm_storeu_si128((__m128i *)(o + 64 * (g + 4) + 16 * q), _mm256_extracti128_si256(u[g], 1));
+            }
+        }
     }
 }
-#define DEF_GEMM_Q8(NAME, ATTR, DOTV)                                                                           \
+
+INL __m256i q8_dot_base(__m256i acc, __m256i wu, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wu, x), _mm256_set1_epi16(1)));
+}
+static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __m256i q8_dot_vnni(__m256i acc, __m256i wu, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(acc, wu, x);
+}
+
+/* NT tokens x the 8 repacked rows 8 h .. 8 h + 7 (h < 4; wp: their set of 16); n: the rows that
+ * exist. wsf: row scales per group [ng][32] (grouped) or NULL with wrow [32] (per row, at the end). sgn: int8
+ * weights by the sign trick (no offset). */
+#define DEF_GEMM_Q8(NAME, ATTR, DOTV, VNNI)                                                                     \
     static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
-        const int NR, float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,                   \
-        const int8_t *const *wr, const float *wsb, int64_t K) {                                                  \
-        int64_t nb = K / 32;                                                                                     \
-        for (int64_t t = 0; t < nt; t++) {                                                                       \
-            const int8_t *xt = xq + t * K;                                                                       \
-            const float *xst = xs + t * nb;                                                                      \
-            __m256 acc[4];                                                                                       \
-            for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();                                           \
-            for (int64_t b = 0; b < nb; b++) {                                                                   \
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + 32 * b));                                 \
-                for (int i = 0; i < NR; i++) {                                                                   \
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(wr[i] + 32 * b));                          \
-                    __m256i d = DOTV(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                        \
-                    __m256 s = _mm256_set1_ps(xst[b] * wsb[i * nb + b]);                                         \
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[i]);                                  \
+        const int NT, const bool sgn, float *out, int64_t ldo, const int8_t *xq, const float *xs,               \
+        const int32_t *xsum, int64_t ldq, int32_t off, const uint8_t *wp, int h, const float *wsf,              \
+        const float *wrow, int64_t group, int64_t K, int n) {                                                    \
+        int64_t nb = K / 32, bpg = group / 32, gi = 0, gb = 0;                                                   \
+        __m256 fa[4];                                                                                            \
+        Q8UNROLL for (int j = 0; j < NT; j++) fa[j] = _mm256_setzero_ps();                                       \
+        for (int64_t b = 0; b < nb; b++) {                                                                       \
+            __m256i ia[4];                                                                                       \
+            Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm256_set1_epi32(sgn ? 0 : -off * xsum[b * ldq + j]); \
+            const uint8_t *wb = wp + 512 * b + 32 * (h & 1);                                                     \
+            const int8_t *xg = xq + 32 * b * ldq;                                                                \
+            Q8UNROLL for (int g = 0; g < 8; g++, xg += 4 * ldq) {                                                \
+                __asm__("" : "+r"(xg)); /* one walking pointer (simd_avx512.c) */                               \
+                __m256i wv = _mm256_load_si256((const __m256i *)(wb + 64 * g));                                  \
+                if (sgn) {                                                                                       \
+                    __m256i ws8 = _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80)), aw = _mm256_abs_epi8(ws8); \
+                    Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
+                        ia[j] = q8_dot_base(ia[j], aw, _mm256_sign_epi8(_mm256_set1_epi32(q8_ld32(xg + 4 * j)), ws8)); \
+                } else {                                                                                         \
+                    Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
+                        ia[j] = DOTV(ia[j], wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)));                 \
                 }                                                                                                \
             }                                                                                                    \
-            for (int i = 0; i < NR; i++) out[t * ldo + i] = q8_hsum_ps(acc[i]);                                  \
+            if (wsf) {                                                                                           \
+                __m256 sc = _mm256_loadu_ps(wsf + gi * 32 + 8 * h);                                              \
+                Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
+                    fa[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(sc, _mm256_set1_ps(xs[b * ldq + j])), fa[j]); \
+            } else {                                                                                             \
+                Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
+                    fa[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_set1_ps(xs[b * ldq + j]), fa[j]);   \
+            }                                                                                                    \
+            if (++gb == bpg) { gb = 0; gi++; }                                                                   \
+        }                                                                                                        \
+        __m256 wr = wsf ? _mm256_set1_ps(1.0f) : _mm256_loadu_ps(wrow + 8 * h);                                  \
+        Q8UNROLL for (int j = 0; j < NT; j++) {                                                                  \
+            float v[8];                                                                                          \
+            _mm256_storeu_ps(v, _mm256_mul_ps(fa[j], wr));                                                       \
+            if (n == 8) memcpy(out + j * ldo, v, sizeof v);                                                      \
+            else memcpy(out + j * ldo, v, (size_t)n * sizeof(float));                                           \
         }                                                                                                        \
     }                                                                                                            \
-    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,               \
-                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) { \
-        int64_t ng = K / group, nb = K / 32;                                                                     \
-        int8_t *buf = i4 ? pln_xmalloc((size_t)4 * (size_t)K) : NULL;                                           \
-        float *wsb = pln_xmalloc((size_t)4 * (size_t)nb * sizeof(float)); /* the tile's scales per block */    \
-        for (int64_t r = 0; r < nr; r += 4) {                                                                    \
-            int n = nr - r < 4 ? (int)(nr - r) : 4;                                                              \
-            const int8_t *wr[4];                                                                                 \
-            for (int i = 0; i < n; i++) {                                                                        \
-                wr[i] = (const int8_t *)w + (r + i) * K;                                                         \
-                if (i4) { q8_unpack_i4((const uint8_t *)w + (r + i) * (K / 2), K, buf + i * K); wr[i] = buf + i * K; } \
-                for (int64_t b = 0; b < nb; b++) wsb[i * nb + b] = _cvtsh_ss(scale[(r + i) * ng + 32 * b / group]);      \
-            }                                                                                                    \
-            if (n == 4) NAME##_tile(4, out + r, ldo, xq, xs, nt, wr, wsb, K);                                    \
-            else                                                                                                 \
-                for (int i = 0; i < n; i++) NAME##_tile(1, out + r + i, ldo, xq, xs, nt, wr + i, wsb + i * nb, K); \
+    static inline __attribute__((always_inline)) ATTR void NAME##_half(                                         \
+        const bool sgn, float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,        \
+        int64_t nt, int32_t off, const uint8_t *wp, int h, const float *wsf, const float *wrow, int64_t group,   \
+        int64_t K, int n) {                                                                                      \
+        int64_t t = 0;                                                                                           \
+        for (; t + 4 <= nt; t += 4)                                                                              \
+            NAME##_tile(4, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
+        for (; t + 2 <= nt; t += 2)                                                                              \
+            NAME##_tile(2, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
+        for (; t < nt; t++)                                                                                      \
+            NAME##_tile(1, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
+    }                                                                                                            \
+    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,      \
+                          int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
+                          int64_t K) {                                                                           \
+        int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;                           \
+        uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);                                                 \
+        uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;                                                     \
+        float *wsf = ng > 1 ? pln_xmalloc((size_t)ng * 32 * sizeof(float)) : NULL;                              \
+        float wrow[32];                                                                                          \
+        for (int64_t s = 0; s < ns; s++)                                                                         \
+            pln_cpu_q8_repack(wp + s * sstride, (const uint8_t *)w + 16 * s * (i4 ? K / 2 : K), i4,              \
+                              nr - 16 * s < 16 ? nr - 16 * s : 16, K);                                           \
+        for (int64_t i = 0; i < 32; i++) {                                                                       \
+            if (ng == 1) wrow[i] = i < nr ? _cvtsh_ss(scale[i]) : 0.0f;                                          \
+            else for (int64_t g = 0; g < ng; g++) wsf[g * 32 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f; \
         }                                                                                                        \
-        free(buf);                                                                                               \
-        free(wsb);                                                                                               \
+        int32_t off = i4 ? 8 : 128;                                                                              \
+        for (int h = 0; h < 4 && 8 * h < nr; h++) {                                                              \
+            int n = nr - 8 * h < 8 ? (int)(nr - 8 * h) : 8;                                                      \
+            const uint8_t *wph = wp + (h / 2) * sstride;                                                         \
+            if (!VNNI && !i4)                                                                                    \
+                NAME##_half(true, out + 8 * h, ldo, xq, xs, xsum, nt, off, wph, h, wsf, wrow, group, K, n);      \
+            else                                                                                                 \
+                NAME##_half(false, out + 8 * h, ldo, xq, xs, xsum, nt, off, wph, h, wsf, wrow, group, K, n);     \
+        }                                                                                                        \
+        free(raw);                                                                                               \
+        free(wsf);                                                                                               \
     }
-DEF_GEMM_Q8(gemm_q8_avx2_base, TGT, q8_dotv)
-DEF_GEMM_Q8(gemm_q8_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dotv_vnni)
+DEF_GEMM_Q8(gemm_q8_avx2_base, TGT, q8_dot_base, false)
+DEF_GEMM_Q8(gemm_q8_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dot_vnni, true)
 
-static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt, const void *w,
-                        bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
-    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni")) gemm_q8_avx2_vnni(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
-    else gemm_q8_avx2_base(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
+static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
+                         const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni")) gemm_q8_avx2_vnni(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+    else gemm_q8_avx2_base(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
 }
 
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
@@ -522,10 +594,43 @@ static TGT float sum_exp_avx2(const float *x, int64_t n, float mx) {
     return s;
 }
 
+static TGT float exp_sum_avx2(float *x, int64_t n, float mx) {
+    __m256 m = _mm256_set1_ps(mx), a = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(x + i, e);
+        a = _mm256_add_ps(a, e);
+    }
+    float s = hsum(a);
+    for (; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    return s;
+}
+
+static TGT float score_max_avx2(float *x, int64_t n, float scale, float slope, int32_t j0) {
+    __m256 sv = _mm256_set1_ps(scale), lv = _mm256_set1_ps(slope), mv = _mm256_set1_ps(-INFINITY);
+    __m256i jv = _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_mul_ps(lv, _mm256_cvtepi32_ps(jv)));
+        _mm256_storeu_ps(x + i, v);
+        mv = _mm256_max_ps(mv, v);
+        jv = _mm256_add_epi32(jv, _mm256_set1_epi32(8));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; i < n; i++) {
+        x[i] = x[i] * scale + slope * (float)(j0 + i);
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
-    .sum_exp = sum_exp_avx2,
+    .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
 };
 #endif

@@ -10,10 +10,12 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define TGT __attribute__((target("avx512f,avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 #define UNROLL _Pragma("GCC unroll 6")
+#define UNROLL16 _Pragma("GCC unroll 16")
 
 INL __m512 load_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -298,81 +300,215 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
 }
 
 /* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
- * Per block of 32 columns: |w| (u8) times x with w's sign (s8), summed in pairs then in int32
- * (vpmaddubsw + vpmaddwd; weights and activations are within +-127, so no pair saturates) or in
- * one AVX-512 VNNI vpdpbusd instruction: eight exact int32 partial dots, converted to float and added with one FMA
- * by the block's two scales into a float accumulator per row. A tile is 4 rows: each activation
- * block is loaded once for the 4 rows, and the rows (int4 ones unpacked to int8 once per call)
- * stay in cache while every token of the chunk passes. */
-INL float q8_hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-INL __m256i q8_dotv(__m256i aw, __m256i sx) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-}
-static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))) __m256i q8_dotv_vnni(__m256i aw, __m256i sx) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-}
-INL void q8_unpack_i4(const uint8_t *p, int64_t K, int8_t *row) {
-    const __m128i m = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
-    for (int64_t b = 0; b < K / 32; b++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(p + 16 * b));
-        _mm_storeu_si128((__m128i *)(row + 32 * b), _mm_sub_epi8(_mm_and_si128(v, m), bias));
-        _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bias));
-    }
-}
-#define DEF_GEMM_Q8(NAME, ATTR, DOTV)                                                                           \
-    static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
-        const int NR, float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,                   \
-        const int8_t *const *wr, const float *wsb, int64_t K) {                                                  \
-        int64_t nb = K / 32;                                                                                     \
-        for (int64_t t = 0; t < nt; t++) {                                                                       \
-            const int8_t *xt = xq + t * K;                                                                       \
-            const float *xst = xs + t * nb;                                                                      \
-            __m256 acc[4];                                                                                       \
-            for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();                                           \
-            for (int64_t b = 0; b < nb; b++) {                                                                   \
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xt + 32 * b));                                 \
-                for (int i = 0; i < NR; i++) {                                                                   \
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(wr[i] + 32 * b));                          \
-                    __m256i d = DOTV(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));                        \
-                    __m256 s = _mm256_set1_ps(xst[b] * wsb[i * nb + b]);                                         \
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[i]);                                  \
-                }                                                                                                \
-            }                                                                                                    \
-            for (int i = 0; i < NR; i++) out[t * ldo + i] = q8_hsum_ps(acc[i]);                                  \
-        }                                                                                                        \
-    }                                                                                                            \
-    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,               \
-                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) { \
-        int64_t ng = K / group, nb = K / 32;                                                                     \
-        int8_t *buf = i4 ? pln_xmalloc((size_t)4 * (size_t)K) : NULL;                                           \
-        float *wsb = pln_xmalloc((size_t)4 * (size_t)nb * sizeof(float)); /* the tile's scales per block */    \
-        for (int64_t r = 0; r < nr; r += 4) {                                                                    \
-            int n = nr - r < 4 ? (int)(nr - r) : 4;                                                              \
-            const int8_t *wr[4];                                                                                 \
-            for (int i = 0; i < n; i++) {                                                                        \
-                wr[i] = (const int8_t *)w + (r + i) * K;                                                         \
-                if (i4) { q8_unpack_i4((const uint8_t *)w + (r + i) * (K / 2), K, buf + i * K); wr[i] = buf + i * K; } \
-                for (int64_t b = 0; b < nb; b++) wsb[i * nb + b] = _cvtsh_ss(scale[(r + i) * ng + 32 * b / group]);      \
-            }                                                                                                    \
-            if (n == 4) NAME##_tile(4, out + r, ldo, xq, xs, nt, wr, wsb, K);                                    \
-            else                                                                                                 \
-                for (int i = 0; i < n; i++) NAME##_tile(1, out + r + i, ldo, xq, xs, nt, wr + i, wsb + i * nb, K); \
-        }                                                                                                        \
-        free(buf);                                                                                               \
-        free(wsb);                                                                                               \
-    }
-DEF_GEMM_Q8(gemm_q8_avx512_base, TGT, q8_dotv)
-DEF_GEMM_Q8(gemm_q8_avx512_vnni, __attribute__((target("avx512f,avx2,fma,f16c,avx512vl,avx512vnni"))), q8_dotv_vnni)
+ * AVX-512 VNNI (with BW for the nibble unpack); other AVX-512 CPUs run the AVX2 file's version.
+ * Both use the weights as unsigned bytes u = q + off (int4: the stored nibble, off 8; int8: q xor
+ * 0x80, off 128) against signed activation bytes, and start each block's int32 accumulator at
+ * -off * (the block's sum of xq), so the block dot is exact: sum u x - off sum x = sum q x.
+ *
+ * Several tokens (prefill, batched decode): the chunk's rows are repacked once per call, 16 at a
+ * time (pln_cpu_q8_repack; the buffer stays in L2 while every token of the chunk passes) so that
+ * one 64-byte vector holds 4 columns of 16 rows, and one vpdpbusd against a broadcast 4-byte
+ * activation group advances 16 rows x 4 columns. A tile is 32 rows x 6 tokens (or 16 x 8) of
+ * int32 block accumulators; per block of 32 columns and token one convert and one FMA per 16 rows
+ * (by the token's block scale, times the row scales as a vector when grouped; per-row weights
+ * multiply their scale once at the end).
+ *
+ * One int4 token (decode GEMV): no repack, the rows are read as stored. The activations are laid
+ * out once per call in the order a 32-byte load of two int4 blocks unpacks to (broadcast to both
+ * halves, shifted by 0 / 4 bits per half, masked: low nibbles of both blocks, then high ones),
+ * so one vpdpbusd covers 64 columns of a row. (linear.c runs int8 GEMVs on the float path: an
+ * int8 GEMV by integer dot measured slower than it; a lone int8 token here takes the tile.) */
+#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define VINL static inline __attribute__((always_inline)) VNNI512
 
-static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt, const void *w,
-                        bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
-    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) gemm_q8_avx512_vnni(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
-    else gemm_q8_avx512_base(out, ldo, xq, xs, nt, w, i4, scale, group, nr, K);
+#define Q8UNROLL _Pragma("GCC unroll 8")
+
+static inline int32_t q8_ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* NT tokens x NS sets of 16 repacked rows (set s at wp + s * sstride); m[s]: the rows of set s
+ * that exist (stored); cor [nt][nb]: -off * each block's sum of xq; wsf: the row scales per group
+ * [ng][32] (grouped) or NULL with wrow [32] (per row, applied at the end). Two sets share each
+ * broadcast activation group: half the loads per vpdpbusd of one set. */
+VINL void q8_tile(const int NS, const int NT, float *out, int64_t ldo, const int8_t *xq, const float *xs,
+                  const int32_t *cor, int64_t ldq, const uint8_t *wp, int64_t sstride, const float *wsf,
+                  const float *wrow, int64_t group, int64_t K, const __mmask16 *m) {
+    int64_t nb = K / 32, bpg = group / 32, gi = 0, gb = 0;   /* block b is in group gi (gb-th of it) */
+    __m512 fa[2][8];
+    Q8UNROLL for (int s = 0; s < NS; s++) {
+        Q8UNROLL for (int j = 0; j < NT; j++) fa[s][j] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i ia[2][8];
+        Q8UNROLL for (int j = 0; j < NT; j++) {
+            ia[0][j] = _mm512_set1_epi32(cor[b * ldq + j]);
+            if (NS == 2) ia[1][j] = ia[0][j];
+        }
+        const uint8_t *wb = wp + 512 * b;
+        const int8_t *xg = xq + 32 * b * ldq;
+        /* one pointer walks the groups, the tokens are constant offsets from it; the empty asm
+         * keeps the compiler from precomputing eight group pointers (they spill) */
+        Q8UNROLL for (int g = 0; g < 8; g++, xg += 4 * ldq) {
+            __asm__("" : "+r"(xg));
+            __m512i w0 = _mm512_load_si512((const void *)(wb + 64 * g)), w1;
+            if (NS == 2) w1 = _mm512_load_si512((const void *)(wb + sstride + 64 * g));
+            Q8UNROLL for (int j = 0; j < NT; j++) {
+                __m512i xv = _mm512_set1_epi32(q8_ld32(xg + 4 * j));
+                ia[0][j] = _mm512_dpbusd_epi32(ia[0][j], w0, xv);
+                if (NS == 2) ia[1][j] = _mm512_dpbusd_epi32(ia[1][j], w1, xv);
+            }
+        }
+        if (wsf) {
+            const float *sg = wsf + gi * 32;
+            Q8UNROLL for (int s = 0; s < NS; s++) {
+                __m512 sc = _mm512_loadu_ps(sg + 16 * s);
+                Q8UNROLL for (int j = 0; j < NT; j++)
+                    fa[s][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[s][j]), _mm512_mul_ps(sc, _mm512_set1_ps(xs[b * ldq + j])), fa[s][j]);
+            }
+        } else {
+            Q8UNROLL for (int s = 0; s < NS; s++) {
+                Q8UNROLL for (int j = 0; j < NT; j++)
+                    fa[s][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[s][j]), _mm512_set1_ps(xs[b * ldq + j]), fa[s][j]);
+            }
+        }
+        if (++gb == bpg) { gb = 0; gi++; }
+    }
+    Q8UNROLL for (int s = 0; s < NS; s++) {
+        __m512 wr = wsf ? _mm512_set1_ps(1.0f) : _mm512_loadu_ps(wrow + 16 * s);
+        Q8UNROLL for (int j = 0; j < NT; j++) _mm512_mask_storeu_ps(out + j * ldo + 16 * s, m[s], _mm512_mul_ps(fa[s][j], wr));
+    }
+}
+
+/* One token, int4: NR rows from row r0, pairs of blocks [p0, p1) (full: both blocks exist; the
+ * tail pair of an odd block count has only its first). xp / cv / sv: the activations, the offset
+ * corrections and the block scales laid out per pair (see q8_gemv512); wsf [nr][ng] row scales. */
+VINL void q8_gemv_rows(const int NR, const bool full, __m512 *f, int64_t r0, int64_t p0, int64_t p1,
+                       const int8_t *xp, const int32_t *cv, const float *sv, const uint8_t *w,
+                       const float *wsf, int64_t group, int64_t K) {
+    int64_t ng = K / group, rb = K / 2;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    /* 16-bit shift counts: 0 for the low 256 bits, 4 for the high */
+    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const uint8_t *wr = w + r0 * rb;
+    for (int64_t p = p0; p < p1; p++) {
+        __m512i xv = _mm512_loadu_si512((const void *)(xp + 64 * p));
+        __m512i c = _mm512_loadu_si512((const void *)(cv + 16 * p));
+        __m512 s = _mm512_loadu_ps(sv + 16 * p);
+        int64_t g0 = 64 * p / group, g1 = full ? (64 * p + 32) / group : g0;
+        if (NR == 4 && (p & 1) == 0) {   /* see PREFETCH_NOTE: the next rows' next line */
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(wr + (4 + i) * rb + 32 * p), _MM_HINT_T1);
+        }
+        UNROLL for (int i = 0; i < NR; i++) {
+            const uint8_t *q = wr + i * rb + 32 * p;
+            __m512i raw = full ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q))
+                               : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
+            __m512i wu = _mm512_and_si512(_mm512_srlv_epi16(raw, shv), nib);
+            __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wu, xv));
+            if (ng == 1) {
+                f[i] = _mm512_fmadd_ps(d, s, f[i]);
+            } else {
+                /* lanes 4-7 and 12-15 hold the pair's second block */
+                const float *ws = wsf + (r0 + i) * ng;
+                __m512 sc = g0 == g1 ? _mm512_set1_ps(ws[g0])
+                                     : _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(ws[g0]), _mm512_set1_ps(ws[g1]));
+                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, sc), f[i]);
+            }
+        }
+    }
+}
+
+VINL void q8_gemv_tile(const int NR, float *out, int64_t r0, const int8_t *xp, const int32_t *cv, const float *sv,
+                       const uint8_t *w, const float *wsf, int64_t group, int64_t K) {
+    int64_t nb = K / 32, ng = K / group;
+    __m512 f[4];
+    UNROLL for (int i = 0; i < NR; i++) f[i] = _mm512_setzero_ps();
+    q8_gemv_rows(NR, true, f, r0, 0, nb / 2, xp, cv, sv, w, wsf, group, K);
+    if (nb & 1) q8_gemv_rows(NR, false, f, r0, nb / 2, nb / 2 + 1, xp, cv, sv, w, wsf, group, K);
+    UNROLL for (int i = 0; i < NR; i++)
+        out[r0 + i] = _mm512_reduce_add_ps(f[i]) * (ng == 1 ? wsf[r0 + i] : 1.0f);
+}
+
+/* One token times nr packed int4 rows. */
+static VNNI512 void q8_gemv512(float *out, const int8_t *xq, const float *xs, const int32_t *xsum, const uint8_t *w,
+                               const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    int64_t nb = K / 32, np = (nb + 1) / 2, ng = K / group;
+    int8_t *xp = pln_xmalloc((size_t)np * 64);
+    int32_t *cv = pln_xmalloc((size_t)np * 16 * sizeof(int32_t));
+    float *sv = pln_xmalloc((size_t)np * 16 * sizeof(float));
+    float *wsf = pln_xmalloc((size_t)(nr * ng) * sizeof(float));
+    memset(xp, 0, (size_t)np * 64);
+    memset(cv, 0, (size_t)np * 16 * sizeof(int32_t));
+    memset(sv, 0, (size_t)np * 16 * sizeof(float));
+    for (int64_t b = 0; b < nb; b++) {
+        /* the pair's first block in lanes 0-3 and 8-11, its second in 4-7 and 12-15 (bytes: low
+         * nibbles of both, then high nibbles of both); a missing second block stays zero */
+        int64_t p = b / 2, h = b & 1;
+        memcpy(xp + 64 * p + 16 * h, xq + 32 * b, 16);
+        memcpy(xp + 64 * p + 32 + 16 * h, xq + 32 * b + 16, 16);
+        cv[16 * p + 4 * h] = -8 * xsum[b];
+        for (int l = 0; l < 4; l++) sv[16 * p + 4 * h + l] = sv[16 * p + 8 + 4 * h + l] = xs[b];
+    }
+    for (int64_t i = 0; i < nr * ng; i++) wsf[i] = _cvtsh_ss(scale[i]);
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4) q8_gemv_tile(4, out, r, xp, cv, sv, w, wsf, group, K);
+    for (; r < nr; r++) q8_gemv_tile(1, out, r, xp, cv, sv, w, wsf, group, K);
+    free(xp);
+    free(cv);
+    free(sv);
+    free(wsf);
+}
+
+static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
+                                    int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group,
+                                    int64_t nr, int64_t K) {
+    if (nt == 1 && i4) { q8_gemv512(out, xq, xs, xsum, w, scale, group, nr, K); return; }
+    int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;
+    uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);
+    uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;   /* aligned: each vector one cache line */
+    float *wsf = ng > 1 ? pln_xmalloc((size_t)ng * 32 * sizeof(float)) : NULL;
+    int32_t *cor = pln_xmalloc((size_t)(nt * nb) * sizeof(int32_t));
+    float wrow[32];
+    __mmask16 m[2];
+    for (int64_t s = 0; s < ns; s++) {
+        int64_t n = nr - 16 * s < 16 ? nr - 16 * s : 16;
+        pln_cpu_q8_repack(wp + s * sstride, (const uint8_t *)w + 16 * s * (i4 ? K / 2 : K), i4, n, K);
+        m[s] = (__mmask16)((1u << n) - 1);
+    }
+    for (int64_t i = 0; i < 32; i++) {
+        if (ng == 1) wrow[i] = i < nr ? _cvtsh_ss(scale[i]) : 0.0f;
+        else for (int64_t g = 0; g < ng; g++) wsf[g * 32 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f;
+    }
+    int32_t off = i4 ? 8 : 128;
+    for (int64_t i = 0; i < nt * nb; i++) cor[i] = -off * xsum[i];
+    int64_t t = 0;
+#define Q8_TILE(NS, NT) q8_tile(NS, NT, out + t * ldo, ldo, xq + 4 * t, xs + t, cor + t, nt, wp, sstride, wsf, wrow, group, K, m)
+    if (ns == 2) {
+        for (; t + 6 <= nt; t += 6) Q8_TILE(2, 6);
+        for (; t + 4 <= nt; t += 4) Q8_TILE(2, 4);
+        for (; t + 2 <= nt; t += 2) Q8_TILE(2, 2);
+        for (; t < nt; t++) Q8_TILE(2, 1);
+    } else {
+        for (; t + 8 <= nt; t += 8) Q8_TILE(1, 8);
+        for (; t + 4 <= nt; t += 4) Q8_TILE(1, 4);
+        for (; t + 2 <= nt; t += 2) Q8_TILE(1, 2);
+        for (; t < nt; t++) Q8_TILE(1, 1);
+    }
+#undef Q8_TILE
+    free(raw);
+    free(wsf);
+    free(cor);
+}
+
+static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
+                           const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        gemm_q8_vnni512(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+    else
+        pln_cpu_kernels_avx2.gemm_q8(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
 }
 
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
@@ -385,9 +521,45 @@ INL float kv_ld(const void *p, int64_t i, bool f16) {
     return f16 ? pln_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-/* Four keys at a time share each load of q. */
+/* The 16 horizontal sums of a[0..15] as one vector (lane i = sum of a[i]): pairs are folded by
+ * unpacks, then 128-bit lanes by shuffles, 30 instructions where 16 separate reductions take
+ * about 100. */
+INL __m512 hsum16(const __m512 *a) {
+    __m512 b[8], c[4];
+    UNROLL16 for (int i = 0; i < 8; i++)   /* per 128-bit lane: a2i, a2i+1, a2i, a2i+1 partials */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    UNROLL16 for (int i = 0; i < 4; i++) { /* per 128-bit lane: a4i .. a4i+3 partials */
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* lanes (0, 2 | 1, 3) of two vectors, added: each 128-bit lane now holds two lanes' sums */
+    __m512 f = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+    __m512 g = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(f, g, 0x88), _mm512_shuffle_f32x4(f, g, 0xdd));
+}
+
+/* Scores of 16 consecutive keys (rows of D, a multiple of 16; a compile-time constant after
+ * inlining for the common head sizes, so the 16 rows are one pointer plus fixed offsets instead
+ * of 16 registers). */
+INL __m512 dots16(const float *q, const void *k, int64_t k0, const int64_t D, bool f16) {
+    __m512 a[16];
+    UNROLL16 for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < D; e += 16) {
+        __m512 qv = _mm512_loadu_ps(q + e);
+        UNROLL16 for (int j = 0; j < 16; j++) a[j] = _mm512_fmadd_ps(qv, kv_ldv(k, k0 + j * D + e, f16), a[j]);
+    }
+    return hsum16(a);
+}
+
+/* Sixteen keys at a time (a full KV block) share each load of q and one hsum16; then four at a
+ * time. */
 INL void dots_impl(float *scores, const float *q, const void *k, int64_t n, int64_t d, bool f16) {
     int64_t i = 0;
+    if (d % 16 == 0)
+        for (; i + 16 <= n; i += 16) {
+            __m512 sv = d == 64 ? dots16(q, k, i * d, 64, f16) : d == 128 ? dots16(q, k, i * d, 128, f16) : dots16(q, k, i * d, d, f16);
+            _mm512_storeu_ps(scores + i, sv);
+        }
     for (; i + 4 <= n; i += 4) {
         const int64_t k0 = i * d;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
@@ -515,10 +687,41 @@ static TGT float sum_exp_avx512(const float *x, int64_t n, float mx) {
     return s;
 }
 
+/* A stretch of at most a block of keys: one masked vector for the tail, no scalar exp. */
+static TGT float exp_sum_avx512(float *x, int64_t n, float mx) {
+    __m512 m = _mm512_set1_ps(mx), a = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, e);
+        a = _mm512_add_ps(a, e);
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        a = _mm512_mask_add_ps(a, k, a, e);
+    }
+    return _mm512_reduce_add_ps(a);
+}
+
+static TGT float score_max_avx512(float *x, int64_t n, float scale, float slope, int32_t j0) {
+    __m512 sv = _mm512_set1_ps(scale), lv = _mm512_set1_ps(slope), mv = _mm512_set1_ps(-INFINITY);
+    __m512i jv = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv), _mm512_mul_ps(lv, _mm512_cvtepi32_ps(jv)));
+        _mm512_mask_storeu_ps(x + i, k, v);
+        mv = _mm512_mask_max_ps(mv, k, mv, v);
+        jv = _mm512_add_epi32(jv, _mm512_set1_epi32(16));
+    }
+    return _mm512_reduce_max_ps(mv);
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
-    .sum_exp = sum_exp_avx512,
+    .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
 };
 #endif

@@ -78,8 +78,9 @@ static void gemm_i4_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
 
 /* The integer-dot path in plain C: the definition the SIMD versions are checked against (the
  * integer dots are exact; the fp32 accumulation is one fmaf per block, in block order). */
-static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs, int64_t nt,
+static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                       const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    (void)xsum;   /* signed bytes times signed bytes: no offset to correct */
     int64_t ng = K / group, nb = K / 32;
     int8_t *row = i4 ? pln_xmalloc((size_t)K) : NULL;
     for (int64_t r = 0; r < nr; r++) {
@@ -90,12 +91,11 @@ static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs
             wr = row;
         }
         for (int64_t t = 0; t < nt; t++) {
-            const int8_t *xt = xq + t * K;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t d = 0;
-                for (int i = 0; i < 32; i++) d += (int32_t)wr[32 * b + i] * xt[32 * b + i];
-                acc = fmaf((float)d, xs[t * nb + b] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
+                for (int64_t k = 32 * b; k < 32 * b + 32; k++) d += (int32_t)wr[k] * xq[4 * ((k / 4) * nt + t) + k % 4];
+                acc = fmaf((float)d, xs[b * nt + t] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
             }
             out[t * ldo + r] = acc;
         }
@@ -150,8 +150,24 @@ static float sum_exp_c(const float *x, int64_t n, float mx) {
     return (float)s;
 }
 
+static float exp_sum_c(float *x, int64_t n, float mx) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    return s;
+}
+
+static float score_max_c(float *x, int64_t n, float scale, float slope, int32_t j0) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = x[i] * scale + slope * (float)(j0 + i);
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
 const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .gemm_i4 = gemm_i4_c, .gemm_q8 = gemm_q8_c, .dots = dots_c,
     .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
-    .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c,
+    .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c, .exp_sum = exp_sum_c,
+    .score_max = score_max_c,
 };

@@ -147,7 +147,7 @@ typedef struct pln_cuda_ctx {
     bool attn_tiled;             /* prefill-heavy steps on the query-tiled attention kernel */
     size_t attn_scratch;         /* bound on split-key partial states per launch (0: PLN_ATTN_SCRATCH) */
     int attn_splits;             /* flash-decoding kernel: 0 auto, > 0 forced on with that many splits, < 0 off */
-    int gemv_splits;             /* GEMV split-k: 0 auto (fill the SMs), n > 0 forced (tests) */
+    int gemv_splits;             /* GEMV and quantized GEMM split-k: 0 auto (fill the SMs), n > 0 forced (tests) */
     int ln_split;                /* LayerNorm rows over several blocks (two launches) instead of one block per row */
     unsigned *attn_count;        /* arrival counters (flash-decoding merge, GEMV split-k), zero at rest */
     size_t attn_count_n;
@@ -268,6 +268,37 @@ __device__ __forceinline__ pln_h8 pln_f_to_h8(const float *f)
 __device__ __forceinline__ int4 pln_ld_stream(const int4 *p)
 {
     return __ldcs(p);
+}
+/* cp.async (sm_80+): 16 bytes from global straight into shared memory, no registers, bypassing L1
+ * (.cg). full = false copies nothing and fills zeros (src must still be a valid address: pass a
+ * clamped one). The copies a thread issued since its last commit form one group; wait<N> blocks
+ * until at most N of the thread's newest groups are still in flight. Other threads' copies are
+ * visible only after their wait and a __syncthreads. In the CPU harness the copies land exactly
+ * at that wait, and touching the bytes before it is reported (docs/CUDA.md). */
+__device__ __forceinline__ void pln_cp_async16(void *smem, const void *gmem, bool full)
+{
+#ifdef PLN_CUDA_EMU
+    pln_emu_cp_async16(smem, gmem, full ? 16 : 0);
+#else
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(full ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void pln_cp_async_commit(void)
+{
+#ifdef PLN_CUDA_EMU
+    pln_emu_cp_async_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void pln_cp_async_wait(void)
+{
+#ifdef PLN_CUDA_EMU
+    pln_emu_cp_async_wait(N);
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 #endif
 

@@ -36,9 +36,9 @@ long long pln_cuda_set_attn_scratch(pln_backend *be, long long bytes);
  * cuda. */
 int pln_cuda_set_attn_splits(pln_backend *be, int splits);
 
-/* The fp16/int8 GEMV's split of k over blocks: 0 = automatic (row tiles under 4 blocks per SM
- * are split so the grid fills the GPU), n > 0 = n splits (at most one per 32-column step) for
- * tests. Returns the previous value, or -1 if be is not cuda. */
+/* The fp16/int8 GEMV's and the int8/int4 GEMM's split of k over blocks: 0 = automatic (grids
+ * too small to fill the GPU are split), n > 0 = n splits (at most one per k-step) for tests.
+ * Returns the previous value, or -1 if be is not cuda. */
 int pln_cuda_set_gemv_splits(pln_backend *be, int splits);
 
 /* Programmatic dependent launch (docs/CUDA.md): on = 1 lets every later launch overlap the

@@ -31,6 +31,11 @@ __device__ __forceinline__ void epilogue(OT *out, int64_t N, int t, int64_t row,
  * predicated off (no load, no mma), never a break, so the activation loads can be scheduled early. */
 #define GEMV_WARPS 4
 #define GEMV_U 4
+/* The GEMV's largest token tile: it serves T <= GEMV_MAX_T (tiles of 8, 16 and GEMV_MAX_T);
+ * AUTO sends fp16 above 16 tokens to cuBLASLt and int8/int4 above GEMV_MAX_T_Q to the GEMM. */
+#define GEMV_MAX_T 32
+#define GEMV_MAX_T_F16 16
+#define GEMV_MAX_T_Q 32
 
 template <bool I8, bool GROUPED>
 __device__ __forceinline__ void gemv_load(int4 (&wa)[GEMV_U], int4 (&wb)[GEMV_U], __half2 (&sa)[GEMV_U],
@@ -143,6 +148,9 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
 
     int4 wa0[GEMV_U], wb0[GEMV_U], wa1[GEMV_U], wb1[GEMV_U];
     __half2 sa0[GEMV_U], sb0[GEMV_U], sa1[GEMV_U], sb1[GEMV_U];
+    /* Above 16 tokens one accumulator set serves both buffers: NT / 2 more fp32 registers per
+     * chain would not fit beside the 8 weight loads in flight. */
+    float (&accb)[NTILES][4] = NT <= 16 ? acc2 : acc;
     gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, sb + warp, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
     /* the weights never depend on the previous kernel: their first batch is in flight while it
      * finishes (programmatic dependent launch); the activations are read after the wait */
@@ -151,12 +159,14 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
         gemv_load<I8, GROUPED>(wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
         gemv_math<I8, GROUPED, NT>(acc, wa0, wb0, sa0, sb0, s0, nsteps, x, T, K, g, q);
         gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, s0 + 2 * STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
-        gemv_math<I8, GROUPED, NT>(acc2, wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, x, T, K, g, q);
+        gemv_math<I8, GROUPED, NT>(accb, wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, x, T, K, g, q);
     }
+    if (NT <= 16) {
 #pragma unroll
-    for (int n = 0; n < NTILES; n++)
+        for (int n = 0; n < NTILES; n++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[n][i] += acc2[n][i];
+            for (int i = 0; i < 4; i++) acc[n][i] += acc2[n][i];
+    }
     pln_pdl_trigger();   /* only the reduction is left: the next kernel may start its weight loads */
 
     /* Sum the four warps' k-slices. */
@@ -213,98 +223,6 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
             float sc = (I8 && !GROUPED) ? __half2float(scale[row]) : 1.0f;
             epilogue(out, N, t, row, vv[j], sc, bias, gelu, n_valid);
         }
-    }
-}
-
-/* ---- int8 GEMM: 64 rows x 64 tokens per block, 4 warps of 16 rows each -------------------------
- * The 64x64 activation tile goes through shared memory (shared by the warps); the int8 weights
- * go straight from global memory to registers, are converted there and fed to the mma. */
-#define GEMM_XS 72   /* halves per staged token row: 64 + 8, keeps 16-byte reads conflict-free */
-
-template <bool GROUPED, typename OT>
-__global__ void __launch_bounds__(128)
-gemm_i8_kernel(OT *__restrict__ out, const __half *__restrict__ x, const int8_t *__restrict__ W,
-               const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-               int64_t N, int64_t K, int gelu, int64_t n_valid)
-{
-    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
-    __shared__ __align__(16) __half xs[64 * GEMM_XS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 64 + warp * 16;
-    const int t0 = blockIdx.y * 64;
-    const int64_t ra = row0 + g, rb = row0 + g + 8;
-    const bool va = ra < N, vb = rb < N;
-    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * K) + q;
-    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * K) + q;
-    const int64_t sgroups = GROUPED ? K / G : 1;
-
-    float acc[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-
-    int4 wa = va ? pln_ld_stream(pa) : make_int4(0, 0, 0, 0);
-    int4 wb = vb ? pln_ld_stream(pb) : make_int4(0, 0, 0, 0);
-    for (int64_t k0 = 0; k0 < K; k0 += 64) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < 64 * 8; i += 128) {
-            int t = i >> 3, c = i & 7;
-            int4 v = t0 + t < T ? __ldg((const int4 *)(x + (int64_t)(t0 + t) * K + k0) + c)
-                                : make_int4(0, 0, 0, 0);
-            *(int4 *)&xs[t * GEMM_XS + c * 8] = v;
-        }
-        __syncthreads();
-        int4 ca = wa, cb = wb;
-        if (k0 + 64 < K) {   /* next step's weights in flight during this step's math */
-            int64_t s = k0 / 64 + 1;
-            wa = va ? pln_ld_stream(pa + s * 4) : make_int4(0, 0, 0, 0);
-            wb = vb ? pln_ld_stream(pb + s * 4) : make_int4(0, 0, 0, 0);
-        }
-        __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
-        if (GROUPED) {
-            int64_t gi = (k0 + 16 * q) / G;
-            sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
-            sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
-        }
-        const uint32_t *A = (const uint32_t *)&ca;
-        const uint32_t *B = (const uint32_t *)&cb;
-#pragma unroll
-        for (int jj = 0; jj < 2; jj++) {
-            /* 16-byte reads: a quarter warp hits 8 distinct bank groups with the 72-half stride. */
-            int4 xv[8];
-#pragma unroll
-            for (int n = 0; n < 8; n++) xv[n] = *(const int4 *)&xs[(n * 8 + g) * GEMM_XS + 16 * q + 8 * jj];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int j = 2 * jj + h;
-                __half2 alo, ahi, blo, bhi;
-                pln_i8x4_to_h2x2(A[j], alo, ahi);
-                pln_i8x4_to_h2x2(B[j], blo, bhi);
-                if (GROUPED) {
-                    alo = __hmul2(alo, sa); ahi = __hmul2(ahi, sa);
-                    blo = __hmul2(blo, sb); bhi = __hmul2(bhi, sb);
-                }
-#pragma unroll
-                for (int n = 0; n < 8; n++) {
-                    const uint32_t *xw = (const uint32_t *)&xv[n];
-                    pln_mma16816(acc[n], pln_h2_bits(alo), pln_h2_bits(blo), pln_h2_bits(ahi),
-                                 pln_h2_bits(bhi), xw[2 * h], xw[2 * h + 1]);
-                }
-            }
-        }
-    }
-    float sca = 1.0f, scb = 1.0f;
-    if (!GROUPED) {
-        if (va) sca = __half2float(scale[ra]);
-        if (vb) scb = __half2float(scale[rb]);
-    }
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-        int t = t0 + n * 8 + 2 * q;
-        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], sca, bias, gelu, n_valid);
-        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], sca, bias, gelu, n_valid);
-        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], scb, bias, gelu, n_valid);
-        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], scb, bias, gelu, n_valid);
     }
 }
 
@@ -445,80 +363,220 @@ gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
     }
 }
 
-/* GEMM for T > 16: as gemm_i8_kernel, 64 rows x 64 tokens per block, 4 warps of 16 rows; a
- * k-step is 128 columns (one 16-byte block per lane), the 64 x 128 activation tile staged in
- * shared memory, the next step's weights in flight during this step's math. */
-#define GEMM4_XS 136   /* halves per staged token row: 128 + 8 */
+/* ---- GEMM for the quantized weights above the GEMV: int8 (per channel or grouped) and int4 --------
+ * One template for the three: a block is 64 weight rows (4 warps of 16) x BT tokens; a k-step is
+ * KS columns, one 16-byte chunk per lane and weight row (int8: 64 columns, int4: 128, i.e. one
+ * 32-column block per lane); they differ only in that width and in the dequantization.
+ * GEMM_STAGES-deep cp.async pipeline: step kk's weights (each lane copies the two 16-byte chunks
+ * it alone reads back, rows g and g+8) and its BT x KS activation tile (shared by the 4 warps)
+ * go global -> shared with cp.async.cg, GEMM_STAGES - 1 steps ahead of the math, one commit group
+ * per step. Per step: wait until step kk's group has landed (wait_group<STAGES-2>), one
+ * __syncthreads (everyone's copies of step kk are visible, and everyone is done with the buffer of
+ * step kk-1, which the next issue overwrites), issue step kk+STAGES-1, then the mma's on step kk.
+ * Tokens past T and rows past N are zero-filled by the copy (src-size 0), so the math has no
+ * predicates. Scales: per-channel int8 once in the epilogue, grouped int8 and int4 multiply the
+ * fp16 weights in registers (a lane's chunk never straddles a group). Static shared memory
+ * (< 48 KB): int8 BT 64: 3 x (9216 + 4096) = 39936 bytes; int4 BT 32: 3 x (8704 + 4096) = 38400. */
+#define GEMM_STAGES 3
+enum { WQ_I8 = 0, WQ_I8G = 1, WQ_I4 = 2 };
 
-template <typename OT>
-__global__ void __launch_bounds__(128)
-gemm_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
-               const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-               int64_t N, int64_t K, int gelu, int64_t n_valid)
+/* One pipeline stage's copies (k-step kk), in two halves: this thread's two weight chunks
+ * (gemm_issue_w; the weights never depend on the previous kernel, so the prologue issues them
+ * before pln_pdl_wait) and its share of the BT x KS activation tile (gemm_issue_x, after the
+ * wait; tokens past T zero-filled). */
+__device__ __forceinline__ void gemm_issue_w(int4 (*ws)[128], const uint8_t *pa, const uint8_t *pb, bool va, bool vb,
+                                             int kk)
 {
-    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
-    __shared__ __align__(16) __half xs[64 * GEMM4_XS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tid = threadIdx.x;
+    pln_cp_async16(&ws[0][tid], pa + (int64_t)kk * 64, va);
+    pln_cp_async16(&ws[1][tid], pb + (int64_t)kk * 64, vb);
+}
+template <int KS, int BT>
+__device__ __forceinline__ void gemm_issue_x(__half *xs, const __half *x, int T, int t0, int64_t K, int kk)
+{
+    constexpr int XS = KS + 8, CH = KS / 8;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < BT * CH / 128; r++) {
+        const int i = tid + 128 * r, t = i / CH, c = i % CH;
+        const bool ok = t0 + t < T;
+        pln_cp_async16(&xs[t * XS + c * 8], x + (int64_t)(ok ? t0 + t : 0) * K + (int64_t)kk * KS + c * 8, ok);
+    }
+}
+
+template <int WQ, int BT, typename OT>
+__global__ void __launch_bounds__(128)
+gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
+               const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
+               int64_t N, int64_t K, int gelu, int64_t n_valid, float *part, unsigned *cnt, int per)
+{
+    constexpr bool I4 = WQ == WQ_I4;
+    constexpr int KS = I4 ? 128 : 64;   /* columns per k-step */
+    constexpr int XS = KS + 8;          /* halves per staged token row: 16-byte reads conflict-free */
+    constexpr int CH = KS / 8;          /* 16-byte chunks per token row and step */
+    constexpr int NTILES = BT / 8;
+    static_assert(BT % 8 == 0 && BT * CH % 128 == 0, "whole tile copies per thread");
+    __shared__ __align__(16) __half xs[GEMM_STAGES][BT * XS];
+    __shared__ __align__(16) int4 ws[GEMM_STAGES][2][128];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int64_t row0 = (int64_t)blockIdx.x * 64 + warp * 16;
-    const int t0 = blockIdx.y * 64;
+    const int t0 = blockIdx.y * BT;
     const int64_t ra = row0 + g, rb = row0 + g + 8;
     const bool va = ra < N, vb = rb < N;
-    const int64_t rowbytes = K / 2, sgroups = K / G;
-    const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
-    const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
+    const int64_t rowbytes = I4 ? K / 2 : K;   /* either way 64 bytes per row and step */
+    const uint8_t *pa = W + (va ? ra : 0) * rowbytes + 16 * q;
+    const uint8_t *pb = W + (vb ? rb : 0) * rowbytes + 16 * q;
+    /* split-k (gridDim.z > 1): this block's steps [kb, ke) */
+    const int kb = (int)blockIdx.z * per, ke = (int)(K / KS) < kb + per ? (int)(K / KS) : kb + per;
+    const int64_t sgroups = WQ == WQ_I8 ? 1 : K / G;
 
-    float acc[8][4];
+
+    float acc[NTILES][4];
 #pragma unroll
-    for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int n = 0; n < NTILES; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
-    int4 wa = va ? pln_ld_stream(pa) : make_int4(0, 0, 0, 0);
-    int4 wb = vb ? pln_ld_stream(pb) : make_int4(0, 0, 0, 0);
-    for (int64_t k0 = 0; k0 < K; k0 += 128) {
+    /* Prologue: the first GEMM_STAGES - 1 steps' weights go out before the wait (they overlap
+     * the previous kernel's tail under programmatic dependent launch), their activations after
+     * it. Group st holds step st's activations, group 0 also every prologue weight chunk: the
+     * wait_group that covers step st's activations covers its weights too. */
+#pragma unroll
+    for (int st = 0; st < GEMM_STAGES - 1; st++)
+        if (kb + st < ke) gemm_issue_w(ws[st], pa, pb, va, vb, kb + st);
+    pln_pdl_wait();   /* the activations (and split-k's partials and counters) below */
+#pragma unroll
+    for (int st = 0; st < GEMM_STAGES - 1; st++) {
+        if (kb + st < ke) gemm_issue_x<KS, BT>(xs[st], x, T, t0, K, kb + st);
+        pln_cp_async_commit();   /* empty groups keep the count uniform */
+    }
+    int buf = 0, nbuf = GEMM_STAGES - 1;   /* the stage read now, the stage issued now */
+    for (int kk = kb; kk < ke; kk++) {
+        pln_cp_async_wait<GEMM_STAGES - 2>();
         __syncthreads();
-        for (int i = threadIdx.x; i < 64 * 16; i += 128) {
-            int t = i >> 4, c = i & 15;
-            int4 v = t0 + t < T ? __ldg((const int4 *)(x + (int64_t)(t0 + t) * K + k0) + c)
-                                : make_int4(0, 0, 0, 0);
-            *(int4 *)&xs[t * GEMM4_XS + c * 8] = v;
+        if (kk + GEMM_STAGES - 1 < ke) {
+            gemm_issue_w(ws[nbuf], pa, pb, va, vb, kk + GEMM_STAGES - 1);
+            gemm_issue_x<KS, BT>(xs[nbuf], x, T, t0, K, kk + GEMM_STAGES - 1);
         }
-        __syncthreads();
-        int4 ca = wa, cb = wb;
-        if (k0 + 128 < K) {
-            int64_t s = k0 / 128 + 1;
-            wa = va ? pln_ld_stream(pa + s * 4) : make_int4(0, 0, 0, 0);
-            wb = vb ? pln_ld_stream(pb + s * 4) : make_int4(0, 0, 0, 0);
+        pln_cp_async_commit();
+        nbuf = nbuf == GEMM_STAGES - 1 ? 0 : nbuf + 1;
+        __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
+        if (WQ != WQ_I8) {
+            /* 32-bit: a 64-bit division is a called subroutine (a stack frame in the SASS) */
+            const int gi = (kk * KS + (I4 ? 32 : 16) * q) / (int)G;
+            sa = __half2half2(va ? __ldg(scale + ra * sgroups + gi) : __float2half(0.0f));
+            sb = __half2half2(vb ? __ldg(scale + rb * sgroups + gi) : __float2half(0.0f));
         }
-        const int64_t gi = (k0 + 32 * q) / G;
-        const __half2 sa = __half2half2(va ? scale[ra * sgroups + gi] : __float2half(0.0f));
-        const __half2 sb = __half2half2(vb ? scale[rb * sgroups + gi] : __float2half(0.0f));
+        const int4 ca = ws[buf][0][tid], cb = ws[buf][1][tid];
         const uint32_t *A = (const uint32_t *)&ca;
         const uint32_t *B = (const uint32_t *)&cb;
+        const __half *xb = xs[buf];
+        if (!I4) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            __half2 ha[4], hb[4];
-            i4x8_to_h2x4(A[i], sa, ha);
-            i4x8_to_h2x4(B[i], sb, hb);
+            for (int jj = 0; jj < 2; jj++) {
+                int4 xv[NTILES];
 #pragma unroll
-            for (int n = 0; n < 8; n++) {
-                const __half *xr = &xs[(n * 8 + g) * GEMM4_XS + 32 * q + 4 * i];
-                uint32_t l02, l13, h02, h13;
-                x_pairs(*(const uint2 *)xr, l02, l13);
-                x_pairs(*(const uint2 *)(xr + 16), h02, h13);
-                pln_mma16816(acc[n], pln_h2_bits(ha[0]), pln_h2_bits(hb[0]), pln_h2_bits(ha[1]),
-                             pln_h2_bits(hb[1]), l02, l13);
-                pln_mma16816(acc[n], pln_h2_bits(ha[2]), pln_h2_bits(hb[2]), pln_h2_bits(ha[3]),
-                             pln_h2_bits(hb[3]), h02, h13);
+                for (int n = 0; n < NTILES; n++) xv[n] = *(const int4 *)&xb[(n * 8 + g) * XS + 16 * q + 8 * jj];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int j = 2 * jj + h;
+                    __half2 alo, ahi, blo, bhi;
+                    pln_i8x4_to_h2x2(A[j], alo, ahi);
+                    pln_i8x4_to_h2x2(B[j], blo, bhi);
+                    if (WQ == WQ_I8G) {
+                        alo = __hmul2(alo, sa); ahi = __hmul2(ahi, sa);
+                        blo = __hmul2(blo, sb); bhi = __hmul2(bhi, sb);
+                    }
+#pragma unroll
+                    for (int n = 0; n < NTILES; n++) {
+                        const uint32_t *xw = (const uint32_t *)&xv[n];
+                        pln_mma16816(acc[n], pln_h2_bits(alo), pln_h2_bits(blo), pln_h2_bits(ahi),
+                                     pln_h2_bits(bhi), xw[2 * h], xw[2 * h + 1]);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                __half2 ha[4], hb[4];
+                i4x8_to_h2x4(A[i], sa, ha);
+                i4x8_to_h2x4(B[i], sb, hb);
+#pragma unroll
+                for (int n = 0; n < NTILES; n++) {
+                    const __half *xr = &xb[(n * 8 + g) * XS + 32 * q + 4 * i];
+                    uint32_t l02, l13, h02, h13;
+                    x_pairs(*(const uint2 *)xr, l02, l13);
+                    x_pairs(*(const uint2 *)(xr + 16), h02, h13);
+                    pln_mma16816(acc[n], pln_h2_bits(ha[0]), pln_h2_bits(hb[0]), pln_h2_bits(ha[1]),
+                                 pln_h2_bits(hb[1]), l02, l13);
+                    pln_mma16816(acc[n], pln_h2_bits(ha[2]), pln_h2_bits(hb[2]), pln_h2_bits(ha[3]),
+                                 pln_h2_bits(hb[3]), h02, h13);
+                }
             }
         }
+        buf = buf == GEMM_STAGES - 1 ? 0 : buf + 1;
+    }
+    pln_cp_async_wait<0>();   /* nothing may be in flight at exit (only empty groups are left) */
+    pln_pdl_trigger();   /* only the epilogue (or split-k's reduction) is left */
+    const int kspl = gridDim.z;
+    if (kspl > 1) {
+        /* split-k: every block writes its fp32 tile ([token][row] of 64 x BT) and counts in on the
+         * tile's arrival counter; the last to arrive sums the splits in split order (its own read
+         * back too, so the order never depends on who came last), runs the epilogue and leaves
+         * the counter zero again, as the GEMV does */
+        const int tix = blockIdx.y * gridDim.x + blockIdx.x;
+        float *tile = part + (int64_t)tix * kspl * 64 * BT;
+        float *mine = tile + (int64_t)blockIdx.z * 64 * BT;
+        const int lr = warp * 16 + g;
+#pragma unroll
+        for (int n = 0; n < NTILES; n++) {
+            const int lt = n * 8 + 2 * q;
+            mine[lt * 64 + lr] = acc[n][0];
+            mine[(lt + 1) * 64 + lr] = acc[n][1];
+            mine[lt * 64 + lr + 8] = acc[n][2];
+            mine[(lt + 1) * 64 + lr + 8] = acc[n][3];
+        }
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            last = atomicAdd(cnt + tix, 1u) == (unsigned)kspl - 1;
+            if (last) atomicExch(cnt + tix, 0u);
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        /* 16-byte reads (4 rows of one token) through L2, the splits in a loop kept rolled */
+        const float4 *t4 = (const float4 *)tile;
+        for (int i4 = tid; i4 < 16 * BT; i4 += 128) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+            for (int y = 0; y < kspl; y++) {
+                const float4 p = __ldcg(t4 + (int64_t)y * 16 * BT + i4);
+                v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+            }
+            const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int i = 4 * i4 + j, t = t0 + i / 64;
+                const int64_t row = (int64_t)blockIdx.x * 64 + i % 64;
+                if (t >= T || row >= N) continue;
+                epilogue(out, N, t, row, vv[j], WQ == WQ_I8 ? __half2float(scale[row]) : 1.0f, bias, gelu, n_valid);
+            }
+        }
+        return;
+    }
+    float sca = 1.0f, scb = 1.0f;
+    if (WQ == WQ_I8) {
+        if (va) sca = __half2float(scale[ra]);
+        if (vb) scb = __half2float(scale[rb]);
     }
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
+    for (int n = 0; n < NTILES; n++) {
         int t = t0 + n * 8 + 2 * q;
-        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], 1.0f, bias, gelu, n_valid);
-        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], 1.0f, bias, gelu, n_valid);
-        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], 1.0f, bias, gelu, n_valid);
-        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], 1.0f, bias, gelu, n_valid);
+        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], sca, bias, gelu, n_valid);
+        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], sca, bias, gelu, n_valid);
+        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], scb, bias, gelu, n_valid);
+        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], scb, bias, gelu, n_valid);
     }
 }
 
@@ -703,7 +761,8 @@ static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weig
     float *part = nullptr;
     unsigned *cnt = nullptr;
     if (kspl > 1) {
-        part = (float *)pln_cuda_scratch(c, (size_t)blocks * kspl * 16 * 16 * sizeof(float));
+        const int nt = T <= 8 ? 8 : T <= 16 ? 16 : GEMV_MAX_T;   /* the kernel's NT below */
+        part = (float *)pln_cuda_scratch(c, (size_t)blocks * kspl * 16 * nt * sizeof(float));
         if (!part) return -1;
         cnt = pln_cuda_attn_counters(c, (size_t)blocks);
         if (!cnt) return -1;
@@ -713,9 +772,54 @@ static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weig
     if (T <= 8)
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 8, OT>)(
             out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
-    else
+    else if (T <= 16)
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 16, OT>)(
             out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+    else
+        PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, GEMV_MAX_T, OT>)(
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+    return 0;
+}
+
+/* The quantized GEMM: 64-token tiles for int8 above 32 tokens, 32-token tiles otherwise (int4's
+ * 128-column steps would need 64 KB of shared memory for 64 tokens in 3 stages). A grid of fewer
+ * tiles than GEMM_FILL_PER_SM blocks per SM (QKV of a TP-8 BLOOM-176B rank at 64 tokens: 84 tiles
+ * on 132 SMs) splits k over gridDim.z blocks of at least GEMM_MIN_SPLIT_STEPS steps each; the
+ * last block of a tile to finish reduces (split-k in gemm_wq_kernel). -1 on an error. */
+#define GEMM_FILL_PER_SM 2
+#define GEMM_MIN_SPLIT_STEPS 8
+template <int WQ, typename OT>
+static int launch_gemm(pln_cuda_ctx *c, OT *out, const __half *x, const uint8_t *w, const pln_weight *W,
+                       const __half *b, int T, int gelu, int64_t n_valid)
+{
+    const __half *sc = (const __half *)W->scale;
+    const int bt = WQ != WQ_I4 && T > 32 ? 64 : 32;
+    const int nk = (int)(W->cols / (WQ == WQ_I4 ? 128 : 64));
+    const int64_t tiles = (int64_t)pln_cdiv(W->rows, 64) * pln_cdiv(T, bt);
+    const int64_t target = (int64_t)GEMM_FILL_PER_SM * (c->sm_count > 0 ? c->sm_count : 1);
+    int64_t kspl = 1;
+    if (tiles < target) {
+        kspl = pln_cdiv(target, tiles);
+        if (kspl > nk / GEMM_MIN_SPLIT_STEPS) kspl = nk / GEMM_MIN_SPLIT_STEPS;
+        if (kspl < 1) kspl = 1;
+    }
+    if (c->gemv_splits > 0) kspl = c->gemv_splits < nk ? c->gemv_splits : (nk > 0 ? nk : 1);
+    const int per = pln_cdiv(nk, kspl);
+    float *part = nullptr;
+    unsigned *cnt = nullptr;
+    if (kspl > 1) {
+        part = (float *)pln_cuda_scratch(c, (size_t)tiles * kspl * 64 * bt * sizeof(float));
+        if (!part) return -1;
+        cnt = pln_cuda_attn_counters(c, (size_t)tiles);
+        if (!cnt) return -1;
+    }
+    dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, bt), (unsigned)kspl);
+    if (bt == 64)
+        PLN_LAUNCH(grid, 128, 0, c->stream, gemm_wq_kernel<WQ, WQ == WQ_I4 ? 32 : 64, OT>)(
+            out, x, w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+    else
+        PLN_LAUNCH(grid, 128, 0, c->stream, gemm_wq_kernel<WQ, 32, OT>)(out, x, w, sc, W->group, b, T, W->rows,
+                                                                         W->cols, gelu, n_valid, part, cnt, per);
     return 0;
 }
 
@@ -732,8 +836,8 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
     const bool fast = W->cols % 128 == 0 && W->group % 32 == 0 && ((uintptr_t)W->w % 16 == 0) &&
                       ((uintptr_t)in % 16 == 0);
     pln_linear_path path = c->linear_path;
-    if (path == PLN_LINEAR_AUTO) path = T <= 16 ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
-    if (path == PLN_LINEAR_GEMV && T > 16) path = PLN_LINEAR_GEMM;
+    if (path == PLN_LINEAR_AUTO) path = T <= GEMV_MAX_T_Q ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
+    if (path == PLN_LINEAR_GEMV && T > GEMV_MAX_T) path = PLN_LINEAR_GEMM;
     if (!fast) path = PLN_LINEAR_NAIVE;
     const int ig = gelu ? 1 : 0;
     if (path == PLN_LINEAR_GEMV) {
@@ -741,13 +845,14 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
         if (T <= 8)
             PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<8, OT>)(out, x, w, sc, W->group, b, T,
                                                                                   W->rows, W->cols, ig, n_valid);
-        else
+        else if (T <= 16)
             PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<16, OT>)(out, x, w, sc, W->group, b, T,
                                                                                    W->rows, W->cols, ig, n_valid);
+        else
+            PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<GEMV_MAX_T, OT>)(
+                out, x, w, sc, W->group, b, T, W->rows, W->cols, ig, n_valid);
     } else if (path == PLN_LINEAR_GEMM) {
-        dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, 64));
-        PLN_LAUNCH(grid, 128, 0, c->stream, gemm_i4_kernel<OT>)(out, x, w, sc, W->group, b, T, W->rows, W->cols, ig,
-                                                                 n_valid);
+        if (launch_gemm<WQ_I4, OT>(c, out, x, w, W, b, T, ig, n_valid)) return -1;
     } else {
         int64_t threads = (int64_t)T * W->rows * 32;
         PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_i4_kernel<OT>)(out, x, w, sc, W->group, b,
@@ -771,8 +876,8 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
     bool fast = (i8 ? W->cols % 64 == 0 : W->cols % 32 == 0) && (!grouped || W->group % 16 == 0) &&
                 ((uintptr_t)W->w % 16 == 0) && ((uintptr_t)in % 16 == 0);
     pln_linear_path path = c->linear_path;
-    if (path == PLN_LINEAR_AUTO) path = T <= 16 ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
-    if (path == PLN_LINEAR_GEMV && T > 16) path = PLN_LINEAR_GEMM;
+    if (path == PLN_LINEAR_AUTO) path = T <= (i8 ? GEMV_MAX_T_Q : GEMV_MAX_T_F16) ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
+    if (path == PLN_LINEAR_GEMV && T > GEMV_MAX_T) path = PLN_LINEAR_GEMM;
     if (!fast) path = PLN_LINEAR_NAIVE;
     const int ig = gelu ? 1 : 0;
 
@@ -785,14 +890,9 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         return 0;
     }
     if (path == PLN_LINEAR_GEMM && i8) {
-        dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, 64));
-        const __half *sc = (const __half *)W->scale;
-        if (grouped)
-            PLN_LAUNCH(grid, 128, 0, c->stream, gemm_i8_kernel<true, OT>)(out, x, (const int8_t *)W->w, sc, W->group, b, T,
-                                                                  W->rows, W->cols, ig, n_valid);
-        else
-            PLN_LAUNCH(grid, 128, 0, c->stream, gemm_i8_kernel<false, OT>)(out, x, (const int8_t *)W->w, sc, W->group, b, T,
-                                                                   W->rows, W->cols, ig, n_valid);
+        if (grouped ? launch_gemm<WQ_I8G, OT>(c, out, x, (const uint8_t *)W->w, W, b, T, ig, n_valid)
+                    : launch_gemm<WQ_I8, OT>(c, out, x, (const uint8_t *)W->w, W, b, T, ig, n_valid))
+            return -1;
         cudaCheckLaunch();
         return 0;
     }

@@ -444,6 +444,71 @@ static void per_op(model_t *m, int32_t B, int32_t ctx)
     state_free(&s);
 }
 
+/* ---- the linears of one TP-8 rank by batch (issue #11: batch 128 at >= 60x batch 1's tokens/s) --
+ * Each of the four [out, in] shapes of a TP-8 rank of BLOOM-176B at T = 1, 8, 32, 64, 128 in fp16
+ * (the GEMV to 16 tokens, cuBLASLt above), int8 per row, int8 g128 and int4 g128 (the GEMV to
+ * GEMV_MAX_T_Q tokens, the cp.async GEMM above): time per call and TFLOP/s side by side; at 32 and
+ * 64 tokens the quantized ones also forced onto each kernel (where the GEMV/GEMM crossover lies).
+ * Then one layer's four linears summed per batch, and batch 128's tokens/s over batch 1's. */
+static void batch_linears(void)
+{
+    const int64_t shp[4][2] = {{QKV, HID}, {HID, HL}, {FF, HID}, {HID, FF}};
+    const char *names[4] = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+    const char *dts[4] = {"fp16", "int8", "int8g128", "int4g128"};
+    const int32_t Ts[5] = {1, 8, 32, 64, 128};
+    double layer[4][5] = {{0}};
+    void *in = dalloc((size_t)128 * HID * 2), *out = dalloc((size_t)128 * HID * 2);   /* the widest side is HID */
+    fill(in, (size_t)128 * HID, PLN_DTYPE_F16, -1, 1);
+    printf("linears of one TP-8 rank by batch (us per call, TFLOP/s):\n");
+    for (int w = 0; w < 4; w++) {
+        const int64_t R = shp[w][0], C = shp[w][1];
+        for (int d = 0; d < 4; d++) {
+            const int64_t G = d == 1 ? C : 128;
+            lin_arg l = {out, in, {d == 0 ? PLN_DTYPE_F16 : d == 3 ? PLN_DTYPE_U8 : PLN_DTYPE_I8, R, C, NULL, NULL, d ? G : 0}, 1};
+            const size_t wb = (size_t)(R * C) * (d == 0 ? 2 : 1) / (d == 3 ? 2 : 1);
+            l.w.w = dalloc(wb);
+            fill((void *)l.w.w, d == 0 ? (size_t)(R * C) : wb, d == 0 ? PLN_DTYPE_F16 : PLN_DTYPE_I8, -0.02f, 0.02f);
+            if (d) {
+                l.w.scale = dalloc((size_t)(R * (C / G)) * 2);
+                fill((void *)l.w.scale, (size_t)(R * (C / G)), PLN_DTYPE_F16, 1e-4f, 3e-4f);
+            }
+            for (int i = 0; i < 5; i++) {
+                l.T = Ts[i];
+                const double ms = time_ms(do_linear, &l, 2, 10);
+                const double tf = 2.0 * (double)R * C * Ts[i] / (ms * 1e-3) / 1e12;
+                layer[d][i] += ms * 1e3;
+                printf("  %-16s [%5lld x %5lld] %-8s T %3d: %8.1f us %7.1f TFLOP/s\n", names[w], (long long)R,
+                       (long long)C, dts[d], Ts[i], ms * 1e3, tf);
+                char key[112];
+                snprintf(key, sizeof key, "lin_%s_%s_T%d_us", names[w], dts[d], Ts[i]); result(key, ms * 1e3, "us");
+                snprintf(key, sizeof key, "lin_%s_%s_T%d_tflops", names[w], dts[d], Ts[i]); result(key, tf, "TFLOP/s");
+                if (d && (Ts[i] == 32 || Ts[i] == 64)) {   /* each quantized kernel forced */
+                    for (int path = 1; path <= 2; path++) {
+                        pln_cuda_set_linear_path(be, path);
+                        const double pm = time_ms(do_linear, &l, 2, 10);
+                        snprintf(key, sizeof key, "lin_%s_%s_T%d_%s_us", names[w], dts[d], Ts[i], path == 1 ? "gemv" : "gemm");
+                        result(key, pm * 1e3, "us");
+                    }
+                    pln_cuda_set_linear_path(be, 0);
+                }
+            }
+            be->free(be, (void *)l.w.w);
+            if (l.w.scale) be->free(be, (void *)l.w.scale);
+        }
+    }
+    for (int d = 0; d < 4; d++) {
+        char key[112];
+        for (int i = 0; i < 5; i++) {
+            snprintf(key, sizeof key, "lin_layer_%s_T%d_us", dts[d], Ts[i]); result(key, layer[d][i], "us");
+        }
+        const double ratio = layer[d][4] > 0 ? 128.0 * layer[d][0] / layer[d][4] : 0;
+        printf("  one layer's linears, %-8s: T 1 %.1f us, T 128 %.1f us: batch 128 gives %.1fx the tokens/s of batch 1 (goal >= 60x)\n",
+               dts[d], layer[d][0], layer[d][4], ratio);
+        snprintf(key, sizeof key, "lin_layer_%s_b128_over_b1", dts[d]); result(key, ratio, "x");
+    }
+    be->free(be, in); be->free(be, out);
+}
+
 /* ---- int4 at BLOOM-176B's full width (TP 1: the whole model on one 141 GB GPU) ----------------
  * The four linears of one layer as a TP-1 rank holds them, int4 with groups of 128: weight + scale
  * bytes per call against the copy ceiling, on the int4 GEMV (T <= 16) and GEMM, and the int4
@@ -541,6 +606,7 @@ int main(int argc, char **argv)
     printf("model: one TP-8 rank of BLOOM-176B (70 layers, hidden %d, %d heads of %d, 4H/8 %d, vocab %d); "
            "all-reduces are no-ops (single rank), context %d\n", HID, NHL, HD, FF, VR, ctx);
     ceilings();
+    batch_linears();
     int4_tp1();
     for (int q = 0; q < 2; q++) {
         model_t m;

@@ -191,6 +191,32 @@ __global__ void pdl_early_trigger_kernel(int *y)
     y[threadIdx.x] = 1;
 }
 
+/* cp.async: each thread copies two 16-byte rows into shared memory in two commit groups (the
+ * second zero-filled for odd threads). mode 0: wait for both, __syncthreads, read the neighbour's
+ * slots (correct); 1: read its own first slot without any wait (still in flight); 2: wait, but
+ * read the neighbour's slot with no __syncthreads (a race with the neighbour's landing copy);
+ * 3: wait<1> and read the second group's slot (the newest group may still be in flight); 4: wait<1>
+ * and read its own first-group slot (landed: correct). */
+__global__ void cp_async_kernel(int *out, const int4 *src, int mode)
+{
+    __shared__ __align__(16) int4 s[2][64];
+    const int i = (int)threadIdx.x;
+    pln_cp_async16(&s[0][i], src + i, true);
+    pln_cp_async_commit();
+    pln_cp_async16(&s[1][i], src + 64 + i, i % 2 == 0);
+    pln_cp_async_commit();
+    if (mode == 1) { out[i] = s[0][i].x; return; }
+    if (mode == 3 || mode == 4) {
+        pln_cp_async_wait<1>();
+        out[i] = mode == 3 ? s[1][i].x : s[0][i].x;
+        return;
+    }
+    pln_cp_async_wait<0>();
+    if (mode != 2) __syncthreads();
+    const int j = (i + 1) % 64;
+    out[i] = s[0][j].x + s[1][j].y;
+}
+
 /* ---- checks -------------------------------------------------------------------------------------- */
 /* Expects the last launch to have failed with a report containing `what` (NULL: to have passed). */
 static void expect(const char *name, const char *what)
@@ -243,6 +269,35 @@ int main(void)
     bad = 0;
     for (int i = 0; i < 32; i++) bad += h[i] != (i + 1) % 32 + 1;
     CHECK(bad == 0, "warp neighbour values: %d wrong", bad);
+
+    {
+        int4 hs[128];
+        for (int i = 0; i < 128; i++) hs[i] = make_int4(1000 + i, 2000 + i, 0, 0);
+        int4 *src = dev<int4>(128);
+        cudaMemcpy(src, hs, sizeof hs, cudaMemcpyHostToDevice);
+        PLN_LAUNCH(1, 64, 0, st, cp_async_kernel)(out, src, 0);
+        expect("cp.async: wait_group, barrier, read", NULL);
+        cudaMemcpy(h, out, 64 * 4, cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int i = 0; i < 64; i++) {
+            const int j = (i + 1) % 64;
+            bad += h[i] != 1000 + j + (j % 2 == 0 ? 2000 + 64 + j : 0);
+        }
+        CHECK(bad == 0, "cp.async values (odd rows zero-filled): %d wrong", bad);
+        PLN_LAUNCH(1, 64, 0, st, cp_async_kernel)(out, src, 1);
+        expect("cp.async: read before any wait", "while a cp.async of thread");
+        PLN_LAUNCH(1, 64, 0, st, cp_async_kernel)(out, src, 2);
+        expect("cp.async: waited, no __syncthreads", "race (RAW)");
+        PLN_LAUNCH(1, 64, 0, st, cp_async_kernel)(out, src, 3);
+        expect("cp.async: wait<1> leaves the newest group", "in flight");
+        PLN_LAUNCH(1, 64, 0, st, cp_async_kernel)(out, src, 4);
+        expect("cp.async: wait<1> lands the older group", NULL);
+        cudaMemcpy(h, out, 64 * 4, cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int i = 0; i < 64; i++) bad += h[i] != 1000 + i;
+        CHECK(bad == 0, "cp.async wait<1> values: %d wrong", bad);
+        cudaFree(src);
+    }
 
     PLN_LAUNCH(1, 64, 0, st, war_kernel)(out, 0);
     expect("write after read (no barrier)", "race (WAR)");

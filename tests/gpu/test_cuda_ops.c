@@ -267,7 +267,7 @@ static pln_weight up_weight(pln_backend *be, const host_weight *h, void **bufs)
     return w;
 }
 
-static const char *path_name[] = {"auto", "gemv", "gemm", "plain", "gemv/k3"};
+static const char *path_name[] = {"auto", "gemv", "gemm", "plain", "gemv/k3", "gemm/k3"};
 
 static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t group, int32_t T, bool bias, bool gelu,
                            int bias_off, int in_off, int w_off);
@@ -336,16 +336,18 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
         g_gpu->upload(g_gpu, gbias, hb, (size_t)rows * 2);
     }
     void *go = dalloc(g_gpu, nout * g_gpu->act_size);
-    for (int path = 0; path < 5; path++) {   /* 4: the GEMV with k split over 3 blocks per row tile */
-        if ((path == 1 || path == 4) && T > 16) continue;
+    /* 4: the GEMV with k split over 3 blocks per row tile; 5: the quantized GEMM split the same way */
+    for (int path = 0; path < 6; path++) {
+        if ((path == 1 || path == 4) && T > 32) continue;   /* the GEMV's largest tile (linear.cu GEMV_MAX_T) */
         if (path == 4 && (g_self || dt == PLN_DTYPE_U8)) continue;
+        if (path == 5 && (g_self || dt == PLN_DTYPE_F16)) continue;
         if (path == 3 && rows * cols * (int64_t)T > ((int64_t)1 << 31)) continue;   /* the plain kernel is slow */
         poison(g_gpu, go, nout * g_gpu->act_size);
         if (g_self && path) continue;
-        set_path(path == 4 ? 1 : path);
-        if (path == 4) pln_cuda_set_gemv_splits(g_gpu, 3);
+        set_path(path == 4 ? 1 : path == 5 ? 2 : path);
+        if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 3);
         CHECK(g_gpu->linear(g_gpu, go, gx, &gw, gbias, T, gelu) == 0, "cuda linear (%s): %s", path_name[path], pln_error());
-        if (path == 4) pln_cuda_set_gemv_splits(g_gpu, 0);
+        if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 0);
         down_act(g_gpu, got, go, nout);
         char op[32];
         snprintf(op, sizeof op, "linear/%s", path_name[path]);
@@ -804,8 +806,9 @@ int main(int argc, char **argv)
         test_layernorm(1, 14336);                     /* the one-block register kernel at batch 1 */
         test_layernorm(7, 1001);
     }
-    /* T: 1 and odd 7 (8-token GEMV), 9 and 16 (16-token GEMV), 17 (the first GEMM), 40 (a
-     * partial 64-token tile), 130 (three tiles of the int8 GEMM, the last partial) */
+    /* T: 1 and odd 7 (8-token GEMV), 9 and 16 (16-token GEMV), 17 (fp16: the first GEMM; int8 and
+     * int4: the 32-token GEMV), 40 (a partial 64-token tile of the int8 GEMM), 130 (three tiles,
+     * the last partial) */
     const int32_t Tsmall[] = {1, 7, 9, 16, 17, 40, 130};
     for (size_t ti = 0; ti < sizeof Tsmall / sizeof Tsmall[0]; ti++) {
         const int32_t T = Tsmall[ti];
@@ -827,6 +830,20 @@ int main(int argc, char **argv)
         test_linear(PLN_DTYPE_U8, 200, 384, 128, T, true, true);
         test_linear(PLN_DTYPE_U8, 70, 256, 64, T, false, false);
         test_linear(PLN_DTYPE_U8, 40, 96, 32, T, true, false);
+    }
+    /* Batches 2..200 on the quantized kernels: the GEMV's 8/16/32-token tiles (2, 8, 17, 32; 17 and
+     * 32 are AUTO's GEMV too), the cp.async GEMM's 32- and 64-token tiles above (33, 64, 65, 128,
+     * 200: partial, whole and several tiles); odd row counts (a partial 64-row block and 16-row
+     * tile); 5 k-steps, more than the 3 pipeline stages, so every stage buffer is reused; int8 per
+     * row and grouped, int4 g32 and g128; and 96 columns, which take the plain kernel. */
+    const int32_t Tbatch[] = {2, 8, 17, 32, 33, 64, 65, 128, 200};
+    for (size_t ti = 0; ti < sizeof Tbatch / sizeof Tbatch[0]; ti++) {
+        const int32_t T = Tbatch[ti];
+        test_linear(PLN_DTYPE_I8, 67, 320, 0, T, true, false);
+        test_linear(PLN_DTYPE_I8, 131, 320, 64, T, true, true);
+        test_linear(PLN_DTYPE_U8, 67, 640, 32, T, true, false);
+        test_linear(PLN_DTYPE_U8, 131, 640, 128, T, false, true);
+        test_linear(PLN_DTYPE_I8, 35, 96, 0, T, false, false);
     }
     test_linear_ex(PLN_DTYPE_U8, 64, 256, 128, 3, true, false, 0, 0, 8);
     test_linear_ex(PLN_DTYPE_U8, 64, 256, 32, 20, true, false, 0, 4, 0);
@@ -899,6 +916,10 @@ int main(int argc, char **argv)
             test_linear(PLN_DTYPE_I8, H, H4, 0, T, false, false);
             test_linear(PLN_DTYPE_U8, 3 * H / 8, H, 128, T, true, false);  /* int4 g128 */
             test_linear(PLN_DTYPE_U8, H, H4, 128, T, false, false);
+        }
+        for (int32_t T = 64; T <= 128; T *= 2) {   /* the GEMM's 64-token tiles at the 176B shapes */
+            test_linear(PLN_DTYPE_I8, H4, H, 128, T, true, true);
+            test_linear(PLN_DTYPE_U8, 3 * H / 8, H, 128, T, true, false);
         }
         test_logits(PLN_DTYPE_F16, V, H, 0, 4, V);
         test_logits(PLN_DTYPE_F16, V, H, 0, 1, V - 200);

@@ -117,14 +117,19 @@ q8=$(quant q8_0 Q8_0)
 q8e=$(quant q8_0-f16emb Q8_0 --token-embedding-type f16)
 q40=$(quant q4_0-f16emb Q4_0 --token-embedding-type f16)
 q4k=$(quant q4_k_m-f16emb Q4_K_M --token-embedding-type f16)
-# label | pollen reshard options | llama.cpp gguf
+# label | pollen reshard options | llama.cpp gguf | pollen bench options. int8 runs twice: on pollen's
+# exact float path (its default) and with --int-dot on, the arithmetic llama.cpp's Q8_0 always uses
+# (activations quantized per block of 32); int4 takes the integer-dot path by default (--int-dot auto).
 PAIRS=(
-  "fp16 ↔ F16|--dtype fp16|$f16"
-  "int8 g32 + int8 embedding ↔ Q8_0|--dtype int8 --group-size 32 --quantize-embedding|$q8"
-  "int8 per-row ↔ Q8_0 body, F16 embedding|--dtype int8|$q8e"
-  "int4 g32 ↔ Q4_0, F16 embedding|--dtype int4 --group-size 32|$q40"
-  "int4 g128 ↔ Q4_K_M, F16 embedding|--dtype int4 --group-size 128|$q4k"
+  "fp16 ↔ F16|--dtype fp16|$f16|"
+  "int8 g32 + int8 embedding ↔ Q8_0|--dtype int8 --group-size 32 --quantize-embedding|$q8|"
+  "int8 g32 + int8 embedding, --int-dot on ↔ Q8_0|--dtype int8 --group-size 32 --quantize-embedding|$q8|--int-dot on"
+  "int8 per-row ↔ Q8_0 body, F16 embedding|--dtype int8|$q8e|"
+  "int8 per-row, --int-dot on ↔ Q8_0 body, F16 embedding|--dtype int8|$q8e|--int-dot on"
+  "int4 g32 ↔ Q4_0, F16 embedding|--dtype int4 --group-size 32|$q40|"
+  "int4 g128 ↔ Q4_K_M, F16 embedding|--dtype int4 --group-size 128|$q4k|"
 )
+# ONLY=REGEX keeps the pairs whose label matches (grep -E)
 
 # ---- runs ----------------------------------------------------------------------------------------
 num() { grep -o "\"$1\": *[-0-9.eE+]*" | head -n 1 | sed 's/.*: *//'; }
@@ -140,7 +145,8 @@ echo
 echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 for pair in "${PAIRS[@]}"; do
-  IFS='|' read -r label popts gguf <<<"$pair"
+  IFS='|' read -r label popts gguf bopts <<<"$pair"
+  [ -z "${ONLY:-}" ] || grep -qE "$ONLY" <<<"$label" || continue
   set_dir=$DIR/$tag-$(tr ' ' '_' <<<"$popts" | tr -d '-')
   # shellcheck disable=SC2086
   if [ ! -d "$set_dir" ] && ! err=$("$POLLEN" reshard "$src" -o "$set_dir" --tp 1 $popts --quiet 2>&1); then
@@ -149,8 +155,9 @@ for pair in "${PAIRS[@]}"; do
   fi
   : >"$DIR/p.txt"; : >"$DIR/l.txt"
   for ((r = 0; r < REPS; r++)); do
+    # shellcheck disable=SC2086
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch 1,8,32 --context "$CONTEXT" --steps "$STEPS" \
-      --kv-dtype f16 --threads "$THREADS" --json 2>/dev/null >"$DIR/pollen.json"
+      --kv-dtype f16 --threads "$THREADS" $bopts --json 2>/dev/null >"$DIR/pollen.json"
     pre=$(num prefill_tokens_per_s <"$DIR/pollen.json")
     dec=$(grep -o '"batch":[0-9]*,[^}]*"tokens_per_s":[0-9.e+]*' "$DIR/pollen.json" | sed 's/"batch":\([0-9]*\),.*"tokens_per_s":/\1 /')
     echo "$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")" >>"$DIR/p.txt"

@@ -135,6 +135,26 @@ table() {
     printf "  %-20s T1 %6s  T8 %6s  T16 %6s  T512 %6s us\n" $op "$(f op_int4_tp1_${op}_T1_gbs 0)" "$(f op_int4_tp1_${op}_T8_gbs 0)" \
       "$(f op_int4_tp1_${op}_T16_gbs 0)" "$(f op_int4_tp1_${op}_T512_us 0)"
   done
+  echo "linears of one TP-8 rank by batch, us per call / TFLOP/s (fp16: cuBLASLt above 16 tokens; int8/int4: the"
+  echo "GEMV to 32 tokens, the cp.async GEMM above; at T 32 and 64 the quantized kernels forced: gemv | gemm us):"
+  # one awk for the whole block (a v/f per cell would be ~170 processes, seconds on a loaded machine)
+  awk -v res="$RES" 'function f(k, d) { return (k in val && val[k] ~ /^[0-9.eE+-]+$/) ? sprintf("%." d "f", val[k]) : "-" }
+    BEGIN {
+      while ((getline line < res) > 0) { split(line, w, " "); if (!(w[1] in val)) val[w[1]] = w[2] }
+      ns = split("query_key_value dense dense_h_to_4h dense_4h_to_h", S, " "); nt = split("8 32 64 128", Ts, " ")
+      nd = split("fp16 int8 int8g128 int4g128", D, " ")
+      printf "  %-16s %4s %15s %15s %15s %15s %23s\n", "shape", "T", "fp16", "int8", "int8-g128", "int4-g128", "int8 gemv|gemm"
+      for (i = 1; i <= ns; i++) for (j = 1; j <= nt; j++) {
+        row = sprintf("  %-16s %4s", S[i], Ts[j])
+        for (d = 1; d <= nd; d++) { k = "lin_" S[i] "_" D[d] "_T" Ts[j]; row = row sprintf(" %15s", f(k "_us", 1) "/" f(k "_tflops", 0)) }
+        k = "lin_" S[i] "_int8_T" Ts[j]
+        if (Ts[j] == 32 || Ts[j] == 64) row = row sprintf(" %23s", f(k "_gemv_us", 1) "|" f(k "_gemm_us", 1))
+        print row
+      }
+      for (d = 1; d <= nd; d++) { k = "lin_layer_" D[d]
+        printf "  one layer'"'"'s linears, %s: T1 %s us, T128 %s us; batch 128 / batch 1 tokens/s %sx (target >= 60)\n",
+          D[d], f(k "_T1_us", 1), f(k "_T128_us", 1), f(k "_b128_over_b1", 1) }
+    }'
   echo "loader ($(f load_file_gb 1) GB $(vd load_file)): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
        "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"
   echo "compute-sanitizer on test_cuda_ops --quick: memcheck exit $(vd sanitizer_memcheck_exit), $(vd sanitizer_memcheck_errors) errors;" \

@@ -9,7 +9,8 @@
 #     every STRIDE tokens);
 #   - against the fp16 set: mean KL(fp16 || set) ± its standard error, its 99th percentile and
 #     maximum, top-1 agreement;
-#   - greedy agreement: N_PROMPTS prompts (the first words of every held-out verse, evenly picked)
+#   - greedy agreement: N_PROMPTS prompts (default: every held-out verse, 133; the first words of
+#     each, evenly picked when fewer)
 #     each continued greedily for N_NEW tokens, batched; the share of generated tokens equal to the
 #     fp16 set's at the same position (after a first difference the continuations usually part,
 #     so this is stricter than top-1 agreement), and how many continuations are identical.
@@ -24,7 +25,7 @@ MODEL=${MODEL:-tests/fixtures/models/bloom-kjv}
 TEXT=${TEXT:-$MODEL/heldout.txt}
 CTX=${CTX:-256}
 STRIDE=${STRIDE:-128}
-N_PROMPTS=${N_PROMPTS:-64}
+N_PROMPTS=${N_PROMPTS:-1000}   # more than the text has: every verse
 N_NEW=${N_NEW:-32}
 PROMPT_WORDS=${PROMPT_WORDS:-6}
 DIR=${BENCH_DIR:-$BUILD/bench-quality}

@@ -302,6 +302,8 @@ struct shadow {
     uint32_t repoch, rsync;    /* the same for the reads since (max sync count) */
     uint16_t wtid, rtid, rwarp;
     uint16_t early;            /* read before any write in this block: an uninitialised read or a race */
+    uint16_t pending;          /* cp.async copies to this byte issued and not yet landed */
+    uint16_t ptid;             /* the thread that issued the latest of them */
 };
 
 static uintptr_t g_sh_lo, g_sh_span;      /* static shared, checked only while a block runs */
@@ -357,9 +359,16 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
     const uint32_t mysync = g_wsync[t->warp];
     for (size_t i = 0; i < n; i++) {
         shadow *s = &g_shadow[base + off + i];
+        if (s->gen == g_gen && s->pending) {
+            char w[256];
+            report("thread %d %s %s byte %zu while a cp.async of thread %d to it is in flight (no "
+                   "cp.async.wait_group covering its commit group yet); at %s", t->lin, write ? "writes" : "reads",
+                   dyn ? "dynamic shared" : "static shared", off + i, s->ptid, where(pc, w, sizeof w));
+            return;
+        }
         if (!write) {
             if (s->gen != g_gen) {
-                s->gen = g_gen; s->wtid = NONE; s->rtid = NONE; s->early = 1;
+                s->gen = g_gen; s->wtid = NONE; s->rtid = NONE; s->early = 1; s->pending = 0;
                 g_early.push_back(std::make_pair(base + off + i, pc));
             }
             if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
@@ -376,7 +385,7 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
             } else if (mysync > s->rsync) s->rsync = mysync;
         } else {
             if (s->gen != g_gen) {
-                s->gen = g_gen; s->rtid = NONE; s->early = 0;
+                s->gen = g_gen; s->rtid = NONE; s->early = 0; s->pending = 0;
             } else if (s->early) {
                 s->early = 0;
                 if (s->rtid == t->lin) {
@@ -674,6 +683,105 @@ extern "C" void pln_emu_mma16816(float c[4], const uint32_t ab[6])
     arrive(f);
 }
 
+
+/* ---- cp.async ------------------------------------------------------------------------------------
+ * Asynchronous copies as the PTX ISA defines them: the source is read at the issue (global memory
+ * is not race-checked), the 16 bytes land in shared memory only when the issuing thread's
+ * cp.async.wait_group covers the copy's commit group. Until then the destination bytes are marked
+ * in flight, and any access to them is reported; the issue is checked as a write (against accesses
+ * of other threads since the last barrier), and so is the landing (against accesses after it), so
+ * reading another thread's copy after its wait without a __syncthreads is a race. Copies never
+ * waited for are dropped at the end of the block, as their data would be. */
+struct cp_copy {
+    uintptr_t off;            /* byte offset in the shadow (static shared, then dynamic) */
+    unsigned char data[16];
+    uint32_t group;           /* the issuing thread's commit count at the issue */
+    void *pc;
+};
+static std::vector<cp_copy> g_cp[MAX_THREADS];
+static uint32_t g_cp_commits[MAX_THREADS];
+
+static void cp_reset(void)
+{
+    for (int i = 0; i < g_nthreads; i++) {
+        for (const cp_copy &c : g_cp[i])
+            for (int b = 0; b < 16; b++) {
+                shadow *s = &g_shadow[c.off + b];
+                if (s->gen == g_gen && s->pending) s->pending--;
+            }
+        g_cp[i].clear();
+        g_cp_commits[i] = 0;
+    }
+}
+
+extern "C" void pln_emu_cp_async16(void *dst, const void *src, int src_bytes)
+{
+    fiber *t = g_cur;
+    if (!t) { if (src_bytes) memcpy(dst, src, 16); else memset(dst, 0, 16); return; }
+    void *pc = __builtin_return_address(0);
+    char w[256];
+    const uintptr_t a = (uintptr_t)dst;
+    bool dyn;
+    size_t off;
+    if (a - g_sh_lo < g_sh_span) { dyn = false; off = a - g_sh_lo; }
+    else if (a - g_dyn_lo < g_dyn_span) { dyn = true; off = a - g_dyn_lo; }
+    else {
+        report("thread %d: cp.async to %p, which is not shared memory; at %s", t->lin, dst, where(pc, w, sizeof w));
+        return;
+    }
+    if ((a | (uintptr_t)src) & 15) {
+        report("thread %d: cp.async of 16 bytes with a destination or source not 16-byte aligned (%p <- %p); at %s",
+               t->lin, dst, src, where(pc, w, sizeof w));
+        return;
+    }
+    if (src_bytes != 0 && src_bytes != 16) {
+        report("thread %d: cp.async with %d source bytes (16 or 0 here); at %s", t->lin, src_bytes, where(pc, w, sizeof w));
+        return;
+    }
+    const size_t before = g_reports_this_launch;
+    shared_access(off, 16, true, dyn, pc);   /* the copy may land at any time from now on */
+    if ((size_t)g_reports_this_launch != before) return;
+    cp_copy c;
+    c.off = (dyn ? g_static_size : 0) + off;
+    if (src_bytes) memcpy(c.data, src, 16);
+    else memset(c.data, 0, 16);
+    c.group = g_cp_commits[t->lin];
+    c.pc = pc;
+    for (int b = 0; b < 16; b++) {
+        shadow *s = &g_shadow[c.off + b];
+        s->pending++;
+        s->ptid = (uint16_t)t->lin;
+    }
+    g_cp[t->lin].push_back(c);
+}
+
+extern "C" void pln_emu_cp_async_commit(void)
+{
+    if (g_cur) g_cp_commits[g_cur->lin]++;
+}
+
+/* Lands this thread's copies of every commit group but the newest n. */
+extern "C" void pln_emu_cp_async_wait(int n)
+{
+    fiber *t = g_cur;
+    if (!t) return;
+    std::vector<cp_copy> &v = g_cp[t->lin];
+    const uint32_t commits = g_cp_commits[t->lin];
+    if ((uint32_t)n >= commits) return;
+    const uint32_t upto = commits - (uint32_t)n;   /* groups [0, upto) complete */
+    size_t keep = 0;
+    for (size_t i = 0; i < v.size(); i++) {
+        const cp_copy &c = v[i];
+        if (c.group >= upto) { v[keep++] = c; continue; }
+        for (int b = 0; b < 16; b++) g_shadow[c.off + b].pending--;
+        const bool dyn = c.off >= g_static_size;
+        const size_t off = dyn ? c.off - g_static_size : c.off;
+        memcpy((char *)(dyn ? g_dyn_lo : g_sh_lo) + off, c.data, 16);
+        shared_access(off, 16, true, dyn, c.pc);
+    }
+    v.resize(keep);
+}
+
 /* ---- atomics ---------------------------------------------------------------------------------- */
 extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
 {
@@ -730,6 +838,7 @@ static bool run_block(void)
         f->lane = i % 32;
     }
     memset(g_wsync, 0, sizeof g_wsync);
+    for (int i = 0; i < g_nthreads; i++) { g_cp[i].clear(); g_cp_commits[i] = 0; }
     g_gen++;
     g_epoch++;
     if (g_gen == 0) {   /* wrapped: no stale shadow entry may look current */
@@ -748,7 +857,7 @@ static bool run_block(void)
             else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
             else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
         }
-        if (ndone == g_nthreads) { flush_early(); return true; }
+        if (ndone == g_nthreads) { cp_reset(); flush_early(); return true; }
         if (nbar == g_nthreads) {
             flush_early();
             const char *site = g_fib[0].bar_site;
@@ -782,6 +891,7 @@ static bool run_block(void)
                    f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
         } else
             report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
+        cp_reset();
         g_early.clear();
         return false;
     }

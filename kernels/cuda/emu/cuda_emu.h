@@ -54,6 +54,11 @@ void *pln_emu_dynamic_shared(void);
 void pln_emu_syncthreads(const char *site);
 uint64_t pln_emu_collective(int op, unsigned mask, uint64_t v, int arg, int width);
 void pln_emu_mma16816(float c[4], const uint32_t ab[6]);
+/* cp.async: 16 bytes global -> shared (src_bytes 16, or 0: zero fill), landing only at the
+ * wait_group that covers its commit group (common.cuh: pln_cp_async16 and friends). */
+void pln_emu_cp_async16(void *dst, const void *src, int src_bytes);
+void pln_emu_cp_async_commit(void);
+void pln_emu_cp_async_wait(int n);
 int pln_emu_atomic_i32(int op, void *p, int v, int cmp);
 float pln_emu_atomic_add_f32(float *p, float v);
 unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v);
