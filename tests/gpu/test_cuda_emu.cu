@@ -217,6 +217,24 @@ __global__ void cp_async_kernel(int *out, const int4 *src, int mode)
     out[i] = s[0][j].x + s[1][j].y;
 }
 
+/* cp.async under programmatic dependent launch: the weights w (no kernel writes them) may be
+ * copied before the wait, the previous kernel's output x only after it. mode 0: x copied before
+ * the wait (broken); 1: after (correct). 16 threads, one 16-byte chunk of each per thread. */
+__global__ void pdl_cp_async_kernel(int *out, const int *x, const int *w, int mode)
+{
+    __shared__ __align__(16) int4 s[2][16];
+    const int i = (int)threadIdx.x;
+    pln_cp_async16(&s[0][i], (const int4 *)w + i, true);
+    if (mode == 0) pln_cp_async16(&s[1][i], (const int4 *)x + i, true);
+    pln_pdl_wait();
+    if (mode == 1) pln_cp_async16(&s[1][i], (const int4 *)x + i, true);
+    pln_cp_async_commit();
+    pln_cp_async_wait<0>();
+    const int *a = (const int *)&s[0][i], *b = (const int *)&s[1][i];
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[4 * i + j] = a[j] + b[j];
+}
+
 /* ---- checks -------------------------------------------------------------------------------------- */
 /* Expects the last launch to have failed with a report containing `what` (NULL: to have passed). */
 static void expect(const char *name, const char *what)
@@ -511,6 +529,19 @@ int main(void)
     PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
     PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 3);
     expect("pdl: one thread waits, a barrier orders", NULL);
+    /* cp.async reads its source when issued: from the previous kernel's output only after the wait */
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 16, 0, st, pdl_cp_async_kernel)(po, px, pw, 0);
+    CHECK(strstr(pln_emu_last_report(), "reads 16 bytes") && strstr(pln_emu_last_report(), "pdl_producer_kernel"),
+          "pdl report names the cp.async read and the producer: %s", pln_emu_last_report());
+    expect("pdl: cp.async of the output before the wait", "before griddepcontrol.wait");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 16, 0, st, pdl_cp_async_kernel)(po, px, pw, 1);
+    expect("pdl: cp.async of weights before, output after", NULL);
+    cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
+    pbad = 0;
+    for (int i = 0; i < 64; i++) pbad += ho[i] != 1000 * i + 7 + i;
+    CHECK(pbad == 0, "pdl cp.async consumer: %d of 64 values wrong (out[1] %d, want 1008)", pbad, ho[1]);
     /* an early trigger chains: the consumer of the middle kernel may overlap the producer too */
     PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
     PLN_LAUNCH(1, 64, 0, st, pdl_early_trigger_kernel)(py);

@@ -741,6 +741,10 @@ extern "C" void pln_emu_cp_async16(void *dst, const void *src, int src_bytes)
     const size_t before = g_reports_this_launch;
     shared_access(off, 16, true, dyn, pc);   /* the copy may land at any time from now on */
     if ((size_t)g_reports_this_launch != before) return;
+    /* the source is read at the issue (the data may be fetched at any time from now on): under
+     * programmatic dependent launch, before griddepcontrol.wait it may not be the previous
+     * kernel's output */
+    if (src_bytes && g_pdl_in_block) pdl_access((uintptr_t)src, 16, false, pc);
     cp_copy c;
     c.off = (dyn ? g_static_size : 0) + off;
     if (src_bytes) memcpy(c.data, src, 16);
