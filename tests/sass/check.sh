@@ -27,7 +27,8 @@
 # Counters: ldg128 ldg64 ldg32 ldg16 ldg8 (global loads by width; the LD generic loads count in
 # ld), stg*, lds*, sts* likewise, ldsm (ldmatrix), ldgsts (cp.async), local (LDL+STL); programmatic
 # dependent launch: pdlwait (griddepcontrol.wait, ACQBULK in the SASS), pdltrigger
-# (griddepcontrol.launch_dependents, PREEXIT), ldgpre (global loads before the first pdlwait).
+# (griddepcontrol.launch_dependents, PREEXIT), ldgpre (global loads before the first pdlwait),
+# ldgstspre (cp.async before the first pdlwait).
 # Tools: NVCC (else nvcc on PATH or /usr/local/cuda/bin), CUOBJDUMP (else cuobjdump on PATH, the
 # toolkit's, or the one `make sass-tools` puts in build/sass-tools). Flags: NVCCFLAGS of the
 # Makefile without its -gencode list, plus -arch=$PLN_SASS_ARCH -cubin -Xptxas -v.
@@ -123,6 +124,7 @@ FILENAME ~ /all\.sass$/ {
   split(s, t, " "); op = t[1]; if (op ~ /^@/) op = t[2]
   b = op; sub(/\..*/, "", b)
   if (b == "LDG" && !waited) add(cur, "ldgpre")
+  if (b == "LDGSTS" && !waited) add(cur, "ldgstspre")
   if (b == "ACQBULK") { add(cur, "pdlwait"); waited = 1 }
   else if (b == "PREEXIT") add(cur, "pdltrigger")
   else if (b == "LDG") add(cur, "ldg" width(op))
@@ -136,7 +138,7 @@ FILENAME ~ /all\.sass$/ {
   next
 }
 END {
-  split("ldg128 ldg64 ldg32 ldg16 ldg8 ld stg128 stg64 stg32 stg16 stg8 lds128 lds64 lds32 lds16 lds8 sts128 sts64 sts32 sts16 sts8 ldsm ldgsts local pdlwait pdltrigger ldgpre", K, " ")
+  split("ldg128 ldg64 ldg32 ldg16 ldg8 ld stg128 stg64 stg32 stg16 stg8 lds128 lds64 lds32 lds16 lds8 sts128 sts64 sts32 sts16 sts8 ldsm ldgsts local pdlwait pdltrigger ldgpre ldgstspre", K, " ")
   for (f in seen) {
     line = f " entry=" (f in entry ? 1 : 0) " regs=" (f in regs ? regs[f] : -1) " stack=" (f in stack ? stack[f] : -1) \
            " spill=" ((f in spst ? spst[f] : -1) + (f in spld ? spld[f] : 0)) \
