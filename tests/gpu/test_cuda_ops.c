@@ -336,6 +336,18 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
         g_gpu->upload(g_gpu, gbias, hb, (size_t)rows * 2);
     }
     void *go = dalloc(g_gpu, nout * g_gpu->act_size);
+    /* The input as a kernel's output (gather_rows, identity) right before the linear, as in the
+     * model: under programmatic dependent launch (on in the harness, which reports sm_90) every
+     * read of it before the linear's griddepcontrol.wait, a cp.async included, is reported. Not
+     * with in_off, whose unaligned input is the point. */
+    void *gxk = NULL, *drows = NULL;
+    if (!in_off && !g_self) {
+        int32_t *ident = pln_xmalloc((size_t)T * 4);
+        for (int t = 0; t < T; t++) ident[t] = t;
+        drows = up(g_gpu, ident, (size_t)T * 4);
+        gxk = dalloc(g_gpu, nin * g_gpu->act_size);
+        free(ident);
+    }
     /* 4: the GEMV with k split over 3 blocks per row tile; 5: the quantized GEMM split the same way */
     for (int path = 0; path < 6; path++) {
         if ((path == 1 || path == 4) && T > 32) continue;   /* the GEMV's largest tile (linear.cu GEMV_MAX_T) */
@@ -346,7 +358,9 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
         if (g_self && path) continue;
         set_path(path == 4 ? 1 : path == 5 ? 2 : path);
         if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 3);
-        CHECK(g_gpu->linear(g_gpu, go, gx, &gw, gbias, T, gelu) == 0, "cuda linear (%s): %s", path_name[path], pln_error());
+        if (gxk) CHECK(g_gpu->gather_rows(g_gpu, gxk, gx, drows, T, cols) == 0, "gather (linear input): %s", pln_error());
+        CHECK(g_gpu->linear(g_gpu, go, gxk ? gxk : gx, &gw, gbias, T, gelu) == 0, "cuda linear (%s): %s", path_name[path],
+              pln_error());
         if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 0);
         down_act(g_gpu, got, go, nout);
         char op[32];
@@ -357,7 +371,7 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
     set_path(0);
     g_cpu->free(g_cpu, cb[0]); g_cpu->free(g_cpu, cb[1]); g_cpu->free(g_cpu, cx); g_cpu->free(g_cpu, cbias); g_cpu->free(g_cpu, co);
     g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx_buf); g_gpu->free(g_gpu, gbias_buf); g_gpu->free(g_gpu, go);
-    g_gpu->free(g_gpu, gw_buf);
+    g_gpu->free(g_gpu, gw_buf); g_gpu->free(g_gpu, gxk); g_gpu->free(g_gpu, drows);
     free_host_weight(&hw); free(hb); free(x); free(want); free(got);
 }
 
