@@ -337,13 +337,73 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
     free(tw.w); free(tw.scale); free(x); free(o); free(first); free(bias); free(exact); free(defn); free(xq); free(xs); free(xsum);
 }
 
+/* Every tier's quant_act writes what pln_cpu_quant_act computes, bit for bit, at the places
+ * gemm_q8 reads (one token: plain rows; several: token-interleaved): random blocks, an all-zero
+ * block, products that land on .5 (round half to even), a NaN (ignored by the block's max). */
+static void test_quant_act_tiers(void) {
+    const pln_cpu_kernels *tiers[] = {&pln_cpu_kernels_c,
+#ifdef PLN_CPU_X86
+                                      &pln_cpu_kernels_avx2, &pln_cpu_kernels_avx512,
+#endif
+    };
+    static const pln_cpu_isa isas[] = {PLN_CPU_ISA_C,
+#ifdef PLN_CPU_X86
+                                       PLN_CPU_ISA_AVX2, PLN_CPU_ISA_AVX512,
+#endif
+    };
+    const int64_t K = 256, nb = K / 32;
+    static const int nts[] = {1, 3, 7};
+    for (size_t ni = 0; ni < sizeof nts / sizeof nts[0]; ni++) {
+        int nt = nts[ni];
+        float *x = rnd_vec((size_t)(nt * K), -3, 3);
+        for (int t = 0; t < nt; t++) {
+            for (int i = 0; i < 32; i++) x[t * K + 32 + i] = 0.0f;                 /* block 1: zeros */
+            for (int i = 0; i < 32; i++) x[t * K + 64 + i] = (float)(i - 16) * 0.5f; /* block 2: ties */
+            x[t * K + 64 + 31] = 127.0f;   /* amax 127: inv 1, x * inv = k + 0.5 exactly */
+            x[t * K + 100] = NAN;          /* block 3 */
+        }
+        int8_t *qr = malloc((size_t)(nt * K)), *qt = malloc((size_t)(nt * K));
+        float *sr = malloc((size_t)(nt * nb) * 4), *st = malloc((size_t)(nt * nb) * 4);
+        int32_t *ur = malloc((size_t)(nt * nb) * 4), *ut = malloc((size_t)(nt * nb) * 4);
+        for (int t = 0; t < nt; t++) pln_cpu_quant_act_il(x, K, qr, sr, ur, nt, t, t + 1);   /* token by token */
+        for (size_t k = 0; k < sizeof tiers / sizeof tiers[0]; k++) {
+            if (!pln_cpu_isa_supported(isas[k])) continue;
+            memset(qt, 0x55, (size_t)(nt * K));
+            if (nt == 7) {   /* a run split unevenly, as linear.c splits tokens between threads */
+                tiers[k]->quant_act(x, K, qt, st, ut, nt, 0, 2);
+                tiers[k]->quant_act(x, K, qt, st, ut, nt, 2, 7);
+            } else
+                tiers[k]->quant_act(x, K, qt, st, ut, nt, 0, nt);
+            /* the NaN's block (3): its byte is whatever the conversion makes of NaN; the rest must match */
+            bool same = !memcmp(sr, st, (size_t)(nt * nb) * 4);
+            for (int64_t i = 0; i < nt * K; i++) {
+                int64_t g = i / 4 / nt, col = 4 * g + i % 4;   /* interleaved byte i is column col */
+                if (col / 32 == 3) continue;
+                same = same && qr[i] == qt[i];
+            }
+            for (int64_t i = 0; i < nt * nb; i++) same = same && (i / nt == 3 || ur[i] == ut[i]);
+            CHECK(same, "quant_act: tier %s, %d token(s): differs from pln_cpu_quant_act", tiers[k]->name, nt);
+        }
+        /* ties went to even: 0.5 -> 0, 1.5 -> 2, -0.5 -> 0, -1.5 -> -2 */
+        int8_t tie[4];
+        for (int j = 0; j < 4; j++) {
+            int col = 64 + (j == 0 ? 17 : j == 1 ? 19 : j == 2 ? 15 : 13);
+            tie[j] = qr[4 * ((col / 4) * nt) + col % 4];
+        }
+        CHECK(tie[0] == 0 && tie[1] == 2 && tie[2] == 0 && tie[3] == -2, "quant_act: ties to even, got %d %d %d %d",
+              tie[0], tie[1], tie[2], tie[3]);
+        free(x); free(qr); free(qt); free(sr); free(st); free(ur); free(ut);
+    }
+}
+
 static void test_int_dot(void) {
     double worst = 0;
+    test_quant_act_tiers();
     /* T: one token (the GEMV), the tile remainders (1, 2, 4 of 8 tokens; 1, 2 of 4) and more than
      * a chunk of PLN_CPU_TCHUNK; rows: not multiples of the 16-row chunk or the 4-row GEMV tile;
      * K: one group (per row) and many, an odd number of 32-column blocks (the GEMV's lone tail
      * block), groups of 96 (a pair of blocks straddles two groups) */
-    static const int Ts[] = {1, 2, 3, 5, 8, 15, 70};
+    static const int Ts[] = {1, 2, 3, 5, 8, 15, 70, 515};   /* 515: past linear.c's 512-token batch */
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti];
         test_int_dot_case(37, 256, T, WQ_I8, 0, true, false, &worst);

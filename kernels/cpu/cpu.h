@@ -62,6 +62,12 @@ typedef struct {
      * per-row weights, one group, may apply the weight scale once at the end). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* The integer-dot path's activations: tokens t0 <= t < t1 of nt (token t at x + t K, K % 32
+     * == 0), quantized per block of 32 as pln_cpu_quant_act does, bit for bit, and written where
+     * gemm_q8 reads them (4-byte groups at xq + 4 (g nt + t), block scales and sums at [b nt + t]).
+     * Blocks outermost: a run of tokens fills each cache line of xq in one go. */
+    void (*quant_act)(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
+                      int64_t t1);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):
      * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
     void (*dots)(float *scores, const float *q, const float *k, int64_t n, int64_t d);
@@ -128,6 +134,9 @@ extern bool pln_cpu_no_vnni;
 /* The activation quantization of the integer-dot path, exposed for its test: x [K] (K % 32 == 0)
  * -> q [K], s [K / 32], sum [K / 32] (each block's sum of q). */
 void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *sum);
+/* The same into gemm_q8's token-interleaved layout (the kernels' quant_act in plain C). */
+void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
+                          int64_t t1);
 
 /* The integer-dot path's repack of nr <= 16 rows of I8 (or, when i4, packed int4) weights, K %
  * 32 == 0, into wp [K / 32][8][16][4] bytes (64-byte aligned, 16 K bytes): for block b, 4-column

@@ -17,6 +17,8 @@
 #define RCHUNK 16
 /* The integer-dot path's rows per unit: its tiles are 32 rows wide (cpu.h gemm_q8). */
 #define QCHUNK 32
+/* Tokens quantized at once for the integer-dot path (QTOK x K bytes: 7 MiB at BLOOM-176B width). */
+#define QTOK 512
 
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
@@ -55,6 +57,16 @@ void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *
     }
 }
 
+void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
+                          int64_t t1) {
+    int8_t q[32];
+    for (int64_t b = 0; b < K / 32; b++)
+        for (int64_t t = t0; t < t1; t++) {
+            pln_cpu_quant_act(x + t * K + 32 * b, 32, q, xs + b * nt + t, xsum + b * nt + t);
+            for (int g = 0; g < 8; g++) memcpy(xq + 4 * ((8 * b + g) * nt + t), q + 4 * g, 4);
+        }
+}
+
 /* The integer-dot path applies: asked for, quantized weights in whole 32-column blocks, and a
  * batch, or one token of int4 weights (an int8 GEMV by integer dot measured slower than the float
  * path's: docs/ARCHITECTURE.md "The integer-dot path"). */
@@ -70,43 +82,38 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
     int64_t K = W->cols;
     int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
     if (use_int_dot(c, W, T)) {
-        /* each block of tokens quantized once, then shared by every row chunk */
+        /* Up to QTOK tokens are quantized once, straight into gemm_q8's token-interleaved layout,
+         * then every row chunk repacks its weights once and passes all of them: a 512-token
+         * prefill repacks each weight once, not once per 64 tokens (profiled: the repack and a
+         * scalar quantization had cost as much as the integer dots themselves). */
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
-        int8_t *xq_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K), *xq = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)K);
-        float *xs_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
-        float *xs = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(float));
-        int32_t *xsum_row = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
-        int32_t *xsum = pln_xmalloc((size_t)PLN_CPU_TCHUNK * (size_t)nb * sizeof(int32_t));
-        for (int64_t t0 = 0; t0 < T; t0 += PLN_CPU_TCHUNK) {
-            int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
-            #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (nt * K > 65536)
-            for (int64_t t = 0; t < nt; t++) pln_cpu_quant_act(in + (t0 + t) * K, K, xq_row + t * K, xs_row + t * nb, xsum_row + t * nb);
-            /* token-interleaved (cpu.h gemm_q8): a tile of tokens finds its 4-byte activation
-             * groups, scales and sums side by side */
-            for (int64_t t = 0; t < nt; t++) {
-                for (int64_t kg = 0; kg < K / 4; kg++) memcpy(xq + 4 * (kg * nt + t), xq_row + t * K + 4 * kg, 4);
-                for (int64_t b = 0; b < nb; b++) {
-                    xs[b * nt + t] = xs_row[t * nb + b];
-                    xsum[b * nt + t] = xsum_row[t * nb + b];
+        int64_t qt = T < QTOK ? T : QTOK;
+        int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
+        float *xs = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(float));
+        int32_t *xsum = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(int32_t));
+        for (int64_t t0 = 0; t0 < T; t0 += QTOK) {
+            int64_t nt = T - t0 < QTOK ? T - t0 : QTOK;
+            #pragma omp parallel num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
+            {
+                /* runs of 16 tokens: each fills whole cache lines of xq */
+                #pragma omp for schedule(static)
+                for (int64_t t = 0; t < nt; t += 16)
+                    k->quant_act(in + t0 * K, K, xq, xs, xsum, nt, t, t + 16 < nt ? t + 16 : nt);
+                float *o = out + t0 * ldo;
+                #pragma omp for schedule(dynamic, 1)
+                for (int64_t ch = 0; ch < n_qchunks; ch++) {
+                    int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
+                    k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, (const uint8_t *)W->w + r0 * rb, i4,
+                               W->scale + r0 * (K / W->group), W->group, nr, K);
+                    if (bias || gelu)
+                        for (int64_t t = 0; t < nt; t++)
+                            k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
                 }
             }
-            float *o = out + t0 * ldo;
-            #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
-            for (int64_t ch = 0; ch < n_qchunks; ch++) {
-                int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
-                k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, (const uint8_t *)W->w + r0 * rb, i4, W->scale + r0 * (K / W->group),
-                           W->group, nr, K);
-                if (bias || gelu)
-                    for (int64_t t = 0; t < nt; t++)
-                        k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
-            }
         }
-        free(xq_row);
         free(xq);
-        free(xs_row);
         free(xs);
-        free(xsum_row);
         free(xsum);
         return;
     }

@@ -627,8 +627,46 @@ static TGT float score_max_avx2(float *x, int64_t n, float scale, float slope, i
     return mx;
 }
 
+/* pln_cpu_quant_act, 8 columns per vector, bit for bit (simd_avx512.c's quant_act_avx512 is the
+ * same arithmetic): the scalar scale and inverse, the fp32 product, vcvtps2dq's round half to
+ * even, the saturating packs (values are within +-127 already). */
+static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt,
+                               int64_t t0, int64_t t1) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    for (int64_t b = 0; b < K / 32; b++)
+        for (int64_t t = t0; t < t1; t++) {
+            const float *xb = x + t * K + 32 * b;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);   /* NaN |x| keeps m, as fmaxf */
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float amax = _mm_cvtss_f32(m4);
+            float sc = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+            __m256 iv = _mm256_set1_ps(inv);
+            __m256i acc = _mm256_setzero_si256();
+            int8_t q[32];
+            for (int i = 0; i < 4; i++) {
+                __m256i qi = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], iv)), lo), hi);
+                acc = _mm256_add_epi32(acc, qi);
+                __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+                _mm_storel_epi64((__m128i *)(q + 8 * i), _mm_packs_epi16(p16, p16));
+            }
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            xs[b * nt + t] = sc;
+            xsum[b * nt + t] = _mm_cvtsi128_si32(s4);
+            for (int g = 0; g < 8; g++) memcpy(xq + 4 * ((8 * b + g) * nt + t), q + 4 * g, 4);
+        }
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
-    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2,
+    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .quant_act = quant_act_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,

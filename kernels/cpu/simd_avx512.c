@@ -2,7 +2,8 @@
  * of the build stays baseline x86-64). 16 floats per vector; F16 weights widened with vcvtph2ps,
  * I8 weights with vpmovsxbd + vcvtdq2ps and scaled in registers: no matrix is ever converted.
  * A tile is up to 4 weight rows x 6 tokens of accumulators (24 of the 32 zmm registers), so each
- * weight vector loaded from memory serves 6 tokens and each activation vector 4 rows. */
+ * weight vector loaded from memory serves 6 tokens and each activation vector 4 rows; F16 blocks of
+ * more than 4 tokens take 6 x 4 tiles first (gemm_f16_avx512). */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -35,13 +36,13 @@ INL __m512 load_i8(const int8_t *p) {
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
 INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                   const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add) {
-    __m512 acc[4][6];
+    __m512 acc[6][6];
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
     }
     int64_t k = k0;
     for (; k + 16 <= k1; k += 16) {
-        __m512 wv[4];
+        __m512 wv[6];
         if (NT == 1 && NR == 4 && (k & 31) == 0) {   /* see PREFETCH_NOTE */
             UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
         }
@@ -220,6 +221,27 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
 static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                 const uint16_t *w, int64_t nr, int64_t K) {
     int64_t ks = nt > 4 ? KSTEP : K;
+    if (nt > 4) {
+        /* 6 rows x 4 tokens first: each activation vector loaded from L2 serves 6 rows instead
+         * of 4 (the activations, not the weights, are what streams from L2 here); measured
+         * 5-10 % faster on a 512-token bloom-560m prefill than 4 x 6 tiles alone. The rows that
+         * do not make a 6 (16-row chunks: 6 + 6 + 4) take the 4 x 6 tiles below. */
+        int64_t r = 0;
+        for (; r + 6 <= nr; r += 6) {
+            const uint16_t *wr = w + r * K;
+            float *o = out + r;
+            for (int64_t k0 = 0; k0 < K; k0 += ks) {
+                int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
+                bool add = k0 > 0;
+                for (; t + 4 <= nt; t += 4) tile_f16(6, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+                for (; t + 2 <= nt; t += 2) tile_f16(6, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+                for (; t < nt; t++) tile_f16(6, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+            }
+        }
+        out += r;
+        w += r * K;
+        nr -= r;
+    }
     for (int64_t r = 0; r < nr; r += 4) {
         const uint16_t *wr = w + r * K;
         float *o = out + r;
@@ -511,6 +533,43 @@ static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const floa
         pln_cpu_kernels_avx2.gemm_q8(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
 }
 
+/* pln_cpu_quant_act, 16 columns per vector, bit for bit: the same scalar scale and inverse, the
+ * same fp32 product, rounded half to even by vcvtps2dq as nearbyintf does in the default mode. */
+static TGT void quant_act_avx512(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt,
+                                 int64_t t0, int64_t t1) {
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int64_t b = 0; b < K / 32; b++)
+        for (int64_t t = t0; t < t1; t++) {
+            const float *xb = x + t * K + 32 * b;
+            __m512 a = _mm512_loadu_ps(xb), c = _mm512_loadu_ps(xb + 16);
+            /* max(|x|, acc) keeps acc where |x| is NaN, as fmaxf does */
+            float amax = _mm512_reduce_max_ps(
+                _mm512_max_ps(_mm512_abs_ps(a), _mm512_max_ps(_mm512_abs_ps(c), _mm512_setzero_ps())));
+            float sc = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+            __m512 iv = _mm512_set1_ps(inv);
+            __m512i qa = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, iv)), lo), hi);
+            __m512i qc = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(c, iv)), lo), hi);
+            xs[b * nt + t] = sc;
+            xsum[b * nt + t] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+            __m128i pa = _mm512_cvtsepi32_epi8(qa), pc = _mm512_cvtsepi32_epi8(qc);
+            if (nt == 1) {
+                _mm_storeu_si128((__m128i *)(xq + 32 * b), pa);
+                _mm_storeu_si128((__m128i *)(xq + 32 * b + 16), pc);
+                continue;
+            }
+            int8_t *o = xq + 4 * (8 * b * nt + t);
+            int64_t st = 4 * nt;
+            _mm_storeu_si32(o, pa);
+            _mm_storeu_si32(o + st, _mm_srli_si128(pa, 4));
+            _mm_storeu_si32(o + 2 * st, _mm_srli_si128(pa, 8));
+            _mm_storeu_si32(o + 3 * st, _mm_srli_si128(pa, 12));
+            _mm_storeu_si32(o + 4 * st, pc);
+            _mm_storeu_si32(o + 5 * st, _mm_srli_si128(pc, 4));
+            _mm_storeu_si32(o + 6 * st, _mm_srli_si128(pc, 8));
+            _mm_storeu_si32(o + 7 * st, _mm_srli_si128(pc, 12));
+        }
+}
+
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
  * F16-cache versions do the same arithmetic in the same order on the exactly converted values,
  * so an F16 cache gives bit for bit what an F32 cache holding the same rounded rows gives. */
@@ -719,7 +778,7 @@ static TGT float score_max_avx512(float *x, int64_t n, float scale, float slope,
 }
 
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
-    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512,
+    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .quant_act = quant_act_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
     .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,

@@ -135,9 +135,11 @@ PAIRS=(
 num() { grep -o "\"$1\": *[-0-9.eE+]*" | head -n 1 | sed 's/.*: *//'; }
 best() { awk 'BEGIN { b = "" } $1 != "" && (b == "" || $1 > b) { b = $1 } END { print b }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "—"; else printf "%.2f×", a / b }'; }
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# Both tools run with their OpenMP defaults (ggml's CPU backend is built with OpenMP too): a
+# forced OMP_WAIT_POLICY=passive, as this script once set, put every thread to sleep at each of
+# the ~150 barriers of a decode step and cost pollen about a quarter of its batch-1 speed.
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg); OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(default)}"
 echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights); $THREADS threads each; best of $REPS interleaved runs; f16 KV both"
 echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"

@@ -69,8 +69,8 @@ LIN_NUMEL=0; ALL_NUMEL=0
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# model $MODEL; text $TEXT; pollen perplexity --ctx $CTX --stride $STRIDE; greedy: ${#PROMPTS[@]} prompts x $N_NEW tokens"
 echo
-echo "| set | bytes/weight (linear) | bytes/weight (all) | perplexity | KL vs fp16 (mean ± se) | KL p99 | KL max | top-1 agreement | greedy = fp16 (tokens) | identical continuations | decode ms/token |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| set | bytes/weight (linear) | bytes/weight (all) | perplexity | KL vs fp16 (mean ± se) | KL p99 | KL max | top-1 agreement | greedy = fp16 (tokens) | identical continuations |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for v in "${VARIANTS[@]}"; do
   name=${v%%|*}; opts=${v#*|}
   set_dir=$DIR/$(tr ' +' '__' <<<"$name")
@@ -98,7 +98,7 @@ for v in "${VARIANTS[@]}"; do
     END { printf "%.1f%% | %d / %d", 100 * eq / tot, ident, rows }')
   j=$set_dir.ppl.json
   b=$(grep -o '"base":{.*}' "$j")
-  printf '| %s | %.3f | %.3f | %.3f ± %.3f | %.3g ± %.2g | %.3g | %.3g | %.2f%% | %s | — |\n' "$name" \
+  printf '| %s | %.3f | %.3f | %.3f ± %.3f | %.3g ± %.2g | %.3g | %.3g | %.2f%% | %s |\n' "$name" \
     "$(awk -v a="$lin_bytes" -v b="$LIN_NUMEL" 'BEGIN { print a / b }')" \
     "$(awk -v a="$all_bytes" -v b="$ALL_NUMEL" 'BEGIN { print a / b }')" \
     "$(json_num "$j" ppl)" "$(json_num "$j" ppl_stderr)" \
