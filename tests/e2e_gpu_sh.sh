@@ -41,6 +41,9 @@ case $0 in
     echo "RESULT op_query_key_value_fp16_b1_us 40 us"; echo "RESULT op_query_key_value_fp16_b1_gbs 3850 GB/s"
     echo "RESULT op_residual+layernorm_fp16_b1_us 5 us"; echo "RESULT op_residual+layernorm_fp16_b1_gbs 40 GB/s"
     echo "RESULT decode_int8_b1_ms_step 7 ms"; echo "RESULT op_query_key_value_int8_b1_us 20 us"
+    echo "RESULT decode_fp16_b1_ms_step_nopdl 13.75 ms"; echo "RESULT decode_fp16_b1_ms_step_eager 14 ms"
+    echo "RESULT decode_fp16_b1_ms_step_eager_nopdl 16 ms"; echo "RESULT decode_fp16_b1_ms_step_lnsplit 12.25 ms"
+    echo "RESULT op_residual+layernorm-split_fp16_b1_us 3.5 us"
     echo "RESULT lin_dense_h_to_4h_int8_T32_us 61.5 us"; echo "RESULT lin_dense_h_to_4h_int8_T32_tflops 107 TFLOP/s"
     echo "RESULT lin_dense_h_to_4h_int8_T32_gemv_us 70.25 us"; echo "RESULT lin_layer_int4g128_b128_over_b1 42.5 x";;
   sanitizer-memcheck) echo "========= ERROR SUMMARY: 0 errors";;
@@ -69,6 +72,14 @@ check "test mode: breakdown row for residual + LayerNorm (140 calls)" \
   grep -Eq '^  residual\+layernorm +5\.0 +140 +0\.700 +40 +5\.6$' "$TMP/fake/table.txt"
 check "test mode: breakdown sum and remainder" \
   sh -c "grep -Eq '^  sum of kernels +3\.500 +28\.0$' '$TMP/fake/table.txt' && grep -Eq '^  step - sum +9\.000$' '$TMP/fake/table.txt'"
+# PDL on/off for the decode step (12.5 ms with, 13.75 without: 1.25 ms, 9.1 % saved), the
+# LayerNorm split; int8 has no figures for them: dashes, no saving
+check "test mode: PDL on/off line with the saving" \
+  grep -Eq '^  PDL on/off +graph 12\.500 ms with, 13\.750 ms without \(eager 14\.000 / 16\.000 ms\): 1\.250 ms \(9\.1 %\) saved$' "$TMP/fake/table.txt"
+check "test mode: LayerNorm split line" \
+  grep -Eq '^  LayerNorm split +graph 12\.250 ms; residual\+layernorm 3\.5 us split, 5\.0 us one block per row$' "$TMP/fake/table.txt"
+check "test mode: PDL line without figures prints dashes" \
+  grep -Eq '^  PDL on/off +graph 7\.000 ms with, - ms without \(eager - / - ms\)$' "$TMP/fake/table.txt"
 check "test mode: a class without figures prints dashes" grep -Eq '^  dense +- +70 +- +- +-$' "$TMP/fake/table.txt"
 check "test mode: int8 uses fp16's figure for a shared kernel, marked" \
   grep -Eq '^  residual\+layernorm\* +5\.0 +140 +0\.700 +40 +10\.0$' "$TMP/fake/table.txt"

@@ -21,13 +21,16 @@ fi
 out=$(WORK="$TMP/broken" tests/sass/check.sh tests/sass/broken.expect tests/sass/broken.cu); rc=$?
 echo "$out" | sed 's/^/    broken.cu (failures expected): /'
 has() { echo "$out" | grep -Eq "$1"; }
-check "broken.cu: five failures (four kernels and one stale pattern), exit 5 (was $rc)" test "$rc" = 5
+check "broken.cu: seven failures (six kernels and one stale pattern), exit 7 (was $rc)" test "$rc" = 7
 check "broken.cu: 32-bit loads where 128-bit are expected fail" has '^FAIL narrow_kernel: ldg128 is 0, expected >=1$'
 check "broken.cu: spills fail" has '^FAIL spill_kernel: spills \(ptxas: [1-9][0-9]* bytes'
 check "broken.cu: a stack frame and LDL/STL fail without a spill" \
   has '^FAIL local_kernel: [1-9][0-9]* bytes stack frame; [1-9][0-9]* local-memory instructions \(LDL/STL\)$'
 check "broken.cu: registers over the budget of 1024 threads fail" \
   has '^FAIL fat_kernel: [0-9]+ registers, over the budget of 64 \(1024 threads per block\)$'
+check "broken.cu: a load after griddepcontrol.wait where one before it is expected fails" \
+  has '^FAIL late_prefetch_kernel: ldgpre is 0, expected >=1$'
+check "broken.cu: a kernel without griddepcontrol.wait fails" has '^FAIL nowait_kernel: pdlwait is 0, expected >=1$'
 check "broken.cu: a pattern matching no kernel fails" has '^FAIL expectation /\^renamed_kernel\$/ matches no kernel'
 check "broken.cu: the 128-bit control kernel passes" has '^wide_kernel +[0-9]+ +255 .* ok$'
 

@@ -20,6 +20,8 @@ attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *
                   const __half *vc, const int32_t *tok_seq, const int32_t *tok_pos, const int32_t *block_table,
                   int bs, int max_blocks, const float *slopes, int nh, int D, int nsplit, int t0)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     __shared__ float qs[256];
     __shared__ float sc[PLN_ATTN_CHUNK];
     __shared__ float red[ATTN_THREADS * 8];
@@ -96,6 +98,8 @@ attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *
 __global__ void attn_merge_kernel(__half *out, const float *pm, const float *ps, const float *pacc, int nh, int D,
                                   int nsplit, int t0)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     const int t = t0 + (int)blockIdx.x, h = blockIdx.y;
     const int64_t base = ((int64_t)blockIdx.x * nh + h) * nsplit;
     pln_softmax_state st = {-INFINITY, 0.0f};
@@ -124,6 +128,8 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
                     const int32_t *tok_pos, const int32_t *block_table, int bs, int max_blocks, const float *slopes,
                     int nh, int D, int T)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     __shared__ __align__(16) __half ks[PREFILL_KC * (128 + 8)];
     __shared__ __align__(16) __half vs[PREFILL_KC * (128 + 8)];
     __shared__ float qs[PREFILL_QT * 128];
@@ -257,6 +263,8 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
                    const int32_t *block_table, int bs_shift, int max_blocks, const float *slopes, int nh, int D,
                    int nsplit, int keys_per_split, int t0, int append)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     constexpr int NG = DEC_THREADS / G;
     PLN_DYNAMIC_SHARED(int, sbt);
     __shared__ float gm[NG], gl[NG];

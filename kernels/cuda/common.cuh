@@ -74,11 +74,45 @@ static inline int pln_cublas_check(cublasStatus_t s, const char *what, const cha
  * kernel<<<grid, block, smem, stream>>>(args...); in the CPU execution harness (PLN_CUDA_EMU,
  * kernels/cuda/emu/) an emulated launch that runs every thread as a fiber and logs the launch.
  * The kernel comes last because template arguments hold commas. */
+/* Programmatic dependent launch (sm_90, docs/CUDA.md "Programmatic dependent launch"): when
+ * pln_cuda_pdl is set, every launch carries cudaLaunchAttributeProgrammaticStreamSerialization, so
+ * it may start while the previous kernel of the stream still runs; every kernel therefore calls
+ * pln_pdl_wait() before it touches anything an earlier kernel writes, and pln_pdl_trigger() once
+ * the next kernel may start. Set by pln_backend_cuda_create (sm_90 or newer, and PLN_PDL is not 0;
+ * 0 on sm_80, where the launches are plain), changed by pln_cuda_set_pdl; read at each launch, so
+ * a graph keeps the setting it was captured with. */
+extern int pln_cuda_pdl;
 #ifdef PLN_CUDA_EMU
 #define PLN_LAUNCH(grid, block, smem, stream, ...) \
-    pln_emu_launcher(#__VA_ARGS__, grid, block, smem, stream, &__VA_ARGS__)
+    pln_emu_launcher(#__VA_ARGS__, grid, block, smem, stream, pln_cuda_pdl, &__VA_ARGS__)
 #else
-#define PLN_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+template <typename... P> struct pln_launcher_t {
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    void (*fn)(P...);
+    /* errors show in cudaGetLastError(), as with <<<>>> (cudaCheckLaunch) */
+    template <typename... A> void operator()(A &&...a) const
+    {
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cfg.attrs = pln_cuda_pdl ? attr : nullptr;
+        cfg.numAttrs = pln_cuda_pdl ? 1 : 0;
+        (void)cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(a)...);
+    }
+};
+template <typename... P>
+static inline pln_launcher_t<P...> pln_launcher(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*fn)(P...))
+{
+    return pln_launcher_t<P...>{grid, block, smem, stream, fn};
+}
+#define PLN_LAUNCH(grid, block, smem, stream, ...) pln_launcher(grid, block, smem, stream, &__VA_ARGS__)
 #endif
 /* Device code: nvcc's device pass, and the CPU harness's host build of the same source. */
 #if defined(__CUDACC__) || defined(PLN_CUDA_EMU)
@@ -114,6 +148,7 @@ typedef struct pln_cuda_ctx {
     size_t attn_scratch;         /* bound on split-key partial states per launch (0: PLN_ATTN_SCRATCH) */
     int attn_splits;             /* flash-decoding kernel: 0 auto, > 0 forced on with that many splits, < 0 off */
     int gemv_splits;             /* GEMV and quantized GEMM split-k: 0 auto (fill the SMs), n > 0 forced (tests) */
+    int ln_split;                /* LayerNorm rows over several blocks (two launches) instead of one block per row */
     unsigned *attn_count;        /* arrival counters (flash-decoding merge, GEMV split-k), zero at rest */
     size_t attn_count_n;
     uint64_t epoch;              /* bumped whenever scratch moves: graphs recorded before are stale */
@@ -133,6 +168,30 @@ pln_cuda_ctx *pln_cuda_ctx_of(pln_backend *be);
 
 /* ---- device helpers ---------------------------------------------------------------------- */
 #ifdef PLN_CUDA_DEVICE_CODE
+/* griddepcontrol.wait: blocks until every kernel this one may overlap (programmatic dependent
+ * launch) has completed and its memory is visible. Call it before the first access to anything a
+ * previous kernel writes (or reads, if this kernel writes it); what comes before it (weights,
+ * LayerNorm parameters, index arithmetic) overlaps the previous kernel's tail. A no-op when the
+ * launch had no PDL attribute; nothing on sm_80. */
+__device__ __forceinline__ void pln_pdl_wait(void)
+{
+#if defined(PLN_CUDA_EMU)
+    pln_emu_griddep_wait();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* griddepcontrol.launch_dependents: the next kernel may be scheduled once every block has
+ * called this or exited (its own pln_pdl_wait still waits for this whole grid to finish). Call
+ * it after pln_pdl_wait, where the rest of this kernel no longer needs the SMs to itself. */
+__device__ __forceinline__ void pln_pdl_trigger(void)
+{
+#if defined(PLN_CUDA_EMU)
+    pln_emu_griddep_launch();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
 __device__ __forceinline__ float pln_warp_sum(float v)
 {
 #pragma unroll

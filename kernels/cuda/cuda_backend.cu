@@ -73,6 +73,26 @@ extern "C" int pln_cuda_set_attn_splits(pln_backend *be, int splits)
     return old;
 }
 
+int pln_cuda_pdl = 0;
+
+extern "C" int pln_cuda_set_ln_split(pln_backend *be, int on)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    int old = c->ln_split;
+    c->ln_split = on != 0;
+    return old;
+}
+
+extern "C" int pln_cuda_set_pdl(pln_backend *be, int on)
+{
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    if (!c) return -1;
+    int old = pln_cuda_pdl;
+    pln_cuda_pdl = on && c->cc_major >= PLN_CUDA_HOPPER_MAJOR;
+    return old;
+}
+
 extern "C" int pln_cuda_set_gemv_splits(pln_backend *be, int splits)
 {
     pln_cuda_ctx *c = pln_cuda_ctx_of(be);
@@ -360,6 +380,9 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     c->gelu_epilogue = getenv("PLN_CUDA_NO_GELU_EPILOGUE") == NULL;
     c->attn_tiled = getenv("PLN_CUDA_PREFILL_TILED") && atoi(getenv("PLN_CUDA_PREFILL_TILED")) != 0;
     c->attn_splits = getenv("PLN_CUDA_ATTN_SPLITS") ? atoi(getenv("PLN_CUDA_ATTN_SPLITS")) : 0;
+    c->ln_split = getenv("PLN_CUDA_LN_SPLIT") && atoi(getenv("PLN_CUDA_LN_SPLIT")) != 0;
+    /* programmatic dependent launch needs sm_90; PLN_PDL=0 turns it off (to compare) */
+    pln_cuda_pdl = prop.major >= PLN_CUDA_HOPPER_MAJOR && !(getenv("PLN_PDL") && atoi(getenv("PLN_PDL")) == 0);
     c->lt_ws_size = LT_WORKSPACE;
     be->destroy = cu_destroy;
     if (pln_cuda_check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__) ||

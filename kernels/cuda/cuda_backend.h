@@ -41,6 +41,20 @@ int pln_cuda_set_attn_splits(pln_backend *be, int splits);
  * Returns the previous value, or -1 if be is not cuda. */
 int pln_cuda_set_gemv_splits(pln_backend *be, int splits);
 
+/* Programmatic dependent launch (docs/CUDA.md): on = 1 lets every later launch overlap the
+ * previous kernel's tail (sm_90 and newer only: on sm_80 it stays off), 0 = plain launches. The
+ * backend starts with it on for sm_90 unless PLN_PDL=0. Process-wide (the launch macro reads it);
+ * graphs keep the setting they were captured with. Returns the previous value, or -1 if be is not
+ * cuda. */
+int pln_cuda_set_pdl(pln_backend *be, int on);
+
+/* LayerNorm rows (layernorm, residual_layernorm) over several blocks of 1024 halves each, in two
+ * launches (statistics per slice, then merge and normalize: docs/CUDA.md "LayerNorm"), instead of
+ * one block per row: on = 1, off = 0 (the default; PLN_CUDA_LN_SPLIT=1 sets it on). Only rows of
+ * a multiple of 8 halves on 16-byte aligned pointers; others keep the one-block kernels. Returns
+ * the previous value, or -1 if be is not cuda. */
+int pln_cuda_set_ln_split(pln_backend *be, int on);
+
 /* Fills n elements of dt in device memory with seeded random values (F16/F32 uniform in
  * [lo, hi), I8 uniform in [-127, 127], I32 integers in [lo, hi)), on the backend's stream. */
 int pln_cuda_fill_random(pln_backend *be, void *p, size_t n, pln_dtype dt, float lo, float hi, uint64_t seed);

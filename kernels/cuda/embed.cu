@@ -15,6 +15,8 @@ __device__ __forceinline__ void copy_row(__half *dst, const __half *src, int64_t
 __global__ void embed_kernel(__half *out, const int32_t *ids, const __half *table, int64_t v0, int64_t vn,
                              int64_t H, bool vec)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     int64_t id = ids[blockIdx.x];
     const __half *src = (id >= v0 && id < v0 + vn) ? table + (id - v0) * H : nullptr;
     copy_row(out + (int64_t)blockIdx.x * H, src, H, vec);
@@ -22,6 +24,8 @@ __global__ void embed_kernel(__half *out, const int32_t *ids, const __half *tabl
 
 __global__ void gather_kernel(__half *out, const __half *in, const int32_t *rows, int64_t H, bool vec)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     copy_row(out + (int64_t)blockIdx.x * H, in + (int64_t)rows[blockIdx.x] * H, H, vec);
 }
 

@@ -12,6 +12,8 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z)
 
 __global__ void fill_kernel(void *p, size_t n, int dt, float lo, float hi, uint64_t seed)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint64_t r = mix64(seed * 0x2545f4914f6cdd1dull + i);
         float u = (float)(r >> 40) * (1.0f / 16777216.0f);

@@ -11,6 +11,8 @@ __global__ void __launch_bounds__(KV_THREADS)
 kv_append_kernel(const __half *qkv, __half *kc, __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
                  const int32_t *block_table, int block_size, int max_blocks, int nh, int D, bool vec)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     const int t = blockIdx.x;
     const int seq = tok_seq[t], pos = tok_pos[t];
     const int blk = block_table[(int64_t)seq * max_blocks + pos / block_size];

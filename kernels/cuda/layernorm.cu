@@ -1,4 +1,4 @@
-/* layernorm.cu — one block per token row, statistics in fp32. Rows of up to 32768 halves are
+/* layernorm.cu — one block per token row (or, with pln_cuda_set_ln_split, several blocks per row in two launches), statistics in fp32. Rows of up to 32768 halves are
  * held in registers and read once; others are read in three passes (L1-resident after the first). The residual variant writes the fp16-rounded sum back to
  * x and normalizes that rounded value, as a fp16 model does. */
 #include "kernels/cuda/layernorm.cuh"
@@ -11,6 +11,8 @@ __global__ void __launch_bounds__(LN_THREADS)
 residual_ln_kernel(__half *x, const __half *y, const __half *bias, const __half *gamma,
                    const __half *beta, __half *out, const __half *in, int64_t H, float eps)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     __shared__ float scratch[32];
     const int64_t r = blockIdx.x;
     const __half *src = in ? in + r * H : x + r * H;
@@ -105,6 +107,10 @@ residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __h
             if (v < nv) { gq[u] = ((const pln_h8 *)gamma)[v]; bq[u] = ((const pln_h8 *)beta)[v]; }
         }
     }
+    /* gamma and beta are parameters, never a previous kernel's output: with programmatic
+     * dependent launch their loads overlap the previous kernel's tail */
+    pln_pdl_wait();
+    pln_pdl_trigger();
     float a[V][8];
     float s = 0.0f;
 #pragma unroll
@@ -146,6 +152,89 @@ residual_ln_reg_kernel(__half *x, const __half *y, const __half *bias, const __h
     }
 }
 
+/* ---- split rows: several blocks per row (pln_cuda_set_ln_split) -------------------------------
+ * At batch 1 the kernels above put the whole row on one SM. Split, a row is LN_SPLIT_THREADS * 8
+ * halves per block, in two launches: the first adds the residual to its slice and writes the
+ * slice's mean and sum of squared deviations (M2); the second merges the row's partials (Chan's
+ * pairwise update, in block order: every block gets the same statistics) and normalizes its slice. Its
+ * gamma and beta are loaded before griddepcontrol.wait, so they overlap the first launch. */
+#define LN_SPLIT_THREADS 128
+
+__device__ __forceinline__ int ln_split_count(int64_t nv, int b)
+{
+    const int64_t left = nv - (int64_t)b * LN_SPLIT_THREADS;
+    return (int)(left < LN_SPLIT_THREADS ? left : LN_SPLIT_THREADS) * 8;
+}
+
+/* grid (blocks per row, T). in == NULL: x += y + bias on the slice (rounded to fp16, in place),
+ * statistics of the rounded sum; else statistics of in. part[row * gridDim.x + block] = (mean, M2). */
+__global__ void __launch_bounds__(LN_SPLIT_THREADS)
+ln_split_stats_kernel(__half *x, const __half *y, const __half *bias, const __half *in, float2 *part, int64_t H)
+{
+    __shared__ float scratch[32];
+    const int64_t r = blockIdx.y, nv = H / 8;
+    const int64_t v = (int64_t)blockIdx.x * LN_SPLIT_THREADS + threadIdx.x;
+    const bool ok = v < nv;
+    pln_h8 bq;
+    if (!in && bias && ok) bq = ((const pln_h8 *)bias)[v];   /* a parameter: before the wait */
+    pln_pdl_wait();
+    pln_pdl_trigger();
+    float a[8], s = 0.0f;
+    if (ok) {
+        pln_h8_to_f(((const pln_h8 *)((in ? in : x) + r * H))[v], a);
+        if (!in) {
+            float b[8];
+            if (y) { pln_h8_to_f(((const pln_h8 *)(y + r * H))[v], b); for (int j = 0; j < 8; j++) a[j] += b[j]; }
+            if (bias) { pln_h8_to_f(bq, b); for (int j = 0; j < 8; j++) a[j] += b[j]; }
+            pln_h8 h = pln_f_to_h8(a);
+            ((pln_h8 *)(x + r * H))[v] = h;
+            pln_h8_to_f(h, a);   /* the statistics of the fp16-rounded sum, as a fp16 model has it */
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) s += a[j];
+    }
+    const float mean = pln_block_sum(s, scratch) / (float)ln_split_count(nv, blockIdx.x);
+    float m2 = 0.0f;
+    if (ok)
+#pragma unroll
+        for (int j = 0; j < 8; j++) { float d = a[j] - mean; m2 += d * d; }
+    m2 = pln_block_sum(m2, scratch);
+    if (threadIdx.x == 0) part[r * gridDim.x + blockIdx.x] = make_float2(mean, m2);
+}
+
+/* grid (blocks per row, T): out = LayerNorm(src) on the slice, from the row's partials. */
+__global__ void __launch_bounds__(LN_SPLIT_THREADS)
+ln_split_apply_kernel(const __half *src, const __half *gamma, const __half *beta, __half *out, const float2 *part,
+                      int64_t H, float eps)
+{
+    const int64_t r = blockIdx.y, nv = H / 8;
+    const int64_t v = (int64_t)blockIdx.x * LN_SPLIT_THREADS + threadIdx.x;
+    const bool ok = v < nv;
+    pln_h8 gq, bq;
+    if (ok) { gq = ((const pln_h8 *)gamma)[v]; bq = ((const pln_h8 *)beta)[v]; }   /* parameters: before the wait */
+    pln_pdl_wait();
+    pln_pdl_trigger();
+    /* Chan's pairwise update, one 8-byte partial at a time, in block order */
+    const float2 *p = part + r * gridDim.x;
+    float n = 0.0f, mean = 0.0f, m2 = 0.0f;
+    for (int b = 0; b < (int)gridDim.x; b++) {
+        const float2 q = p[b];
+        const float nb = (float)ln_split_count(nv, b), nn = n + nb, d = q.x - mean;
+        mean += d * (nb / nn);
+        m2 += q.y + d * d * (n * nb / nn);
+        n = nn;
+    }
+    const float rstd = rsqrtf(m2 / (float)H + eps);
+    if (!ok) return;
+    float a[8], gm[8], bt[8];
+    pln_h8_to_f(((const pln_h8 *)(src + r * H))[v], a);
+    pln_h8_to_f(gq, gm);
+    pln_h8_to_f(bq, bt);
+#pragma unroll
+    for (int j = 0; j < 8; j++) a[j] = (a[j] - mean) * rstd * gm[j] + bt[j];
+    ((pln_h8 *)(out + r * H))[v] = pln_f_to_h8(a);
+}
+
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 static int launch(pln_cuda_ctx *c, __half *x, const __half *y, const __half *bias, const __half *gamma,
@@ -155,7 +244,15 @@ static int launch(pln_cuda_ctx *c, __half *x, const __half *y, const __half *bia
     bool vec = H % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(bias) && aligned16(gamma) &&
                aligned16(beta) && aligned16(out) && aligned16(in);
     const int64_t nv = H / 8;
-    if (vec && nv <= 4 * 1024) {
+    if (vec && c->ln_split) {
+        const int nb = pln_cdiv(nv, LN_SPLIT_THREADS);
+        float2 *part = (float2 *)pln_cuda_scratch(c, (size_t)T * nb * sizeof(float2));
+        if (!part) return -1;
+        dim3 grid((unsigned)nb, (unsigned)T);
+        PLN_LAUNCH(grid, LN_SPLIT_THREADS, 0, c->stream, ln_split_stats_kernel)(x, y, bias, in, part, H);
+        cudaCheckLaunch();
+        PLN_LAUNCH(grid, LN_SPLIT_THREADS, 0, c->stream, ln_split_apply_kernel)(in ? in : x, gamma, beta, out, part, H, eps);
+    } else if (vec && nv <= 4 * 1024) {
         int threads = (int)(nv < 1024 ? (nv + 31) / 32 * 32 : 1024);
         int V = (int)((nv + threads - 1) / threads);
         if (V == 1) PLN_LAUNCH(T, threads, 0, c->stream, residual_ln_reg_kernel<1>)(x, y, bias, gamma, beta, out, in, H, eps);

@@ -152,6 +152,9 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
      * chain would not fit beside the 8 weight loads in flight. */
     float (&accb)[NTILES][4] = NT <= 16 ? acc2 : acc;
     gemv_load<I8, GROUPED>(wa0, wb0, sa0, sb0, sb + warp, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
+    /* the weights never depend on the previous kernel: their first batch is in flight while it
+     * finishes (programmatic dependent launch); the activations are read after the wait */
+    pln_pdl_wait();
     for (int64_t s0 = sb + warp; s0 < nsteps; s0 += 2 * STRIDE) {
         gemv_load<I8, GROUPED>(wa1, wb1, sa1, sb1, s0 + STRIDE, nsteps, pa, pb, va, vb, scale, ra, rb, sgroups, G, q);
         gemv_math<I8, GROUPED, NT>(acc, wa0, wb0, sa0, sb0, s0, nsteps, x, T, K, g, q);
@@ -164,6 +167,7 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[n][i] += acc2[n][i];
     }
+    pln_pdl_trigger();   /* only the reduction is left: the next kernel may start its weight loads */
 
     /* Sum the four warps' k-slices. */
     __shared__ float red[GEMV_WARPS][16][NT + 1];
@@ -228,6 +232,7 @@ __global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bo
                                     const __half *scale, int64_t G, const __half *bias, int T,
                                     int64_t N, int64_t K, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (wid >= (int64_t)T * N) return;
@@ -279,6 +284,7 @@ gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
                int64_t N, int64_t K, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     constexpr int NTILES = NT / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -374,16 +380,22 @@ gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
 #define GEMM_STAGES 3
 enum { WQ_I8 = 0, WQ_I8G = 1, WQ_I4 = 2 };
 
-/* One pipeline stage's copies (k-step kk): this thread's two weight chunks, its share of the
- * BT x KS activation tile; tokens past T zero-filled. */
-template <int KS, int BT>
-__device__ __forceinline__ void gemm_issue(__half *xs, int4 (*ws)[128], const uint8_t *pa, const uint8_t *pb, bool va,
-                                           bool vb, const __half *x, int T, int t0, int64_t K, int kk)
+/* One pipeline stage's copies (k-step kk), in two halves: this thread's two weight chunks
+ * (gemm_issue_w; the weights never depend on the previous kernel, so the prologue issues them
+ * before pln_pdl_wait) and its share of the BT x KS activation tile (gemm_issue_x, after the
+ * wait; tokens past T zero-filled). */
+__device__ __forceinline__ void gemm_issue_w(int4 (*ws)[128], const uint8_t *pa, const uint8_t *pb, bool va, bool vb,
+                                             int kk)
 {
-    constexpr int XS = KS + 8, CH = KS / 8;
     const int tid = threadIdx.x;
     pln_cp_async16(&ws[0][tid], pa + (int64_t)kk * 64, va);
     pln_cp_async16(&ws[1][tid], pb + (int64_t)kk * 64, vb);
+}
+template <int KS, int BT>
+__device__ __forceinline__ void gemm_issue_x(__half *xs, const __half *x, int T, int t0, int64_t K, int kk)
+{
+    constexpr int XS = KS + 8, CH = KS / 8;
+    const int tid = threadIdx.x;
 #pragma unroll
     for (int r = 0; r < BT * CH / 128; r++) {
         const int i = tid + 128 * r, t = i / CH, c = i % CH;
@@ -424,16 +436,27 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
 #pragma unroll
     for (int n = 0; n < NTILES; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
+    /* Prologue: the first GEMM_STAGES - 1 steps' weights go out before the wait (they overlap
+     * the previous kernel's tail under programmatic dependent launch), their activations after
+     * it. Group st holds step st's activations, group 0 also every prologue weight chunk: the
+     * wait_group that covers step st's activations covers its weights too. */
+#pragma unroll
+    for (int st = 0; st < GEMM_STAGES - 1; st++)
+        if (kb + st < ke) gemm_issue_w(ws[st], pa, pb, va, vb, kb + st);
+    pln_pdl_wait();   /* the activations (and split-k's partials and counters) below */
 #pragma unroll
     for (int st = 0; st < GEMM_STAGES - 1; st++) {
-        if (kb + st < ke) gemm_issue<KS, BT>(xs[st], ws[st], pa, pb, va, vb, x, T, t0, K, kb + st);
+        if (kb + st < ke) gemm_issue_x<KS, BT>(xs[st], x, T, t0, K, kb + st);
         pln_cp_async_commit();   /* empty groups keep the count uniform */
     }
     int buf = 0, nbuf = GEMM_STAGES - 1;   /* the stage read now, the stage issued now */
     for (int kk = kb; kk < ke; kk++) {
         pln_cp_async_wait<GEMM_STAGES - 2>();
         __syncthreads();
-        if (kk + GEMM_STAGES - 1 < ke) gemm_issue<KS, BT>(xs[nbuf], ws[nbuf], pa, pb, va, vb, x, T, t0, K, kk + GEMM_STAGES - 1);
+        if (kk + GEMM_STAGES - 1 < ke) {
+            gemm_issue_w(ws[nbuf], pa, pb, va, vb, kk + GEMM_STAGES - 1);
+            gemm_issue_x<KS, BT>(xs[nbuf], x, T, t0, K, kk + GEMM_STAGES - 1);
+        }
         pln_cp_async_commit();
         nbuf = nbuf == GEMM_STAGES - 1 ? 0 : nbuf + 1;
         __half2 sa = __half2half2(__float2half(1.0f)), sb = sa;
@@ -493,6 +516,7 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         buf = buf == GEMM_STAGES - 1 ? 0 : buf + 1;
     }
     pln_cp_async_wait<0>();   /* nothing may be in flight at exit (only empty groups are left) */
+    pln_pdl_trigger();   /* only the epilogue (or split-k's reduction) is left */
     const int kspl = gridDim.z;
     if (kspl > 1) {
         /* split-k: every block writes its fp32 tile ([token][row] of 64 x BT) and counts in on the
@@ -563,6 +587,7 @@ __global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *
                                        int64_t G, const __half *bias, int T, int64_t N, int64_t K, int gelu,
                                        int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (wid >= (int64_t)T * N) return;
@@ -581,6 +606,7 @@ __global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *
 template <typename OT>
 __global__ void post_kernel(OT *out, int T, int64_t N, const __half *bias, int gelu, int64_t n_valid)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)T * N) return;
     int64_t row = i % N;

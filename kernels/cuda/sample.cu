@@ -11,6 +11,8 @@
 __global__ void penalty_kernel(float *logits, int64_t v0, int64_t vn, const float *penalty,
                                const int32_t *off, const int32_t *seen, uint32_t *bitmap, int64_t words)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     const int s = blockIdx.x;
     const float pen = penalty[s];
     if (pen == 1.0f) return;
@@ -29,6 +31,8 @@ __global__ void penalty_kernel(float *logits, int64_t v0, int64_t vn, const floa
 
 __global__ void temperature_kernel(float *logits, int64_t vn, const float *inv_t)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     const int s = blockIdx.y;
     const float it = inv_t[s];
     if (it == 1.0f) return;
@@ -58,6 +62,8 @@ int pln_cuda_logit_process(pln_cuda_ctx *c, float *logits, int64_t v0, int64_t v
 /* Row max and sum(exp(l - max)); NaN logits are ignored. -inf rows give max -inf, sum 0. */
 __global__ void rowstat_kernel(const float *logits, int64_t vn, float *mx, float *se)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     __shared__ float scratch[32];
     const float *r = logits + (int64_t)blockIdx.x * vn;
     float m = -INFINITY;
@@ -89,6 +95,8 @@ __device__ __forceinline__ uint32_t topk_key(float v)
 __global__ void __launch_bounds__(TOPK_THREADS)
 topk_kernel(const float *logits, int64_t vn, int k, int64_t v0, int32_t *cand, float *ovals, int32_t *oids)
 {
+    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
+    pln_pdl_trigger();
     __shared__ unsigned hist[256];
     __shared__ unsigned s_prefix, s_need;
     __shared__ int s_wg[TOPK_THREADS / 32], s_we[TOPK_THREADS / 32];

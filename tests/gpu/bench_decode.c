@@ -314,6 +314,27 @@ static void decode(model_t *m, int32_t B, int32_t ctx, int iters)
     snprintf(key, sizeof key, "decode_%s_b%d_tokens_s", dt, B); result(key, B / (best * 1e-3), "tokens/s");
     snprintf(key, sizeof key, "decode_%s_b%d_mbu", dt, B); result(key, 100 * mbu, "%");
     pln_cuda_graph_destroy(a.g);
+    /* batch 1: the same step with programmatic dependent launch off (plain launches: what sm_80
+     * and PLN_PDL=0 run), and with the LayerNorm rows split over several blocks */
+    for (int var = 0; var < 2 && B == 1; var++) {
+        const int pdl = pln_cuda_set_pdl(be, 0), lns = pln_cuda_set_ln_split(be, var == 1);
+        if (var == 1) pln_cuda_set_pdl(be, pdl);
+        step_arg v = {m, &s, NULL};
+        double vms = time_ms(do_step, &v, 2, iters);
+        int vrc = forward(m, &s) || be->sync(be) || pln_cuda_graph_begin(be);
+        if (!vrc) { int f = forward(m, &s); vrc = pln_cuda_graph_end(be, &v.g) || f; }
+        double vg = vrc ? 0 : time_ms(do_graph, &v, 2, iters);
+        pln_cuda_graph_destroy(v.g);
+        pln_cuda_set_pdl(be, pdl);
+        pln_cuda_set_ln_split(be, lns);
+        const char *what = var == 0 ? "nopdl" : "lnsplit";
+        double vbest = vg > 0 && vg < vms ? vg : vms;
+        printf("decode %s batch 1 ctx %d, %s: %.2f ms/step eager, %.2f ms/step graph (PDL %s, LayerNorm %s)\n", dt, ctx,
+               var == 0 ? "programmatic dependent launch off" : "LayerNorm rows split", vms, vg,
+               var == 0 ? "off" : (pdl ? "on" : "off (not sm_90)"), var == 1 ? "split" : "one block per row");
+        snprintf(key, sizeof key, "decode_%s_b1_ms_step_%s", dt, what); result(key, vbest, "ms");
+        snprintf(key, sizeof key, "decode_%s_b1_ms_step_eager_%s", dt, what); result(key, vms, "ms");
+    }
     state_free(&s);
 }
 
@@ -354,6 +375,12 @@ static int do_op(void *arg, int it)
     case 5: return be->residual_layernorm(be, s->x, s->y, L->b_dense, L->ln2w, L->ln2b, s->ln, s->T, HID, 1e-5f);
     case 6: return be->logits(be, s->logits, s->sel, &o->m->emb, s->S, VR);
     case 7: return be->kv_append(be, s->qkv, s->k[it % NL], s->v[it % NL], &s->meta, NHL, HD);
+    case 8: {   /* residual + LayerNorm with the rows split over several blocks */
+        int was = pln_cuda_set_ln_split(be, 1);
+        int rc = be->residual_layernorm(be, s->x, s->y, L->b_dense, L->ln2w, L->ln2b, s->ln, s->T, HID, 1e-5f);
+        pln_cuda_set_ln_split(be, was);
+        return rc;
+    }
     }
     return -1;
 }
@@ -367,9 +394,10 @@ static void per_op(model_t *m, int32_t B, int32_t ctx)
 {
     state_t s;
     state_make(&s, B, B, ctx, false);
-    const char *names[] = {"query_key_value", "dense", "dense_h_to_4h+gelu", "dense_4h_to_h", "attention", "residual+layernorm", "logits", "kv_append"};
+    const char *names[] = {"query_key_value", "dense", "dense_h_to_4h+gelu", "dense_4h_to_h", "attention", "residual+layernorm", "logits", "kv_append",
+                           "residual+layernorm-split"};
     const char *dt = m->int8 ? "int8" : "fp16";
-    for (int w = 0; w < 8; w++) {
+    for (int w = 0; w < 9; w++) {
         if (m->int8 && (w == 4 || w >= 5)) continue;   /* the same kernels as fp16 */
         op_arg o = {m, &s, w};
         double ms = time_ms(do_op, &o, 3, 2 * NL);
@@ -382,7 +410,7 @@ static void per_op(model_t *m, int32_t B, int32_t ctx)
         case 3: bytes = wbytes(&L->h4) + (double)B * (FF + HID) * 2; break;
         case 4: bytes = (double)B * (ctx + 1) * NHL * HD * 2 * 2 + (double)B * (QKV + HL) * 2 +
                         (be->append_attention ? (double)B * NHL * HD * 2 * 2 : 0); break;   /* + the appended k, v */
-        case 5: bytes = (double)B * HID * 2 * 4; break;
+        case 5: case 8: bytes = (double)B * HID * 2 * 4; break;
         case 6: bytes = wbytes(&m->emb) + (double)B * (HID * 2 + VR * 4); break;
         case 7: bytes = (double)B * NHL * HD * 2 * 2 * 2; break;
         }

@@ -298,6 +298,14 @@ int main(int argc, char **argv)
 #ifdef PLN_CUDA_EMU
         if (dir) check_launches(label, dir, &r);
 #endif
+        if (dir && k == 0) {   /* LayerNorm rows over several blocks (two launches each), prefill and graphs */
+            char ls[96];
+            snprintf(ls, sizeof ls, "%s ln-split", label);
+            setenv("PLN_CUDA_LN_SPLIT", "1", 1);
+            check_fp16(ls, dir, &r);
+            check_graphs(ls, dir, &r);
+            unsetenv("PLN_CUDA_LN_SPLIT");
+        }
         free(dir);
         dir = fixture_reshard(sets[k].model, sets[k].src, 1, "int8");
         CHECK(dir != NULL, "%s: reshard int8", label);

@@ -162,6 +162,35 @@ __global__ void add_kernel(int *x, int v)
     x[threadIdx.x] += v;
 }
 
+/* Programmatic dependent launch: a producer, and consumers that read its output before or after
+ * griddepcontrol.wait (pln_pdl_wait). */
+__global__ void pdl_producer_kernel(int *x, int v)
+{
+    pln_pdl_wait();
+    pln_pdl_trigger();
+    x[threadIdx.x] = v + (int)threadIdx.x;
+}
+/* mode 0: reads x before its wait (broken); 1: after; 2: writes x before its wait (broken);
+ * 3: only thread 0 waits, the others are ordered after it by __syncthreads */
+__global__ void pdl_consumer_kernel(int *out, int *x, const int *w, int mode)
+{
+    const int a = w[threadIdx.x];   /* a parameter no kernel writes: fine before the wait */
+    int b = 0;
+    if (mode == 0) b = x[threadIdx.x];
+    if (mode == 2) x[threadIdx.x] = 0;
+    if (mode != 3 || threadIdx.x == 0) pln_pdl_wait();
+    if (mode == 3) __syncthreads();
+    if (mode != 0) b = x[threadIdx.x];
+    out[threadIdx.x] = a + b;
+}
+/* Lets its dependents start before it waited itself: they may then overlap its predecessor too. */
+__global__ void pdl_early_trigger_kernel(int *y)
+{
+    pln_pdl_trigger();
+    pln_pdl_wait();
+    y[threadIdx.x] = 1;
+}
+
 /* cp.async: each thread copies two 16-byte rows into shared memory in two commit groups (the
  * second zero-filled for odd threads). mode 0: wait for both, __syncthreads, read the neighbour's
  * slots (correct); 1: read its own first slot without any wait (still in flight); 2: wait, but
@@ -186,6 +215,24 @@ __global__ void cp_async_kernel(int *out, const int4 *src, int mode)
     if (mode != 2) __syncthreads();
     const int j = (i + 1) % 64;
     out[i] = s[0][j].x + s[1][j].y;
+}
+
+/* cp.async under programmatic dependent launch: the weights w (no kernel writes them) may be
+ * copied before the wait, the previous kernel's output x only after it. mode 0: x copied before
+ * the wait (broken); 1: after (correct). 16 threads, one 16-byte chunk of each per thread. */
+__global__ void pdl_cp_async_kernel(int *out, const int *x, const int *w, int mode)
+{
+    __shared__ __align__(16) int4 s[2][16];
+    const int i = (int)threadIdx.x;
+    pln_cp_async16(&s[0][i], (const int4 *)w + i, true);
+    if (mode == 0) pln_cp_async16(&s[1][i], (const int4 *)x + i, true);
+    pln_pdl_wait();
+    if (mode == 1) pln_cp_async16(&s[1][i], (const int4 *)x + i, true);
+    pln_cp_async_commit();
+    pln_cp_async_wait<0>();
+    const int *a = (const int *)&s[0][i], *b = (const int *)&s[1][i];
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[4 * i + j] = a[j] + b[j];
 }
 
 /* ---- checks -------------------------------------------------------------------------------------- */
@@ -455,8 +502,82 @@ int main(void)
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
 
+    /* programmatic dependent launch: a read of the previous kernel's output before the wait is
+     * reported even though the harness ran that kernel to its end first */
+    int *px = dev<int>(64), *pw = dev<int>(64), *po = dev<int>(64), *py = dev<int>(64);
+    int pwh[64];
+    for (int i = 0; i < 64; i++) pwh[i] = 1000 * i;
+    cudaMemcpy(pw, pwh, sizeof pwh, cudaMemcpyHostToDevice);
+    pln_cuda_pdl = 1;
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    expect("pdl: producer", NULL);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    CHECK(strstr(pln_emu_last_report(), "thread 0 reads 4 bytes") && strstr(pln_emu_last_report(), "pdl_producer_kernel"),
+          "pdl report names the access and the producer: %s", pln_emu_last_report());
+    expect("pdl: read before griddepcontrol.wait", "before griddepcontrol.wait");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 2);
+    expect("pdl: write before griddepcontrol.wait", "writes 4 bytes");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 1);
+    expect("pdl: read after the wait", NULL);
+    int ho[64];
+    cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
+    int pbad = 0;
+    for (int i = 0; i < 64; i++) pbad += ho[i] != 1000 * i + 7 + i;
+    CHECK(pbad == 0, "pdl consumer after its wait: %d of 64 values wrong (out[1] %d, want 1008)", pbad, ho[1]);
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 3);
+    expect("pdl: one thread waits, a barrier orders", NULL);
+    /* cp.async reads its source when issued: from the previous kernel's output only after the wait */
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 16, 0, st, pdl_cp_async_kernel)(po, px, pw, 0);
+    CHECK(strstr(pln_emu_last_report(), "reads 16 bytes") && strstr(pln_emu_last_report(), "pdl_producer_kernel"),
+          "pdl report names the cp.async read and the producer: %s", pln_emu_last_report());
+    expect("pdl: cp.async of the output before the wait", "before griddepcontrol.wait");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 16, 0, st, pdl_cp_async_kernel)(po, px, pw, 1);
+    expect("pdl: cp.async of weights before, output after", NULL);
+    cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
+    pbad = 0;
+    for (int i = 0; i < 64; i++) pbad += ho[i] != 1000 * i + 7 + i;
+    CHECK(pbad == 0, "pdl cp.async consumer: %d of 64 values wrong (out[1] %d, want 1008)", pbad, ho[1]);
+    /* an early trigger chains: the consumer of the middle kernel may overlap the producer too */
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_early_trigger_kernel)(py);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    CHECK(strstr(pln_emu_last_report(), "kernel pdl_producer_kernel writes"), "pdl report names the writer two back: %s",
+          pln_emu_last_report());
+    expect("pdl: early trigger, read 2 back", "before griddepcontrol.wait");
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(py, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    expect("pdl: waited trigger, read 2 back", NULL);
+    /* a copy between them: the consumer cannot overlap the producer */
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    cudaMemcpyAsync(py, pw, 4, cudaMemcpyDeviceToDevice, st);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    expect("pdl: a copy between", NULL);
+    /* in a graph: the replay checks the same */
+    cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    cudaStreamEndCapture(st, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    CHECK(cudaGraphLaunch(ge, st) == cudaErrorLaunchFailure, "a read before the wait in a graph fails cudaGraphLaunch");
+    cudaGetLastError();
+    printf("%-36s %s\n", "pdl: in a graph replay", strstr(pln_emu_last_report(), "griddepcontrol") ? "OK" : "NOT OK");
+    pln_emu_report_reset();
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    /* without the attribute (sm_80, PLN_PDL=0) launches serialize: the same kernel is correct */
+    pln_cuda_pdl = 0;
+    PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
+    PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 0);
+    expect("pdl off: plain launches", NULL);
+
     cudaFree(out); cudaFree(fo); cudaFree(sum); cudaFree(bsum); cudaFree(bal); cudaFree(par);
-    cudaFree(da); cudaFree(db); cudaFree(dd); cudaFree(x);
+    cudaFree(da); cudaFree(db); cudaFree(dd); cudaFree(x); cudaFree(px); cudaFree(pw); cudaFree(po); cudaFree(py);
     cudaStreamDestroy(st);
     return test_done();
 }

@@ -72,3 +72,16 @@ __global__ void fat_kernel(float *out, const float *in, int n)
     for (int i = 0; i < 96; i++) s += acc[i] * acc[(i + 7) % 96];
     out[threadIdx.x] = s;
 }
+
+/* Programmatic dependent launch: a parameter load meant to overlap the previous kernel, issued
+ * after griddepcontrol.wait instead of before it (no global load before the wait) ... */
+__global__ void __launch_bounds__(128) late_prefetch_kernel(float *out, const float *w, const float *x)
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    out[threadIdx.x] = w[threadIdx.x] * x[threadIdx.x];
+}
+/* ... and a kernel that never waits for its predecessor at all. */
+__global__ void __launch_bounds__(128) nowait_kernel(float *out, const float *x)
+{
+    out[threadIdx.x] = 2.0f * x[threadIdx.x];
+}

@@ -25,7 +25,10 @@
 #   regs<=N                       a tighter register budget than the launch bounds give
 #   library                       code that is not pollen's (CUB): reported, not checked
 # Counters: ldg128 ldg64 ldg32 ldg16 ldg8 (global loads by width; the LD generic loads count in
-# ld), stg*, lds*, sts* likewise, ldsm (ldmatrix), ldgsts (cp.async), local (LDL+STL).
+# ld), stg*, lds*, sts* likewise, ldsm (ldmatrix), ldgsts (cp.async), local (LDL+STL); programmatic
+# dependent launch: pdlwait (griddepcontrol.wait, ACQBULK in the SASS), pdltrigger
+# (griddepcontrol.launch_dependents, PREEXIT), ldgpre (global loads before the first pdlwait),
+# ldgstspre (cp.async before the first pdlwait).
 # Tools: NVCC (else nvcc on PATH or /usr/local/cuda/bin), CUOBJDUMP (else cuobjdump on PATH, the
 # toolkit's, or the one `make sass-tools` puts in build/sass-tools). Flags: NVCCFLAGS of the
 # Makefile without its -gencode list, plus -arch=$PLN_SASS_ARCH -cubin -Xptxas -v.
@@ -115,12 +118,16 @@ FILENAME ~ /all\.elf$/ {
   next
 }
 FILENAME ~ /all\.sass$/ {
-  if ($0 ~ /Function : /) { cur = $3; seen[cur] = 1; next }
+  if ($0 ~ /Function : /) { cur = $3; seen[cur] = 1; waited = 0; next }
   if (!match($0, /\/\*[0-9a-f]+\*\/ +[^;]*;/)) next
   s = substr($0, RSTART, RLENGTH); sub(/^\/\*[0-9a-f]+\*\/ +/, "", s)
   split(s, t, " "); op = t[1]; if (op ~ /^@/) op = t[2]
   b = op; sub(/\..*/, "", b)
-  if (b == "LDG") add(cur, "ldg" width(op))
+  if (b == "LDG" && !waited) add(cur, "ldgpre")
+  if (b == "LDGSTS" && !waited) add(cur, "ldgstspre")
+  if (b == "ACQBULK") { add(cur, "pdlwait"); waited = 1 }
+  else if (b == "PREEXIT") add(cur, "pdltrigger")
+  else if (b == "LDG") add(cur, "ldg" width(op))
   else if (b == "STG") add(cur, "stg" width(op))
   else if (b == "LDS") add(cur, "lds" width(op))
   else if (b == "STS") add(cur, "sts" width(op))
@@ -131,7 +138,7 @@ FILENAME ~ /all\.sass$/ {
   next
 }
 END {
-  split("ldg128 ldg64 ldg32 ldg16 ldg8 ld stg128 stg64 stg32 stg16 stg8 lds128 lds64 lds32 lds16 lds8 sts128 sts64 sts32 sts16 sts8 ldsm ldgsts local", K, " ")
+  split("ldg128 ldg64 ldg32 ldg16 ldg8 ld stg128 stg64 stg32 stg16 stg8 lds128 lds64 lds32 lds16 lds8 sts128 sts64 sts32 sts16 sts8 ldsm ldgsts local pdlwait pdltrigger ldgpre ldgstspre", K, " ")
   for (f in seen) {
     line = f " entry=" (f in entry ? 1 : 0) " regs=" (f in regs ? regs[f] : -1) " stack=" (f in stack ? stack[f] : -1) \
            " spill=" ((f in spst ? spst[f] : -1) + (f in spld ? spld[f] : 0)) \

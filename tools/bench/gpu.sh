@@ -97,6 +97,16 @@ breakdown() {
   done
   awk -v s="$sum" -v st="${step:-0}" 'BEGIN{printf "  %-20s %9s %6s %9.3f %8s %7s\n", "sum of kernels", "", "", s, "",
     (st > 0 ? sprintf("%.1f", 100 * s / st) : "-"); if (st > 0) printf "  %-20s %9s %6s %9.3f\n", "step - sum", "", "", st - s}'
+  # the same step with programmatic dependent launch off (plain launches, as on sm_80 or with
+  # PLN_PDL=0): what the overlap of each kernel's head with its predecessor's tail gains; and with
+  # the LayerNorm rows split over several blocks (PLN_CUDA_LN_SPLIT=1, off by default)
+  local on off
+  on=$(v decode_${dt}_b1_ms_step); off=$(v decode_${dt}_b1_ms_step_nopdl)
+  printf "  %-20s graph %s ms with, %s ms without (eager %s / %s ms)%s\n" "PDL on/off" "$(f decode_${dt}_b1_ms_step 3)" \
+    "$(f decode_${dt}_b1_ms_step_nopdl 3)" "$(f decode_${dt}_b1_ms_step_eager 3)" "$(f decode_${dt}_b1_ms_step_eager_nopdl 3)" \
+    "$(if [ -n "$on" ] && [ -n "$off" ]; then awk -v a="$on" -v b="$off" 'BEGIN{if (b > 0) printf ": %.3f ms (%.1f %%) saved", b - a, 100 * (b - a) / b}'; fi)"
+  printf "  %-20s graph %s ms; residual+layernorm %s us split, %s us one block per row\n" "LayerNorm split" \
+    "$(f decode_${dt}_b1_ms_step_lnsplit 3)" "$(f op_residual+layernorm-split_fp16_b1_us 1)" "$(f op_residual+layernorm_fp16_b1_us 1)"
 }
 table() {
   echo "pollen CUDA backend on $(cat "$TMPW/gpu-name" 2>/dev/null || echo "no GPU (nvidia-smi found none)"), $(date -u +%Y-%m-%d)"

@@ -18,7 +18,13 @@
  *   - reads of shared bytes not written in this block's run;
  *   - dynamic shared accesses past the launch's smem bytes (a red zone follows the buffer);
  *   - divergent barriers: a thread exits while others wait at __syncthreads, threads wait at
- *     different __syncthreads, or a collective that can never complete (deadlock).
+ *     different __syncthreads, or a collective that can never complete (deadlock);
+ *   - programmatic dependent launch: a kernel launched with the PDL attribute may run while the
+ *     kernel before it still runs, and only griddepcontrol.wait makes that kernel's writes
+ *     visible. Every global store (and atomic) of a running kernel is kept (16-byte granules with
+ *     a byte mask); a PDL launch's threads that have not passed griddepcontrol.wait (themselves,
+ *     or through a __syncthreads after another thread of the block did) may not read or write a
+ *     byte the previous kernel wrote: as on the GPU, that byte may not be there yet.
  * A report prints kernel, block, threads and offset on stderr, fails the launch
  * (cudaGetLastError() = cudaErrorLaunchFailure, whose message is the report) and is counted
  * (emu.h).
@@ -47,6 +53,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -68,6 +75,7 @@ struct pln_emu_launch_cfg {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    int pdl;
 };
 void pln_emu_launch_run(const pln_emu_launch_cfg &cfg, std::function<void()> body);
 
@@ -135,6 +143,7 @@ struct fiber {
     uint32_t ab[6];
     float *c;
     void *asan_fake;
+    bool waited;               /* past griddepcontrol.wait (its own, or a barrier after another thread's) */
 };
 
 static fiber g_fib[MAX_THREADS];
@@ -174,6 +183,7 @@ static void fiber_init(fiber *f)
     f->bar_site = NULL;
     f->lane_sync = 0;
     f->asan_fake = NULL;
+    f->waited = false;
 }
 
 /* Scheduler -> fiber f, back when it blocks or ends. */
@@ -413,11 +423,91 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
     }
 }
 
+/* ---- programmatic dependent launch ------------------------------------------------------------ */
+/* Global bytes written: 16-byte granule address -> mask of its bytes and the kernel that wrote them last. */
+struct written { uint16_t mask; const char *by; };
+typedef std::unordered_map<uintptr_t, written> byteset;
+static byteset g_pdl_writes;          /* by the running kernel */
+static byteset g_pdl_pred;            /* by the kernel(s) the running one may overlap */
+static bool g_pdl_in_block;           /* a block is running: global accesses are kept/checked */
+static bool g_pdl_check;              /* ... of a PDL launch with writes before it to check against */
+static bool g_pdl_blk_waited;         /* a thread of the running block passed griddepcontrol.wait */
+static bool g_pdl_blk_triggered;      /* ... called griddepcontrol.launch_dependents */
+/* Some block of the running launch waited before it let dependents start (its trigger or its
+ * exit): then its predecessor had completed before any dependent could start. Without one, a
+ * dependent may overlap the predecessor too. */
+static bool g_pdl_ordered;
+static bool g_pdl_reported;
+/* Device memory (cudaMalloc): the only memory the rule is about. A fiber's own stack (locals the
+ * compiler did not keep in registers; stacks are reused by the next kernel's threads) is not. */
+static std::map<uintptr_t, uintptr_t> g_dev_ranges;   /* start -> end */
+
+static bool device_memory(uintptr_t a)
+{
+    auto it = g_dev_ranges.upper_bound(a);
+    if (it == g_dev_ranges.begin()) return false;
+    --it;
+    return a < it->second;
+}
+
+static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
+{
+    const uintptr_t lo = a > g ? a - g : 0, hi = a + n < g + 16 ? a + n - g : 16;
+    return (uint16_t)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+static void pdl_access(uintptr_t a, size_t n, bool write, void *pc)
+{
+    fiber *t = g_cur;
+    if (!t || !n || !(write || (g_pdl_check && !t->waited)) || !device_memory(a)) return;
+    for (uintptr_t g = a & ~(uintptr_t)15; g < a + n; g += 16) {
+        const uint16_t m = granule_mask(g, a, n);
+        if (g_pdl_check && !t->waited && !g_pdl_reported) {
+            auto it = g_pdl_pred.find(g);
+            if (it != g_pdl_pred.end() && (it->second.mask & m)) {
+                char w[256];
+                g_pdl_reported = true;   /* once per launch: the first access says it */
+                report("programmatic dependent launch: thread %d %s %zu bytes at %p that the previous kernel %s writes, "
+                       "before griddepcontrol.wait (pln_pdl_wait): on a GPU they may not be written yet; at %s",
+                       t->lin, write ? "writes" : "reads", n, (void *)a, it->second.by ? it->second.by : "?",
+                       where(pc, w, sizeof w));
+            }
+        }
+        if (write) {
+            written &w = g_pdl_writes[g];
+            w.mask |= m;
+            w.by = g_cfg ? g_cfg->name : NULL;
+        }
+    }
+}
+
+extern "C" void pln_emu_griddep_wait(void)
+{
+    fiber *f = g_cur;
+    if (!f) return;
+    f->waited = true;
+    g_pdl_blk_waited = true;
+}
+
+extern "C" void pln_emu_griddep_launch(void)
+{
+    if (!g_cur || g_pdl_blk_triggered) return;
+    g_pdl_blk_triggered = true;
+    if (g_pdl_blk_waited) g_pdl_ordered = true;
+}
+
+/* The next kernel cannot overlap any earlier one (a copy, a memset or a synchronization came between). */
+static void pdl_barrier(void)
+{
+    g_pdl_pred.clear();
+}
+
 static inline __attribute__((always_inline)) void access(const void *p, size_t n, bool write, void *pc)
 {
     uintptr_t a = (uintptr_t)p;
     if (a - g_sh_lo < g_sh_span) shared_access(a - g_sh_lo, n, write, false, pc);
     else if (a - g_dyn_lo < g_dyn_span) shared_access(a - g_dyn_lo, n, write, true, pc);
+    else if (g_pdl_in_block) pdl_access(a, n, write, pc);
 }
 
 #define TRACE(n, T)                                                                                              \
@@ -651,6 +741,10 @@ extern "C" void pln_emu_cp_async16(void *dst, const void *src, int src_bytes)
     const size_t before = g_reports_this_launch;
     shared_access(off, 16, true, dyn, pc);   /* the copy may land at any time from now on */
     if ((size_t)g_reports_this_launch != before) return;
+    /* the source is read at the issue (the data may be fetched at any time from now on): under
+     * programmatic dependent launch, before griddepcontrol.wait it may not be the previous
+     * kernel's output */
+    if (src_bytes && g_pdl_in_block) pdl_access((uintptr_t)src, 16, false, pc);
     cp_copy c;
     c.off = (dyn ? g_static_size : 0) + off;
     if (src_bytes) memcpy(c.data, src, 16);
@@ -695,6 +789,7 @@ extern "C" void pln_emu_cp_async_wait(int n)
 /* ---- atomics ---------------------------------------------------------------------------------- */
 extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
 {
+    if (g_pdl_in_block) pdl_access((uintptr_t)p, 4, true, __builtin_return_address(0));
     int *q = (int *)p, old = *q;
     unsigned uo = (unsigned)old, uv = (unsigned)v;
     switch (op) {
@@ -712,9 +807,16 @@ extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
     }
     return old;
 }
-extern "C" float pln_emu_atomic_add_f32(float *p, float v) { float o = *p; *p = o + v; return o; }
+extern "C" float pln_emu_atomic_add_f32(float *p, float v)
+{
+    if (g_pdl_in_block) pdl_access((uintptr_t)p, 4, true, __builtin_return_address(0));
+    float o = *p;
+    *p = o + v;
+    return o;
+}
 extern "C" unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v)
 {
+    if (g_pdl_in_block) pdl_access((uintptr_t)p, 8, true, __builtin_return_address(0));
     unsigned long long o = *p;
     *p = o + v;
     return o;
@@ -770,7 +872,11 @@ static bool run_block(void)
                     return false;
                 }
             g_epoch++;
-            for (int i = 0; i < g_nthreads; i++) g_fib[i].state = F_RUN;
+            for (int i = 0; i < g_nthreads; i++) {
+                g_fib[i].state = F_RUN;
+                /* a thread past the barrier is ordered after every wait before it */
+                if (g_pdl_blk_waited) g_fib[i].waited = true;
+            }
             continue;
         }
         /* nothing can run: a barrier some thread never reaches, or a collective that never completes */
@@ -851,16 +957,33 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         g_sh_lo = sh_lo;
         g_dyn_lo = (uintptr_t)g_dyn_buf;
         g_dyn_size = cfg.smem;
+        g_pdl_writes.clear();
+        g_pdl_check = cfg.pdl && !g_pdl_pred.empty();
+        g_pdl_ordered = false;
+        g_pdl_reported = false;
         for (unsigned z = 0; z < cfg.grid.z && !g_failed; z++)
             for (unsigned y = 0; y < cfg.grid.y && !g_failed; y++)
                 for (unsigned x = 0; x < cfg.grid.x && !g_failed; x++) {
                     pln_emu_block_idx = make_uint3(x, y, z);
                     g_sh_span = st;
                     g_dyn_span = cfg.smem + RED_ZONE;
+                    g_pdl_in_block = true;
+                    g_pdl_blk_waited = g_pdl_blk_triggered = false;
                     bool ok = run_block();
+                    g_pdl_in_block = false;
+                    if (!g_pdl_blk_triggered && g_pdl_blk_waited) g_pdl_ordered = true;   /* exit: an implicit trigger */
                     g_sh_span = g_dyn_span = 0;
                     if (!ok) g_failed = true;
                 }
+        /* what the next launch may overlap: this kernel's writes, and, when this one let its
+         * dependents start before it had waited itself, its predecessor's too */
+        if (!(cfg.pdl && !g_pdl_ordered)) g_pdl_pred.clear();
+        for (const auto &w : g_pdl_writes) {
+            written &p = g_pdl_pred[w.first];
+            p.mask |= w.second.mask;
+            p.by = w.second.by;
+        }
+        g_pdl_writes.clear();
         if (g_failed) {
             g_last_error = cudaErrorLaunchFailure;
             rec.failed = 1;
@@ -898,7 +1021,7 @@ static cudaError_t enqueue(cudaStream_t s, const pln_emu_launch_cfg *cfg, std::f
         return cudaSuccess;
     }
     if (cfg) execute(*cfg, op);
-    else op();
+    else { pdl_barrier(); op(); }
     return cudaSuccess;
 }
 
@@ -933,7 +1056,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
     p->regsPerBlock = 65536;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { pdl_barrier(); return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { cudaError_t e = g_last_error; g_last_error = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
 const char *cudaGetErrorName(cudaError_t e)
@@ -977,6 +1100,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
     pthread_mutex_lock(&g_lock);
     g_allocated += n;
     g_sizes[m] = n;
+    g_dev_ranges[(uintptr_t)m] = (uintptr_t)m + n;
     pthread_mutex_unlock(&g_lock);
     return cudaSuccess;
 }
@@ -986,7 +1110,12 @@ cudaError_t cudaFree(void *p)
     pthread_mutex_lock(&g_lock);
     auto it = g_sizes.find(p);
     bool known = it != g_sizes.end();
-    if (known) { g_allocated -= it->second; g_sizes.erase(it); }
+    if (known) {
+        g_allocated -= it->second;
+        g_sizes.erase(it);
+        g_dev_ranges.erase((uintptr_t)p);
+        pdl_barrier();   /* cudaFree waits for the device; the address may come back as another buffer */
+    }
     pthread_mutex_unlock(&g_lock);
     if (!known) return g_last_error = cudaErrorInvalidValue;   /* not from cudaMalloc, or freed twice */
     free(p);
@@ -1011,6 +1140,7 @@ cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot)
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
     (void)k;
+    pdl_barrier();
     if (n) memmove(d, s, n);
     return cudaSuccess;
 }
@@ -1020,7 +1150,7 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     if (!n) return cudaSuccess;
     return enqueue(st, NULL, [d, s, n]() { memmove(d, s, n); });
 }
-cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemset(void *d, int v, size_t n) { pdl_barrier(); memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st)
 {
     return enqueue(st, NULL, [d, v, n]() { memset(d, v, n); });
@@ -1031,6 +1161,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) { (vo
 cudaError_t cudaStreamDestroy(cudaStream_t s) { if (s) { delete s->capture; delete s; } return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+    if (!stream_of(s)->capturing) pdl_barrier();
     return stream_of(s)->capturing ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st)
@@ -1094,7 +1225,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st(); return cuda
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) { (void)flags; return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; pdl_barrier(); return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { (void)a; (void)b; *ms = 0.0f; return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) { (void)s; (void)e; (void)flags; return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }

@@ -7,8 +7,9 @@
  * one ELF section (.pln_shared), so the harness knows the range and checks every access to it;
  * threadIdx/blockIdx/blockDim/gridDim to the running fiber's values; __syncthreads, __syncwarp
  * and the warp collectives (shuffles, votes, reductions, the m16n8k16 mma) to calls that yield
- * to the harness's scheduler (kernels/cuda/emu/cuda_emu.cc); atomics, __ldg and the fast-math
- * intrinsics to host equivalents. __half/__half2/__nv_bfloat16 and the vector types come from
+ * to the harness's scheduler (kernels/cuda/emu/cuda_emu.cc); griddepcontrol.wait/launch_dependents
+ * (pln_pdl_wait/pln_pdl_trigger in common.cuh) to calls that feed its programmatic-dependent-launch
+ * check; atomics, __ldg and the fast-math intrinsics to host equivalents. __half/__half2/__nv_bfloat16 and the vector types come from
  * the toolkit's own headers, which implement them for the host. */
 #ifndef PLN_CUDA_EMU_H
 #define PLN_CUDA_EMU_H
@@ -61,6 +62,9 @@ void pln_emu_cp_async_wait(int n);
 int pln_emu_atomic_i32(int op, void *p, int v, int cmp);
 float pln_emu_atomic_add_f32(float *p, float v);
 unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v);
+/* griddepcontrol.wait / .launch_dependents (programmatic dependent launch) */
+void pln_emu_griddep_wait(void);
+void pln_emu_griddep_launch(void);
 }
 
 #undef threadIdx
@@ -215,6 +219,7 @@ struct pln_emu_launch_cfg {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    int pdl;   /* launched with programmatic stream serialization: may overlap the previous kernel */
 };
 void pln_emu_launch_run(const pln_emu_launch_cfg &cfg, std::function<void()> body);
 
@@ -230,9 +235,9 @@ template <typename... P> struct pln_emu_launcher_t {
 };
 template <typename... P>
 static inline pln_emu_launcher_t<P...> pln_emu_launcher(const char *name, dim3 grid, dim3 block, size_t smem,
-                                                        cudaStream_t stream, void (*fn)(P...))
+                                                        cudaStream_t stream, int pdl, void (*fn)(P...))
 {
-    return pln_emu_launcher_t<P...>{{name, grid, block, smem, stream}, fn};
+    return pln_emu_launcher_t<P...>{{name, grid, block, smem, stream, pdl != 0}, fn};
 }
 
 #endif
