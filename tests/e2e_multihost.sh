@@ -57,6 +57,9 @@ median_step_ms() { # the median of generate --json's per_token_ms
 }
 # The best of up to three runs: on a machine shared with other work one run can be starved of
 # CPU; spinning ranks that share a core are slow in every run (tens of ms per step).
+# Sanitized builds (build-san) run the step several times slower: 15 ms there still tells a
+# sleeping wait from ranks spinning on one core (the regression this guards: 40 ms steps).
+LIMIT=5; case ${PLN_BUILD:-build} in *san*) LIMIT=15 ;; esac
 for tp in 2 3; do
   slots="1 1"; [ $tp = 3 ] && slots="1 1 1"
   best=999
@@ -65,10 +68,10 @@ for tp in 2 3; do
     med=$(median_step_ms <<<"$out")
     echo "TP $tp across hosts: median decode step $med ms"
     best=$(awk -v a="$best" -v b="$med" 'BEGIN{print (b < a ? b : a)}')
-    awk -v m="$best" 'BEGIN{exit !(m < 5)}' && break
+    awk -v m="$best" -v l="$LIMIT" 'BEGIN{exit !(m < l)}' && break
   done
-  check "TP $tp across hosts: a decode step of the tiny model within 5 ms (median $best ms)" \
-    awk -v m="$best" 'BEGIN{exit !(m < 5)}'
+  check "TP $tp across hosts: a decode step of the tiny model within $LIMIT ms (median $best ms)" \
+    awk -v m="$best" -v l="$LIMIT" 'BEGIN{exit !(m < l)}'
 done
 
 # ---- node-local ranks and devices follow the hosts ---------------------------------------------
