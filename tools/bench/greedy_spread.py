@@ -82,8 +82,18 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     os.environ.update(env)
     text = os.path.join(a.model, "heldout.txt")
-    shutil.rmtree(a.dir, ignore_errors=True)
+    # Scratch: only a directory this script made (it holds MARK) is ever emptied; anything else
+    # that exists and is not empty is refused rather than deleted.
+    mark = os.path.join(a.dir, ".greedy_spread")
+    if os.path.lexists(a.dir):
+        if not os.path.isdir(a.dir) or os.path.islink(a.dir):
+            raise SystemExit("greedy_spread.py: --dir %s is a symbolic link or not a directory; give a new path" % a.dir)
+        if os.listdir(a.dir) and not os.path.isfile(mark):
+            raise SystemExit("greedy_spread.py: --dir %s is not empty and was not made by this script; "
+                             "give a new or empty path" % a.dir)
+        shutil.rmtree(a.dir)
     os.makedirs(a.dir)
+    open(mark, "w").close()
     verses = [l.split() for l in open(text, encoding="utf-8").read().splitlines()]
     verses = [v for v in verses if len(v) >= 8 and not re.fullmatch(r"[^ ]+( [^ ]+)? [0-9]+", " ".join(v))]
     words = [int(w) for w in a.words.split(",")]
