@@ -32,7 +32,16 @@ DIR=${BENCH_DIR:-$BUILD/bench-quality}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -x "$POLLEN" ] || { echo "quality.sh: $POLLEN not built (make build/pollen)" >&2; exit 1; }
 [ -f "$TEXT" ] || { echo "quality.sh: no held-out text $TEXT (set TEXT=)" >&2; exit 1; }
-rm -rf "$DIR"; mkdir -p "$DIR"
+# Scratch: emptied only when this script made it (its mark file, or the default in the build
+# tree); any other non-empty directory,
+# link or file at $DIR is refused, never deleted.
+if [ -L "$DIR" ] || { [ -e "$DIR" ] && [ ! -d "$DIR" ]; }; then
+  echo "quality.sh: BENCH_DIR $DIR is a symbolic link or not a directory; give a new path" >&2; exit 1
+fi
+if [ -d "$DIR" ] && [ -n "$(ls -A "$DIR")" ] && [ ! -f "$DIR/.quality-scratch" ] && [ "$DIR" != "$BUILD/bench-quality" ]; then
+  echo "quality.sh: BENCH_DIR $DIR is not empty and was not made by this script; give a new or empty path" >&2; exit 1
+fi
+rm -rf "$DIR"; mkdir -p "$DIR"; : >"$DIR/.quality-scratch"
 
 # name|reshard options
 VARIANTS=(
