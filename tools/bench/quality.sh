@@ -33,8 +33,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -x "$POLLEN" ] || { echo "quality.sh: $POLLEN not built (make build/pollen)" >&2; exit 1; }
 [ -f "$TEXT" ] || { echo "quality.sh: no held-out text $TEXT (set TEXT=)" >&2; exit 1; }
 # Scratch: emptied only when this script made it (its mark file, or the default in the build
-# tree); any other non-empty directory,
-# link or file at $DIR is refused, never deleted.
+# tree); any other non-empty directory, link or file at $DIR is refused, never deleted.
 if [ -L "$DIR" ] || { [ -e "$DIR" ] && [ ! -d "$DIR" ]; }; then
   echo "quality.sh: BENCH_DIR $DIR is a symbolic link or not a directory; give a new path" >&2; exit 1
 fi
