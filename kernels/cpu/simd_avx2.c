@@ -29,12 +29,18 @@ INL float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* PREFETCH_NOTE: in a GEMV (one token) each 4-row tile reads four short streams (a bloom-1b7
- * row is 2-4 KiB), too short for the hardware prefetcher to ramp up on; the next tile's rows
- * (the same columns, 4 rows on) are requested into L2, one cache line per row, as this tile is
- * summed (L2, not L1: the L1 miss buffers stay free for the demand loads). Measured on 2 Zen 4
- * cores, bloom-1b7 [8192, 2048]: I8 20 -> 29 GB/s, F16 26 -> 29 GB/s. A prefetch past the end
- * of the matrix never faults. */
+/* PREFETCH_NOTE: as in simd_avx512.c: a GEMV tile's four rows are contiguous and the next
+ * tile follows them, so pf_ahead4 prefetches the whole GEMV as one stream PF_AHEAD bytes ahead of
+ * the position the tile's consumed bytes map to (into L1; a prefetch past the end of the matrix
+ * never faults). */
+#define PF_AHEAD 8192
+INL void pf_ahead4(const void *tile, int64_t done) {
+    const char *p = (const char *)tile + PF_AHEAD + done;
+    _mm_prefetch(p, _MM_HINT_T0);
+    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p + 192, _MM_HINT_T0);
+}
 
 /* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
@@ -47,9 +53,7 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
     int64_t k = k0;
     for (; k + 8 <= k1; k += 8) {
         __m256 wv[4];
-        if (NT == 1 && NR == 4 && (k & 31) == 0) {   /* see PREFETCH_NOTE */
-            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
-        }
+        if (NT == 1 && NR == 4 && (k & 31) == 0) pf_ahead4(w, 8 * k);   /* see PREFETCH_NOTE */
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
         UNROLL for (int j = 0; j < NT; j++) {
             __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
@@ -81,9 +85,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         int64_t k = k0;
         for (; k + 8 <= k1; k += 8) {
             __m256 wv[4];
-            if (NT == 1 && NR == 4 && (k & 63) == 0) {   /* see PREFETCH_NOTE */
-                UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
-            }
+            if (NT == 1 && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* see PREFETCH_NOTE */
             UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
             UNROLL for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
@@ -104,8 +106,9 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
             UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_setzero_ps();
             int64_t k = g * group, kend = k + group;
             for (; k + 8 <= kend; k += 8) {
-                if (NR == 4 && (k & 63) == 0) {   /* see PREFETCH_NOTE */
-                    UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * K + k), _MM_HINT_T1);
+                if (NR == 4 && (k & 63) == 0) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */
+                    pf_ahead4(w, 4 * k);
+                    _mm_prefetch((const char *)scale + (PF_AHEAD + 4 * k) * 2 / group, _MM_HINT_T0);
                 }
                 __m256 xv = _mm256_loadu_ps(x + k);
                 UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_fmadd_ps(load_i8(w + i * K + k), xv, ga[i]);
@@ -184,7 +187,8 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
             UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_setzero_ps();
             for (int64_t k = g * group; k < kend; k += 32) {
                 if (NR == 4 && (k & 127) == 0) {   /* see PREFETCH_NOTE: 64 bytes = 128 columns */
-                    UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + (4 + i) * rb + k / 2), _MM_HINT_T1);
+                    pf_ahead4(w, 2 * k);
+                    _mm_prefetch((const char *)scale + (PF_AHEAD + 2 * k) * 4 / group, _MM_HINT_T0);
                 }
                 __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
                 __m256 x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
