@@ -1,8 +1,10 @@
 /* cmd_bench.c — `pollen bench SHARDS`: prefill tokens/s for one long prompt, and decode ms/token at
  * several batch sizes, each beside the memory-bandwidth ceiling measured in the same run (a
  * STREAM-style copy) as model bandwidth utilisation:
- *   MBU = (weight bytes + KV bytes read per step) / step time / copy bandwidth.
- * Run under mpirun for TP > 1 (the copy bandwidth is then rank 0's share of the node). */
+ *   MBU = (weight bytes + KV bytes read per step) / step time / copy bandwidth,
+ * the copy measured just before and after each batch size's steps (their mean) at TP 1.
+ * Run under mpirun for TP > 1 (the copy bandwidth is then rank 0's share of the node, measured
+ * once at the start). */
 #include "formats/common.h"
 #include "kernels/backend.h"
 #include "runtime/comm.h"
@@ -73,7 +75,8 @@ int cmd_bench(int argc, char **argv) {
                        "  --no-mmap: read the rank file into memory instead of mapping it.\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
-                       "  measured here; a GPU's ceiling is measured by tools/bench/gpu.sh instead.\n");
+                       "  measured here (at TP 1 just before and after each batch size's steps); a GPU's\n"
+                       "  ceiling is measured by tools/bench/gpu.sh instead.\n");
             pln_comm_free(comm);
             return 0;
         }
@@ -152,6 +155,13 @@ int cmd_bench(int argc, char **argv) {
         pln_step_plan p = {.n_seqs = (int32_t)B, .seqs = seqs};
         if (pln_engine_step(e, &p, outs)) pln_die("batch %lld context: %s", (long long)B, pln_error());
         for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
+        /* The ceiling beside this batch: at TP 1 the copy is measured again just before and just
+         * after its steps and MBU divides by their mean (a VM's memory bandwidth can drift by
+         * 1.5-2x within minutes, so a figure from the start of the run can belong to another
+         * regime); under mpirun the other ranks would be polling meanwhile, so the start-up
+         * figure stays. */
+        bool adjacent = bw > 0 && info.tp == 1;
+        double bw_b = adjacent ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : bw;
         double tot = 0, best = 1e30;
         for (int64_t s = 0; s < steps; s++) {
             for (int64_t b = 0; b < B; b++)
@@ -163,21 +173,23 @@ int cmd_bench(int argc, char **argv) {
             if (dt < best) best = dt;
             for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
         }
+        if (adjacent) bw_b = (bw_b + pln_cpu_copy_gbs((size_t)stream_mib << 20)) / 2;
         double step = tot / (double)steps;
         /* Bytes one decode step reads: every weight once, plus each sequence's keys and values
          * (context + the steps so far, on average context + steps/2). */
         double kv = (double)B * ((double)context + (double)steps / 2.0) * (double)info.kv_bytes_per_token;
         double bytes = (double)info.weight_bytes + kv;
-        double mbu = bw > 0 ? bytes / step / (bw * 1e9) : 0;
+        double mbu = bw_b > 0 ? bytes / step / (bw_b * 1e9) : 0;
         if (!json) {
-            char m[32] = "MBU    n/a";
-            if (bw > 0) snprintf(m, sizeof m, "MBU %5.1f%%", 100 * mbu);
+            char m[48] = "MBU    n/a";
+            if (bw_b > 0) snprintf(m, sizeof m, "MBU %5.1f%% of %.1f GB/s", 100 * mbu, bw_b);
             printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, %s (%.2f GB/step incl. %.1f MB KV)\n",
                    (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, m, bytes / 1e9, kv / 1e6);
         }
-        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
+        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:o, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
                                              "ms_per_token", step * 1e3 / (double)B, "tokens_per_s", (double)B / step,
-                                             "mbu", bw > 0 ? json_real(mbu) : json_null(), "best_ms_per_step", best * 1e3));
+                                             "mbu", bw_b > 0 ? json_real(mbu) : json_null(),
+                                             "copy_gbs", bw_b > 0 ? json_real(bw_b) : json_null(), "best_ms_per_step", best * 1e3));
         pln_step_plan rp = {.n_release = (int32_t)B, .release = rel};
         pln_engine_step(e, &rp, NULL);
     }
