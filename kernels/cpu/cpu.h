@@ -62,6 +62,13 @@ typedef struct {
      * per-row weights, one group, may apply the weight scale once at the end). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* int4 weights at 2 <= nt <= PLN_CPU_Q4N_MAX tokens on the integer-dot path without the repack
+     * (NULL where the tier has none; the AVX-512 one also needs VNNI: pln_cpu_has_q4n). The
+     * activations are plain rows, as quant_act writes them at nt = 1, one per token: token t's
+     * xq at xq + t K, its block scales and sums at xs / xsum + t (K / 32). The result is
+     * gemm_q8's definition. */
+    void (*gemm_q4n)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
+                     const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* The integer-dot path's activations: tokens t0 <= t < t1 of nt (token t at x + t K, K % 32
      * == 0), quantized per block of 32 as pln_cpu_quant_act does, bit for bit, and written where
      * gemm_q8 reads them (4-byte groups at xq + 4 (g nt + t), block scales and sums at [b nt + t]).
@@ -137,6 +144,13 @@ void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *
 /* The same into gemm_q8's token-interleaved layout (the kernels' quant_act in plain C). */
 void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
                           int64_t t1);
+
+/* Tokens of int4 weights gemm_q4n takes (more: the repack tiles of gemm_q8, whose repack is
+ * then shared by enough tokens). */
+#define PLN_CPU_Q4N_MAX 8
+/* Whether the AVX-512 tier's gemm_q4n can run here (AVX-512 VNNI + BW + VL, pln_cpu_no_vnni
+ * unset). */
+bool pln_cpu_has_q4n(void);
 
 /* The integer-dot path's repack of nr <= 16 rows of I8 (or, when i4, packed int4) weights, K %
  * 32 == 0, into wp [K / 32][8][16][4] bytes (64-byte aligned, 16 K bytes): for block b, 4-column

@@ -75,6 +75,15 @@ static bool use_int_dot(const pln_cpu *c, const pln_weight *W, int32_t T) {
            (T >= 2 || W->dtype == PLN_DTYPE_U8);
 }
 
+/* gemm_q4n exists for this tier and CPU (cpu.h) */
+static bool use_q4n(const pln_cpu_kernels *k) {
+#ifdef PLN_CPU_X86
+    return k->gemm_q4n && pln_cpu_has_q4n();
+#else
+    return false;
+#endif
+}
+
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
     if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, gelu); return; }
@@ -94,8 +103,32 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
          * a descheduled thread's remaining runs still go to the others. One chunk at a time
          * measured 1.2-1.3x slower than a plain read of the same bytes (bloom-560m int4 g32). */
         int nth = pln_cpu_threads(c);
-        int64_t grab = T == 1 ? n_qchunks / (4 * nth) : 1;
+        int64_t grab = T <= PLN_CPU_Q4N_MAX ? n_qchunks / (4 * nth) : 1;
         if (grab < 1) grab = 1;
+        if (i4 && T >= 2 && T <= PLN_CPU_Q4N_MAX && use_q4n(k)) {
+            /* a few int4 tokens: plain-row activations, no repack (cpu.h gemm_q4n) */
+            int8_t *xq = pln_xmalloc((size_t)T * (size_t)K);
+            float *xs = pln_xmalloc((size_t)T * (size_t)nb * sizeof(float));
+            int32_t *xsum = pln_xmalloc((size_t)T * (size_t)nb * sizeof(int32_t));
+            #pragma omp parallel num_threads(nth) if (n_rows * K * T > 65536)
+            {
+                #pragma omp for schedule(static)
+                for (int64_t t = 0; t < T; t++) k->quant_act(in + t * K, K, xq + t * K, xs + t * nb, xsum + t * nb, 1, 0, 1);
+                #pragma omp for schedule(dynamic, grab)
+                for (int64_t ch = 0; ch < n_qchunks; ch++) {
+                    int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
+                    k->gemm_q4n(out + r0, ldo, xq, xs, xsum, T, (const uint8_t *)W->w + r0 * rb,
+                                W->scale + r0 * (K / W->group), W->group, nr, K);
+                    if (bias || gelu)
+                        for (int64_t t = 0; t < T; t++)
+                            k->bias_gelu(out + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
+                }
+            }
+            free(xq);
+            free(xs);
+            free(xsum);
+            return;
+        }
         int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
         float *xs = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(float));
         int32_t *xsum = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(int32_t));

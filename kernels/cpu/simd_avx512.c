@@ -486,6 +486,104 @@ static VNNI512 void q8_gemv512(float *out, const int8_t *xq, const float *xs, co
     for (; r < nr; r++) q8_gemv_tile(1, out, r, xq, xs, xsum, w, scale, group, K);
 }
 
+/* A few int4 tokens without a repack (linear.c, 2 <= nt <= PLN_CPU_Q4N_MAX): NR rows x NT tokens.
+ * The activations are plain rows (token t's xq at xq + t K, its block scales and sums at [t nb +
+ * b]); each pair of a row's blocks is loaded and unpacked once and multiplied against every
+ * token's pair, laid out in registers as in q8_gemv_tile. At batch 8 the repack of the tile path
+ * had cost twice its integer dots (profiled on bloom-560m int4 g32). */
+VINL void q4n_tile(const int NR, const int NT, float *out, int64_t ldo, int64_t r0, const int8_t *xq, const float *xs,
+                   const int32_t *xsum, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K) {
+    int64_t nb = K / 32, ng = K / group, rb = K / 2;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i lidx = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const uint8_t *wr = w + r0 * rb;
+    const uint16_t *sr = scale + r0 * ng;
+    __m512 f[4][4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) f[i][j] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b += 2) {
+        bool full = b + 1 < nb;
+        int64_t g0 = 32 * b / group, g1 = full ? (32 * b + 32) / group : g0;
+        if (NR == 4 && (b & 3) == 0) {   /* see PREFETCH_NOTE */
+            pf_ahead4(wr, 64 * b);
+            if (ng > 1) _mm_prefetch((const char *)sr + (PF_AHEAD + 64 * b) * 4 / group, _MM_HINT_T0);
+        }
+        __m512i wu[4];
+        __m512 sc[4];
+        UNROLL for (int i = 0; i < NR; i++) {
+            const uint8_t *q = wr + i * rb + 16 * b;
+            __m512i raw = full ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)q))
+                               : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)q));
+            wu[i] = _mm512_and_si512(_mm512_srlv_epi16(raw, shv), nib);
+            if (ng == 1) {
+                sc[i] = _mm512_set1_ps(1.0f);
+            } else if (g0 == g1) {
+                sc[i] = _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g0]));
+            } else {
+                uint32_t h2;
+                memcpy(&h2, sr + i * ng + g0, 4);
+                sc[i] = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)h2))));
+            }
+        }
+        UNROLL for (int j = 0; j < NT; j++) {
+            const int8_t *xj = xq + j * K;
+            const float *sj = xs + j * nb;
+            const int32_t *cj = xsum + j * nb;
+            __m512i x64;
+            __m128 s2;
+            __m128i c2;
+            if (full) {
+                x64 = _mm512_loadu_si512((const void *)(xj + 32 * b));
+                s2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(sj + b)));
+                c2 = _mm_loadl_epi64((const __m128i *)(const void *)(cj + b));
+            } else {
+                x64 = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xj + 32 * b);
+                s2 = _mm_load_ss(sj + b);
+                c2 = _mm_cvtsi32_si128(cj[b]);
+            }
+            __m512i xv = _mm512_shuffle_i64x2(x64, x64, _MM_SHUFFLE(3, 1, 2, 0));
+            __m512 sv = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s2));
+            __m512i c = _mm512_maskz_permutexvar_epi32(0x0011, lidx,
+                                                       _mm512_zextsi128_si512(_mm_mullo_epi32(c2, _mm_set1_epi32(-8))));
+            UNROLL for (int i = 0; i < NR; i++) {
+                __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wu[i], xv));
+                f[i][j] = _mm512_fmadd_ps(d, ng == 1 ? sv : _mm512_mul_ps(sv, sc[i]), f[i][j]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < NR; i++) {
+        float rs = ng == 1 ? _cvtsh_ss(sr[i]) : 1.0f;
+        UNROLL for (int j = 0; j < NT; j++) out[j * ldo + r0 + i] = _mm512_reduce_add_ps(f[i][j]) * rs;
+    }
+}
+
+static VNNI512 void gemm_q4n_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
+                                     int64_t nt, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
+                                     int64_t K) {
+    int64_t nb = K / 32;
+#define Q4N(NR, NT) q4n_tile(NR, NT, out + t * ldo, ldo, r, xq + t * K, xs + t * nb, xsum + t * nb, w, scale, group, K)
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) Q4N(4, 4);
+        for (; t + 2 <= nt; t += 2) Q4N(4, 2);
+        for (; t < nt; t++) Q4N(4, 1);
+    }
+    for (; r < nr; r++) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) Q4N(1, 4);
+        for (; t < nt; t++) Q4N(1, 1);
+    }
+#undef Q4N
+}
+
+bool pln_cpu_has_q4n(void) {
+    return !pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
 static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
                                     int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group,
                                     int64_t nr, int64_t K) {
@@ -781,7 +879,7 @@ static TGT float score_max_avx512(float *x, int64_t n, float scale, float slope,
 }
 
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
-    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .quant_act = quant_act_avx512,
+    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .gemm_q4n = gemm_q4n_vnni512, .quant_act = quant_act_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
     .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
