@@ -313,7 +313,8 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
  * per 8 rows x 4 columns x token (unsigned weights q + off, the block's accumulator started at
  * -off * sum xq). Without it vpmaddubsw + vpmaddwd: int4's unsigned nibbles (0..15) times int8
  * pairs cannot saturate int16, int8's q + 128 could, so int8 weights use the sign trick instead
- * (|q| unsigned times x with q's sign, no offset). A tile is 8 rows x up to 4 tokens. */
+ * (|q| unsigned times x with q's sign, no offset). A tile is 8 rows x up to 4 tokens. One int4
+ * token takes the GEMV below instead (no repack). */
 #define Q8UNROLL _Pragma("GCC unroll 8")
 
 static inline int32_t q8_ld32(const int8_t *p) {
