@@ -479,6 +479,8 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         const int NR, float *out, const int8_t *xq, const float *xs, const int32_t *xsum, const uint8_t *w,      \
         const uint16_t *scale, int64_t group, int64_t K) {                                                       \
         int64_t nb = K / 32, ng = K / group, rb = K / 2, b = 0;                                                  \
+        int64_t bpg = group / 32, g0 = 0, gb = 0;   /* block b is the gb-th of group g0 (no divides) */          \
+        const char *spf = (const char *)scale + PF_AHEAD * 4 / group;   /* the scales' prefetch stream */        \
         const __m256i nib = _mm256_set1_epi8(0x0f);                                                              \
         /* two halves h0 h1 of a 4-byte word to h0 x4, h1 x4: one per block of the pair */                       \
         const __m128i spread = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);                    \
@@ -490,10 +492,10 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
             __m256i xlo = _mm256_permute2x128_si256(x0, x1, 0x20), xhi = _mm256_permute2x128_si256(x0, x1, 0x31); \
             __m256i c = _mm256_setr_epi32(-8 * xsum[b], 0, 0, 0, -8 * xsum[b + 1], 0, 0, 0);                     \
             __m256 s = _mm256_setr_m128(_mm_set1_ps(xs[b]), _mm_set1_ps(xs[b + 1]));                             \
-            int64_t g0 = 32 * b / group, g1 = (32 * b + 32) / group;                                             \
+            int64_t g1 = gb + 1 == bpg ? g0 + 1 : g0;                                                            \
             if (NR == 4 && (b & 3) == 0) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */              \
                 pf_ahead4(w, 64 * b);                                                                            \
-                if (ng > 1) _mm_prefetch((const char *)scale + (PF_AHEAD + 64 * b) * 4 / group, _MM_HINT_T0);    \
+                if (ng > 1) _mm_prefetch(spf + 8 * g0, _MM_HINT_T0);                                             \
             }                                                                                                    \
             UNROLL for (int i = 0; i < NR; i++) {                                                                \
                 __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + i * rb + 16 * b));            \
@@ -510,12 +512,12 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
                     f[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(s, sc), f[i]);                                       \
                 }                                                                                                \
             }                                                                                                    \
+            for (gb += 2; gb >= bpg; gb -= bpg) g0++;                                                            \
         }                                                                                                        \
         if (b < nb) {                                                                                            \
             __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b));                       \
             __m256i c = _mm256_setr_epi32(-8 * xsum[b], 0, 0, 0, 0, 0, 0, 0);                                    \
             __m256 s = _mm256_set1_ps(xs[b]);                                                                    \
-            int64_t g0 = 32 * b / group;                                                                         \
             UNROLL for (int i = 0; i < NR; i++) {                                                                \
                 __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(w + i * rb + 16 * b));               \
                 __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), _mm256_castsi256_si128(nib)),   \
