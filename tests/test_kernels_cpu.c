@@ -302,6 +302,14 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
         if (isa < PLN_CPU_ISA_C || !pln_cpu_isa_supported((pln_cpu_isa)isa) || pln_cpu_set_isa(g_be, (pln_cpu_isa)isa)) continue;
         memset(o, 0xff, (size_t)(T * rows) * 4);
         CHECK(g_be->linear(g_be, o, x, W, bias, T, gelu) == 0, "int-dot linear: %s", pln_error());
+        if (T <= 8) {   /* the same call again: the same bits (no order depends on threads or timing) */
+            float *again = malloc((size_t)(T * rows) * 4);
+            CHECK(g_be->linear(g_be, again, x, W, bias, T, gelu) == 0, "int-dot linear: %s", pln_error());
+            CHECK(!memcmp(o, again, (size_t)(T * rows) * 4), "int-dot %s g%lld T=%d: tier %s%s differs between two runs",
+                  kind == WQ_I4 ? "I4" : "I8", (long long)group, T, pln_cpu_isa_name((pln_cpu_isa)isa),
+                  pln_cpu_no_vnni ? " (no VNNI)" : "");
+            free(again);
+        }
         if (T == 1 && kind != WQ_I4) {   /* one int8 token: the float path, bit for bit */
             float *fl = malloc((size_t)rows * 4);
             pln_cpu_set_int_dot(g_be, false);
@@ -416,6 +424,12 @@ static void test_int_dot(void) {
         test_int_dot_case(40, 256, T, WQ_I4, 64, true, true, &worst);
         test_int_dot_case(13, 288, T, WQ_I4, 96, false, false, &worst);
         test_int_dot_case(16, 224, T, WQ_I4, 224, true, false, &worst);
+        if (T == 1) {
+            /* the int4 GEMVs: many groups of 32 with an odd block count (every pair of blocks
+             * straddles two groups, then the lone tail) on 3 tail rows; a long per-row K, odd */
+            test_int_dot_case(23, 1056, T, WQ_I4, 32, false, false, &worst);
+            test_int_dot_case(7, 2080, T, WQ_I4, 2080, true, false, &worst);
+        }
     }
     printf("integer-dot path: worst rel L2 against the exact float result %.3g (activations rounded to int8 per "
            "block of 32)\n", worst);

@@ -313,7 +313,8 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
  * per 8 rows x 4 columns x token (unsigned weights q + off, the block's accumulator started at
  * -off * sum xq). Without it vpmaddubsw + vpmaddwd: int4's unsigned nibbles (0..15) times int8
  * pairs cannot saturate int16, int8's q + 128 could, so int8 weights use the sign trick instead
- * (|q| unsigned times x with q's sign, no offset). A tile is 8 rows x up to 4 tokens. */
+ * (|q| unsigned times x with q's sign, no offset). A tile is 8 rows x up to 4 tokens. One int4
+ * token takes the GEMV below instead (no repack). */
 #define Q8UNROLL _Pragma("GCC unroll 8")
 
 static inline int32_t q8_ld32(const int8_t *p) {
@@ -450,10 +451,105 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
 DEF_GEMM_Q8(gemm_q8_avx2_base, TGT, q8_dot_base, false)
 DEF_GEMM_Q8(gemm_q8_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dot_vnni, true)
 
+/* Two blocks' worth of unsigned weights lo, hi against activations xlo, xhi, added to c. The
+ * vpmaddubsw form sums the two products in int16 before widening (see below: no saturation). */
+INL __m256i q8_dot2_base(__m256i c, __m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+    return _mm256_add_epi32(c, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __m256i q8_dot2_vnni(
+    __m256i c, __m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(c, lo, xlo), hi, xhi);
+}
+
+/* One int4 token (decode GEMV), as simd_avx512.c's q8_gemv_tile, 256 bits wide: no repack and
+ * nothing per call, the rows read as stored. One 32-byte load of a row's pair of blocks, masked
+ * and shifted, gives the low nibbles of both (columns 0-15 of the first block in the low 128-bit
+ * lane, of the second in the high one) and the high nibbles (columns 16-31); the pair's
+ * activations are laid out once per tile in that order (two lane permutes of the plain row) and
+ * serve its 4 rows. Per row and pair: two vpmaddubsw summed in int16 (a product pair u x is at
+ * most 15 * 127 * 2 = 3810, two of them 7620: no saturation) and one vpmaddwd by ones, or two
+ * vpdpbusd with AVX-VNNI; each block's offset correction -8 sum xq in lane 0 / 4; one convert
+ * and one FMA by the blocks' scales in lanes 0-3 / 4-7 (times the row's group scales when
+ * grouped; per-row weights multiply their scale once at the end). A lone tail block (odd K / 32)
+ * unpacks to one vector with its columns in order, the plain activation row's order. */
+#define DEF_Q8_GEMV(NAME, ATTR, DOT1, DOT2)                                                                      \
+    /* NR rows (compile-time after inlining) from w / scale, results to out[0 .. NR) */                          \
+    static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                          \
+        const int NR, float *out, const int8_t *xq, const float *xs, const int32_t *xsum, const uint8_t *w,      \
+        const uint16_t *scale, int64_t group, int64_t K) {                                                       \
+        int64_t nb = K / 32, ng = K / group, rb = K / 2, b = 0;                                                  \
+        int64_t bpg = group / 32, g0 = 0, gb = 0;   /* block b is the gb-th of group g0 (no divides) */          \
+        const char *spf = (const char *)scale + PF_AHEAD * 4 / group;   /* the scales' prefetch stream */        \
+        const __m256i nib = _mm256_set1_epi8(0x0f);                                                              \
+        /* two halves h0 h1 of a 4-byte word to h0 x4, h1 x4: one per block of the pair */                       \
+        const __m128i spread = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);                    \
+        __m256 f[4];                                                                                             \
+        UNROLL for (int i = 0; i < NR; i++) f[i] = _mm256_setzero_ps();                                          \
+        for (; b + 2 <= nb; b += 2) {                                                                            \
+            __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b));                       \
+            __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b + 32));                  \
+            __m256i xlo = _mm256_permute2x128_si256(x0, x1, 0x20), xhi = _mm256_permute2x128_si256(x0, x1, 0x31); \
+            __m256i c = _mm256_setr_epi32(-8 * xsum[b], 0, 0, 0, -8 * xsum[b + 1], 0, 0, 0);                     \
+            __m256 s = _mm256_setr_m128(_mm_set1_ps(xs[b]), _mm_set1_ps(xs[b + 1]));                             \
+            int64_t g1 = gb + 1 == bpg ? g0 + 1 : g0;                                                            \
+            if (NR == 4 && (b & 3) == 0) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */              \
+                pf_ahead4(w, 64 * b);                                                                            \
+                if (ng > 1) _mm_prefetch(spf + 8 * g0, _MM_HINT_T0);                                             \
+            }                                                                                                    \
+            UNROLL for (int i = 0; i < NR; i++) {                                                                \
+                __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(w + i * rb + 16 * b));            \
+                __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);      \
+                __m256 d = _mm256_cvtepi32_ps(DOT2(c, lo, xlo, hi, xhi));                                        \
+                if (ng == 1) {                                                                                   \
+                    f[i] = _mm256_fmadd_ps(d, s, f[i]);                                                          \
+                } else if (g0 == g1) {                                                                           \
+                    f[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(s, _mm256_set1_ps(_cvtsh_ss(scale[i * ng + g0]))), f[i]); \
+                } else {   /* the pair straddles two groups (g1 = g0 + 1): both scales side by side */           \
+                    int32_t h2;                                                                                  \
+                    memcpy(&h2, scale + i * ng + g0, 4);                                                         \
+                    __m256 sc = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_cvtsi32_si128(h2), spread));                \
+                    f[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(s, sc), f[i]);                                       \
+                }                                                                                                \
+            }                                                                                                    \
+            for (gb += 2; gb >= bpg; gb -= bpg) g0++;                                                            \
+        }                                                                                                        \
+        if (b < nb) {                                                                                            \
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b));                       \
+            __m256i c = _mm256_setr_epi32(-8 * xsum[b], 0, 0, 0, 0, 0, 0, 0);                                    \
+            __m256 s = _mm256_set1_ps(xs[b]);                                                                    \
+            UNROLL for (int i = 0; i < NR; i++) {                                                                \
+                __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(w + i * rb + 16 * b));               \
+                __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), _mm256_castsi256_si128(nib)),   \
+                                             _mm_and_si128(v, _mm256_castsi256_si128(nib)));                     \
+                __m256i d = DOT1(c, u, xv);                                                                      \
+                __m256 sg = ng == 1 ? s : _mm256_mul_ps(s, _mm256_set1_ps(_cvtsh_ss(scale[i * ng + g0])));       \
+                f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sg, f[i]);                                         \
+            }                                                                                                    \
+        }                                                                                                        \
+        UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(f[i]) * (ng == 1 ? _cvtsh_ss(scale[i]) : 1.0f);        \
+    }                                                                                                            \
+    /* One token times nr packed int4 rows (xq, xs, xsum: plain rows at nt = 1). */                              \
+    static ATTR void NAME(float *out, const int8_t *xq, const float *xs, const int32_t *xsum, const uint8_t *w,  \
+                          const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {                         \
+        int64_t r = 0, ng = K / group, rb = K / 2;                                                               \
+        for (; r + 4 <= nr; r += 4) NAME##_tile(4, out + r, xq, xs, xsum, w + r * rb, scale + r * ng, group, K); \
+        for (; r < nr; r++) NAME##_tile(1, out + r, xq, xs, xsum, w + r * rb, scale + r * ng, group, K);         \
+    }
+DEF_Q8_GEMV(q8_gemv_avx2_base, TGT, q8_dot_base, q8_dot2_base)
+DEF_Q8_GEMV(q8_gemv_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dot_vnni, q8_dot2_vnni)
+
 static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
-    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni")) gemm_q8_avx2_vnni(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
-    else gemm_q8_avx2_base(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+    bool vnni = !pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni");
+    if (nt == 1 && i4) {
+        if (vnni) q8_gemv_avx2_vnni(out, xq, xs, xsum, w, scale, group, nr, K);
+        else q8_gemv_avx2_base(out, xq, xs, xsum, w, scale, group, nr, K);
+    } else if (vnni) {
+        gemm_q8_avx2_vnni(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+    } else {
+        gemm_q8_avx2_base(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+    }
 }
 
 /* The attention loops are written once over a row loader (inlined with f16 a constant): the
