@@ -428,6 +428,8 @@ static void test_int_dot(void) {
             /* the int4 GEMVs: many groups of 32 with an odd block count (every pair of blocks
              * straddles two groups, then the lone tail) on 3 tail rows; a long per-row K, odd */
             test_int_dot_case(23, 1056, T, WQ_I4, 32, false, false, &worst);
+            test_int_dot_case(11, 320, T, WQ_I4, 32, false, true, &worst);   /* 10 blocks: a two-block tail line */
+            test_int_dot_case(5, 192, T, WQ_I4, 64, true, false, &worst);    /* 6 blocks in groups of 64 */
             test_int_dot_case(7, 2080, T, WQ_I4, 2080, true, false, &worst);
         }
     }

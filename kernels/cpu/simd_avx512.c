@@ -414,63 +414,74 @@ VINL void q8_tile(const int NS, const int NT, float *out, int64_t ldo, const int
     }
 }
 
-/* One token, int4: NR rows from row r0 (compile-time after inlining). The activations are laid
- * out per pair of blocks in registers as the rows are read (no buffer, nothing per call but the
- * loop: a GEMV chunk is 16-64 KiB of weights, and a per-call layout with its allocations had cost
- * as much as reading them): one 64-byte load of the pair's xq, its 16-byte quarters reordered to
- * low halves of both blocks then high halves; the block scales and offset corrections spread to
- * lanes 0-3 / 8-11 (first block) and 4-7 / 12-15 (second) by one permute. A tail block without a
- * partner reads zeros in the second block's lanes. */
+/* One token, int4, four blocks (128 columns, one 64-byte line of a row) at a time: NR rows from row
+ * r0 (compile-time after inlining). The line's low nibbles (and) and high nibbles (shift, and) are
+ * the first and second 16 columns of its four blocks, one block per 128-bit lane, so two vpdpbusd
+ * into one accumulator (started at the blocks' -8 sum xq corrections in lanes 0, 4, 8, 12) give
+ * every lane one block's partial dot; one convert and one FMA by the four blocks' activation
+ * scales times the row's group scales finish the line. The activations are put in that order in
+ * registers (two 64-byte loads, two lane shuffles per line, shared by the NR rows). Half the
+ * instructions per weight of a pair-at-a-time loop, which had been the limit at batch 1 when the
+ * memory runs fast (the int4 body read at 0.55-0.75x a plain read's speed then). A tail of 1-3
+ * blocks loads with masks (never past the row). */
 VINL void q8_gemv_tile(const int NR, float *out, int64_t r0, const int8_t *xq, const float *xs,
                        const int32_t *xsum, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K) {
     int64_t nb = K / 32, ng = K / group, rb = K / 2;
     const __m512i nib = _mm512_set1_epi8(0x0f);
-    /* 16-bit shift counts: 0 for the low 256 bits, 4 for the high */
-    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    /* lane l takes element (l / 4) % 2: the pair's first block or its second */
-    const __m512i lidx = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    /* lane l takes element l / 4: the line's block l / 4 */
+    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i m8 = _mm512_set1_epi32(-8);
     const uint8_t *wr = w + r0 * rb;
     const uint16_t *sr = scale + r0 * ng;
     __m512 f[4];
     UNROLL for (int i = 0; i < NR; i++) f[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b += 2) {
-        bool full = b + 1 < nb;
-        __m512i x64;
-        __m128 s2;
-        __m128i c2;
-        if (full) {
-            x64 = _mm512_loadu_si512((const void *)(xq + 32 * b));
-            s2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(xs + b)));
-            c2 = _mm_loadl_epi64((const __m128i *)(const void *)(xsum + b));
+    for (int64_t b = 0; b < nb; b += 4) {
+        int64_t nq = nb - b < 4 ? nb - b : 4;   /* blocks in this line */
+        __m512i a, c;
+        __m128 s4;
+        __m128i c4;
+        __mmask64 wm = ~0ull;
+        if (nq == 4) {
+            a = _mm512_loadu_si512((const void *)(xq + 32 * b));
+            c = _mm512_loadu_si512((const void *)(xq + 32 * b + 64));
+            s4 = _mm_loadu_ps(xs + b);
+            c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum + b));
         } else {
-            x64 = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xq + 32 * b);
-            s2 = _mm_load_ss(xs + b);
-            c2 = _mm_cvtsi32_si128(xsum[b]);
+            __mmask64 m0 = nq >= 2 ? ~0ull : 0xFFFFFFFFull, m1 = nq == 3 ? 0xFFFFFFFFull : 0;
+            __mmask8 ms = (__mmask8)((1u << nq) - 1);
+            a = _mm512_maskz_loadu_epi8(m0, xq + 32 * b);
+            c = _mm512_maskz_loadu_epi8(m1, xq + 32 * b + 64);
+            s4 = _mm_maskz_loadu_ps(ms, xs + b);
+            c4 = _mm_maskz_loadu_epi32(ms, xsum + b);
+            wm = (1ull << (16 * nq)) - 1;
         }
-        __m512i xv = _mm512_shuffle_i64x2(x64, x64, _MM_SHUFFLE(3, 1, 2, 0));
-        __m512 s = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s2));
-        __m512i c = _mm512_maskz_permutexvar_epi32(0x0011, lidx,
-                                                   _mm512_zextsi128_si512(_mm_mullo_epi32(c2, _mm_set1_epi32(-8))));
-        int64_t g0 = 32 * b / group, g1 = full ? (32 * b + 32) / group : g0;
-        if (NR == 4 && (b & 3) == 0) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */
+        /* a = [b lo, b hi, b+1 lo, b+1 hi], c = [b+2 lo, b+2 hi, b+3 lo, b+3 hi] (16-byte quarters) */
+        __m512i xlo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+        __m512i xhi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+        __m512 sv = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4));
+        __m512i cv = _mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4));
+        cv = _mm512_mullo_epi32(cv, m8);
+        int64_t g0 = 32 * b / group, g3 = (32 * b + 32 * nq - 32) / group;
+        if (NR == 4) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */
             pf_ahead4(wr, 64 * b);
             if (ng > 1) _mm_prefetch((const char *)sr + (PF_AHEAD + 64 * b) * 4 / group, _MM_HINT_T0);
         }
         UNROLL for (int i = 0; i < NR; i++) {
             const uint8_t *q = wr + i * rb + 16 * b;
-            __m512i raw = full ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)q))
-                               : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)q));
-            __m512i wu = _mm512_and_si512(_mm512_srlv_epi16(raw, shv), nib);
-            __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wu, xv));
+            __m512i raw = nq == 4 ? _mm512_loadu_si512((const void *)q) : _mm512_maskz_loadu_epi8(wm, q);
+            __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+            __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, lo, xlo), hi, xhi));
             if (ng == 1) {
-                f[i] = _mm512_fmadd_ps(d, s, f[i]);
-            } else if (g0 == g1) {
-                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g0]))), f[i]);
-            } else {   /* the pair straddles two groups (g1 = g0 + 1): both scales side by side */
-                uint32_t h2;
-                memcpy(&h2, sr + i * ng + g0, 4);
-                __m512 sc = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)h2))));
-                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, sc), f[i]);
+                f[i] = _mm512_fmadd_ps(d, sv, f[i]);
+            } else if (g0 == g3) {   /* one group covers the line */
+                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g0]))), f[i]);
+            } else if (group == 32 && nq == 4) {   /* a group per block: the four scales side by side */
+                __m128 s = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(sr + i * ng + g0)));
+                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s))), f[i]);
+            } else {   /* blocks in two or more groups */
+                float t[4] = {0, 0, 0, 0};
+                for (int64_t q4 = 0; q4 < nq; q4++) t[q4] = _cvtsh_ss(sr[i * ng + (32 * (b + q4)) / group]);
+                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(_mm_loadu_ps(t)))), f[i]);
             }
         }
     }
