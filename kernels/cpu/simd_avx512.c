@@ -345,11 +345,11 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
  * (by the token's block scale, times the row scales as a vector when grouped; per-row weights
  * multiply their scale once at the end).
  *
- * One int4 token (decode GEMV): no repack, the rows are read as stored. The activations are laid
- * out once per call in the order a 32-byte load of two int4 blocks unpacks to (broadcast to both
- * halves, shifted by 0 / 4 bits per half, masked: low nibbles of both blocks, then high ones),
- * so one vpdpbusd covers 64 columns of a row. (linear.c runs int8 GEMVs on the float path: an
- * int8 GEMV by integer dot measured slower than it; a lone int8 token here takes the tile.) */
+ * One int4 token (decode GEMV, q8_gemv_tile): no repack, the rows are read as stored, a 64-byte
+ * line (four blocks) at a time, the activations put in the line's order in registers; 2 to
+ * PLN_CPU_Q4N_MAX int4 tokens the same way (q4n_tile, plain-row activations). (linear.c runs
+ * int8 GEMVs on the float path: an int8 GEMV by integer dot measured slower than it; a lone int8
+ * token here takes the tile.) */
 #define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define VINL static inline __attribute__((always_inline)) VNNI512
 
