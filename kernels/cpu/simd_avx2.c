@@ -462,7 +462,7 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(c, lo, xlo), hi, xhi);
 }
 
-/* One int4 token (decode GEMV), as simd_avx512.c's q8_gemv_tile, 256 bits wide: no repack and
+/* One int4 token (decode GEMV), as simd_avx512.c's q4_tile, 256 bits wide: no repack and
  * nothing per call, the rows read as stored. One 32-byte load of a row's pair of blocks, masked
  * and shifted, gives the low nibbles of both (columns 0-15 of the first block in the low 128-bit
  * lane, of the second in the high one) and the high nibbles (columns 16-31); the pair's

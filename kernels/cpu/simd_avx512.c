@@ -345,9 +345,9 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
  * (by the token's block scale, times the row scales as a vector when grouped; per-row weights
  * multiply their scale once at the end).
  *
- * One int4 token (decode GEMV, q8_gemv_tile): no repack, the rows are read as stored, a 64-byte
- * line (four blocks) at a time, the activations put in the line's order in registers; 2 to
- * PLN_CPU_Q4N_MAX int4 tokens the same way (q4n_tile, plain-row activations). (linear.c runs
+ * One int4 token (decode GEMV) and 2 to PLN_CPU_Q4N_MAX int4 tokens (q4_tile): no repack, the
+ * rows are read as stored, a 64-byte line (four blocks) at a time, the activations put in the
+ * line's order in registers. (linear.c runs
  * int8 GEMVs on the float path: an int8 GEMV by integer dot measured slower than it; a lone int8
  * token here takes the tile.) */
 #define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -414,18 +414,23 @@ VINL void q8_tile(const int NS, const int NT, float *out, int64_t ldo, const int
     }
 }
 
-/* One token, int4, four blocks (128 columns, one 64-byte line of a row) at a time: NR rows from row
- * r0 (compile-time after inlining). The line's low nibbles (and) and high nibbles (shift, and) are
- * the first and second 16 columns of its four blocks, one block per 128-bit lane, so two vpdpbusd
- * into one accumulator (started at the blocks' -8 sum xq corrections in lanes 0, 4, 8, 12) give
- * every lane one block's partial dot; one convert and one FMA by the four blocks' activation
- * scales times the row's group scales finish the line. The activations are put in that order in
- * registers (two 64-byte loads, two lane shuffles per line, shared by the NR rows). Half the
- * instructions per weight of a pair-at-a-time loop, which had been the limit at batch 1 when the
- * memory runs fast (the int4 body read at 0.55-0.75x a plain read's speed then). A tail of 1-3
- * blocks loads with masks (never past the row). */
-VINL void q8_gemv_tile(const int NR, float *out, int64_t r0, const int8_t *xq, const float *xs,
-                       const int32_t *xsum, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K) {
+/* int4 without a repack, a row's 64-byte line (four blocks, 128 columns) at a time: NR rows from
+ * row r0 x NT tokens (compile-time after inlining). One token is the decode GEMV; 2 to
+ * PLN_CPU_Q4N_MAX tokens (gemm_q4n) take the same loop, since at a few tokens a repack of the
+ * rows costs more than the integer dots it feeds (at batch 8 on bloom-560m int4 g32 the repack
+ * tiles' repack took 28.8 % of the step against 14.9 % for their dots, `perf`). The activations
+ * are plain rows: token t's xq at xq + t K, its block scales and sums at [t nb + b].
+ * A line's low nibbles (mask) and high nibbles (shift, mask) are the first and second 16 columns
+ * of its four blocks, one block per 128-bit lane, so two vpdpbusd into one accumulator (started
+ * at the blocks' -8 sum xq corrections in lanes 0, 4, 8, 12) give each lane one block's partial
+ * dot; one convert and one FMA by the four blocks' activation scales times the row's group scales
+ * finish the line. Each token's activations are put in that order in registers (two 64-byte
+ * loads, two lane shuffles per line, shared by the NR rows). Half the instructions per weight of
+ * a pair-at-a-time loop (a 32-byte broadcast load per two blocks), which had been the limit at
+ * batch 1 when the memory runs fast. A tail of 1-3 blocks loads with masks (never past a row). */
+VINL void q4_tile(const int NR, const int NT, float *out, int64_t ldo, int64_t r0, const int8_t *xq,
+                  const float *xs, const int32_t *xsum, const uint8_t *w, const uint16_t *scale, int64_t group,
+                  int64_t K) {
     int64_t nb = K / 32, ng = K / group, rb = K / 2;
     const __m512i nib = _mm512_set1_epi8(0x0f);
     /* lane l takes element l / 4: the line's block l / 4 */
@@ -433,133 +438,62 @@ VINL void q8_gemv_tile(const int NR, float *out, int64_t r0, const int8_t *xq, c
     const __m512i m8 = _mm512_set1_epi32(-8);
     const uint8_t *wr = w + r0 * rb;
     const uint16_t *sr = scale + r0 * ng;
-    __m512 f[4];
-    UNROLL for (int i = 0; i < NR; i++) f[i] = _mm512_setzero_ps();
+    __m512 f[4][4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) f[i][j] = _mm512_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; b += 4) {
         int64_t nq = nb - b < 4 ? nb - b : 4;   /* blocks in this line */
-        __m512i a, c;
-        __m128 s4;
-        __m128i c4;
-        __mmask64 wm = ~0ull;
-        if (nq == 4) {
-            a = _mm512_loadu_si512((const void *)(xq + 32 * b));
-            c = _mm512_loadu_si512((const void *)(xq + 32 * b + 64));
-            s4 = _mm_loadu_ps(xs + b);
-            c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum + b));
-        } else {
-            __mmask64 m0 = nq >= 2 ? ~0ull : 0xFFFFFFFFull, m1 = nq == 3 ? 0xFFFFFFFFull : 0;
-            __mmask8 ms = (__mmask8)((1u << nq) - 1);
-            a = _mm512_maskz_loadu_epi8(m0, xq + 32 * b);
-            c = _mm512_maskz_loadu_epi8(m1, xq + 32 * b + 64);
-            s4 = _mm_maskz_loadu_ps(ms, xs + b);
-            c4 = _mm_maskz_loadu_epi32(ms, xsum + b);
-            wm = (1ull << (16 * nq)) - 1;
-        }
-        /* a = [b lo, b hi, b+1 lo, b+1 hi], c = [b+2 lo, b+2 hi, b+3 lo, b+3 hi] (16-byte quarters) */
-        __m512i xlo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-        __m512i xhi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-        __m512 sv = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4));
-        __m512i cv = _mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4));
-        cv = _mm512_mullo_epi32(cv, m8);
+        __mmask64 wm = nq == 4 ? ~0ull : (1ull << (16 * nq)) - 1;
         int64_t g0 = 32 * b / group, g3 = (32 * b + 32 * nq - 32) / group;
         if (NR == 4) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */
             pf_ahead4(wr, 64 * b);
             if (ng > 1) _mm_prefetch((const char *)sr + (PF_AHEAD + 64 * b) * 4 / group, _MM_HINT_T0);
         }
-        UNROLL for (int i = 0; i < NR; i++) {
-            const uint8_t *q = wr + i * rb + 16 * b;
-            __m512i raw = nq == 4 ? _mm512_loadu_si512((const void *)q) : _mm512_maskz_loadu_epi8(wm, q);
-            __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-            __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, lo, xlo), hi, xhi));
-            if (ng == 1) {
-                f[i] = _mm512_fmadd_ps(d, sv, f[i]);
-            } else if (g0 == g3) {   /* one group covers the line */
-                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g0]))), f[i]);
-            } else if (group == 32 && nq == 4) {   /* a group per block: the four scales side by side */
-                __m128 s = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(sr + i * ng + g0)));
-                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s))), f[i]);
-            } else {   /* blocks in two or more groups */
-                float t[4] = {0, 0, 0, 0};
-                for (int64_t q4 = 0; q4 < nq; q4++) t[q4] = _cvtsh_ss(sr[i * ng + (32 * (b + q4)) / group]);
-                f[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(_mm_loadu_ps(t)))), f[i]);
-            }
-        }
-    }
-    UNROLL for (int i = 0; i < NR; i++)
-        out[r0 + i] = _mm512_reduce_add_ps(f[i]) * (ng == 1 ? _cvtsh_ss(sr[i]) : 1.0f);
-}
-
-/* One token times nr packed int4 rows. */
-static VNNI512 void q8_gemv512(float *out, const int8_t *xq, const float *xs, const int32_t *xsum, const uint8_t *w,
-                               const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
-    int64_t r = 0;
-    for (; r + 4 <= nr; r += 4) q8_gemv_tile(4, out, r, xq, xs, xsum, w, scale, group, K);
-    for (; r < nr; r++) q8_gemv_tile(1, out, r, xq, xs, xsum, w, scale, group, K);
-}
-
-/* A few int4 tokens without a repack (linear.c, 2 <= nt <= PLN_CPU_Q4N_MAX): NR rows x NT tokens.
- * The activations are plain rows (token t's xq at xq + t K, its block scales and sums at [t nb +
- * b]); each pair of a row's blocks is loaded and unpacked once and multiplied against every
- * token's pair, laid out in registers as in q8_gemv_tile. At batch 8 the repack of the tile path
- * had cost twice its integer dots (profiled on bloom-560m int4 g32). */
-VINL void q4n_tile(const int NR, const int NT, float *out, int64_t ldo, int64_t r0, const int8_t *xq, const float *xs,
-                   const int32_t *xsum, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K) {
-    int64_t nb = K / 32, ng = K / group, rb = K / 2;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    const __m512i lidx = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-    const uint8_t *wr = w + r0 * rb;
-    const uint16_t *sr = scale + r0 * ng;
-    __m512 f[4][4];
-    UNROLL for (int i = 0; i < NR; i++) {
-        UNROLL for (int j = 0; j < NT; j++) f[i][j] = _mm512_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b += 2) {
-        bool full = b + 1 < nb;
-        int64_t g0 = 32 * b / group, g1 = full ? (32 * b + 32) / group : g0;
-        if (NR == 4 && (b & 3) == 0) {   /* see PREFETCH_NOTE */
-            pf_ahead4(wr, 64 * b);
-            if (ng > 1) _mm_prefetch((const char *)sr + (PF_AHEAD + 64 * b) * 4 / group, _MM_HINT_T0);
-        }
-        __m512i wu[4];
+        __m512i lo[4], hi[4];
         __m512 sc[4];
         UNROLL for (int i = 0; i < NR; i++) {
             const uint8_t *q = wr + i * rb + 16 * b;
-            __m512i raw = full ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)q))
-                               : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)q));
-            wu[i] = _mm512_and_si512(_mm512_srlv_epi16(raw, shv), nib);
+            __m512i raw = nq == 4 ? _mm512_loadu_si512((const void *)q) : _mm512_maskz_loadu_epi8(wm, q);
+            lo[i] = _mm512_and_si512(raw, nib);
+            hi[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
             if (ng == 1) {
                 sc[i] = _mm512_set1_ps(1.0f);
-            } else if (g0 == g1) {
+            } else if (g0 == g3) {   /* one group covers the line */
                 sc[i] = _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g0]));
-            } else {
-                uint32_t h2;
-                memcpy(&h2, sr + i * ng + g0, 4);
-                sc[i] = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)h2))));
+            } else if (group == 32 && nq == 4) {   /* a group per block: the four scales side by side */
+                __m128 s = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(sr + i * ng + g0)));
+                sc[i] = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s));
+            } else {   /* the line's blocks in two or more groups */
+                float t[4] = {0, 0, 0, 0};
+                for (int64_t q4 = 0; q4 < nq; q4++) t[q4] = _cvtsh_ss(sr[i * ng + (32 * (b + q4)) / group]);
+                sc[i] = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(_mm_loadu_ps(t)));
             }
         }
         UNROLL for (int j = 0; j < NT; j++) {
-            const int8_t *xj = xq + j * K;
-            const float *sj = xs + j * nb;
-            const int32_t *cj = xsum + j * nb;
-            __m512i x64;
-            __m128 s2;
-            __m128i c2;
-            if (full) {
-                x64 = _mm512_loadu_si512((const void *)(xj + 32 * b));
-                s2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(sj + b)));
-                c2 = _mm_loadl_epi64((const __m128i *)(const void *)(cj + b));
+            const int8_t *xj = xq + j * K + 32 * b;
+            __m512i a, c;
+            __m128 s4;
+            __m128i c4;
+            if (nq == 4) {
+                a = _mm512_loadu_si512((const void *)xj);
+                c = _mm512_loadu_si512((const void *)(xj + 64));
+                s4 = _mm_loadu_ps(xs + j * nb + b);
+                c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum + j * nb + b));
             } else {
-                x64 = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xj + 32 * b);
-                s2 = _mm_load_ss(sj + b);
-                c2 = _mm_cvtsi32_si128(cj[b]);
+                __mmask8 ms = (__mmask8)((1u << nq) - 1);
+                a = _mm512_maskz_loadu_epi8(nq >= 2 ? ~0ull : 0xFFFFFFFFull, xj);
+                c = _mm512_maskz_loadu_epi8(nq == 3 ? 0xFFFFFFFFull : 0, xj + 64);
+                s4 = _mm_maskz_loadu_ps(ms, xs + j * nb + b);
+                c4 = _mm_maskz_loadu_epi32(ms, xsum + j * nb + b);
             }
-            __m512i xv = _mm512_shuffle_i64x2(x64, x64, _MM_SHUFFLE(3, 1, 2, 0));
-            __m512 sv = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s2));
-            __m512i c = _mm512_maskz_permutexvar_epi32(0x0011, lidx,
-                                                       _mm512_zextsi128_si512(_mm_mullo_epi32(c2, _mm_set1_epi32(-8))));
+            /* a = [b lo, b hi, b+1 lo, b+1 hi], c = the same of b+2, b+3 (16-byte quarters) */
+            __m512i xlo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+            __m512i xhi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+            __m512 sv = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4));
+            __m512i cv = _mm512_mullo_epi32(_mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4)), m8);
             UNROLL for (int i = 0; i < NR; i++) {
-                __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, wu[i], xv));
+                __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, lo[i], xlo), hi[i], xhi));
                 f[i][j] = _mm512_fmadd_ps(d, ng == 1 ? sv : _mm512_mul_ps(sv, sc[i]), f[i][j]);
             }
         }
@@ -570,24 +504,25 @@ VINL void q4n_tile(const int NR, const int NT, float *out, int64_t ldo, int64_t 
     }
 }
 
+/* nt int4 tokens (plain-row activations, see q4_tile) times nr packed int4 rows: tiles of 4 rows x
+ * 2 tokens (more tokens per tile run out of registers: 4 x 4 accumulators + the unpacked rows). */
 static VNNI512 void gemm_q4n_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
                                      int64_t nt, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
                                      int64_t K) {
     int64_t nb = K / 32;
-#define Q4N(NR, NT) q4n_tile(NR, NT, out + t * ldo, ldo, r, xq + t * K, xs + t * nb, xsum + t * nb, w, scale, group, K)
+#define Q4T(NR, NT) q4_tile(NR, NT, out + t * ldo, ldo, r, xq + t * K, xs + t * nb, xsum + t * nb, w, scale, group, K)
     int64_t r = 0;
     for (; r + 4 <= nr; r += 4) {
         int64_t t = 0;
-        for (; t + 4 <= nt; t += 4) Q4N(4, 4);
-        for (; t + 2 <= nt; t += 2) Q4N(4, 2);
-        for (; t < nt; t++) Q4N(4, 1);
+        for (; t + 2 <= nt; t += 2) Q4T(4, 2);
+        for (; t < nt; t++) Q4T(4, 1);
     }
     for (; r < nr; r++) {
         int64_t t = 0;
-        for (; t + 4 <= nt; t += 4) Q4N(1, 4);
-        for (; t < nt; t++) Q4N(1, 1);
+        for (; t + 2 <= nt; t += 2) Q4T(1, 2);
+        for (; t < nt; t++) Q4T(1, 1);
     }
-#undef Q4N
+#undef Q4T
 }
 
 bool pln_cpu_has_q4n(void) {
@@ -598,7 +533,7 @@ bool pln_cpu_has_q4n(void) {
 static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
                                     int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group,
                                     int64_t nr, int64_t K) {
-    if (nt == 1 && i4) { q8_gemv512(out, xq, xs, xsum, w, scale, group, nr, K); return; }
+    if (nt == 1 && i4) { gemm_q4n_vnni512(out, 0, xq, xs, xsum, 1, w, scale, group, nr, K); return; }
     int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;
     uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);
     uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;   /* aligned: each vector one cache line */
