@@ -153,6 +153,20 @@ void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int3
  * unset). */
 bool pln_cpu_has_q4n(void);
 
+#ifdef PLN_CPU_X86
+#include <xmmintrin.h>
+/* The batch-1 GEMVs' prefetch (simd_avx512.c PREFETCH_NOTE): the 4 cache lines
+ * PLN_CPU_PF_AHEAD bytes past the sequential position `done` bytes into a 4-row tile, into L1. */
+#define PLN_CPU_PF_AHEAD 8192
+static inline void pln_cpu_pf_ahead4(const void *tile, int64_t done) {
+    const char *p = (const char *)tile + PLN_CPU_PF_AHEAD + done;
+    _mm_prefetch(p, _MM_HINT_T0);
+    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p + 192, _MM_HINT_T0);
+}
+#endif
+
 /* The integer-dot path's repack of nr <= 16 rows of I8 (or, when i4, packed int4) weights, K %
  * 32 == 0, into wp [K / 32][8][16][4] bytes (64-byte aligned, 16 K bytes): for block b, 4-column
  * group g and row r, the 4 bytes at wp + 512 b + 64 g + 4 r are columns 32 b + 4 g .. + 3 of row r

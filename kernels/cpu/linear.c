@@ -105,30 +105,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int nth = pln_cpu_threads(c);
         int64_t grab = T <= PLN_CPU_Q4N_MAX ? n_qchunks / (4 * nth) : 1;
         if (grab < 1) grab = 1;
-        if (i4 && T >= 2 && T <= PLN_CPU_Q4N_MAX && use_q4n(k)) {
-            /* a few int4 tokens: plain-row activations, no repack (cpu.h gemm_q4n) */
-            int8_t *xq = pln_xmalloc((size_t)T * (size_t)K);
-            float *xs = pln_xmalloc((size_t)T * (size_t)nb * sizeof(float));
-            int32_t *xsum = pln_xmalloc((size_t)T * (size_t)nb * sizeof(int32_t));
-            #pragma omp parallel num_threads(nth) if (n_rows * K * T > 65536)
-            {
-                #pragma omp for schedule(static)
-                for (int64_t t = 0; t < T; t++) k->quant_act(in + t * K, K, xq + t * K, xs + t * nb, xsum + t * nb, 1, 0, 1);
-                #pragma omp for schedule(dynamic, grab)
-                for (int64_t ch = 0; ch < n_qchunks; ch++) {
-                    int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
-                    k->gemm_q4n(out + r0, ldo, xq, xs, xsum, T, (const uint8_t *)W->w + r0 * rb,
-                                W->scale + r0 * (K / W->group), W->group, nr, K);
-                    if (bias || gelu)
-                        for (int64_t t = 0; t < T; t++)
-                            k->bias_gelu(out + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
-                }
-            }
-            free(xq);
-            free(xs);
-            free(xsum);
-            return;
-        }
+        /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK) */
+        bool plain = i4 && T >= 2 && T <= PLN_CPU_Q4N_MAX && use_q4n(k);
         int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
         float *xs = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(float));
         int32_t *xsum = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(int32_t));
@@ -136,16 +114,24 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             int64_t nt = T - t0 < QTOK ? T - t0 : QTOK;
             #pragma omp parallel num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
             {
-                /* runs of 16 tokens: each fills whole cache lines of xq */
-                #pragma omp for schedule(static)
-                for (int64_t t = 0; t < nt; t += 16)
-                    k->quant_act(in + t0 * K, K, xq, xs, xsum, nt, t, t + 16 < nt ? t + 16 : nt);
+                if (plain) {
+                    #pragma omp for schedule(static)
+                    for (int64_t t = 0; t < nt; t++)
+                        k->quant_act(in + (t0 + t) * K, K, xq + t * K, xs + t * nb, xsum + t * nb, 1, 0, 1);
+                } else {
+                    /* runs of 16 tokens: each fills whole cache lines of xq */
+                    #pragma omp for schedule(static)
+                    for (int64_t t = 0; t < nt; t += 16)
+                        k->quant_act(in + t0 * K, K, xq, xs, xsum, nt, t, t + 16 < nt ? t + 16 : nt);
+                }
                 float *o = out + t0 * ldo;
                 #pragma omp for schedule(dynamic, grab)
                 for (int64_t ch = 0; ch < n_qchunks; ch++) {
                     int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
-                    k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, (const uint8_t *)W->w + r0 * rb, i4,
-                               W->scale + r0 * (K / W->group), W->group, nr, K);
+                    const uint8_t *wc = (const uint8_t *)W->w + r0 * rb;
+                    const uint16_t *sc = W->scale + r0 * (K / W->group);
+                    if (plain) k->gemm_q4n(o + r0, ldo, xq, xs, xsum, nt, wc, sc, W->group, nr, K);
+                    else k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, wc, i4, sc, W->group, nr, K);
                     if (bias || gelu)
                         for (int64_t t = 0; t < nt; t++)
                             k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);

@@ -33,14 +33,8 @@ INL float hsum(__m256 v) {
  * tile follows them, so pf_ahead4 prefetches the whole GEMV as one stream PF_AHEAD bytes ahead of
  * the position the tile's consumed bytes map to (into L1; a prefetch past the end of the matrix
  * never faults). */
-#define PF_AHEAD 8192
-INL void pf_ahead4(const void *tile, int64_t done) {
-    const char *p = (const char *)tile + PF_AHEAD + done;
-    _mm_prefetch(p, _MM_HINT_T0);
-    _mm_prefetch(p + 64, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
-    _mm_prefetch(p + 192, _MM_HINT_T0);
-}
+#define PF_AHEAD PLN_CPU_PF_AHEAD
+#define pf_ahead4 pln_cpu_pf_ahead4
 
 /* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */

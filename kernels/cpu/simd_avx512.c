@@ -35,14 +35,8 @@ INL __m512 load_i8(const int8_t *p) {
  * read's time, the fp16 logits 1.14-1.21x -> 1.00-1.04x (the earlier prefetch, the next tile's
  * rows into L2, reached 26 -> 29 GB/s on Zen 4 where none was used). A prefetch past the end of
  * the matrix never faults. */
-#define PF_AHEAD 8192
-INL void pf_ahead4(const void *tile, int64_t done) {
-    const char *p = (const char *)tile + PF_AHEAD + done;
-    _mm_prefetch(p, _MM_HINT_T0);
-    _mm_prefetch(p + 64, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
-    _mm_prefetch(p + 192, _MM_HINT_T0);
-}
+#define PF_AHEAD PLN_CPU_PF_AHEAD
+#define pf_ahead4 pln_cpu_pf_ahead4
 
 /* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
