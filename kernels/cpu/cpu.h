@@ -156,9 +156,12 @@ bool pln_cpu_has_q4n(void);
 #ifdef PLN_CPU_X86
 #include <xmmintrin.h>
 /* The batch-1 GEMVs' prefetch (simd_avx512.c PREFETCH_NOTE): the 4 cache lines
- * PLN_CPU_PF_AHEAD bytes past the sequential position `done` bytes into a 4-row tile, into L1. */
+ * PLN_CPU_PF_AHEAD bytes past the sequential position `done` bytes into a 4-row tile, into L1.
+ * always_inline: as a plain static inline, called from the always_inline target("avx512f...")
+ * tiles, GCC 12 dropped every call (a function with no side effects to it) and batch-1 int8
+ * decode ran 1.6x slower. */
 #define PLN_CPU_PF_AHEAD 8192
-static inline void pln_cpu_pf_ahead4(const void *tile, int64_t done) {
+static inline __attribute__((always_inline)) void pln_cpu_pf_ahead4(const void *tile, int64_t done) {
     const char *p = (const char *)tile + PLN_CPU_PF_AHEAD + done;
     _mm_prefetch(p, _MM_HINT_T0);
     _mm_prefetch(p + 64, _MM_HINT_T0);
