@@ -98,7 +98,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
         int64_t qt = T < QTOK ? T : QTOK;
-        /* A GEMV (one token) hands each thread runs of chunks, a quarter of its share at a time:
+        /* A GEMV (or a few int4 tokens, T <= PLN_CPU_Q4N_MAX) hands each thread runs of chunks, a
+         * quarter of its share at a time:
          * each run is one contiguous stream for the prefetch (simd_avx512.c PREFETCH_NOTE), and
          * a descheduled thread's remaining runs still go to the others. One chunk at a time
          * measured 1.2-1.3x slower than a plain read of the same bytes (bloom-560m int4 g32). */
