@@ -521,11 +521,14 @@ int main(void)
     PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
     PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 1);
     expect("pdl: read after the wait", NULL);
-    int ho[64];
-    cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
-    int pbad = 0;
-    for (int i = 0; i < 64; i++) pbad += ho[i] != 1000 * i + 7 + i;
-    CHECK(pbad == 0, "pdl consumer after its wait: %d of 64 values wrong (out[1] %d, want 1008)", pbad, ho[1]);
+    /* what a consumer that waited computes: its weight plus the producer's output */
+    auto pdl_values = [&](const char *what) {
+        int ho[64], bad = 0;
+        cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
+        for (int i = 0; i < 64; i++) bad += ho[i] != 1000 * i + 7 + i;
+        CHECK(bad == 0, "%s: %d of 64 values wrong (out[1] %d, want 1008)", what, bad, ho[1]);
+    };
+    pdl_values("pdl consumer after its wait");
     PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
     PLN_LAUNCH(1, 64, 0, st, pdl_consumer_kernel)(po, px, pw, 3);
     expect("pdl: one thread waits, a barrier orders", NULL);
@@ -538,10 +541,7 @@ int main(void)
     PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
     PLN_LAUNCH(1, 16, 0, st, pdl_cp_async_kernel)(po, px, pw, 1);
     expect("pdl: cp.async of weights before, output after", NULL);
-    cudaMemcpy(ho, po, sizeof ho, cudaMemcpyDeviceToHost);
-    pbad = 0;
-    for (int i = 0; i < 64; i++) pbad += ho[i] != 1000 * i + 7 + i;
-    CHECK(pbad == 0, "pdl cp.async consumer: %d of 64 values wrong (out[1] %d, want 1008)", pbad, ho[1]);
+    pdl_values("pdl cp.async consumer");
     /* an early trigger chains: the consumer of the middle kernel may overlap the producer too */
     PLN_LAUNCH(1, 64, 0, st, pdl_producer_kernel)(px, 7);
     PLN_LAUNCH(1, 64, 0, st, pdl_early_trigger_kernel)(py);
