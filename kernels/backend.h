@@ -161,6 +161,13 @@ struct pln_backend {
     void (*set_int_dot)(pln_backend *be, bool on);
     bool int_dot;               /* what set_int_dot last chose (or the backend's default) */
 
+    /* ---- optional: batch invariance (NULL: the backend has no such mode) ----
+     * on: every token's results are the same bits whatever else shares its step (the CPU backend:
+     * no batched float path, kernels/cpu/cpu.h pln_cpu_set_batch_invariant); off: the fastest
+     * kernels for the step's size, which may differ in the last bits. */
+    void (*set_batch_invariant)(pln_backend *be, bool on);
+    bool batch_invariant;       /* what set_batch_invariant last chose (or the backend's default) */
+
     /* ---- optional: kv_append and attention as one op (NULL: the model runs the two) ----
      * The same results as kv_append then attention with the same arguments; a backend may fuse
      * them (the CUDA decode kernel writes each token's k and v while it attends). */

@@ -259,6 +259,13 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
             e->be->set_int_dot(e->be, idot == 1);
     }
     e->opts.int_dot = NULL;     /* the caller's; the backend now holds the choice */
+    if (!rc && opts->batch_invariant) {
+        if (!e->be->set_batch_invariant)
+            rc = pln_errorf("batch_invariant: the %s backend has no batch-invariant mode (it is the cpu "
+                            "backend's); leave --batch-invariant off", e->backend_name);
+        else
+            e->be->set_batch_invariant(e->be, true);
+    }
     if (!rc) {
         e->model = pln_model_create(e->be, comm, e->ld);
         if (!e->model) rc = -1;
@@ -964,6 +971,7 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->backend = e->backend_name;
     info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
     /* on and applying: fp16 weights (but a quantized embedding) never take the path */
+    info->batch_invariant = e->be && e->be->batch_invariant;
     info->int_dot = e->be && e->be->int_dot && (strcmp(e->cfg.dtype, "fp16") || e->cfg.quantize_embedding);
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;

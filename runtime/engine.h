@@ -41,6 +41,10 @@ typedef struct {
                                    "The integer-dot path"); NULL/"" = the backend's default
                                    (PLN_CPU_INT_DOT=1 on, else off). "on" on a backend without
                                    one is an error. */
+    bool batch_invariant;       /* every token's results the same bits whatever shares its step
+                                   (cpu: kernels/cpu/cpu.h pln_cpu_set_batch_invariant); false =
+                                   the backend's default (PLN_CPU_BATCH_INVARIANT=1 on, else off).
+                                   true on a backend without the mode is an error. */
     bool populate;              /* fault the mapped shard in at load */
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
@@ -159,6 +163,7 @@ typedef struct {
     int32_t block_size, max_seqs, max_seq_len;
     const char *kv_dtype;       /* "f32" or "f16" */
     bool int_dot;               /* the integer-dot path is on and the set has weights it takes */
+    bool batch_invariant;       /* the backend's batch-invariant mode is on */
     double load_seconds;
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */

@@ -3,7 +3,10 @@
 # sharing (prefix cache + n/best_of forks, the default) and one with --no-block-sharing answer the
 # same requests — a cold prompt, the same prompt again (prefix cache hit), n = 3 and best_of = 3
 # with a seed (forks), a prompt that extends a cached one — with byte-identical JSON (texts,
-# token log-probs, alternatives), and /metrics shows the sharing happened (or did not).
+# token log-probs, alternatives), and /metrics shows the sharing happened (or did not). Both run
+# --batch-invariant: a prefix-cache hit prefills only the prompt's suffix, fewer tokens than the
+# whole prompt, and without the flag the CPU backend may order those sums differently
+# (kernels/cpu/cpu.h pln_cpu_set_batch_invariant), which is rounding, not sharing.
 # Ports are chosen by the kernel (--port 0 --port-file); every wait is bounded.
 source "$(dirname "$0")/e2e.sh"
 HELPER=${PLN_BUILD:-build}/tests/test_shard
@@ -37,7 +40,7 @@ for tp in 1 2; do
   if [ $tp = 2 ] && [ -z "$LAUNCH2" ]; then echo "SKIP: TP 2 (mpirun not installed)"; break; fi
   L=LAUNCH$tp; SET=S$tp
   # shellcheck disable=SC2086
-  check "TP $tp: server with sharing starts" start_server share$tp ${!L} "$POLLEN" serve "${!SET}" --block-size 4
+  check "TP $tp: server with sharing starts" start_server share$tp ${!L} "$POLLEN" serve "${!SET}" --block-size 4 --batch-invariant
   run_requests "$TMP/share$tp.out"
   HIT=$(metric pln_prefix_cache_hit_tokens_total); FORK=$(metric pln_kv_fork_tokens_total)
   check "TP $tp: the repeated prompt hit the prefix cache ($HIT tokens)" test "${HIT:-0}" -gt 0
@@ -45,7 +48,7 @@ for tp in 1 2; do
   check "TP $tp: every block back once idle" test "$(metric pln_kv_blocks_free)" = "$(metric pln_kv_blocks_total)"
   check "TP $tp: sharing server stops cleanly" stop_server
   # shellcheck disable=SC2086
-  check "TP $tp: server without sharing starts" start_server plain$tp ${!L} "$POLLEN" serve "${!SET}" --block-size 4 --no-block-sharing
+  check "TP $tp: server without sharing starts" start_server plain$tp ${!L} "$POLLEN" serve "${!SET}" --block-size 4 --no-block-sharing --batch-invariant
   run_requests "$TMP/plain$tp.out"
   check "TP $tp: no sharing happened" test "$(metric pln_prefix_cache_hit_tokens_total)" = 0 -a "$(metric pln_kv_fork_tokens_total)" = 0
   check "TP $tp: server without sharing stops cleanly" stop_server

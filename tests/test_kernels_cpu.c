@@ -253,6 +253,23 @@ static void test_linear(void) {
     test_linear_case(203, 512, 9, WQ_I4, 128, true, false);
     test_linear_case(21, 4096, 9, WQ_I4, 32, false, true);
     test_linear_case(21, 4096, 1, WQ_I4, 128, false, false);
+    /* the batched float path (PLN_CPU_PANEL_MIN tokens and more on AVX-512): full and part-full
+     * 32-token panels (a last one of <= 16 or > 16 tokens), several passes over the token blocks,
+     * row counts that leave a part-full 12-row tile or 48-row unit, columns that leave a part
+     * block (fp16, per-row int8) and groups that straddle its 16-column vectors */
+    static const int TP[] = {32, 33, 47, 48, 64, 100, 300};
+    for (size_t ti = 0; ti < sizeof TP / sizeof TP[0]; ti++) {
+        int T = TP[ti];
+        test_linear_case(5, 7, T, false, 0, true, false);
+        test_linear_case(49, 300, T, false, 0, ti % 2, ti % 3 == 0);
+        test_linear_case(11, 2100, T, true, 0, true, ti % 2);
+        test_linear_case(13, 2100, T, true, 700, false, false);
+        test_linear_case(13, 300, T, true, 12, true, false);
+        test_linear_case(97, 256, T, true, 32, ti % 2, false);
+        test_linear_case(37, 384, T, WQ_I4, 32 << (ti % 3), true, ti % 2);
+    }
+    test_linear_case(61, 4096, 40, WQ_I4, 128, false, true);
+    test_linear_case(203, 1040, 96, false, 0, true, true);
     /* grouped int8 at one token (the GEMV path that sums a group before scaling it) on the row
      * tail and several rows */
     test_linear_case(9, 4096, 1, true, 32, false, false);
@@ -476,6 +493,42 @@ static void test_gelu(void) {
     }
 }
 
+/* Batch invariance (cpu.h pln_cpu_set_batch_invariant): in the batch-invariant mode a token's
+ * outputs are the same bits at every step size (fp16 and per-row int8 weights of up to 2048
+ * columns from one token up; grouped int8 and int4, whose one-token GEMV scales each group's sum,
+ * from two tokens up). By default the batched float path (PLN_CPU_PANEL_MIN tokens and more) is
+ * invariant among its own step sizes and within fp32 rounding of the tiles. */
+static void test_batch_invariance(void) {
+    static const struct { int kind; int64_t group; const char *name; } kinds[] = {
+        {0, 0, "F16"}, {WQ_I8, 0, "I8/channel"}, {WQ_I8, 32, "I8/g32"}, {WQ_I4, 128, "I4/g128"}};
+    const int64_t rows = 37, cols = 1024;
+    float *x = rnd_vec(100 * cols, -1, 1), *a = malloc(100 * rows * 4), *b = malloc(100 * rows * 4);
+    uint16_t *bias = rnd_f16(rows, -0.5f, 0.5f);
+    for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+        test_weight tw = make_weight(rows, cols, kinds[kd].kind, kinds[kd].group);
+        bool gemv_same = kinds[kd].kind == 0 || kinds[kd].group == 0;
+        pln_cpu_set_batch_invariant(g_be, true);
+        g_be->linear(g_be, a, x, &tw.W, bias, 40, true);
+        for (int T = gemv_same ? 1 : 2; T <= 70; T = T < 8 ? T + 1 : T + 31) {   /* 1..8, 39, 70 */
+            g_be->linear(g_be, b, x, &tw.W, bias, T, true);
+            int n = T < 40 ? T : 40;
+            CHECK(!memcmp(a, b, (size_t)(n * rows) * 4), "batch-invariant %s: T=%d differs from T=40", kinds[kd].name, T);
+        }
+        /* default: T >= PLN_CPU_PANEL_MIN among themselves bit for bit, fewer within rounding */
+        pln_cpu_set_batch_invariant(g_be, false);
+        g_be->linear(g_be, b, x, &tw.W, bias, 100, true);
+        for (int T = PLN_CPU_PANEL_MIN; T <= 64; T += 16) {
+            g_be->linear(g_be, a, x, &tw.W, bias, T, true);
+            CHECK(!memcmp(a, b, (size_t)(T * rows) * 4), "default %s: T=%d differs from T=100", kinds[kd].name, T);
+        }
+        g_be->linear(g_be, a, x, &tw.W, bias, 5, true);
+        double d = test_rel_l2(a, b, (size_t)(5 * rows));
+        CHECK(d <= 1e-5, "default %s: T=5 against T=100: rel %.3g", kinds[kd].name, d);
+        free(tw.w); free(tw.scale);
+    }
+    free(x); free(a); free(b); free(bias);
+}
+
 /* Threads split whole output rows: one thread or several give the very same bits. */
 static void test_threads(void) {
     test_weight tw = make_weight(301, 700, true, 0);
@@ -486,6 +539,14 @@ static void test_threads(void) {
     pln_cpu_set_threads(g_be, 3);
     g_be->linear(g_be, b, x, &tw.W, NULL, 9, true);
     CHECK(!memcmp(a, b, 9 * 301 * 4), "linear: 1 thread and 3 threads differ");
+    /* the batched float path too (its units of rows are fixed, whichever thread takes them) */
+    float *xb = rnd_vec(40 * 700, -1, 1), *c1 = malloc(40 * 301 * 4), *c3 = malloc(40 * 301 * 4);
+    pln_cpu_set_threads(g_be, 1);
+    g_be->linear(g_be, c1, xb, &tw.W, NULL, 40, false);
+    pln_cpu_set_threads(g_be, 3);
+    g_be->linear(g_be, c3, xb, &tw.W, NULL, 40, false);
+    CHECK(!memcmp(c1, c3, 40 * 301 * 4), "linear, 40 tokens: 1 thread and 3 threads differ");
+    free(xb); free(c1); free(c3);
     pln_cpu_set_threads(g_be, 0);
     CHECK(pln_cpu_threads(pln_cpu_of(g_be)) == omp_get_max_threads(), "set_threads(0): OpenMP's default");
     free(tw.w); free(tw.scale); free(x); free(a); free(b);
@@ -988,6 +1049,7 @@ int main(int argc, char **argv) {
     test_int_dot();
     test_logits();
     test_threads();
+    test_batch_invariance();
     test_gelu();
     test_attention();
     test_attention_f16();

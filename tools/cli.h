@@ -34,7 +34,9 @@ const char *pln_cli_int_dot(const char *backend, const char *int_dot);
 #define PLN_CLI_INT_DOT_HELP \
     "  --int-dot on|off|auto   cpu, int8/int4 weights: activations rounded to int8 per block of 32 and\n" \
     "                          multiplied in integer arithmetic (faster prefill and batches); auto (the\n" \
-    "                          default): on for int4 sets, off for int8 and fp16 (docs/ARCHITECTURE.md)\n"
+    "                          default): on for int4 sets, off for int8 and fp16 (docs/ARCHITECTURE.md)\n" \
+    "  --batch-invariant       cpu: every token's results the same bits whatever shares its step (a\n" \
+    "                          prefix-cache hit, a batch); slower batches and prefill (docs/ARCHITECTURE.md)\n"
 
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks

@@ -62,6 +62,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
         else if (!strcmp(a, "--int-dot")) eo.int_dot = ARG();
+        else if (!strcmp(a, "--batch-invariant")) eo.batch_invariant = true;
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--json")) json = true;
@@ -70,7 +71,7 @@ int cmd_bench(int argc, char **argv) {
             if (rank == 0)
                 printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
                        "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda]\n"
-                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--int-dot on|off|auto] [--no-mmap] [--json]\n"
+                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--int-dot on|off|auto] [--batch-invariant] [--no-mmap] [--json]\n"
                        PLN_CLI_INT_DOT_HELP
                        "  --no-mmap: read the rank file into memory instead of mapping it.\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
@@ -199,6 +200,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "dtype", json_string(info.dtype));
         json_object_set_new(root, "kv_dtype", json_string(info.kv_dtype));
         json_object_set_new(root, "int_dot", json_boolean(info.int_dot));
+        json_object_set_new(root, "batch_invariant", json_boolean(info.batch_invariant));
         json_object_set_new(root, "threads_per_rank", json_integer(threads));
         json_object_set_new(root, "weight_bytes_per_rank", json_integer((json_int_t)info.weight_bytes));
         json_object_set_new(root, "stream_copy_gbs", bw > 0 ? json_real(bw) : json_null());

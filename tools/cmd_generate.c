@@ -118,6 +118,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
         else if (!strcmp(a, "--int-dot")) eo.int_dot = ARG();
+        else if (!strcmp(a, "--batch-invariant")) eo.batch_invariant = true;
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);

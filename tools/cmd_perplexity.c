@@ -244,6 +244,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) r.eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) r.eo.kv_dtype = ARG();
         else if (!strcmp(a, "--int-dot")) r.eo.int_dot = ARG();
+        else if (!strcmp(a, "--batch-invariant")) r.eo.batch_invariant = true;
         else if (!strcmp(a, "--device")) r.eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) r.eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);

@@ -242,6 +242,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--backend")) eo.backend = VAL();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = VAL();
         else if (!strcmp(a, "--int-dot")) eo.int_dot = VAL();
+        else if (!strcmp(a, "--batch-invariant")) eo.batch_invariant = true;
         else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = int_arg(a, VAL(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--max-seqs")) eo.max_seqs = int_arg(a, VAL(), 1, 4096);

@@ -36,6 +36,13 @@ typedef enum {
  * read from memory once per PLN_CPU_TCHUNK tokens. */
 #define PLN_CPU_TCHUNK 64
 
+/* The batched float path (gemm_panel): used from this many tokens (fewer would leave its 32-token
+ * tiles part empty: at 16 and 24 tokens it measured 0.7-0.8x the tiles above on fp16 and int8);
+ * rows per call (the unit of parallel work); per-thread scratch in floats. */
+#define PLN_CPU_PANEL_MIN 32
+#define PLN_CPU_PANEL_ROWS 48
+#define PLN_CPU_PANEL_SCRATCH (PLN_CPU_PANEL_ROWS * (128 + 256))
+
 /* Inner loops of one instruction set. All pointers are host memory; no alignment required. */
 typedef struct {
     const char *name;
@@ -50,6 +57,16 @@ typedef struct {
      * (K / group) + k / group] with q = pln_i4_get(row, k); group % 32 == 0, K % group == 0. */
     void (*gemm_i4)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* The batched float path (NULL where the tier has none; simd_avx512.c PANEL_NOTE): from
+     * PLN_CPU_PANEL_MIN tokens the driver packs the activations once, pack_x writing panels p0 <= p
+     * < p1 of 32 tokens each (xp + 32 p K: column k of the panel's tokens at [32 k ..], tokens past
+     * nt zero; xp 64-byte aligned), and gemm_panel computes out[t * ldo + i] for all nt tokens and
+     * rows r0 + i, i < nr <= PLN_CPU_PANEL_ROWS, of W (any dtype, the same products as above),
+     * then adds bias + r0 (may be NULL) and applies GeLU if gelu; scratch: PLN_CPU_PANEL_SCRATCH
+     * floats, 64-byte aligned, this thread's own. */
+    void (*pack_x)(float *xp, const float *x, int64_t ldx, int64_t nt, int64_t K, int64_t p0, int64_t p1);
+    void (*gemm_panel)(float *out, int64_t ldo, const float *xp, int64_t nt, const pln_weight *W, int64_t r0,
+                       int64_t nr, const uint16_t *bias, bool gelu, float *scratch);
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
      * token-interleaved so that a tile of tokens finds its operands side by side: xq holds int8
      * column k of token t at xq[4 * ((k / 4) * nt + t) + k % 4] (4-byte groups of columns, all nt
@@ -111,6 +128,7 @@ typedef struct {
     int n_threads;               /* 0: OpenMP's default team */
     bool int_dot;                /* int8/int4 weights: the integer-dot path (off by default;
                                     PLN_CPU_INT_DOT=1 or pln_cpu_set_int_dot) */
+    bool batch_invariant;        /* no batched float path (pln_cpu_set_batch_invariant) */
 } pln_cpu;
 
 static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
@@ -135,6 +153,17 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
  * docs/ARCHITECTURE.md) to the weights'; the float path stays the reference. The reference tier
  * (PLN_CPU_ISA_REF) never uses it. The default comes from PLN_CPU_INT_DOT=1. */
 void pln_cpu_set_int_dot(pln_backend *be, bool on);
+/* Batch invariance. By default, steps of PLN_CPU_PANEL_MIN tokens or more run the batched float
+ * path (gemm_panel), whose sums are ordered differently from the tiles' that fewer tokens use: a
+ * token's results then depend, in the last bits (relative ~1e-6), on how many tokens share its
+ * step (a batched prefill against each prompt alone, a prompt's suffix after a prefix-cache hit
+ * against the whole prompt). On: the tiles for every step size, so the results are the same bits
+ * whatever the batch: from one token up for fp16 and per-row int8 weights of up to 2048 columns
+ * (longer rows: from 5 tokens up, where the tiles start summing in passes), from two tokens up for
+ * grouped int8 and int4 (a one-token GEMV sums each group before scaling it). Tested by
+ * test_kernels_cpu, tests/test_engine.c and tests/e2e_share.sh. The default comes from
+ * PLN_CPU_BATCH_INVARIANT=1. */
+void pln_cpu_set_batch_invariant(pln_backend *be, bool on);
 /* true: the integer-dot path uses vpmaddubsw even where the CPU has VNNI (set from
  * PLN_CPU_NO_VNNI=1 when a backend is created; tests flip it to cover both). */
 extern bool pln_cpu_no_vnni;

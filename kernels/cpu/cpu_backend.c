@@ -75,6 +75,9 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa) {
 }
 
 void pln_cpu_set_int_dot(pln_backend *be, bool on) { pln_cpu_of(be)->int_dot = be->int_dot = on; }
+void pln_cpu_set_batch_invariant(pln_backend *be, bool on) {
+    pln_cpu_of(be)->batch_invariant = be->batch_invariant = on;
+}
 bool pln_cpu_no_vnni;
 
 /* ---- threads ----------------------------------------------------------------------------- */
@@ -310,6 +313,9 @@ pln_backend *pln_backend_cpu_create(void) {
     const char *idot = getenv("PLN_CPU_INT_DOT");
     c->int_dot = be->int_dot = idot && !strcmp(idot, "1");
     be->set_int_dot = pln_cpu_set_int_dot;
+    const char *bi = getenv("PLN_CPU_BATCH_INVARIANT");
+    c->batch_invariant = be->batch_invariant = bi && !strcmp(bi, "1");
+    be->set_batch_invariant = pln_cpu_set_batch_invariant;
     const char *nv = getenv("PLN_CPU_NO_VNNI");
     if (nv && !strcmp(nv, "1")) pln_cpu_no_vnni = true;
     return be;

@@ -9,6 +9,7 @@
 #include "kernels/pln_math.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,14 @@
 #define QCHUNK 32
 /* Tokens quantized at once for the integer-dot path (QTOK x K bytes: 7 MiB at BLOOM-176B width). */
 #define QTOK 512
+
+/* 64-byte aligned (the packed panels are read with aligned loads); dies on out-of-memory as
+ * pln_xmalloc does. */
+static void *xalloc64(size_t n) {
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) pln_die("out of memory allocating %zu bytes", n);
+    return p;
+}
 
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
@@ -142,6 +151,28 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         free(xq);
         free(xs);
         free(xsum);
+        return;
+    }
+    if (k->gemm_panel && T >= PLN_CPU_PANEL_MIN && !c->batch_invariant) {
+        /* The batched float path (simd_avx512.c PANEL_NOTE): the activations packed once, then
+         * each unit of PLN_CPU_PANEL_ROWS rows widens its weights once for all T tokens. */
+        int nth = pln_cpu_threads(c);
+        int64_t np = (T + 31) / 32, n_pc = (n_rows + PLN_CPU_PANEL_ROWS - 1) / PLN_CPU_PANEL_ROWS;
+        float *xp = xalloc64((size_t)np * 32 * (size_t)K * sizeof(float));
+        float *scr = xalloc64((size_t)nth * PLN_CPU_PANEL_SCRATCH * sizeof(float));
+        #pragma omp parallel num_threads(nth)
+        {
+            #pragma omp for schedule(static)
+            for (int64_t p = 0; p < np; p++) k->pack_x(xp, in, K, T, K, p, p + 1);
+            float *s = scr + (size_t)omp_get_thread_num() * PLN_CPU_PANEL_SCRATCH;
+            #pragma omp for schedule(dynamic, 2)
+            for (int64_t ch = 0; ch < n_pc; ch++) {
+                int64_t r0 = ch * PLN_CPU_PANEL_ROWS, nr = n_rows - r0 < PLN_CPU_PANEL_ROWS ? n_rows - r0 : PLN_CPU_PANEL_ROWS;
+                k->gemm_panel(out + r0, ldo, xp, T, W, r0, nr, bias ? bias + r0 : NULL, gelu, s);
+            }
+        }
+        free(xp);
+        free(scr);
         return;
     }
     /* One parallel region for all the token blocks (a 512-token prefill has 8): items go block

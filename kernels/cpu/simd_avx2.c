@@ -65,10 +65,12 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
 
 /* I8 with one scale per group of columns; [k0, k1) covers whole groups. Per-channel weights (one
  * group) multiply the scale once at the end; grouped ones scale each widened weight vector
- * (shared by the NT tokens). */
+ * (shared by the NT tokens), except in a GEMV (gemv: the call has one token), whose groups are
+ * summed unscaled. A batch's last lone token takes the scaled path, so that its result is the same
+ * bits as in any other batch (cpu.h pln_cpu_set_batch_invariant). */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const int8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
-                 int64_t k1, bool add) {
+                 int64_t k1, bool add, bool gemv) {
     int64_t ng = K / group;
     __m256 acc[4][2];
     float tail[4][2];
@@ -91,7 +93,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
                 UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * x[j * ldx + k];
             }
         }
-    } else if (NT == 1) {
+    } else if (NT == 1 && gemv) {
         /* GEMV (decode): each row's group is summed unscaled in its own register and scaled by
          * one FMA per group: per 8 weights one widen and one FMA, as in the per-channel loop
          * (scaling every widened vector cost a multiply each and halved the rate) */
@@ -163,12 +165,13 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
     v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
 }
 
-/* Packed int4, [k0, k1) whole groups (multiples of 32 columns). One token (decode): each row's
- * group is summed unscaled and scaled by one FMA per group; several tokens: the unpacked block
- * is scaled once per row and serves them all. */
+/* Packed int4, [k0, k1) whole groups (multiples of 32 columns). A GEMV (gemv: the call has one
+ * token): each row's group is summed unscaled and scaled by one FMA per group; several tokens
+ * (and a batch's last lone token, as tile_i8): the unpacked block is scaled once per row and serves
+ * them all. */
 INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
-                 int64_t k1, bool add) {
+                 int64_t k1, bool add, bool gemv) {
     int64_t ng = K / group, rb = K / 2;
     __m256 acc[4][2];
     UNROLL for (int i = 0; i < NR; i++) {
@@ -176,7 +179,7 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
     }
     for (int64_t g = k0 / group; g < k1 / group; g++) {
         int64_t kend = (g + 1) * group;
-        if (NT == 1) {
+        if (NT == 1 && gemv) {
             __m256 ga[4];
             UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm256_setzero_ps();
             for (int64_t k = g * group; k < kend; k += 32) {
@@ -263,12 +266,12 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
             int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
             bool add = k0 > 0;
             if (nr - r >= 4) {
-                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 2 <= nt; t += 2) tile_i8(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add);
-                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add);
+                    for (t = 0; t + 2 <= nt; t += 2) tile_i8(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
+                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
                 }
             }
         }
@@ -289,12 +292,12 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
             int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
             bool add = k0 > 0;
             if (nr - r >= 4) {
-                for (; t + 2 <= nt; t += 2) tile_i4(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t < nt; t++) tile_i4(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+                for (; t + 2 <= nt; t += 2) tile_i4(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t < nt; t++) tile_i4(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 2 <= nt; t += 2) tile_i4(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add);
-                    for (; t < nt; t++) tile_i4(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add);
+                    for (t = 0; t + 2 <= nt; t += 2) tile_i4(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add, nt == 1);
+                    for (; t < nt; t++) tile_i4(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add, nt == 1);
                 }
             }
         }

@@ -67,10 +67,12 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
 
 /* I8 with one scale per group of columns; [k0, k1) covers whole groups. Per-channel weights (one
  * group) multiply the scale once at the end; grouped ones scale each widened weight vector
- * (shared by the NT tokens). */
+ * (shared by the NT tokens), except in a GEMV (gemv: the call has one token), whose groups are
+ * summed unscaled. A batch's last lone token takes the scaled path, so that its result is the same
+ * bits as in any other batch (cpu.h pln_cpu_set_batch_invariant). */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const int8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
-                 int64_t k1, bool add) {
+                 int64_t k1, bool add, bool gemv) {
     int64_t ng = K / group;
     __m512 acc[4][6];
     float tail[4][6];
@@ -93,7 +95,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
                 UNROLL for (int j = 0; j < NT; j++) tail[i][j] += (float)w[i * K + k] * x[j * ldx + k];
             }
         }
-    } else if (NT == 1) {
+    } else if (NT == 1 && gemv) {
         /* GEMV (decode): each row's group is summed unscaled in its own register and scaled by
          * one FMA per group: per 16 weights one widen and one FMA, as in the per-channel loop
          * (scaling every widened vector cost a multiply each) */
@@ -161,12 +163,13 @@ INL void load_i4x32(const uint8_t *p, __m512 *v0, __m512 *v1) {
     *v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), bias)));
 }
 
-/* Packed int4, [k0, k1) whole groups (multiples of 32 columns). One token (decode): each row's
- * group is summed unscaled and scaled by one FMA per group; several tokens: the unpacked block
- * is scaled once per row and serves them all. */
+/* Packed int4, [k0, k1) whole groups (multiples of 32 columns). A GEMV (gemv: the call has one
+ * token): each row's group is summed unscaled and scaled by one FMA per group; several tokens
+ * (and a batch's last lone token, as tile_i8): the unpacked block is scaled once per row and serves
+ * them all. */
 INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const uint8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
-                 int64_t k1, bool add) {
+                 int64_t k1, bool add, bool gemv) {
     int64_t ng = K / group, rb = K / 2;
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < NR; i++) {
@@ -174,7 +177,7 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
     }
     for (int64_t g = k0 / group; g < k1 / group; g++) {
         int64_t kend = (g + 1) * group;
-        if (NT == 1) {
+        if (NT == 1 && gemv) {
             __m512 ga[4];
             UNROLL for (int i = 0; i < NR; i++) ga[i] = _mm512_setzero_ps();
             for (int64_t k = g * group; k < kend; k += 32) {
@@ -284,14 +287,14 @@ static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t 
                 /* 4 x 6 needs 24 accumulators + 4 weights + 1 activation: per-channel only (a
                  * grouped tile also holds 4 scales) */
                 if (ng == 1)
-                    for (; t + 6 <= nt; t += 6) tile_i8(4, 6, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t + 4 <= nt; t += 4) tile_i8(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+                    for (; t + 6 <= nt; t += 6) tile_i8(4, 6, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t + 4 <= nt; t += 4) tile_i8(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 4 <= nt; t += 4) tile_i8(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add);
-                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add);
+                    for (t = 0; t + 4 <= nt; t += 4) tile_i8(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
+                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
                 }
             }
         }
@@ -312,13 +315,13 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
             int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
             bool add = k0 > 0;
             if (nr - r >= 4) {
-                for (; t + 4 <= nt; t += 4) tile_i4(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t + 2 <= nt; t += 2) tile_i4(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                for (; t < nt; t++) tile_i4(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
+                for (; t + 4 <= nt; t += 4) tile_i4(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t + 2 <= nt; t += 2) tile_i4(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t < nt; t++) tile_i4(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 4 <= nt; t += 4) tile_i4(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add);
-                    for (; t < nt; t++) tile_i4(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add);
+                    for (t = 0; t + 4 <= nt; t += 4) tile_i4(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add, nt == 1);
+                    for (; t < nt; t++) tile_i4(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * rb, sr + i * ng, group, K, k0, k1, add, nt == 1);
                 }
             }
         }
@@ -818,8 +821,199 @@ static TGT float score_max_avx512(float *x, int64_t n, float scale, float slope,
     return _mm512_reduce_max_ps(mv);
 }
 
+/* ---- The batched float path: packed activations, weights widened once per panel ----
+ * PANEL_NOTE: at PLN_CPU_PANEL_MIN tokens or more (prefill, batched decode, the logits of a batch)
+ * the dot-product tiles above spend their time on loads and widening: a 6 x 4 tile widens 6 weight
+ * vectors and loads 4 activation vectors for 24 FMAs, and sums each result horizontally at the
+ * end (measured: the fp16 GEMM at 60 % of this CPU's FMA peak). Here the activations are packed
+ * once per call (pack_x_avx512: 32 tokens side by side per column, the panel), a stretch of
+ * weight rows is widened to fp32 once per KC columns (dequantized: q x scale is exact in fp32),
+ * and the micro kernel keeps 12 rows x 32 tokens of results in 24 registers: per column, two
+ * activation loads and twelve broadcast weights feed 24 FMAs, and no result is ever summed
+ * horizontally. Each output is a sum over KC columns in one fp32 accumulator, and those block
+ * sums are added in order (the same error bound as the lanes of the tiles above). */
+#define PMR 12                      /* rows per micro tile */
+#define PKC 128                     /* columns per block: PANEL_ROWS x PKC floats widened (24 KiB) */
+#define PTB 256                     /* tokens per pass over the weights (PTB / 32 panels) */
+_Static_assert(PLN_CPU_PANEL_ROWS % PMR == 0, "micro tiles fill a panel call");
+_Static_assert(PLN_CPU_PANEL_SCRATCH >= PLN_CPU_PANEL_ROWS * PKC + PLN_CPU_PANEL_ROWS * PTB, "scratch holds wf and cb");
+
+/* 16 vectors r[i] (16 floats each) transposed in place: r[c] becomes element c of every r[i]. */
+INL void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {   /* u[4i + c], 128-bit lane l: rows 4i..4i+3 of column 4l + c */
+        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        __m512 v1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, v1, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v1, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(w0, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(w0, w1, 0xDD);
+    }
+}
+
+/* Panels p0 <= p < p1 of the tokens (cpu.h): xp + p 32 K holds column k of tokens 32p..32p+31 at
+ * [32 k ..], tokens past nt as zeros. */
+static TGT void pack_x_avx512(float *xp, const float *x, int64_t ldx, int64_t nt, int64_t K, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = xp + p * 32 * K;
+        /* both halves of a column's line in turn, 16 columns at a time */
+        for (int64_t k = 0; k < K; k += 16) {
+            int64_t kn = K - k < 16 ? K - k : 16;
+            __mmask16 m = (__mmask16)(kn == 16 ? 0xffff : (1u << kn) - 1);
+            for (int h = 0; h < 2; h++) {
+                int64_t t0 = 32 * p + 16 * h;
+                __m512 r[16];
+                if (t0 + 16 <= nt && kn == 16) {
+                    UNROLL16 for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(x + (t0 + j) * ldx + k);
+                } else {
+                    for (int j = 0; j < 16; j++)
+                        r[j] = t0 + j < nt ? _mm512_maskz_loadu_ps(m, x + (t0 + j) * ldx + k) : _mm512_setzero_ps();
+                }
+                transpose16(r);
+                if (kn == 16) {
+                    UNROLL16 for (int c = 0; c < 16; c++) _mm512_store_ps(dst + (k + c) * 32 + 16 * h, r[c]);
+                } else {
+                    for (int c = 0; c < kn; c++) _mm512_store_ps(dst + (k + c) * 32 + 16 * h, r[c]);
+                }
+            }
+        }
+    }
+}
+
+/* Rows [0, nr) of W from row r0, columns [k0, k0 + kc), widened to fp32 at wf[i * PKC + k - k0];
+ * rows nr..nr_pad - 1 zeros. */
+static TGT void widen_rows(float *wf, const pln_weight *W, int64_t r0, int64_t nr, int64_t nr_pad, int64_t k0,
+                           int64_t kc) {
+    int64_t K = W->cols, ng = W->dtype == PLN_DTYPE_F16 ? 1 : K / W->group, group = W->dtype == PLN_DTYPE_F16 ? K : W->group;
+    for (int64_t i = 0; i < nr; i++) {
+        float *d = wf + i * PKC;
+        int64_t r = r0 + i, k = 0;
+        if (W->dtype == PLN_DTYPE_F16) {
+            const uint16_t *w = (const uint16_t *)W->w + r * K + k0;
+            for (; k + 16 <= kc; k += 16) _mm512_store_ps(d + k, load_f16(w + k));
+            for (; k < kc; k++) d[k] = pln_f16_to_f32(w[k]);
+        } else if (W->dtype == PLN_DTYPE_I8) {
+            const int8_t *w = (const int8_t *)W->w + r * K;
+            const uint16_t *s = W->scale + r * ng;
+            /* whole groups' vectors: one scale each (a vector across two groups: the loop below) */
+            int64_t g = k0 / group, gend = (g + 1) * group - k0;   /* group g ends before column gend */
+            __m512 sv = _mm512_set1_ps(_cvtsh_ss(s[g]));
+            for (; k + 16 <= kc; k += 16) {
+                if (k + 16 > gend) {
+                    if (k != gend) break;
+                    g++;
+                    gend += group;
+                    sv = _mm512_set1_ps(_cvtsh_ss(s[g]));
+                    if (k + 16 > gend) break;
+                }
+                _mm512_store_ps(d + k, _mm512_mul_ps(load_i8(w + k0 + k), sv));
+            }
+            for (; k < kc; k++) d[k] = (float)w[k0 + k] * _cvtsh_ss(s[(k0 + k) / group]);
+        } else {   /* int4: k0 and kc are multiples of 32; group is 32, 64 or 128 (FORMAT.md) */
+            int gshift = group == 32 ? 5 : group == 64 ? 6 : group == 128 ? 7 : -1;
+            const uint8_t *w = (const uint8_t *)W->w + r * (K / 2);
+            const uint16_t *s = W->scale + r * ng;
+            for (; k < kc; k += 32) {
+                __m512 v0, v1, sv = _mm512_set1_ps(_cvtsh_ss(s[gshift >= 0 ? (k0 + k) >> gshift : (k0 + k) / group]));
+                load_i4x32(w + (k0 + k) / 2, &v0, &v1);
+                _mm512_store_ps(d + k, _mm512_mul_ps(v0, sv));
+                _mm512_store_ps(d + k + 16, _mm512_mul_ps(v1, sv));
+            }
+        }
+    }
+    for (int64_t i = nr; i < nr_pad; i++) memset(wf + i * PKC, 0, (size_t)kc * sizeof(float));
+}
+
+/* The cache lines of the weights' next block (rows of rowb bytes, 1 << shift lines of each),
+ * requested one per column of the micro kernel up to end: spread over the block's arithmetic,
+ * a burst of them at the block's start measured slower than none (the requests queue behind
+ * each other and stall the loads that feed the FMAs). */
+typedef struct { const char *base; int64_t rowb; int shift; int64_t next, end; } pf_stream;
+
+INL void pf_step(pf_stream *s) {
+    if (s->next < s->end) {
+        _mm_prefetch(s->base + (s->next >> s->shift) * s->rowb + ((s->next & ((1 << s->shift) - 1)) << 6), _MM_HINT_T0);
+        s->next++;
+    }
+}
+
+/* 12 rows (wf, PKC apart) x NV vectors of 16 tokens (xp, 32 floats per column), kc columns. */
+INL void panel_mk(const int NV, __m512 acc[PMR][2], const float *wf, const float *xp, int64_t kc, pf_stream *pf) {
+    UNROLL16 for (int i = 0; i < PMR; i++) {
+        acc[i][0] = _mm512_setzero_ps();
+        acc[i][1] = _mm512_setzero_ps();
+    }
+    _Pragma("GCC unroll 2") for (int64_t k = 0; k < kc; k++) {
+        __m512 x0 = _mm512_load_ps(xp + 32 * k), x1 = NV == 2 ? _mm512_load_ps(xp + 32 * k + 16) : x0;
+        pf_step(pf);
+        UNROLL16 for (int i = 0; i < PMR; i++) {
+            __m512 b = _mm512_set1_ps(wf[i * PKC + k]);
+            acc[i][0] = _mm512_fmadd_ps(b, x0, acc[i][0]);
+            if (NV == 2) acc[i][1] = _mm512_fmadd_ps(b, x1, acc[i][1]);
+        }
+    }
+}
+
+static TGT void gemm_panel_avx512(float *out, int64_t ldo, const float *xp, int64_t nt, const pln_weight *W,
+                                  int64_t r0, int64_t nr, const uint16_t *bias, bool gelu, float *scratch) {
+    int64_t K = W->cols, nr_pad = (nr + PMR - 1) / PMR * PMR;
+    float *wf = scratch, *cb = scratch + PLN_CPU_PANEL_ROWS * PKC;
+    int es2 = W->dtype == PLN_DTYPE_F16 ? 4 : W->dtype == PLN_DTYPE_I8 ? 2 : 1;   /* bytes per element x 2 */
+    int64_t rowb = K * es2 / 2;
+    int shift = W->dtype == PLN_DTYPE_F16 ? 2 : W->dtype == PLN_DTYPE_I8 ? 1 : 0;   /* lines per row of a block */
+    /* int4 blocks hold whole 32-column blocks; KC is a multiple of 32 */
+    for (int64_t t0 = 0; t0 < nt; t0 += PTB) {
+        int64_t tn = nt - t0 < PTB ? nt - t0 : PTB, np = (tn + 31) / 32;
+        for (int64_t k0 = 0; k0 < K; k0 += PKC) {
+            int64_t kc = K - k0 < PKC ? K - k0 : PKC;
+            bool first = k0 == 0, last = k0 + kc == K;
+            widen_rows(wf, W, r0, nr, nr_pad, k0, kc);
+            /* the next block of these rows, or the first block of the rows after them */
+            pf_stream pf = {.base = (const char *)W->w + (last ? (r0 + nr) * rowb : r0 * rowb + (k0 + kc) * es2 / 2),
+                            .rowb = rowb, .shift = shift, .next = 0};
+            int64_t quota = (nr << shift) / (np * (nr_pad / PMR)) + 1;
+            for (int64_t p = 0; p < np; p++) {
+                const float *xb = xp + (t0 / 32 + p) * 32 * K + k0 * 32;
+                int64_t pt = tn - 32 * p < 32 ? tn - 32 * p : 32;   /* tokens in this panel */
+                for (int64_t m = 0; m < nr_pad; m += PMR) {
+                    __m512 acc[PMR][2];
+                    pf.end = pf.next + quota < (nr << shift) ? pf.next + quota : (nr << shift);
+                    if (pt > 16) panel_mk(2, acc, wf + m * PKC, xb, kc, &pf);
+                    else panel_mk(1, acc, wf + m * PKC, xb, kc, &pf);
+                    float *c = cb + (m / PMR * (PTB / 32) + p) * PMR * 32;   /* this tile's block sums */
+                    UNROLL16 for (int i = 0; i < PMR; i++) {
+                        for (int v = 0; v < 2; v++) {
+                            __m512 s = acc[i][v];
+                            if (!first) s = _mm512_add_ps(_mm512_load_ps(c + i * 32 + 16 * v), s);
+                            _mm512_store_ps(c + i * 32 + 16 * v, s);
+                        }
+                    }
+                    if (last) {
+                        int64_t mr = nr - m < PMR ? nr - m : PMR;
+                        for (int64_t j = 0; j < pt; j++)
+                            for (int64_t i = 0; i < mr; i++) out[(t0 + 32 * p + j) * ldo + m + i] = c[i * 32 + j];
+                    }
+                }
+                if (last && (bias || gelu))
+                    for (int64_t j = 0; j < pt; j++) bias_gelu_avx512(out + (t0 + 32 * p + j) * ldo, bias, nr, gelu);
+            }
+        }
+    }
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .gemm_q4n = gemm_q4n_vnni512, .quant_act = quant_act_avx512,
+    .pack_x = pack_x_avx512, .gemm_panel = gemm_panel_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
     .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
