@@ -823,15 +823,17 @@ static TGT float score_max_avx512(float *x, int64_t n, float scale, float slope,
 
 /* ---- The batched float path: packed activations, weights widened once per panel ----
  * PANEL_NOTE: at PLN_CPU_PANEL_MIN tokens or more (prefill, batched decode, the logits of a batch)
- * the dot-product tiles above spend their time on loads and widening: a 6 x 4 tile widens 6 weight
- * vectors and loads 4 activation vectors for 24 FMAs, and sums each result horizontally at the
- * end (measured: the fp16 GEMM at 60 % of this CPU's FMA peak). Here the activations are packed
+ * the dot-product tiles above reach about 60 % of this CPU's FMA peak: a 6 x 4 tile widens 6
+ * weight vectors and loads 4 activation vectors for 24 FMAs, and sums each result horizontally at
+ * the end (widening the rows once beforehand did not help: docs/ARCHITECTURE.md). Here the activations are packed
  * once per call (pack_x_avx512: 32 tokens side by side per column, the panel), a stretch of
  * weight rows is widened to fp32 once per KC columns (dequantized: q x scale is exact in fp32),
  * and the micro kernel keeps 12 rows x 32 tokens of results in 24 registers: per column, two
  * activation loads and twelve broadcast weights feed 24 FMAs, and no result is ever summed
  * horizontally. Each output is a sum over KC columns in one fp32 accumulator, and those block
- * sums are added in order (the same error bound as the lanes of the tiles above). */
+ * sums are added in order (the same error bound as the lanes of the tiles above, a different
+ * order: cpu.h pln_cpu_set_batch_invariant). The rows a call covers are fixed, so the bits do not
+ * depend on the threads, nor on the number of tokens (every token's arithmetic is its own). */
 #define PMR 12                      /* rows per micro tile */
 #define PKC 128                     /* columns per block: PANEL_ROWS x PKC floats widened (24 KiB) */
 #define PTB 256                     /* tokens per pass over the weights (PTB / 32 panels) */
