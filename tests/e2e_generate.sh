@@ -76,6 +76,16 @@ check_fails "--int-dot: a value that is not on/off/auto" "is not one of on, off,
 # shellcheck disable=SC2086
 check_fails "--int-dot on: refused on the cuda backend" "the integer-dot path is the cpu backend's" "$POLLEN" generate \
   "$TMP/i8" $ids --max-new-tokens 1 --int-dot on --backend cuda --quiet
+# shellcheck disable=SC2086
+check_fails "--batch-invariant: refused on the cuda backend" "the batch-invariant mode is the cpu backend's" \
+  "$POLLEN" generate "$TMP/i8" $ids --max-new-tokens 1 --batch-invariant --backend cuda --quiet
+# the four prompts prefill as one step of more tokens than the batched float path starts at: with
+# the flag they take the tiles instead, the same values within fp32 rounding but not the same bits
+# shellcheck disable=SC2086
+check "--batch-invariant: generate" run_np 2 "$TMP/i8" $ids --max-new-tokens 1 --batch-invariant --quiet \
+  --dump-logits "$TMP/i8-bi.st"
+check "--batch-invariant: the logits within 1e-5 of the default's" "$CMP" --cmp-dump "$TMP/i8-bi.st" "$TMP/i8.st" 1e-5
+check "--batch-invariant: took the tiles (the logits are not the default's bits)" sh -c '! cmp -s "$1" "$2"' _ "$TMP/i8-bi.st" "$TMP/i8.st"
 check "int4 g32+emb: reshard" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/i4e" --tp 2 --dtype int4 \
   --group-size 32 --quantize-embedding --quiet
 # shellcheck disable=SC2086

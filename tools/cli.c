@@ -105,6 +105,12 @@ const char *pln_cli_int_dot(const char *backend, const char *int_dot) {
     return int_dot;
 }
 
+void pln_cli_batch_invariant(const char *backend, bool on) {
+    if (on && backend && strcmp(backend, "cpu"))
+        pln_die("--batch-invariant: the batch-invariant mode is the cpu backend's; use --backend cpu, or leave "
+                "the flag off");
+}
+
 const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype) {
     if (!kv_dtype) return NULL;
     pln_dtype dt;

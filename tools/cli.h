@@ -30,6 +30,8 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype);
  * naming the option on anything else; on is refused on a backend other than cpu); unset: NULL
  * when PLN_CPU_INT_DOT is set (the backend's default from it), else "auto". backend NULL = cpu. */
 const char *pln_cli_int_dot(const char *backend, const char *int_dot);
+/* Dies with a clear message when --batch-invariant is asked of a backend without the mode. */
+void pln_cli_batch_invariant(const char *backend, bool on);
 /* The help line of --int-dot, shared by generate, serve, bench and perplexity. */
 #define PLN_CLI_INT_DOT_HELP \
     "  --int-dot on|off|auto   cpu, int8/int4 weights: activations rounded to int8 per block of 32 and\n" \

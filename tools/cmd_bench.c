@@ -92,6 +92,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
+    pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");

@@ -149,6 +149,7 @@ int cmd_generate(int argc, char **argv) {
     if (max_new < 1) pln_die("--max-new-tokens must be >= 1");
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
+    pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
 

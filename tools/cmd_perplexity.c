@@ -262,6 +262,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);
     r.eo.int_dot = pln_cli_int_dot(r.eo.backend, r.eo.int_dot);
+    pln_cli_batch_invariant(r.eo.backend, r.eo.batch_invariant);
     r.dir = dir;
     r.quiet = quiet || json;
     pln_cli_threads(threads, size);

@@ -290,6 +290,7 @@ int cmd_serve(int argc, char **argv) {
     eo.max_seq_len = so.lim.max_total_tokens;
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
+    pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
     if (chat_path) {   /* before anything loads: a broken template fails at once */
         if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
