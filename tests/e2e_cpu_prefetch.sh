@@ -23,6 +23,15 @@ prefetches() {
     END { print n + 0 }'
 }
 
+# The one-token GEMV's rows (GEMV_NOTE): fp16 prefetches two lines per step, int8 per row and
+# grouped one each (three loops), int4 one in each of its two loops.
+obj=$B/kernels/cpu/simd_avx512.o
+for spec in "gemv_f16_row 2" "gemv_i8_row 3" "gemv_i4_row 2"; do
+  set -- $spec
+  n=$(prefetches "$obj" "$1")
+  check "$1 keeps its prefetches (prefetcht0: $n, expected >= $2)" test "$n" -ge "$2"
+done
+
 # Each GEMV calls pln_cpu_pf_ahead4 (4 prefetches) at least once; the grouped ones add the scales'.
 for spec in "simd_avx512 gemm_f16_avx512 gemm_i8_avx512 gemm_i4_avx512 gemm_q4n_vnni512" \
             "simd_avx2 gemm_f16_avx2 gemm_i8_avx2 gemm_i4_avx2"; do

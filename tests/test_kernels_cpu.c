@@ -240,6 +240,20 @@ static void test_linear(void) {
     test_linear_case(37, 2100, 9, true, 700, true, false);
     test_linear_case(37, 2100, 70, true, 12, false, false);
     test_linear_case(6, 3000, 5, true, 1500, true, true);
+    /* the one-token GEMV (simd_avx512.c GEMV_NOTE): rows of 64-column steps plus a 16-column
+     * and a scalar tail, groups of 32 with an odd last group, groups of a multiple of 64, other
+     * groups, and enough rows for several runs per thread */
+    test_linear_case(37, 2100, 1, false, 0, true, false);
+    test_linear_case(37, 2100, 1, true, 0, false, true);
+    test_linear_case(9, 96, 1, true, 32, false, false);
+    test_linear_case(9, 384, 1, true, 64, true, false);
+    test_linear_case(9, 512, 1, true, 128, false, true);
+    test_linear_case(9, 2100, 1, true, 700, false, false);
+    test_linear_case(9, 160, 1, WQ_I4, 32, false, false);
+    test_linear_case(9, 320, 1, WQ_I4, 64, true, false);
+    test_linear_case(1031, 256, 1, false, 0, true, true);
+    test_linear_case(1031, 256, 1, true, 32, false, false);
+    test_linear_case(1031, 256, 1, WQ_I4, 128, false, false);
     /* int4: every group size reshard writes, each tile shape (1..6 tokens, 1..4 rows and the
      * row tail), one and several passes over the columns */
     static const int64_t g4[] = {32, 64, 128};

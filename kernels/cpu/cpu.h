@@ -64,6 +64,10 @@ typedef struct {
      * rows r0 + i, i < nr <= PLN_CPU_PANEL_ROWS, of W (any dtype, the same products as above),
      * then adds bias + r0 (may be NULL) and applies GeLU if gelu; scratch: PLN_CPU_PANEL_SCRATCH
      * floats, 64-byte aligned, this thread's own. */
+    /* One token (decode) on the float path, not in batch-invariant mode (NULL where the tier
+     * has none; simd_avx512.c GEMV_NOTE): out[i] = the products above for rows r0 + i, i < nr,
+     * of W (any dtype), x one token's K floats. Rows are read one at a time, in order. */
+    void (*gemv)(float *out, const float *x, const pln_weight *W, int64_t r0, int64_t nr);
     void (*pack_x)(float *xp, const float *x, int64_t ldx, int64_t nt, int64_t K, int64_t p0, int64_t p1);
     void (*gemm_panel)(float *out, int64_t ldo, const float *xp, int64_t nt, const pln_weight *W, int64_t r0,
                        int64_t nr, const uint16_t *bias, bool gelu, float *scratch);
@@ -154,7 +158,8 @@ int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
  * (PLN_CPU_ISA_REF) never uses it. The default comes from PLN_CPU_INT_DOT=1. */
 void pln_cpu_set_int_dot(pln_backend *be, bool on);
 /* Batch invariance. By default, steps of PLN_CPU_PANEL_MIN tokens or more run the batched float
- * path (gemm_panel), whose sums are ordered differently from the tiles' that fewer tokens use: a
+ * path (gemm_panel) and one-token steps the GEMV (gemv), whose sums are ordered differently from
+ * the tiles' that the step sizes between use: a
  * token's results then depend, in the last bits (relative ~1e-6), on how many tokens share its
  * step (a batched prefill against each prompt alone, a prompt's suffix after a prefix-cache hit
  * against the whole prompt). On: the tiles for every step size, so the results are the same bits

@@ -153,6 +153,21 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         free(xsum);
         return;
     }
+    if (T == 1 && k->gemv && !c->batch_invariant) {
+        /* One token (simd_avx512.c GEMV_NOTE): each thread takes runs of chunks, a quarter of its
+         * share at a time, and reads each run's rows in order, one stream; a descheduled
+         * thread's remaining runs still go to the others. */
+        int nth = pln_cpu_threads(c);
+        int64_t grab = n_chunks / (4 * nth);
+        if (grab < 1) grab = 1;
+        #pragma omp parallel for schedule(dynamic, grab) num_threads(nth) if (n_rows * K > 65536)
+        for (int64_t ch = 0; ch < n_chunks; ch++) {
+            int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
+            k->gemv(out + r0, in, W, r0, nr);
+            if (bias || gelu) k->bias_gelu(out + r0, bias ? bias + r0 : NULL, nr, gelu);
+        }
+        return;
+    }
     if (k->gemm_panel && T >= PLN_CPU_PANEL_MIN && !c->batch_invariant) {
         /* The batched float path (simd_avx512.c PANEL_NOTE): the activations packed once, then
          * each unit of PLN_CPU_PANEL_ROWS rows widens its weights once for all T tokens. */

@@ -328,6 +328,166 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
     }
 }
 
+/* ---- the one-token GEMV (cpu.h gemv) -------------------------------------------------------
+ * GEMV_NOTE: a decode step reads every weight once, so it runs at the speed the weights stream
+ * from memory. A 4-row tile reads four streams a row apart (the rows are contiguous, so a run of
+ * rows is one stretch of memory read at four places at once); one row at a time reads the run as
+ * one sequential stream, which the hardware prefetcher follows, and the software prefetch
+ * PF_AHEAD bytes ahead of it is exact (it lands on the bytes this thread reads next, the next
+ * row's included). Measured on 2 Zen 5 cores, fp16, both threads streaming (tools/bench/
+ * gemv-streams.c: interleaved, rows of 1-16 KiB): where a plain read ran at 55-70 GB/s the 4-row
+ * tiles read 35-50 and one row at a time 54-68; where the read ran at 36-47 GB/s, one row at a
+ * time was 0.95-1.4x the tiles (the least on 2 KiB rows, whose four places are close). In the
+ * model: docs/ARCHITECTURE.md, "The batched float path". Each row keeps four accumulators (64 columns of F16, a cache line of I8, per step): one
+ * would be a chain of FMAs 16 columns per latency, slower than the memory. The sums are ordered
+ * differently from the tiles', so a lone token's results differ in the last bits from the same
+ * token's in a batch; batch-invariant mode keeps the tiles (cpu.h pln_cpu_set_batch_invariant).
+ * The row functions stay out of line so that tests/e2e_cpu_prefetch.sh can count their
+ * prefetches by symbol. */
+INL void pf_line(const void *p) { _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0); }
+
+static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *x, const uint16_t *w, int64_t K) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        pf_line(w + k);
+        pf_line(w + k + 32);
+        a0 = _mm512_fmadd_ps(load_f16(w + k), _mm512_loadu_ps(x + k), a0);
+        a1 = _mm512_fmadd_ps(load_f16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+        a2 = _mm512_fmadd_ps(load_f16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+        a3 = _mm512_fmadd_ps(load_f16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+    }
+    for (; k + 16 <= K; k += 16) a0 = _mm512_fmadd_ps(load_f16(w + k), _mm512_loadu_ps(x + k), a0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; k < K; k++) s += pln_f16_to_f32(w[k]) * x[k];
+    *out = s;
+}
+
+INL __m512 scale_at(const uint16_t *scale, int64_t g) { return _mm512_set1_ps(_cvtsh_ss(scale[g])); }
+
+/* I8: per-row weights (ng == 1) scale the row's sum once. Grouped ones sum each group unscaled
+ * and scale it with one FMA, a line (64 columns) per step: groups of 32 two per line, each into
+ * its own accumulator; groups of a multiple of 64 in four partial sums. Every index into the
+ * accumulators is a compile-time constant (a variable one keeps them in memory). */
+static TGT __attribute__((noinline)) void gemv_i8_row(float *out, const float *x, const int8_t *w, const uint16_t *scale, int64_t group,
+                            int64_t K) {
+    int64_t ng = K / group, k = 0;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float s = 0.0f;
+    if (ng == 1) {
+        for (; k + 64 <= K; k += 64) {
+            pf_line(w + k);
+            a0 = _mm512_fmadd_ps(load_i8(w + k), _mm512_loadu_ps(x + k), a0);
+            a1 = _mm512_fmadd_ps(load_i8(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+            a2 = _mm512_fmadd_ps(load_i8(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+            a3 = _mm512_fmadd_ps(load_i8(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+        }
+        for (; k + 16 <= K; k += 16) a0 = _mm512_fmadd_ps(load_i8(w + k), _mm512_loadu_ps(x + k), a0);
+        s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        for (; k < K; k++) s += (float)w[k] * x[k];
+        *out = s * _cvtsh_ss(scale[0]);
+        return;
+    }
+    if (group == 32) {
+        for (; k + 64 <= K; k += 64) {
+            pf_line(w + k);
+            __m512 g0 = _mm512_mul_ps(load_i8(w + k), _mm512_loadu_ps(x + k));
+            __m512 g1 = _mm512_mul_ps(load_i8(w + k + 32), _mm512_loadu_ps(x + k + 32));
+            g0 = _mm512_fmadd_ps(load_i8(w + k + 16), _mm512_loadu_ps(x + k + 16), g0);
+            g1 = _mm512_fmadd_ps(load_i8(w + k + 48), _mm512_loadu_ps(x + k + 48), g1);
+            a0 = _mm512_fmadd_ps(g0, scale_at(scale, k / 32), a0);
+            a1 = _mm512_fmadd_ps(g1, scale_at(scale, k / 32 + 1), a1);
+        }
+        if (k < K) {   /* an odd last group */
+            __m512 g0 = _mm512_mul_ps(load_i8(w + k), _mm512_loadu_ps(x + k));
+            g0 = _mm512_fmadd_ps(load_i8(w + k + 16), _mm512_loadu_ps(x + k + 16), g0);
+            a0 = _mm512_fmadd_ps(g0, scale_at(scale, k / 32), a0);
+        }
+    } else if (group % 64 == 0) {
+        for (int64_t g = 0; g < ng; g++) {
+            __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+            for (int64_t kend = k + group; k < kend; k += 64) {
+                pf_line(w + k);
+                p0 = _mm512_fmadd_ps(load_i8(w + k), _mm512_loadu_ps(x + k), p0);
+                p1 = _mm512_fmadd_ps(load_i8(w + k + 16), _mm512_loadu_ps(x + k + 16), p1);
+                p2 = _mm512_fmadd_ps(load_i8(w + k + 32), _mm512_loadu_ps(x + k + 32), p2);
+                p3 = _mm512_fmadd_ps(load_i8(w + k + 48), _mm512_loadu_ps(x + k + 48), p3);
+            }
+            a0 = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)), scale_at(scale, g), a0);
+        }
+    } else {   /* other group sizes: 16 columns at a time, a scalar tail per group */
+        for (int64_t g = 0; g < ng; g++) {
+            __m512 p0 = _mm512_setzero_ps();
+            int64_t kend = k + group;
+            for (; k + 16 <= kend; k += 16) {
+                if ((k & 63) == 0) pf_line(w + k);
+                p0 = _mm512_fmadd_ps(load_i8(w + k), _mm512_loadu_ps(x + k), p0);
+            }
+            float t = 0.0f;
+            for (; k < kend; k++) t += (float)w[k] * x[k];
+            s += t * _cvtsh_ss(scale[g]);
+            a0 = _mm512_fmadd_ps(p0, scale_at(scale, g), a0);
+        }
+    }
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + s;
+}
+
+/* Packed int4 on the float path (the integer-dot path has its own GEMV, gemm_q4n at nt = 1): two
+ * 32-column blocks (32 bytes) per step, groups as gemv_i8_row's. */
+static TGT __attribute__((noinline)) void gemv_i4_row(float *out, const float *x, const uint8_t *w, const uint16_t *scale, int64_t group,
+                            int64_t K) {
+    int64_t ng = K / group, k = 0;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    if (group == 32) {
+        for (; k + 64 <= K; k += 64) {
+            __m512 w0, w1, w2, w3;
+            if ((k & 127) == 0) pf_line(w + k / 2);
+            load_i4x32(w + k / 2, &w0, &w1);
+            load_i4x32(w + k / 2 + 16, &w2, &w3);
+            __m512 g0 = _mm512_mul_ps(w0, _mm512_loadu_ps(x + k)), g1 = _mm512_mul_ps(w2, _mm512_loadu_ps(x + k + 32));
+            g0 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + k + 16), g0);
+            g1 = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + k + 48), g1);
+            a0 = _mm512_fmadd_ps(g0, scale_at(scale, k / 32), a0);
+            a1 = _mm512_fmadd_ps(g1, scale_at(scale, k / 32 + 1), a1);
+        }
+        if (k < K) {
+            __m512 w0, w1;
+            load_i4x32(w + k / 2, &w0, &w1);
+            __m512 g0 = _mm512_mul_ps(w0, _mm512_loadu_ps(x + k));
+            g0 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + k + 16), g0);
+            a0 = _mm512_fmadd_ps(g0, scale_at(scale, k / 32), a0);
+        }
+    } else {   /* group % 64 == 0 */
+        for (int64_t g = 0; g < ng; g++) {
+            __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+            for (int64_t kend = k + group; k < kend; k += 64) {
+                __m512 w0, w1, w2, w3;
+                if ((k & 127) == 0) pf_line(w + k / 2);
+                load_i4x32(w + k / 2, &w0, &w1);
+                load_i4x32(w + k / 2 + 16, &w2, &w3);
+                p0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + k), p0);
+                p1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + k + 16), p1);
+                p2 = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x + k + 32), p2);
+                p3 = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + k + 48), p3);
+            }
+            a0 = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)), scale_at(scale, g), a0);
+        }
+    }
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+static TGT void gemv_avx512(float *out, const float *x, const pln_weight *W, int64_t r0, int64_t nr) {
+    int64_t K = W->cols;
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        if (W->dtype == PLN_DTYPE_F16)
+            gemv_f16_row(out + r - r0, x, (const uint16_t *)W->w + r * K, K);
+        else if (W->dtype == PLN_DTYPE_U8)
+            gemv_i4_row(out + r - r0, x, (const uint8_t *)W->w + r * (K / 2), W->scale + r * (K / W->group), W->group, K);
+        else
+            gemv_i8_row(out + r - r0, x, (const int8_t *)W->w + r * K, W->scale + r * (K / W->group), W->group, K);
+    }
+}
+
 /* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
  * AVX-512 VNNI (with BW for the nibble unpack); other AVX-512 CPUs run the AVX2 file's version.
  * Both use the weights as unsigned bytes u = q + off (int4: the stored nibble, off 8; int8: q xor
@@ -1015,7 +1175,7 @@ static TGT void gemm_panel_avx512(float *out, int64_t ldo, const float *xp, int6
 
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .gemm_q4n = gemm_q4n_vnni512, .quant_act = quant_act_avx512,
-    .pack_x = pack_x_avx512, .gemm_panel = gemm_panel_avx512,
+    .pack_x = pack_x_avx512, .gemm_panel = gemm_panel_avx512, .gemv = gemv_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
     .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
