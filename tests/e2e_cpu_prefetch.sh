@@ -23,13 +23,14 @@ prefetches() {
     END { print n + 0 }'
 }
 
-# The one-token GEMV's rows (GEMV_NOTE): fp16 prefetches two lines per step, int8 per row and
-# grouped one each (three loops), int4 one in each of its two loops.
-obj=$B/kernels/cpu/simd_avx512.o
-for spec in "gemv_f16_row 2" "gemv_i8_row 3" "gemv_i4_row 2"; do
+# The one-token GEMV's rows (GEMV_NOTE), both tiers: AVX-512 fp16 prefetches two lines per step,
+# int8 per row and grouped one in each of three loops, int4 one in each of two; AVX2 one line per
+# step in each loop (fp16 1, int8 3, int4 1).
+for spec in "simd_avx512 gemv_f16_row 2" "simd_avx512 gemv_i8_row 3" "simd_avx512 gemv_i4_row 2" \
+            "simd_avx2 gemv_f16_row 1" "simd_avx2 gemv_i8_row 3" "simd_avx2 gemv_i4_row 1"; do
   set -- $spec
-  n=$(prefetches "$obj" "$1")
-  check "$1 keeps its prefetches (prefetcht0: $n, expected >= $2)" test "$n" -ge "$2"
+  n=$(prefetches "$B/kernels/cpu/$1.o" "$2")
+  check "$1 $2 keeps its prefetches (prefetcht0: $n, expected >= $3)" test "$n" -ge "$3"
 done
 
 # Each GEMV calls pln_cpu_pf_ahead4 (4 prefetches) at least once; the grouped ones add the scales'.

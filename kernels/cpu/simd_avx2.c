@@ -304,6 +304,118 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
     }
 }
 
+/* ---- the one-token GEMV (cpu.h gemv; simd_avx512.c GEMV_NOTE) -----------------------------
+ * Rows one at a time, each thread's run of rows one sequential stream, the prefetch PF_AHEAD
+ * bytes ahead of the read; four accumulators per row, 32 columns per step (a line of F16, half
+ * a line of I8); grouped weights sum each group unscaled (in two or four partial sums) and
+ * scale it with one FMA into one of two accumulators. Kept out of line for
+ * tests/e2e_cpu_prefetch.sh. */
+INL void pf_line(const void *p) { _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0); }
+INL __m256 scale_at(const uint16_t *scale, int64_t g) { return _mm256_set1_ps(_cvtsh_ss(scale[g])); }
+
+static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *x, const uint16_t *w, int64_t K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        pf_line(w + k);
+        a0 = _mm256_fmadd_ps(load_f16(w + k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(load_f16(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(load_f16(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(load_f16(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+    }
+    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(load_f16(w + k), _mm256_loadu_ps(x + k), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; k < K; k++) s += pln_f16_to_f32(w[k]) * x[k];
+    *out = s;
+}
+
+/* 32 columns of I8 into four partial sums */
+INL void i8x32(const int8_t *w, const float *x, __m256 *p0, __m256 *p1, __m256 *p2, __m256 *p3) {
+    *p0 = _mm256_fmadd_ps(load_i8(w), _mm256_loadu_ps(x), *p0);
+    *p1 = _mm256_fmadd_ps(load_i8(w + 8), _mm256_loadu_ps(x + 8), *p1);
+    *p2 = _mm256_fmadd_ps(load_i8(w + 16), _mm256_loadu_ps(x + 16), *p2);
+    *p3 = _mm256_fmadd_ps(load_i8(w + 24), _mm256_loadu_ps(x + 24), *p3);
+}
+INL __m256 sum4(__m256 p0, __m256 p1, __m256 p2, __m256 p3) {
+    return _mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3));
+}
+
+static TGT __attribute__((noinline)) void gemv_i8_row(float *out, const float *x, const int8_t *w,
+                                                      const uint16_t *scale, int64_t group, int64_t K) {
+    int64_t ng = K / group, k = 0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float s = 0.0f;
+    if (ng == 1) {
+        for (; k + 32 <= K; k += 32) {
+            if ((k & 63) == 0) pf_line(w + k);
+            i8x32(w + k, x + k, &a0, &a1, &a2, &a3);
+        }
+        for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(load_i8(w + k), _mm256_loadu_ps(x + k), a0);
+        s = hsum(sum4(a0, a1, a2, a3));
+        for (; k < K; k++) s += (float)w[k] * x[k];
+        *out = s * _cvtsh_ss(scale[0]);
+        return;
+    }
+    if (group % 32 == 0) {
+        for (int64_t g = 0; g < ng; g++) {
+            __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+            for (int64_t kend = k + group; k < kend; k += 32) {
+                if ((k & 63) == 0) pf_line(w + k);
+                i8x32(w + k, x + k, &p0, &p1, &p2, &p3);
+            }
+            if (g & 1) a1 = _mm256_fmadd_ps(sum4(p0, p1, p2, p3), scale_at(scale, g), a1);
+            else a0 = _mm256_fmadd_ps(sum4(p0, p1, p2, p3), scale_at(scale, g), a0);
+        }
+    } else {   /* other group sizes: 8 columns at a time, a scalar tail per group */
+        for (int64_t g = 0; g < ng; g++) {
+            __m256 p0 = _mm256_setzero_ps();
+            int64_t kend = k + group;
+            for (; k + 8 <= kend; k += 8) {
+                if ((k & 63) == 0) pf_line(w + k);
+                p0 = _mm256_fmadd_ps(load_i8(w + k), _mm256_loadu_ps(x + k), p0);
+            }
+            float t = 0.0f;
+            for (; k < kend; k++) t += (float)w[k] * x[k];
+            s += t * _cvtsh_ss(scale[g]);
+            a0 = _mm256_fmadd_ps(p0, scale_at(scale, g), a0);
+        }
+    }
+    *out = hsum(_mm256_add_ps(a0, a1)) + s;
+}
+
+static TGT __attribute__((noinline)) void gemv_i4_row(float *out, const float *x, const uint8_t *w,
+                                                      const uint16_t *scale, int64_t group, int64_t K) {
+    int64_t ng = K / group, k = 0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+        for (int64_t kend = k + group; k < kend; k += 32) {
+            __m256 v[4];
+            if ((k & 127) == 0) pf_line(w + k / 2);
+            load_i4x32(w + k / 2, v);
+            p0 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + k), p0);
+            p1 = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + k + 8), p1);
+            p2 = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + k + 16), p2);
+            p3 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + k + 24), p3);
+        }
+        if (g & 1) a1 = _mm256_fmadd_ps(sum4(p0, p1, p2, p3), scale_at(scale, g), a1);
+        else a0 = _mm256_fmadd_ps(sum4(p0, p1, p2, p3), scale_at(scale, g), a0);
+    }
+    *out = hsum(_mm256_add_ps(a0, a1));
+}
+
+static TGT void gemv_avx2(float *out, const float *x, const pln_weight *W, int64_t r0, int64_t nr) {
+    int64_t K = W->cols;
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        if (W->dtype == PLN_DTYPE_F16)
+            gemv_f16_row(out + r - r0, x, (const uint16_t *)W->w + r * K, K);
+        else if (W->dtype == PLN_DTYPE_U8)
+            gemv_i4_row(out + r - r0, x, (const uint8_t *)W->w + r * (K / 2), W->scale + r * (K / W->group), W->group, K);
+        else
+            gemv_i8_row(out + r - r0, x, (const int8_t *)W->w + r * K, W->scale + r * (K / W->group), W->group, K);
+    }
+}
+
 /* ---- the integer-dot path (pln_cpu_set_int_dot) -------------------------------------------
  * The layout and arithmetic of simd_avx512.c's version, 8 rows per 256-bit vector: each 64-byte
  * group of the repacked rows is two vectors (rows 0-7, rows 8-15). With AVX-VNNI one vpdpbusd
@@ -764,6 +876,7 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .quant_act = quant_act_avx2,
+    .gemv = gemv_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
