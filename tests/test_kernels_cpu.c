@@ -973,6 +973,21 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
                    100 * gbs / copy, gflops, T / mean);
             if (tok1 > 0) printf(" (%.1fx T=1)", T / mean / tok1);
             printf("\n");
+            if (T == 1 && !idot && rows >= 256) {
+                /* the same step from cache: the first 256 rows (half a MiB or less per thread
+                 * stays in L2), so the figure is the loop's own speed, its ceiling when the
+                 * memory is fast */
+                pln_weight Wc = Ws[0];
+                Wc.rows = 256;
+                double bc = 1e30;
+                for (int r = 0; r < 2000; r++) {
+                    double t0 = pln_now();
+                    g_be->linear(g_be, o, x, &Wc, NULL, 1, false);
+                    bc = fmin(bc, pln_now() - t0);
+                }
+                printf("linear %s [256, %lld] T=1   from cache (L2): best %7.4f ms  %5.1f GB/s of weights\n",
+                       kinds[kd].name, (long long)cols, bc * 1e3, bytes * 256 / (double)rows / bc / 1e9);
+            }
             free(x); free(o);
         }
         pln_cpu_set_int_dot(g_be, false);
