@@ -29,6 +29,16 @@ static void *xalloc64(size_t n) {
     return p;
 }
 
+/* Chunks per dynamic grab for memory-bound steps (GEMVs, a few int4 tokens): each thread takes
+ * runs of a quarter of its share, so a run is one contiguous stream for the prefetch
+ * (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE), and a descheduled thread's remaining runs still go
+ * to the others. One chunk at a time measured 1.2-1.3x slower than a plain read of the same
+ * bytes (bloom-560m int4 g32). */
+static int64_t stream_grab(int64_t n_chunks, int nth) {
+    int64_t grab = n_chunks / (4 * nth);
+    return grab < 1 ? 1 : grab;
+}
+
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
     float scale = pln_f16_to_f32(W->scale[r * (W->cols / W->group) + k / W->group]);
@@ -107,14 +117,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
         int64_t qt = T < QTOK ? T : QTOK;
-        /* A GEMV (or a few int4 tokens, T <= PLN_CPU_Q4N_MAX) hands each thread runs of chunks, a
-         * quarter of its share at a time:
-         * each run is one contiguous stream for the prefetch (simd_avx512.c PREFETCH_NOTE), and
-         * a descheduled thread's remaining runs still go to the others. One chunk at a time
-         * measured 1.2-1.3x slower than a plain read of the same bytes (bloom-560m int4 g32). */
-        int nth = pln_cpu_threads(c);
-        int64_t grab = T <= PLN_CPU_Q4N_MAX ? n_qchunks / (4 * nth) : 1;
-        if (grab < 1) grab = 1;
+        /* a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights: runs of chunks */
+        int64_t grab = T <= PLN_CPU_Q4N_MAX ? stream_grab(n_qchunks, pln_cpu_threads(c)) : 1;
         /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK) */
         bool plain = i4 && T >= 2 && T <= PLN_CPU_Q4N_MAX && use_q4n(k);
         int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
@@ -154,12 +158,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         return;
     }
     if (T == 1 && k->gemv && !c->batch_invariant) {
-        /* One token (simd_avx512.c GEMV_NOTE): each thread takes runs of chunks, a quarter of its
-         * share at a time, and reads each run's rows in order, one stream; a descheduled
-         * thread's remaining runs still go to the others. */
+        /* One token (simd_avx512.c GEMV_NOTE): runs of chunks, each run's rows read in order */
         int nth = pln_cpu_threads(c);
-        int64_t grab = n_chunks / (4 * nth);
-        if (grab < 1) grab = 1;
+        int64_t grab = stream_grab(n_chunks, nth);
         #pragma omp parallel for schedule(dynamic, grab) num_threads(nth) if (n_rows * K > 65536)
         for (int64_t ch = 0; ch < n_chunks; ch++) {
             int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
