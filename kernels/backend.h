@@ -200,6 +200,9 @@ pln_backend *pln_backend_cpu_create(void);
  * each over OpenMP's threads, counted as read + write bytes per second (GB/s), best of 5 after a
  * warm-up pass. For MBU figures in benchmarks. */
 double pln_cpu_copy_gbs(size_t bytes);
+/* One measurement of that copy on arrays the caller holds (n doubles each, already touched): best
+ * of `passes` passes, GB/s. For a ceiling measured right beside each timed step. */
+double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes);
 #ifdef PLN_HAVE_CUDA
 pln_backend *pln_backend_cuda_create(int device);
 #endif

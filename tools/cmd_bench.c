@@ -2,7 +2,7 @@
  * several batch sizes, each beside the memory-bandwidth ceiling measured in the same run (a
  * STREAM-style copy) as model bandwidth utilisation:
  *   MBU = (weight bytes + KV bytes read per step) / step time / copy bandwidth,
- * the copy measured just before and after each batch size's steps (their mean) at TP 1.
+ * at TP 1 the median over the steps of that ratio, each step beside a copy measured just before it.
  * Run under mpirun for TP > 1 (the copy bandwidth is then rank 0's share of the node, measured
  * once at the start). */
 #include "formats/common.h"
@@ -31,6 +31,16 @@ static int64_t *parse_list(const char *s, int *n) {
         s = *end == ',' ? end + 1 : end;
     }
     return v;
+}
+
+/* The median of v[0..n) (n >= 1); sorts v. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int64_t n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static uint64_t g_lcg = 88172645463325252ull;
@@ -76,8 +86,9 @@ int cmd_bench(int argc, char **argv) {
                        "  --no-mmap: read the rank file into memory instead of mapping it.\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
-                       "  measured here (at TP 1 just before and after each batch size's steps); a GPU's\n"
-                       "  ceiling is measured by tools/bench/gpu.sh instead.\n");
+                       "  measured here: at TP 1 the median over the steps of each step's bandwidth over a copy\n"
+                       "  measured just before it (arrays of --stream-mib/4, at least 64 MiB); under mpirun the\n"
+                       "  copy at start-up. A GPU's ceiling is measured by tools/bench/gpu.sh instead.\n");
             pln_comm_free(comm);
             return 0;
         }
@@ -97,6 +108,9 @@ int cmd_bench(int argc, char **argv) {
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
     double bw = rank == 0 && on_cpu ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;
+    /* the copy beside each decode step: arrays of a quarter of that, at least 64 MiB (twice a
+     * large last-level cache) unless --stream-mib is smaller */
+    int64_t pair_mib = stream_mib / 4 > 64 ? stream_mib / 4 : stream_mib < 64 ? stream_mib : 64;
 
     eo.shard_dir = dir;
     eo.quiet = true;
@@ -157,40 +171,58 @@ int cmd_bench(int argc, char **argv) {
         pln_step_plan p = {.n_seqs = (int32_t)B, .seqs = seqs};
         if (pln_engine_step(e, &p, outs)) pln_die("batch %lld context: %s", (long long)B, pln_error());
         for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
-        /* The ceiling beside this batch: at TP 1 the copy is measured again just before and just
-         * after its steps and MBU divides by their mean (a VM's memory bandwidth can drift by
-         * 1.5-2x within minutes, so a figure from the start of the run can belong to another
-         * regime); under mpirun the other ranks would be polling meanwhile, so the start-up
-         * figure stays. */
+        /* The ceiling beside each step: at TP 1 every step is timed right after one measurement
+         * of the copy (best of 2 passes on arrays allocated here), and MBU is the median over the
+         * steps of each step's bandwidth over its own copy's. This VM's memory bandwidth moves by
+         * 1.5-2x within seconds, so a copy measured before and after a batch's steps can belong to
+         * another regime than the steps themselves. Under mpirun the other ranks would be polling
+         * meanwhile, so the start-up figure stays. */
         bool adjacent = bw > 0 && info.tp == 1;
-        double bw_b = adjacent ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : bw;
+        size_t pn = adjacent ? (size_t)pair_mib << 17 : 0;   /* doubles per array */
+        double *pa = NULL, *pc = NULL;
+        if (adjacent) {
+            pa = pln_xmalloc(pn * sizeof(double));
+            pc = pln_xmalloc(pn * sizeof(double));
+            for (size_t i = 0; i < pn; i++) { pa[i] = (double)i; pc[i] = 0; }
+        }
+        double *ratio = pln_xmalloc((size_t)steps * sizeof(double)), *cbw = pln_xmalloc((size_t)steps * sizeof(double));
         double tot = 0, best = 1e30;
         for (int64_t s = 0; s < steps; s++) {
             for (int64_t b = 0; b < B; b++)
                 seqs[b] = (pln_step_seq){.slot = (int32_t)b, .n_new = 1, .tokens = &last[b], .sample = true, .params = sp};
+            cbw[s] = adjacent ? pln_cpu_copy_pass_gbs(pc, pa, pn, 2) : bw;
             double ts = pln_now();
             if (pln_engine_step(e, &p, outs)) pln_die("decode: %s", pln_error());
             double dt = pln_now() - ts;
             tot += dt;
             if (dt < best) best = dt;
             for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
+            /* this step read every weight once and each sequence's context + s + 1 tokens of KV */
+            double rd = (double)info.weight_bytes + (double)B * (double)(context + s + 1) * (double)info.kv_bytes_per_token;
+            ratio[s] = cbw[s] > 0 ? rd / dt / (cbw[s] * 1e9) : 0;
         }
-        if (adjacent) bw_b = (bw_b + pln_cpu_copy_gbs((size_t)stream_mib << 20)) / 2;
+        free(pa);
+        free(pc);
         double step = tot / (double)steps;
         /* Bytes one decode step reads: every weight once, plus each sequence's keys and values
          * (context + the steps so far, on average context + steps/2). */
         double kv = (double)B * ((double)context + (double)steps / 2.0) * (double)info.kv_bytes_per_token;
         double bytes = (double)info.weight_bytes + kv;
-        double mbu = bw_b > 0 ? bytes / step / (bw_b * 1e9) : 0;
+        double bw_b = median(cbw, steps), mbu = median(ratio, steps);
+        double mbu_lo = ratio[0], mbu_hi = ratio[steps - 1];   /* sorted by median() */
+        free(ratio);
+        free(cbw);
         if (!json) {
             char m[48] = "MBU    n/a";
             if (bw_b > 0) snprintf(m, sizeof m, "MBU %5.1f%% of %.1f GB/s", 100 * mbu, bw_b);
             printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, %s (%.2f GB/step incl. %.1f MB KV)\n",
                    (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, m, bytes / 1e9, kv / 1e6);
         }
-        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:o, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
+        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
                                              "ms_per_token", step * 1e3 / (double)B, "tokens_per_s", (double)B / step,
                                              "mbu", bw_b > 0 ? json_real(mbu) : json_null(),
+                                             "mbu_min", bw_b > 0 ? json_real(mbu_lo) : json_null(),
+                                             "mbu_max", bw_b > 0 ? json_real(mbu_hi) : json_null(),
                                              "copy_gbs", bw_b > 0 ? json_real(bw_b) : json_null(), "best_ms_per_step", best * 1e3));
         pln_step_plan rp = {.n_release = (int32_t)B, .release = rel};
         pln_engine_step(e, &rp, NULL);

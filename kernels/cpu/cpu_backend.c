@@ -321,23 +321,29 @@ pln_backend *pln_backend_cpu_create(void) {
     return be;
 }
 
+double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes) {
+    double best = 1e30;
+    for (int rep = 0; rep < passes; rep++) {
+        double t0 = pln_now();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) c[i] = a[i];
+        double dt = pln_now() - t0;
+        if (dt < best) best = dt;
+    }
+    volatile double sink = c[n / 2];
+    (void)sink;
+    return 2.0 * (double)n * sizeof(double) / best / 1e9;
+}
+
 double pln_cpu_copy_gbs(size_t bytes) {
     size_t n = bytes / sizeof(double);
     if (n == 0) return 0.0;
     double *a = pln_xmalloc(n * sizeof(double)), *c = pln_xmalloc(n * sizeof(double));
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) { a[i] = (double)i; c[i] = 0; }
-    double best = 1e30;
-    for (int rep = 0; rep < 6; rep++) {
-        double t0 = pln_now();
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) c[i] = a[i];
-        double dt = pln_now() - t0;
-        if (rep > 0 && dt < best) best = dt;   /* the first pass only warms up */
-    }
-    volatile double sink = c[n / 2];
-    (void)sink;
+    pln_cpu_copy_pass_gbs(c, a, n, 1);   /* warm-up */
+    double gbs = pln_cpu_copy_pass_gbs(c, a, n, 5);
     free(a);
     free(c);
-    return 2.0 * (double)n * sizeof(double) / best / 1e9;
+    return gbs;
 }

@@ -4,8 +4,8 @@
 # fit a small machine's time), reshards each to TP 1 in each of $VARIANTS (fp16, int8, int8 g32 with
 # an int8 embedding, int4 g128 and g32), and runs `pollen bench` on each:
 # prefill tokens/s for a 512-token prompt, decode ms/token at batch 1, 8 and 32, and MBU against a
-# STREAM copy measured by the same process just before and after each batch size's steps (their
-# mean: this VM's bandwidth drifts within minutes). Scratch goes to $BENCH_DIR (default build/bench-cpu).
+# STREAM copy measured by the same process: the median over the steps of each step's bandwidth
+# over a copy measured just before it (this VM's bandwidth moves within seconds). Scratch goes to $BENCH_DIR (default build/bench-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
