@@ -29,15 +29,14 @@ static void *xalloc64(size_t n) {
     return p;
 }
 
-/* Chunks per dynamic grab for memory-bound steps (GEMVs, a few int4 tokens): each thread takes
- * runs of a quarter of its share, so a run is one contiguous stream for the prefetch
- * (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE), and a descheduled thread's remaining runs still go
- * to the others. One chunk at a time measured 1.2-1.3x slower than a plain read of the same
- * bytes (bloom-560m int4 g32). */
-static int64_t stream_grab(int64_t n_chunks, int nth) {
-    int64_t grab = n_chunks / (4 * nth);
-    return grab < 1 ? 1 : grab;
-}
+/* STREAM_NOTE: memory-bound steps (GEMVs, a few int4 tokens) hand out their row chunks guided:
+ * each grab is the remaining chunks over twice the threads, so the first runs are long contiguous
+ * streams for the prefetch (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE) and the last ones single
+ * chunks, so both threads stream to the end: a lone thread draws less of the memory bandwidth
+ * than two. A descheduled thread's remaining chunks still go to the others. Measured on bloom-1b7
+ * int8 at batch 1 (2 Zen 5 cores, interleaved, each step beside its own copy): 89.8-92.3 % of the
+ * copy, against 84.2-89.4 % with runs of a quarter of each thread's share; one chunk at a time had
+ * measured 1.2-1.3x slower than a plain read of the same bytes (bloom-560m int4 g32). */
 
 static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     if (W->dtype == PLN_DTYPE_F16) return pln_f16_to_f32(((const uint16_t *)W->w)[r * W->cols + k]);
@@ -110,6 +109,17 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
     int64_t K = W->cols;
     int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
     if (use_int_dot(c, W, T)) {
+        /* one chunk of QCHUNK rows against the nt quantized tokens at xq */
+#define Q_CHUNK(ch)                                                                                   \
+    do {                                                                                              \
+        int64_t r0 = (ch) * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;                 \
+        const uint8_t *wc = (const uint8_t *)W->w + r0 * rb;                                          \
+        const uint16_t *sc = W->scale + r0 * (K / W->group);                                          \
+        if (plain) k->gemm_q4n(o + r0, ldo, xq, xs, xsum, nt, wc, sc, W->group, nr, K);               \
+        else k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, wc, i4, sc, W->group, nr, K);                  \
+        if (bias || gelu)                                                                             \
+            for (int64_t t = 0; t < nt; t++) k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu); \
+    } while (0)
         /* Up to QTOK tokens are quantized once, straight into gemm_q8's token-interleaved layout,
          * then every row chunk repacks its weights once and passes all of them: a 512-token
          * prefill repacks each weight once, not once per 64 tokens (profiled: the repack and a
@@ -117,8 +127,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
         int64_t qt = T < QTOK ? T : QTOK;
-        /* a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights: runs of chunks */
-        int64_t grab = T <= PLN_CPU_Q4N_MAX ? stream_grab(n_qchunks, pln_cpu_threads(c)) : 1;
+        /* a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights (STREAM_NOTE) */
+        bool stream = T <= PLN_CPU_Q4N_MAX;
         /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK) */
         bool plain = i4 && T >= 2 && T <= PLN_CPU_Q4N_MAX && use_q4n(k);
         int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
@@ -139,29 +149,25 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                         k->quant_act(in + t0 * K, K, xq, xs, xsum, nt, t, t + 16 < nt ? t + 16 : nt);
                 }
                 float *o = out + t0 * ldo;
-                #pragma omp for schedule(dynamic, grab)
-                for (int64_t ch = 0; ch < n_qchunks; ch++) {
-                    int64_t r0 = ch * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;
-                    const uint8_t *wc = (const uint8_t *)W->w + r0 * rb;
-                    const uint16_t *sc = W->scale + r0 * (K / W->group);
-                    if (plain) k->gemm_q4n(o + r0, ldo, xq, xs, xsum, nt, wc, sc, W->group, nr, K);
-                    else k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, wc, i4, sc, W->group, nr, K);
-                    if (bias || gelu)
-                        for (int64_t t = 0; t < nt; t++)
-                            k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
+                if (stream) {
+                    #pragma omp for schedule(guided)
+                    for (int64_t ch = 0; ch < n_qchunks; ch++) Q_CHUNK(ch);
+                } else {
+                    #pragma omp for schedule(dynamic)
+                    for (int64_t ch = 0; ch < n_qchunks; ch++) Q_CHUNK(ch);
                 }
             }
         }
         free(xq);
         free(xs);
         free(xsum);
+#undef Q_CHUNK
         return;
     }
     if (T == 1 && k->gemv && !c->batch_invariant) {
-        /* One token (simd_avx512.c GEMV_NOTE): runs of chunks, each run's rows read in order */
-        int nth = pln_cpu_threads(c);
-        int64_t grab = stream_grab(n_chunks, nth);
-        #pragma omp parallel for schedule(dynamic, grab) num_threads(nth) if (n_rows * K > 65536)
+        /* One token (simd_avx512.c GEMV_NOTE): runs of chunks, each run's rows read in order
+         * (STREAM_NOTE) */
+        #pragma omp parallel for schedule(guided) num_threads(pln_cpu_threads(c)) if (n_rows * K > 65536)
         for (int64_t ch = 0; ch < n_chunks; ch++) {
             int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
             k->gemv(out + r0, in, W, r0, nr);
