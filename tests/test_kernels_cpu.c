@@ -341,6 +341,19 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
                   pln_cpu_no_vnni ? " (no VNNI)" : "");
             free(again);
         }
+        if (T == 1 && kind == WQ_I4 && isa == PLN_CPU_ISA_AVX512 && pln_cpu_has_q4n()) {
+            /* one int4 token (the GEMV, simd_avx512.c gemv_q4_vnni512 where the shape allows):
+             * bit for bit what the same token gets beside another in gemm_q4n's tiles */
+            float *x2 = malloc((size_t)(2 * cols) * 4), *o2 = malloc((size_t)(2 * rows) * 4);
+            memcpy(x2, x, (size_t)cols * 4);
+            memcpy(x2 + cols, x, (size_t)cols * 4);
+            CHECK(g_be->linear(g_be, o2, x2, W, bias, 2, gelu) == 0, "int-dot linear: %s", pln_error());
+            CHECK(!memcmp(o, o2, (size_t)rows * 4) && !memcmp(o, o2 + rows, (size_t)rows * 4),
+                  "int-dot I4 g%lld [%lld, %lld]: one token differs from the same token in a batch of 2", (long long)group,
+                  (long long)rows, (long long)cols);
+            free(x2);
+            free(o2);
+        }
         if (T == 1 && kind != WQ_I4) {   /* one int8 token: the float path, bit for bit */
             float *fl = malloc((size_t)rows * 4);
             pln_cpu_set_int_dot(g_be, false);
@@ -462,6 +475,11 @@ static void test_int_dot(void) {
             test_int_dot_case(11, 320, T, WQ_I4, 32, false, true, &worst);   /* 10 blocks: a two-block tail line */
             test_int_dot_case(5, 192, T, WQ_I4, 64, true, false, &worst);    /* 6 blocks in groups of 64 */
             test_int_dot_case(7, 2080, T, WQ_I4, 2080, true, false, &worst);
+            /* the whole-line GEMV: two segments of lines (33 lines), groups of 384 whose lines
+             * straddle the segment boundary, groups of 256 */
+            test_int_dot_case(70, 4224, T, WQ_I4, 32, false, false, &worst);
+            test_int_dot_case(6, 4608, T, WQ_I4, 384, true, false, &worst);
+            test_int_dot_case(13, 1024, T, WQ_I4, 256, false, true, &worst);
         }
     }
     printf("integer-dot path: worst rel L2 against the exact float result %.3g (activations rounded to int8 per "
@@ -973,20 +991,22 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
                    100 * gbs / copy, gflops, T / mean);
             if (tok1 > 0) printf(" (%.1fx T=1)", T / mean / tok1);
             printf("\n");
-            if (T == 1 && !idot && rows >= 256) {
-                /* the same step from cache: the first 256 rows (half a MiB or less per thread
+            if (T == 1 && rows >= 64) {
+                /* the same step from cache: its first rows up to 1 MiB (half a MiB per thread
                  * stays in L2), so the figure is the loop's own speed, its ceiling when the
                  * memory is fast */
                 pln_weight Wc = Ws[0];
-                Wc.rows = 256;
+                int64_t rc = (int64_t)((double)(1 << 20) / (bytes / (double)rows)) / 64 * 64;
+                Wc.rows = rc < 64 ? 64 : rc > rows ? rows : rc;
                 double bc = 1e30;
                 for (int r = 0; r < 2000; r++) {
                     double t0 = pln_now();
                     g_be->linear(g_be, o, x, &Wc, NULL, 1, false);
                     bc = fmin(bc, pln_now() - t0);
                 }
-                printf("linear %s [256, %lld] T=1   from cache (L2): best %7.4f ms  %5.1f GB/s of weights\n",
-                       kinds[kd].name, (long long)cols, bc * 1e3, bytes * 256 / (double)rows / bc / 1e9);
+                printf("linear %s%s [%lld, %lld] T=1   from cache (L2): best %7.4f ms  %5.1f GB/s of weights\n",
+                       kinds[kd].name, idot ? " idot" : "", (long long)Wc.rows, (long long)cols, bc * 1e3,
+                       bytes * (double)Wc.rows / (double)rows / bc / 1e9);
             }
             free(x); free(o);
         }

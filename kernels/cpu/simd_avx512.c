@@ -682,6 +682,87 @@ static VNNI512 void gemm_q4n_vnni512(float *out, int64_t ldo, const int8_t *xq, 
 #undef Q4T
 }
 
+/* The int4 decode GEMV (one token) for the common shapes: whole 128-column lines (K % 128 == 0)
+ * and groups of 32 or of a multiple of 128. The same arithmetic as q4_tile at NT = 1, in the same
+ * order, so its results are bit for bit q4_tile's (and a lone token's are those it has in a
+ * batch of gemm_q4n), without q4_tile's per-line work for the general case: a division for the
+ * line's groups, the branches on the tail and the group shape, the activations' lane shuffles
+ * (identical for every row: here laid out once per call, per segment of Q4G_SEG lines, and read
+ * from L1). perf had shown the general tile spilling its unpacked rows to the stack and an idiv
+ * per line. */
+#define Q4G_SEG 32
+VINL void q4_gemv_tile(const int NR, const bool G32, __m512 *f, const uint8_t *wr, const uint16_t *sr, int64_t rb,
+                       int64_t ng, int64_t lpg, const __m512i *xl, int64_t l0, int64_t l1) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 a[4];
+    UNROLL for (int i = 0; i < NR; i++) a[i] = f[i];
+    int64_t g = G32 ? 0 : l0 / lpg, lc = G32 ? 0 : l0 % lpg;   /* the line's group and its place in it */
+    for (int64_t l = l0; l < l1; l++) {
+        const __m512i *x = xl + 4 * (l - l0);
+        if (NR == 4) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */
+            pf_ahead4(wr, 256 * l);
+            _mm_prefetch((const char *)sr + (PF_AHEAD + 256 * l) * 4 / (G32 ? 32 : 128 * lpg), _MM_HINT_T0);
+        }
+        UNROLL for (int i = 0; i < NR; i++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(wr + i * rb + 64 * l));
+            __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+            __m512 sc;
+            if (G32) {
+                __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(sr + i * ng + 4 * l)));
+                sc = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4));
+            } else {
+                sc = _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g]));
+            }
+            __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x[2], lo, x[0]), hi, x[1]));
+            a[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_castsi512_ps(x[3]), sc), a[i]);
+        }
+        if (!G32 && ++lc == lpg) { lc = 0; g++; }
+    }
+    UNROLL for (int i = 0; i < NR; i++) f[i] = a[i];
+}
+
+static VNNI512 void gemv_q4_vnni512(float *out, const int8_t *xq, const float *xs, const int32_t *xsum,
+                                    const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    int64_t nl = K / 128, ng = K / group, rb = K / 2, lpg = group / 128;
+    const bool g32 = group == 32;
+    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i m8 = _mm512_set1_epi32(-8);
+    /* per line: the activations' low and high halves in the rows' nibble order, the -8 sum xq
+     * corrections and the block scales, as q4_tile puts them in registers */
+    __m512i xl[4 * Q4G_SEG];
+    for (int64_t r0 = 0; r0 < nr; r0 += 32) {
+        int64_t n = nr - r0 < 32 ? nr - r0 : 32;
+        __m512 f[32];
+        for (int64_t i = 0; i < n; i++) f[i] = _mm512_setzero_ps();
+        for (int64_t l0 = 0; l0 < nl; l0 += Q4G_SEG) {
+            int64_t l1 = nl - l0 < Q4G_SEG ? nl : l0 + Q4G_SEG;
+            for (int64_t l = l0; l < l1; l++) {
+                const int8_t *xj = xq + 128 * l;
+                __m512i a = _mm512_loadu_si512((const void *)xj), c = _mm512_loadu_si512((const void *)(xj + 64));
+                __m128 s4 = _mm_loadu_ps(xs + 4 * l);
+                __m128i c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum + 4 * l));
+                __m512i *x = xl + 4 * (l - l0);
+                x[0] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+                x[1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+                x[2] = _mm512_mullo_epi32(_mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4)), m8);
+                x[3] = _mm512_castps_si512(_mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4)));
+            }
+            const uint8_t *wr = w + r0 * rb;
+            const uint16_t *sr = scale + r0 * ng;
+            int64_t i = 0;
+            if (g32) {
+                for (; i + 4 <= n; i += 4) q4_gemv_tile(4, true, f + i, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, l0, l1);
+                for (; i < n; i++) q4_gemv_tile(1, true, f + i, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, l0, l1);
+            } else {
+                for (; i + 4 <= n; i += 4) q4_gemv_tile(4, false, f + i, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, l0, l1);
+                for (; i < n; i++) q4_gemv_tile(1, false, f + i, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, l0, l1);
+            }
+        }
+        for (int64_t i = 0; i < n; i++) out[r0 + i] = _mm512_reduce_add_ps(f[i]) * 1.0f;
+    }
+}
+
 bool pln_cpu_has_q4n(void) {
     return !pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
@@ -690,7 +771,13 @@ bool pln_cpu_has_q4n(void) {
 static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
                                     int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group,
                                     int64_t nr, int64_t K) {
-    if (nt == 1 && i4) { gemm_q4n_vnni512(out, 0, xq, xs, xsum, 1, w, scale, group, nr, K); return; }
+    if (nt == 1 && i4) {
+        if (K % 128 == 0 && K / group > 1 && (group == 32 || group % 128 == 0))
+            gemv_q4_vnni512(out, xq, xs, xsum, w, scale, group, nr, K);
+        else
+            gemm_q4n_vnni512(out, 0, xq, xs, xsum, 1, w, scale, group, nr, K);
+        return;
+    }
     int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;
     uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);
     uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;   /* aligned: each vector one cache line */
