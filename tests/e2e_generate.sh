@@ -112,6 +112,7 @@ check_fails "bench --steps 0 is refused, naming the option" "steps.*0" "$POLLEN"
 check_fails "bench --prompt-len 12abc is refused" "prompt-len.*12abc" "$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 12abc
 check_fails "bench --device -1 is refused" "device" "$POLLEN" bench "$TMP/bloom-4h-tp1" --device -1
 check "bench under mpirun reports decode figures and MBU" grep -q '"batch":2,"ms_per_step":[0-9.e-]*,"ms_per_token":[0-9.e-]*,"tokens_per_s":[0-9.e+-]*,"mbu"' <<<"$out"
+check "bench under mpirun: MBU against the start-up copy" grep -q '"mbu_mode":"start"' <<<"$out"
 # TP 1: each step beside its own copy; MBU is their median, so it lies between the extremes
 out1=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1,2 --steps 3 --context 4 --stream-mib 8 --json 2>/dev/null)
 mbu_ordered() { # every decode entry: 0 < mbu_min <= mbu <= mbu_max and copy_gbs > 0
@@ -122,6 +123,12 @@ mbu_ordered() { # every decode entry: 0 < mbu_min <= mbu <= mbu_max and copy_gbs
 }
 check "bench at TP 1 reports MBU as the median of steps beside their own copies" mbu_ordered "$out1"
 check_fails "the MBU order check can fail" "" mbu_ordered "${out1//\"mbu_max\"/\"mbu_maxx\"}"
+out0=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1 --steps 2 --context 4 --mbu off --json 2>/dev/null)
+check "bench --mbu off: decode figures, no copy and no MBU" grep -q '"tokens_per_s":[0-9.e+-]*,"mbu":null.*"stream_copy_gbs":null,"mbu_mode":"off"' <<<"$out0"
+check "bench at TP 1 says its MBU is per step" grep -q '"mbu_mode":"steps"' <<<"$out1"
+outs=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1,2 --steps 2 --context 4 --stream-mib 8 --mbu start --json 2>/dev/null)
+check "bench --mbu start: MBU against the start-up copy" mbu_ordered "$outs"
+check_fails "bench --mbu with an unknown mode is refused, naming it" 'mbu.*"sometimes".*steps, start or off' "$POLLEN" bench "$TMP/bloom-4h-tp1" --mbu sometimes
 check_fails "missing set" "manifest.json" "$POLLEN" generate "$TMP/nonexistent" --prompt hi
 # Option values are checked whole and against their range; the message names the option and value.
 set1=$TMP/bloom-4h-tp1

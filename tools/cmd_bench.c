@@ -56,6 +56,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
     bool json = false;
+    const char *mbu_mode = "steps";
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
     eo.populate = true;
@@ -68,6 +69,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--context")) context = pln_cli_int(a, ARG(), 1, 1 << 20);
         else if (!strcmp(a, "--steps")) steps = pln_cli_int(a, ARG(), 1, 1 << 20);
         else if (!strcmp(a, "--stream-mib")) stream_mib = pln_cli_int(a, ARG(), 8, 1 << 16);
+        else if (!strcmp(a, "--mbu")) {
+            mbu_mode = ARG();
+            if (strcmp(mbu_mode, "steps") && strcmp(mbu_mode, "start") && strcmp(mbu_mode, "off")) {
+                if (rank == 0) fprintf(stderr, "pollen bench: --mbu \"%s\": expected steps, start or off\n", mbu_mode);
+                pln_comm_free(comm);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
         else if (!strcmp(a, "--backend")) eo.backend = ARG();
         else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
@@ -80,15 +89,18 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank == 0)
                 printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
-                       "       [--steps 16] [--threads N] [--stream-mib 512] [--backend cpu|cuda]\n"
+                       "       [--steps 16] [--threads N] [--stream-mib 512] [--mbu steps|start|off] [--backend cpu|cuda]\n"
                        "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--int-dot on|off|auto] [--batch-invariant] [--no-mmap] [--json]\n"
                        PLN_CLI_INT_DOT_HELP
                        "  --no-mmap: read the rank file into memory instead of mapping it.\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
-                       "  measured here: at TP 1 the median over the steps of each step's bandwidth over a copy\n"
-                       "  measured just before it (arrays of --stream-mib/4, at least 64 MiB); under mpirun the\n"
-                       "  copy at start-up. A GPU's ceiling is measured by tools/bench/gpu.sh instead.\n");
+                       "  measured here. --mbu steps (default): at TP 1 the median over the steps of each step's\n"
+                       "  bandwidth over a copy measured just before it (arrays of --stream-mib/4, at least\n"
+                       "  64 MiB; under mpirun the copy at start-up). --mbu start: the copy at start-up only, the\n"
+                       "  steps back to back (the copies between steps evict the caches: a model that fits in the\n"
+                       "  last-level cache then reads from memory). --mbu off: no copy, no MBU. A GPU's ceiling is\n"
+                       "  measured by tools/bench/gpu.sh instead.\n");
             pln_comm_free(comm);
             return 0;
         }
@@ -107,7 +119,8 @@ int cmd_bench(int argc, char **argv) {
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
-    double bw = rank == 0 && on_cpu ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;
+    const bool copy = on_cpu && strcmp(mbu_mode, "off");
+    double bw = rank == 0 && copy ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;
     /* the copy beside each decode step: arrays of a quarter of that, at least 64 MiB (twice a
      * large last-level cache) unless --stream-mib is smaller */
     int64_t pair_mib = stream_mib / 4 > 64 ? stream_mib / 4 : stream_mib < 64 ? stream_mib : 64;
@@ -130,13 +143,15 @@ int cmd_bench(int argc, char **argv) {
     }
     pln_engine_info info;
     pln_engine_get_info(e, &info);
-    char hb[32];
+    char hb[32], cp[96];
+    if (!on_cpu) snprintf(cp, sizeof cp, "not measured: the backend is not the CPU, so no MBU is reported");
+    else if (!copy) snprintf(cp, sizeof cp, "not measured (--mbu off)");
+    else snprintf(cp, sizeof cp, "%.1f GB/s (%lld MiB arrays)", bw, (long long)stream_mib);
     if (!json)
         printf("pollen bench %s: TP %d %s%s, KV %s, %lld layers, hidden %lld, vocab %lld; %s of weights per rank; %d threads/rank\n"
-               "load %.2f s (populate); STREAM copy %.1f GB/s (%lld MiB arrays)%s\n",
+               "load %.2f s (populate); STREAM copy %s\n",
                dir, info.tp, info.dtype, info.int_dot ? " (int-dot)" : "", info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
-               pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, bw, (long long)stream_mib,
-               on_cpu ? "" : " -- not measured: the backend is not the CPU, so no MBU is reported");
+               pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, cp);
 
     pln_sample_params sp;
     pln_sample_params_default(&sp);
@@ -177,7 +192,7 @@ int cmd_bench(int argc, char **argv) {
          * 1.5-2x within seconds, so a copy measured before and after a batch's steps can belong to
          * another regime than the steps themselves. Under mpirun the other ranks would be polling
          * meanwhile, so the start-up figure stays. */
-        bool adjacent = bw > 0 && info.tp == 1;
+        bool adjacent = bw > 0 && info.tp == 1 && !strcmp(mbu_mode, "steps");
         size_t pn = adjacent ? (size_t)pair_mib << 17 : 0;   /* doubles per array */
         double *pa = NULL, *pc = NULL;
         if (adjacent) {
@@ -237,6 +252,9 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "threads_per_rank", json_integer(threads));
         json_object_set_new(root, "weight_bytes_per_rank", json_integer((json_int_t)info.weight_bytes));
         json_object_set_new(root, "stream_copy_gbs", bw > 0 ? json_real(bw) : json_null());
+        /* where the ceiling came from: beside each step, at start-up only (also --mbu steps under
+         * mpirun), or nowhere */
+        json_object_set_new(root, "mbu_mode", json_string(bw <= 0 ? "off" : info.tp == 1 && !strcmp(mbu_mode, "steps") ? "steps" : "start"));
         json_object_set_new(root, "load_s", json_real(t_load));
         json_object_set_new(root, "prefill_tokens", json_integer(prompt_len));
         json_object_set_new(root, "prefill_tokens_per_s", json_real(prompt_len / best_pf));

@@ -19,7 +19,8 @@
 # both), with the same threads and an f16 KV cache on both sides:
 #   prefill: a 512-token prompt (pollen bench --prompt-len 512; llama-bench -p 512 -n 0);
 #   decode at batch 1, 8, 32: CONTEXT tokens of context then STEPS steps (pollen bench --batch
-#   --context --steps; llama-batched-bench -npp CONTEXT -ntg STEPS -npl 1,8,32).
+#   --context --steps; llama-batched-bench -npp CONTEXT -ntg STEPS -npl 1,8,32); pollen with
+#   --mbu off, so that its steps run back to back as llama.cpp's do (no copy between them).
 # Each cell keeps the best of the R runs (the least disturbed); the ratio is pollen's throughput
 # over llama.cpp's, so > 1 means pollen is faster. Rows whose pollen dtype reshard refuses (int4
 # before it exists) print SKIP. The load average is printed before and after: figures from a
@@ -141,7 +142,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) pri
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg); OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(default)}"
 echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights); $THREADS threads each; best of $REPS interleaved runs; f16 KV both"
-echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS"
+echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS --mbu off"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
 echo
 echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s |"
@@ -159,7 +160,7 @@ for pair in "${PAIRS[@]}"; do
   for ((r = 0; r < REPS; r++)); do
     # shellcheck disable=SC2086
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch 1,8,32 --context "$CONTEXT" --steps "$STEPS" \
-      --kv-dtype f16 --threads "$THREADS" $bopts --json 2>/dev/null >"$DIR/pollen.json"
+      --kv-dtype f16 --threads "$THREADS" --mbu off $bopts --json 2>/dev/null >"$DIR/pollen.json"
     pre=$(num prefill_tokens_per_s <"$DIR/pollen.json")
     dec=$(grep -o '"batch":[0-9]*,[^}]*"tokens_per_s":[0-9.e+]*' "$DIR/pollen.json" | sed 's/"batch":\([0-9]*\),.*"tokens_per_s":/\1 /')
     echo "$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")" >>"$DIR/p.txt"
