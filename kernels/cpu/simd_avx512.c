@@ -759,7 +759,7 @@ static VNNI512 void gemv_q4_vnni512(float *out, const int8_t *xq, const float *x
                 for (; i < n; i++) q4_gemv_tile(1, false, f + i, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, l0, l1);
             }
         }
-        for (int64_t i = 0; i < n; i++) out[r0 + i] = _mm512_reduce_add_ps(f[i]) * 1.0f;
+        for (int64_t i = 0; i < n; i++) out[r0 + i] = _mm512_reduce_add_ps(f[i]);   /* q4_tile: times 1.0f, exact */
     }
 }
 
