@@ -30,8 +30,8 @@ static void *xalloc64(size_t n) {
 }
 
 /* STREAM_NOTE: memory-bound steps (GEMVs, a few int4 tokens) hand out their row chunks guided:
- * each grab is the remaining chunks over twice the threads, so the first runs are long contiguous
- * streams for the prefetch (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE) and the last ones single
+ * each grab is the chunks left over the threads (libgomp; OpenMP asks for proportional to it), so
+ * the first runs are long contiguous streams for the prefetch (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE) and the last ones single
  * chunks, so both threads stream to the end: a lone thread draws less of the memory bandwidth
  * than two. A descheduled thread's remaining chunks still go to the others. Measured on bloom-1b7
  * int8 at batch 1 (2 Zen 5 cores, interleaved, each step beside its own copy): 89.8-92.3 % of the
