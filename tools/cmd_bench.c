@@ -179,6 +179,16 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(root, "decode", dec);
     if (!json) printf("prefill %lld tokens: %.3f s, %.1f tokens/s\n", (long long)prompt_len, best_pf, prompt_len / best_pf);
 
+    /* the arrays of the copy beside each decode step (the comment in the loop), once for all
+     * batch sizes */
+    const bool adjacent = bw > 0 && info.tp == 1 && !strcmp(mbu_mode, "steps");
+    size_t pn = adjacent ? (size_t)pair_mib << 17 : 0;   /* doubles per array */
+    double *pa = NULL, *pc = NULL;
+    if (adjacent) {
+        pa = pln_xmalloc(pn * sizeof(double));
+        pc = pln_xmalloc(pn * sizeof(double));
+        for (size_t i = 0; i < pn; i++) { pa[i] = (double)i; pc[i] = 0; }
+    }
     for (int bi = 0; bi < nb; bi++) {
         int64_t B = bs[bi];
         for (int64_t b = 0; b < B; b++)
@@ -187,19 +197,11 @@ int cmd_bench(int argc, char **argv) {
         if (pln_engine_step(e, &p, outs)) pln_die("batch %lld context: %s", (long long)B, pln_error());
         for (int64_t b = 0; b < B; b++) last[b] = outs[b].token;
         /* The ceiling beside each step: at TP 1 every step is timed right after one measurement
-         * of the copy (best of 2 passes on arrays allocated here), and MBU is the median over the
+         * of the copy (best of 2 passes on pa/pc), and MBU is the median over the
          * steps of each step's bandwidth over its own copy's. This VM's memory bandwidth moves by
          * 1.5-2x within seconds, so a copy measured before and after a batch's steps can belong to
          * another regime than the steps themselves. Under mpirun the other ranks would be polling
          * meanwhile, so the start-up figure stays. */
-        bool adjacent = bw > 0 && info.tp == 1 && !strcmp(mbu_mode, "steps");
-        size_t pn = adjacent ? (size_t)pair_mib << 17 : 0;   /* doubles per array */
-        double *pa = NULL, *pc = NULL;
-        if (adjacent) {
-            pa = pln_xmalloc(pn * sizeof(double));
-            pc = pln_xmalloc(pn * sizeof(double));
-            for (size_t i = 0; i < pn; i++) { pa[i] = (double)i; pc[i] = 0; }
-        }
         double *ratio = pln_xmalloc((size_t)steps * sizeof(double)), *cbw = pln_xmalloc((size_t)steps * sizeof(double));
         double tot = 0, best = 1e30;
         for (int64_t s = 0; s < steps; s++) {
@@ -216,8 +218,6 @@ int cmd_bench(int argc, char **argv) {
             double rd = (double)info.weight_bytes + (double)B * (double)(context + s + 1) * (double)info.kv_bytes_per_token;
             ratio[s] = cbw[s] > 0 ? rd / dt / (cbw[s] * 1e9) : 0;
         }
-        free(pa);
-        free(pc);
         double step = tot / (double)steps;
         /* Bytes one decode step reads: every weight once, plus each sequence's keys and values
          * (context + the steps so far, on average context + steps/2). */
@@ -267,6 +267,6 @@ int cmd_bench(int argc, char **argv) {
     pln_engine_shutdown(e);
     pln_engine_close(e);
     pln_comm_free(comm);
-    free(bs); free(toks); free(seqs); free(outs); free(rel); free(last);
+    free(bs); free(toks); free(seqs); free(outs); free(rel); free(last); free(pa); free(pc);
     return 0;
 }
