@@ -64,6 +64,7 @@ struct pln_engine {
     eng_slot *slots;
     int64_t step_no;
     int64_t fault_nan_step;     /* PLN_ENGINE_FAULT_NAN_ENV (0 = off) */
+    bool fault_nan_onward;      /* "N+": that step and every later one */
     bool shut_down;
     double load_seconds;
     int64_t fork_tokens;
@@ -224,7 +225,11 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     if (e->opts.block_size < 1) e->opts.block_size = 16;
     e->comm = comm;
     const char *fault = getenv(PLN_ENGINE_FAULT_NAN_ENV);
-    if (fault && *fault) e->fault_nan_step = strtoll(fault, NULL, 10);
+    if (fault && *fault) {
+        char *end = NULL;
+        e->fault_nan_step = strtoll(fault, &end, 10);
+        e->fault_nan_onward = end && *end == '+';
+    }
     e->rank = pln_comm_rank(comm);
     e->tp = pln_comm_size(comm);
     int bad;
@@ -461,7 +466,7 @@ static void top_insert(float *bv, int32_t *bi, int32_t *nb, int32_t cap, float v
     bv[at] = v; bi[at] = id;
 }
 
-static bool row_is_greedy(const pln_sample_params *p) { return !p->do_sample || p->temperature == 0.0f; }
+static bool row_is_greedy(const pln_sample_params *p) { return pln_sample_is_greedy(p); }
 
 /* The raw logit of tok from its processed value among the candidates: undo the presence /
  * frequency penalty, the temperature (it = 1 / temperature) and the repetition penalty. */
@@ -490,7 +495,7 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
     float *pen = grow(&e->lp_host[0], (size_t)ns * 4), *invt = grow(&e->lp_host[1], (size_t)ns * 4);
     int32_t *off = grow(&e->lp_host[2], (size_t)(ns + 1) * 4);
     bool nontrivial = false;
-    int32_t kmax = MIN_CANDIDATES;
+    int64_t kmax = MIN_CANDIDATES;
     off[0] = 0;
     for (int32_t r = 0; r < ns; r++) {
         const pln_step_seq *q = &p->seqs[srow_seq[r]];
@@ -498,8 +503,11 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
         invt[r] = row_is_greedy(&q->params) || q->params.temperature <= 0 ? 1.0f : 1.0f / q->params.temperature;
         if (pen[r] != 1.0f || invt[r] != 1.0f) nontrivial = true;
         /* One more than top_k: a tie at the k-th value then shows as an extra candidate, and
-         * pln_sample_candidates_suffice can tell a complete top-k set from a cut one. */
-        if (q->params.top_k + 1 > kmax) kmax = q->params.top_k + 1;
+         * pln_sample_candidates_suffice can tell a complete top-k set from a cut one.
+         * A top_k at or above the vocabulary keeps every token: it asks no candidates (and its +1
+         * is taken in 64 bits, so INT32_MAX does not overflow). */
+        int64_t want = q->params.top_k > 0 && q->params.top_k < V ? (int64_t)q->params.top_k + 1 : 0;
+        if (want > kmax) kmax = want;
         off[r + 1] = off[r] + (pen[r] != 1.0f ? e->slots[q->slot].n_seen : 0);
     }
     int32_t k = (int32_t)(kmax < Vr ? kmax : Vr);
@@ -619,8 +627,10 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
                 finite &= isfinite(qm[2 * ns + r]) && isfinite(qm[3 * ns + r]) && isfinite(qm[r]) && isfinite(qm[ns + r]);
             }
             if (!finite) {
+                /* fi already moved past this row when its full row was taken above */
                 out[si].nonfinite = true;
-                if (fi < nf && full_rows[fi] == r) fi++;
+                free(fv);
+                free(fids);
                 continue;
             }
             pln_sample_params sp = q->params;
@@ -869,7 +879,8 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
             }
         }
     }
-    if (ns > 0 && e->fault_nan_step > 0 && e->step_no == e->fault_nan_step) {
+    if (ns > 0 && e->fault_nan_step > 0 &&
+        (e->step_no == e->fault_nan_step || (e->fault_nan_onward && e->step_no > e->fault_nan_step))) {
         /* the sampled rows come first in logits; the raw rows of want_logits were copied above */
         size_t nb = (size_t)ns * (size_t)m->Vr * 4;
         float *nan_rows = pln_xmalloc(nb);

@@ -134,11 +134,12 @@ typedef struct {
 
 /* The error of a sequence whose logits were not finite (pln_step_out.nonfinite). */
 #define PLN_NONFINITE_MSG "the model produced non-finite logits (NaN or infinite): its weights may be corrupt " \
-                          "(run `pollen verify` on the shard set) or the temperature is too small"
+                          "(run `pollen verify` on the shard set)"
 
 /* Test-only fault injection: with PLN_FAULT_NAN_LOGITS_AT_STEP=N in the environment (read at
  * open, on every rank), the sampled rows of step N (counting steps that feed tokens, from 1)
- * are overwritten with NaN after the forward pass, as corrupt weights would leave them. */
+ * are overwritten with NaN after the forward pass, as corrupt weights would leave them; "N+"
+ * does so at step N and every step after it. */
 #define PLN_ENGINE_FAULT_NAN_ENV "PLN_FAULT_NAN_LOGITS_AT_STEP"
 
 /* Rank 0 only. Runs one step; out has plan->n_seqs entries. -1 + error when the plan is invalid

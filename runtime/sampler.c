@@ -38,6 +38,9 @@ int pln_sample_params_check(const pln_sample_params *p) {
     if (!isfinite(p->repetition_penalty) || !(p->repetition_penalty > 0.0f))
         return pln_errorf("repetition_penalty: must be a finite number > 0 (1 = off), got %g",
                           (double)p->repetition_penalty);
+    if (p->repetition_penalty < PLN_SAMPLE_MIN_PENALTY)
+        return pln_errorf("repetition_penalty: must be >= %g (a smaller one divides the logits of seen tokens "
+                          "into overflow), got %g", (double)PLN_SAMPLE_MIN_PENALTY, (double)p->repetition_penalty);
     if (!(p->typical_p >= 0.0f && p->typical_p <= 1.0f))
         return pln_errorf("typical_p: must be in [0, 1] (0 or 1 = off), got %g", (double)p->typical_p);
     if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
@@ -146,7 +149,9 @@ static cand *cand_sorted(const float *vals, const int32_t *ids, int32_t n) {
     return c;
 }
 
-static bool is_greedy(const pln_sample_params *p) { return !p->do_sample || p->temperature == 0.0f; }
+bool pln_sample_is_greedy(const pln_sample_params *p) {
+    return !p->do_sample || !(p->temperature >= PLN_SAMPLE_MIN_TEMPERATURE);
+}
 
 /* Number of leading sorted candidates top-k keeps: every one >= the k-th value (ties kept). */
 static int32_t topk_keep(const cand *c, int32_t n, int32_t top_k) {
@@ -378,7 +383,7 @@ int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *v
     }
     int32_t chosen = best;
     float mx = cand_key(vals[best]);
-    if (!is_greedy(p) && mx != -INFINITY) {
+    if (!pln_sample_is_greedy(p) && mx != -INFINITY) {
         int32_t id = sample_draw(p, rng, vals, ids, n, lse, mx);
         for (int32_t i = 0; i < n; i++) if (ids[i] == id) { chosen = i; break; }
     }
@@ -389,7 +394,7 @@ int32_t pln_sample_pick(const pln_sample_params *p, pln_rng *rng, const float *v
 bool pln_sample_candidates_suffice(const pln_sample_params *p, const float *vals, int32_t n, float lse,
                                    int64_t vocab) {
     if (n < 1) return false;
-    if (is_greedy(p) || (int64_t)n >= vocab) return true;
+    if (pln_sample_is_greedy(p) || (int64_t)n >= vocab) return true;
     bool topk_on = p->top_k > 0 && (int64_t)p->top_k < vocab;
     if (!topk_on && p->top_p >= 1.0f) return false;     /* plain sampling (or typical alone) draws from every token */
     cand *c = cand_sorted(vals, NULL, n);

@@ -50,12 +50,24 @@ typedef struct {
  *   canonical order; the same seed gives the same token whatever the candidate order or TP size.
  * - greedy: largest value, lowest id on ties; NaN counts as -inf everywhere. */
 
+/* A temperature below this samples greedily, as vLLM does below its 1e-5: greedy is the limit of
+ * sampling as the temperature goes to 0, and dividing logits by a smaller temperature can
+ * overflow them to infinity. The same floor bounds repetition_penalty from below (it divides
+ * positive logits): pln_sample_params_check refuses a smaller one. */
+#define PLN_SAMPLE_MIN_TEMPERATURE 1e-5f
+#define PLN_SAMPLE_MIN_PENALTY 1e-5f
+
+/* True when p picks greedily: do_sample false, or a temperature below PLN_SAMPLE_MIN_TEMPERATURE
+ * (0 included). */
+bool pln_sample_is_greedy(const pln_sample_params *p);
+
 /* Defaults: greedy, temperature 1, top_k 0, top_p 1, penalty 1, seed 0, typical_p 1,
  * presence and frequency penalties 0. */
 void pln_sample_params_default(pln_sample_params *p);
 /* Validates ranges; -1 with an error naming the parameter (used by the server's 422s):
- * temperature finite and >= 0, and > 0 when do_sample; top_k >= 0; 0 < top_p <= 1;
- * repetition_penalty finite and > 0; typical_p in [0, 1]; presence and frequency penalties
+ * temperature finite and >= 0, and > 0 when do_sample; top_k >= 0 (any value: a top_k at or above
+ * the vocabulary keeps every token, as top_k 0 does); 0 < top_p <= 1;
+ * repetition_penalty finite and >= PLN_SAMPLE_MIN_PENALTY; typical_p in [0, 1]; presence and frequency penalties
  * finite. NaN fails every check. */
 int pln_sample_params_check(const pln_sample_params *p);
 

@@ -80,7 +80,7 @@ pln_job *pln_job_create(const pln_gen_request *req, int32_t *const *prompt_ids, 
     j->seqs = pln_xcalloc((size_t)j->n_seqs, sizeof *j->seqs);
     j->max_new_tokens = req->max_new_tokens;
     j->sample = req->sample;
-    j->do_sample = req->sample.do_sample && req->sample.temperature > 0;
+    j->do_sample = !pln_sample_is_greedy(&req->sample);   /* a tiny temperature is greedy */
     j->seed_set = req->seed_set;
     j->n_stop = req->n_stop;
     j->stop = pln_xcalloc((size_t)(j->n_stop ? j->n_stop : 1), sizeof *j->stop);

@@ -64,6 +64,38 @@ check "non-object body -> 422" test "$(code /generate '[1]')" = 422
 check "openai bad temperature -> 400" test "$(code /v1/completions '{"prompt":"x","temperature":9}')" = 400
 check "openai error shape" grep -q '"error":{"message":.*"type":"invalid_request_error","param":"temperature"' "$TMP/body"
 check "openai unknown model -> 404" test "$(code /v1/completions '{"prompt":"x","model":"nope"}')" = 404
+# Every sampling parameter at its extremes is a 200 or a 4xx naming it, never a 5xx or a dead
+# server: top_k INT32_MAX once overflowed its +1 and killed the process; a temperature whose
+# inverse is infinite in float came back as a 424 blaming the weights (now greedy, as below 1e-5).
+GREEDY=$(post /generate '{"inputs":"Hello world","parameters":{"max_new_tokens":6}}' | gen_text)
+for body in '"top_k":2147483647' '"top_k":1' '"temperature":1e-40' '"temperature":1e-38' '"temperature":100' \
+            '"top_p":1e-30' '"top_p":1' '"typical_p":1e-30' '"typical_p":0.9999' '"repetition_penalty":1e-5' \
+            '"repetition_penalty":100' '"seed":9223372036854775807' '"seed":0' '"top_n_tokens":5' '"truncate":1' \
+            '"best_of":2,"do_sample":true' '"do_sample":true,"top_k":2147483647,"top_p":1e-30'; do
+  for route in /generate /generate_stream; do
+    [ $route = /generate_stream ] && [[ $body == *best_of* ]] && continue   # TGI: no best_of when streaming
+    c=$(code $route "{\"inputs\":\"Hello world\",\"parameters\":{\"max_new_tokens\":6,$body}}")
+    check "$route {$body}: 200 ($c)" test "$c" = 200
+    check "$route {$body}: no error in the body" bash -c "! grep -q '\"error\"' '$TMP/body'"
+  done
+done
+for t in 1e-40 1e-38 1e-30; do
+  check "temperature $t is greedy" test "$(post /generate "{\"inputs\":\"Hello world\",\"parameters\":{\"max_new_tokens\":6,\"temperature\":$t,\"do_sample\":true}}" | gen_text)" = "$GREEDY"
+done
+check "repetition_penalty 1e-6 -> 422" test "$(code /generate '{"inputs":"x","parameters":{"repetition_penalty":1e-6}}')" = 422
+check "... naming it" grep -q 'repetition_penalty' "$TMP/body"
+for body in '"top_k":2147483647' '"temperature":1e-45' '"temperature":2' '"top_p":1e-30' '"n":2' '"best_of":2' \
+            '"logprobs":5' '"presence_penalty":2' '"presence_penalty":-2' '"frequency_penalty":2' '"frequency_penalty":-2' \
+            '"seed":9223372036854775807' '"seed":0'; do
+  c=$(code /v1/completions "{\"prompt\":\"Hello\",\"max_tokens\":4,$body}")
+  check "/v1/completions {$body}: 200 ($c)" test "$c" = 200
+done
+check "pollen generate --top-k 2147483647" "$POLLEN" generate "$S1" --prompt "Hello" --max-new-tokens 3 --top-k 2147483647 --seed 1 --quiet
+check "pollen generate --temperature 1e-40 is greedy" test \
+  "$("$POLLEN" generate "$S1" --prompt "Hello world" --max-new-tokens 6 --temperature 1e-40 --json --quiet 2>/dev/null | sed 's/.*"ids":\[\([0-9,]*\)\].*/\1/')" = \
+  "$("$POLLEN" generate "$S1" --prompt "Hello world" --max-new-tokens 6 --temperature 0 --json --quiet 2>/dev/null | sed 's/.*"ids":\[\([0-9,]*\)\].*/\1/')"
+GENERR=$($CURL "http://127.0.0.1:$PORT/metrics" | awk '/^pln_requests_total\{.*outcome="generation_error"\}/ {n += $2} END {print n + 0}')
+check "no request counted as a generation error ($GENERR)" test "$GENERR" = 0
 head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMP/big"
 check "oversized body -> 413" test "$($CURL -o /dev/null -w '%{http_code}' -X POST http://127.0.0.1:$PORT/generate --data-binary @"$TMP/big")" = 413
 check "still healthy after bad requests" test "$($CURL -o /dev/null -w '%{http_code}' http://127.0.0.1:$PORT/health)" = 200

@@ -19,6 +19,7 @@
 #include "runtime/kvcache.h"
 
 #include <jansson.h>
+#include <malloc.h>
 
 #define V 1003
 
@@ -324,6 +325,80 @@ static void check_nonfinite(const char *dir, const ref_t *r) {
     pln_step_plan p2 = {.n_seqs = 1, .seqs = s, .n_release = 1, .release = &rel};
     CHECK(pln_engine_step(e, &p2, o) == 0 && !o[0].nonfinite && o[0].token == g[n0 + 2] && isfinite(o[0].logprob),
           "the next step is exact again: %d vs %d", o[0].token, g[n0 + 2]);
+    pln_engine_close(e);
+}
+
+/* Bytes the allocator hands out now (small blocks and mmap'd ones). */
+static size_t heap_in_use(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* A row found non-finite on the full-row path (plain sampling: the whole vocabulary gathered)
+ * frees what it gathered: 200 such prefills leave the heap where 5 left it. Each leaked row
+ * would keep two vocabulary-sized arrays (8 bytes a token); the bound is one row's worth. */
+static void check_nonfinite_no_leak(const char *dir, const ref_t *r) {
+    setenv(PLN_ENGINE_FAULT_NAN_ENV, "1+", 1);
+    pln_engine *e = open_set(dir, 0, 0);
+    unsetenv(PLN_ENGINE_FAULT_NAN_ENV);
+    if (!e) { CHECK(0, "nonfinite leak: engine opens"); return; }
+    size_t base = 0;
+    int bad = 0;
+    for (int it = 0; it < 205; it++) {
+        if (it == 5) base = heap_in_use();
+        pln_step_seq s = fixture_seq(0, r->ids[0], r->n[0], true);
+        s.params.do_sample = true;       /* top_k off, top_p 1: the full row is gathered */
+        s.params.seed = (uint64_t)it;
+        int32_t rel = 0;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &s, .n_release = 1, .release = &rel};
+        pln_step_out o;
+        if (pln_engine_step(e, &p, &o) || !o.nonfinite) bad++;
+    }
+    size_t now = heap_in_use();
+    CHECK(bad == 0, "every NaN row comes back nonfinite and the step succeeds (%d did not)", bad);
+    CHECK(now < base + (size_t)V * 8, "200 nonfinite full rows leave the heap flat: %zu -> %zu bytes (+%lld)",
+          base, now, (long long)now - (long long)base);
+    pln_engine_close(e);
+}
+
+/* Parameters at their extremes: top_k INT32_MAX (whose +1 overflowed) and top_k at or above the
+ * vocabulary keep every token, so they draw exactly what top_k 0 draws with the same seed; a
+ * temperature far below PLN_SAMPLE_MIN_TEMPERATURE (its inverse is infinite in float) picks the
+ * greedy token instead of overflowing the row into a non-finite failure. */
+static void check_param_extremes(const char *dir, const ref_t *r) {
+    pln_engine *e = open_set(dir, 0, 0);
+    if (!e) { CHECK(0, "extremes: engine opens"); return; }
+    const int32_t big[] = {0, INT32_MAX, V, V + 1, V - 1};
+    int32_t tok[5];
+    for (int i = 0; i < 5; i++) {
+        pln_step_seq s = fixture_seq(0, r->ids[1], r->n[1], true);
+        s.params.do_sample = true;
+        s.params.top_k = big[i];
+        s.params.seed = 77;
+        int32_t rel = 0;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &s, .n_release = 1, .release = &rel};
+        pln_step_out o;
+        int rc = pln_engine_step(e, &p, &o);
+        CHECK(rc == 0 && !o.nonfinite && o.token >= 0 && o.token < V, "top_k %d: a token (rc %d, %s)", big[i], rc,
+              rc ? pln_error() : "");
+        tok[i] = o.token;
+    }
+    CHECK(tok[1] == tok[0] && tok[2] == tok[0] && tok[3] == tok[0], "top_k INT32_MAX, V and V+1 draw top_k 0's token: %d %d %d vs %d",
+          tok[1], tok[2], tok[3], tok[0]);
+    const float tiny[] = {1e-40f, 1e-38f, 1e-6f};
+    for (int i = 0; i < 3; i++) {
+        pln_step_seq s = fixture_seq(0, r->ids[0], r->n[0], true);
+        s.params.do_sample = true;
+        s.params.temperature = tiny[i];
+        s.params.seed = 5;
+        int32_t rel = 0;
+        pln_step_plan p = {.n_seqs = 1, .seqs = &s, .n_release = 1, .release = &rel};
+        pln_step_out o;
+        int rc = pln_engine_step(e, &p, &o);
+        CHECK(rc == 0 && !o.nonfinite && o.token == r->gids[0][r->n[0]] && isfinite(o.logprob),
+              "temperature %g samples greedily: token %d (transformers' greedy %d), nonfinite %d", (double)tiny[i], o.token,
+              r->gids[0][r->n[0]], o.nonfinite);
+    }
     pln_engine_close(e);
 }
 
@@ -795,6 +870,8 @@ int main(int argc, char **argv) {
                     check_sampling(dir, &r);
                     check_errors(dir, &r, alone[0]);
                     check_nonfinite(dir, &r);
+                    check_nonfinite_no_leak(dir, &r);
+                    check_param_extremes(dir, &r);
                     check_scoring(dir, &r);
                 }
             }

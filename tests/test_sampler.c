@@ -33,9 +33,9 @@ static void test_params(void) {
     CHECK(!p.do_sample && p.temperature == 1.0f && p.top_k == 0 && p.top_p == 1.0f && p.repetition_penalty == 1.0f &&
           p.seed == 0, "defaults");
     CHECK(pln_sample_params_check(&p) == 0, "defaults valid: %s", pln_error());
-    struct { const char *field; pln_sample_params p; } bad[12];
+    struct { const char *field; pln_sample_params p; } bad[14];
     int nb = 0;
-    for (int i = 0; i < 12; i++) pln_sample_params_default(&bad[i].p);
+    for (int i = 0; i < 14; i++) pln_sample_params_default(&bad[i].p);
     bad[nb].field = "temperature"; bad[nb].p.do_sample = true; bad[nb].p.temperature = 0; nb++;
     bad[nb].field = "temperature"; bad[nb].p.temperature = -1; nb++;
     bad[nb].field = "temperature"; bad[nb].p.temperature = NAN; nb++;
@@ -48,6 +48,8 @@ static void test_params(void) {
     bad[nb].field = "repetition_penalty"; bad[nb].p.repetition_penalty = -2; nb++;
     bad[nb].field = "repetition_penalty"; bad[nb].p.repetition_penalty = NAN; nb++;
     bad[nb].field = "repetition_penalty"; bad[nb].p.repetition_penalty = INFINITY; nb++;
+    bad[nb].field = "repetition_penalty"; bad[nb].p.repetition_penalty = 1e-6f; nb++;   /* divides into overflow */
+    bad[nb].field = "repetition_penalty"; bad[nb].p.repetition_penalty = 1e-40f; nb++;
     for (int i = 0; i < nb; i++) {
         int rc = pln_sample_params_check(&bad[i].p);
         CHECK(rc == -1 && strncmp(pln_error(), bad[i].field, strlen(bad[i].field)) == 0,
@@ -61,6 +63,20 @@ static void test_params(void) {
     ok = sampling(1.0f, 0, 1.0f, 0);
     ok.top_p = 1e-9f;
     CHECK(pln_sample_params_check(&ok) == 0, "tiny top_p valid");
+    ok.repetition_penalty = PLN_SAMPLE_MIN_PENALTY;
+    CHECK(pln_sample_params_check(&ok) == 0, "repetition_penalty at its floor valid: %s", pln_error());
+    ok.top_k = INT32_MAX;
+    CHECK(pln_sample_params_check(&ok) == 0, "top_k INT32_MAX valid (keeps every token)");
+    /* greedy below the temperature floor, sampling at and above it */
+    const struct { float t; bool greedy; } g[] = {{0, true}, {1e-45f, true}, {1e-38f, true}, {9.9e-6f, true},
+                                                 {PLN_SAMPLE_MIN_TEMPERATURE, false}, {1e-4f, false}, {1, false}};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        pln_sample_params q = sampling(g[i].t, 0, 1.0f, 0);
+        CHECK(pln_sample_is_greedy(&q) == g[i].greedy, "temperature %g greedy %d", (double)g[i].t, g[i].greedy);
+    }
+    pln_sample_params q = sampling(1.0f, 0, 1.0f, 0);
+    q.do_sample = false;
+    CHECK(pln_sample_is_greedy(&q), "do_sample false is greedy");
 }
 
 static void test_rng(void) {
