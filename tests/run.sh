@@ -12,7 +12,11 @@ trap 'rm -rf "$PLN_TEST_TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_plm=isolated OMPI_MCA_btl_tcp_if_include=lo
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+# LeakSanitizer is on: a leak in any test or in pollen itself fails the run. OpenMPI's own
+# allocations kept until exit are suppressed (tests/lsan.supp; the slow unwinder reaches their
+# frames in its unloaded plugins).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 pass=0; fail=0; failed_names=()
 run_one() {

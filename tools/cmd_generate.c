@@ -130,14 +130,18 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); return 0; }
-        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(); } pln_comm_free(comm); return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
+        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(); } pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
         else if (!dir) dir = a;
-        else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
+        else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
 #undef ARG
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
-    if (!dir || (n_prompts + n_idlists) == 0) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
+    if (!dir || (n_prompts + n_idlists) == 0) {
+        if (rank == 0) usage();
+        pln_comm_free(comm); free(prompts); free(idlists); free(stops);
+        return 2;
+    }
     if (dump) {
         const char *protect[1] = {dir};
         if (pln_path_guard(dump, protect, 1)) pln_die("--dump-logits: %s", pln_error());
@@ -198,6 +202,9 @@ int cmd_generate(int argc, char **argv) {
             else fprintf(stderr, "pollen: %s\n", pln_error());
         }
         pln_comm_free(comm);
+        for (int i = 0; i < n_seq; i++) free(g[i].ids);
+        free(g); free(prompts); free(idlists); free(stops);
+        if (tok) pln_tok_free(tok);
         return 1;
     }
     double t_load = pln_now() - t0;
@@ -206,6 +213,9 @@ int cmd_generate(int argc, char **argv) {
         if (rc) fprintf(stderr, "pollen: rank %d: %s\n", rank, pln_error());
         pln_engine_close(e);
         pln_comm_free(comm);
+        for (int i = 0; i < n_seq; i++) free(g[i].ids);
+        free(g); free(prompts); free(idlists); free(stops);
+        if (tok) pln_tok_free(tok);
         return rc ? 1 : 0;
     }
     pln_engine_info info;
