@@ -92,7 +92,7 @@ if [ -f "$KJV/reference-ppl.json" ]; then
   json_list "$KJV/reference-ppl.json" nll >"$TMP/kjv_ref_nll"; json_list "$TMP/kjv.json" nll >"$TMP/kjv_nll"
   check "bloom-kjv: per-token NLL vs transformers (2e-3)" lists_close "$TMP/kjv_nll" "$TMP/kjv_ref_nll" 2e-3
   check "bloom-kjv: perplexity far below uniform" awk -v p="$(json_num "$TMP/kjv.json" ppl)" 'BEGIN { exit !(p < 2048 / 10) }'
-  check_fails "a base of another vocabulary is refused" "vocabulary of 1003 but the base set 2048" \
+  check_fails "a base of another vocabulary is refused" "base set has a vocabulary of 2048 and .*f1 one of 1003" \
     "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --kl-base "$TMP/kjv"
 fi
 
@@ -104,6 +104,13 @@ check_fails "bad --ctx" 'pollen: --ctx 1: out of range' "$POLLEN" perplexity "$T
 printf 'a' >"$TMP/one.txt"
 check_fails "a one-token text" "1 token; perplexity needs at least 2" "$POLLEN" perplexity "$TMP/f1" --file "$TMP/one.txt"
 check_fails "--per-token without --json" "pollen: --per-token needs --json" "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --per-token
-check_fails "a base of another TP" "TP=2 but 1 rank" "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --kl-base "$TMP/f2"
+check_fails "a base of another TP" "the base set is TP=2 and .*f1 is TP=1" "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --kl-base "$TMP/f2"
+# Same vocabulary size, another tokenizer (one token's string changed): refused before any pass.
+cp -r $FX/fp16-st "$TMP/other-tok"
+sed -i 's/"Hello"/"HellQ"/; t; s/"a":/"Q":/' "$TMP/other-tok/tokenizer.json"
+check "another tokenizer: the file differs" bash -c "! cmp -s $FX/fp16-st/tokenizer.json $TMP/other-tok/tokenizer.json"
+check "reshard with another tokenizer" "$POLLEN" reshard "$TMP/other-tok" -o "$TMP/ot1" --tp 1 --dtype fp16 --quiet
+check_fails "a base with another tokenizer is refused at start" "its tokenizer .* differs from .*f1's" \
+  "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --kl-base "$TMP/ot1"
 check_fails "missing base set" "nonexistent.*manifest.json" "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --kl-base "$TMP/nonexistent"
 e2e_done

@@ -222,6 +222,33 @@ static double quantile(const double *sorted, int64_t n, double q) {
     return sorted[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
+/* The base set of --kl-base must score the same token ids over the same vocabulary on as many
+ * ranks: checked here, before any pass, rather than failing mid-run on an id out of range. */
+static void base_matches(const pln_shardset *set, const char *base_dir) {
+    pln_shardset *b = pln_shardset_open(base_dir);
+    if (!b) pln_die("--kl-base: %s", pln_error());
+    if (b->tp != set->tp)
+        pln_die("--kl-base %s: the base set is TP=%d and %s is TP=%d: compare sets of the same TP size (reshard the base "
+                "with --tp %d)", base_dir, b->tp, set->dir, set->tp, set->tp);
+    if (b->config.vocab_size != set->config.vocab_size)
+        pln_die("--kl-base %s: the base set has a vocabulary of %lld and %s one of %lld: compare sets of the same model",
+                base_dir, (long long)b->config.vocab_size, set->dir, (long long)set->config.vocab_size);
+    if (!b->tokenizer_path)
+        pln_die("--kl-base %s: the base set records no tokenizer, so it cannot be shown to share %s's", base_dir, set->dir);
+    size_t na = 0, nb = 0;
+    char *ta = pln_read_small_file(set->tokenizer_path, PPL_MAX_FILE, &na);
+    if (!ta) pln_die("%s", pln_error());
+    char *tb = pln_read_small_file(b->tokenizer_path, PPL_MAX_FILE, &nb);
+    if (!tb) pln_die("--kl-base: %s", pln_error());
+    if (na != nb || pln_xxh3(ta, na) != pln_xxh3(tb, nb) || memcmp(ta, tb, na))
+        pln_die("--kl-base %s: its tokenizer (%s) differs from %s's (%s): the token ids of the text would mean other "
+                "tokens; compare sets converted from the same model", base_dir, b->tokenizer_path, set->dir,
+                set->tokenizer_path);
+    free(ta);
+    free(tb);
+    pln_shardset_close(b);
+}
+
 int cmd_perplexity(int argc, char **argv) {
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
@@ -278,6 +305,7 @@ int cmd_perplexity(int argc, char **argv) {
                     "has tokenizer.json", dir);
         pln_tokenizer *tok = pln_tok_load(set->tokenizer_path);
         if (!tok) pln_die("%s", pln_error());
+        if (base_dir) base_matches(set, base_dir);
         pln_shardset_close(set);
         size_t len = 0, n = 0;
         char *text = pln_read_small_file(file, PPL_MAX_FILE, &len);
