@@ -56,4 +56,24 @@ for tp in 1 2; do
   check "TP $tp: outputs identical with and without sharing" cmp "$TMP/share$tp.out" "$TMP/plain$tp.out"
   cmp -s "$TMP/share$tp.out" "$TMP/plain$tp.out" || diff "$TMP/share$tp.out" "$TMP/plain$tp.out" | head -5 >&2
 done
+
+# The quantized sets, on every integer path: a prefix-cache hit leaves a one-token suffix, which
+# must take a batch's bits too (int8 with the integer-dot path, int4 grouped; both once differed).
+FX=tests/fixtures/models/bloom-4h/fp16-st
+check "reshard int8 g32" "$POLLEN" reshard $FX -o "$TMP/q8" --tp 1 --dtype int8 --group-size 32 --quiet
+check "reshard int4 g32" "$POLLEN" reshard $FX -o "$TMP/q4" --tp 1 --dtype int4 --group-size 32 --quiet
+for v in "q8 --int-dot on" "q8 --int-dot off" "q4 --int-dot on" "q4 --int-dot off"; do
+  set -- $v; q=$1; shift
+  check "$q $*: server with sharing starts" start_server sh-$q$2 "$POLLEN" serve "$TMP/$q" --block-size 4 --batch-invariant "$@"
+  run_requests "$TMP/sh-$q$2.out"
+  HIT=$(metric pln_prefix_cache_hit_tokens_total)
+  check "$q $*: the repeated prompt hit the prefix cache ($HIT tokens)" test "${HIT:-0}" -gt 0
+  check "$q $*: sharing server stops cleanly" stop_server
+  check "$q $*: server without sharing starts" start_server pl-$q$2 "$POLLEN" serve "$TMP/$q" --block-size 4 --no-block-sharing --batch-invariant "$@"
+  run_requests "$TMP/pl-$q$2.out"
+  check "$q $*: server without sharing stops cleanly" stop_server
+  check "$q $*: 6 answers" test "$(grep -c '"finish_reason"' "$TMP/sh-$q$2.out")" = 6
+  check "$q $*: outputs identical with and without sharing" cmp "$TMP/sh-$q$2.out" "$TMP/pl-$q$2.out"
+  cmp -s "$TMP/sh-$q$2.out" "$TMP/pl-$q$2.out" || diff "$TMP/sh-$q$2.out" "$TMP/pl-$q$2.out" | head -5 >&2
+done
 e2e_done

@@ -526,26 +526,44 @@ static void test_gelu(void) {
 }
 
 /* Batch invariance (cpu.h pln_cpu_set_batch_invariant): in the batch-invariant mode a token's
- * outputs are the same bits at every step size (fp16 and per-row int8 weights of up to 2048
- * columns from one token up; grouped int8 and int4, whose one-token GEMV scales each group's sum,
- * from two tokens up). By default the batched float path (PLN_CPU_PANEL_MIN tokens and more) is
- * invariant among its own step sizes and within fp32 rounding of the tiles. */
+ * outputs are the same bits at every step size from one token up, for every weight kind, with the
+ * integer-dot path off and on, on every tier (with and without VNNI): a one-token step (a decode,
+ * or the suffix a prefix-cache hit leaves) included. By default the batched float path
+ * (PLN_CPU_PANEL_MIN tokens and more) is invariant among its own step sizes and within fp32
+ * rounding of the tiles. */
 static void test_batch_invariance(void) {
     static const struct { int kind; int64_t group; const char *name; } kinds[] = {
-        {0, 0, "F16"}, {WQ_I8, 0, "I8/channel"}, {WQ_I8, 32, "I8/g32"}, {WQ_I4, 128, "I4/g128"}};
-    const int64_t rows = 37, cols = 1024;
+        {0, 0, "F16"}, {WQ_I8, 0, "I8/channel"}, {WQ_I8, 32, "I8/g32"}, {WQ_I4, 128, "I4/g128"}, {WQ_I4, 32, "I4/g32"}};
+    /* 4096 columns: rows longer than every tier's KSTEP, which batches sum in passes */
+    const int64_t rows = 37;
+    for (int ci = 0; ci < 2; ci++) {
+    const int64_t cols = ci ? 4096 : 1024;
     float *x = rnd_vec(100 * cols, -1, 1), *a = malloc(100 * rows * 4), *b = malloc(100 * rows * 4);
     uint16_t *bias = rnd_f16(rows, -0.5f, 0.5f);
     for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
         test_weight tw = make_weight(rows, cols, kinds[kd].kind, kinds[kd].group);
-        bool gemv_same = kinds[kd].kind == 0 || kinds[kd].group == 0;
         pln_cpu_set_batch_invariant(g_be, true);
-        g_be->linear(g_be, a, x, &tw.W, bias, 40, true);
-        for (int T = gemv_same ? 1 : 2; T <= 70; T = T < 8 ? T + 1 : T + 31) {   /* 1..8, 39, 70 */
-            g_be->linear(g_be, b, x, &tw.W, bias, T, true);
-            int n = T < 40 ? T : 40;
-            CHECK(!memcmp(a, b, (size_t)(n * rows) * 4), "batch-invariant %s: T=%d differs from T=40", kinds[kd].name, T);
+        for (int pass = 0; pass < 2 * PLN_CPU_ISA_COUNT; pass++) {
+            int isa = pass % PLN_CPU_ISA_COUNT;
+            pln_cpu_no_vnni = pass >= PLN_CPU_ISA_COUNT;
+            if (isa < PLN_CPU_ISA_C || !pln_cpu_isa_supported((pln_cpu_isa)isa) || pln_cpu_set_isa(g_be, (pln_cpu_isa)isa)) continue;
+            for (int id = 0; id < 2; id++) {
+                pln_cpu_set_int_dot(g_be, id);
+                g_be->linear(g_be, a, x, &tw.W, bias, 40, true);
+                int bad = 0, bad_t = 0;
+                for (int T = 1; T <= 70; T = T < 20 ? T + 1 : T + 31) {   /* 1..20, 51 */
+                    g_be->linear(g_be, b, x, &tw.W, bias, T, true);
+                    int n = T < 40 ? T : 40;
+                    if (memcmp(a, b, (size_t)(n * rows) * 4)) { bad++; if (!bad_t) bad_t = T; }
+                }
+                CHECK(bad == 0, "batch-invariant %s K=%lld, tier %s%s, int-dot %s: %d step sizes differ from T=40 (first T=%d)",
+                      kinds[kd].name, (long long)cols, pln_cpu_isa_name((pln_cpu_isa)isa), pln_cpu_no_vnni ? " (no VNNI)" : "",
+                      id ? "on" : "off", bad, bad_t);
+            }
         }
+        pln_cpu_no_vnni = false;
+        pln_cpu_set_int_dot(g_be, false);
+        pln_cpu_set_isa(g_be, pln_cpu_isa_best());
         /* default: T >= PLN_CPU_PANEL_MIN among themselves bit for bit, fewer within rounding */
         pln_cpu_set_batch_invariant(g_be, false);
         g_be->linear(g_be, b, x, &tw.W, bias, 100, true);
@@ -559,6 +577,7 @@ static void test_batch_invariance(void) {
         free(tw.w); free(tw.scale);
     }
     free(x); free(a); free(b); free(bias);
+    }
 }
 
 /* Threads split whole output rows: one thread or several give the very same bits. */

@@ -163,9 +163,9 @@ void pln_cpu_set_int_dot(pln_backend *be, bool on);
  * token's results then depend, in the last bits (relative ~1e-6), on how many tokens share its
  * step (a batched prefill against each prompt alone, a prompt's suffix after a prefix-cache hit
  * against the whole prompt). On: the tiles for every step size, so the results are the same bits
- * whatever the batch: from one token up for fp16 and per-row int8 weights of up to 2048 columns
- * (longer rows: from 5 tokens up, where the tiles start summing in passes), from two tokens up for
- * grouped int8 and int4 (a one-token GEMV sums each group before scaling it). Tested by
+ * whatever the batch, from one token up, for every weight kind, with the integer-dot path off or
+ * on: steps of fewer than PLN_CPU_BI_MIN_TOKENS run as steps of that many (linear.c), and int4
+ * weights on the integer-dot path take gemm_q4n at every step size. Tested by
  * test_kernels_cpu, tests/test_engine.c and tests/e2e_share.sh. The default comes from
  * PLN_CPU_BATCH_INVARIANT=1. */
 void pln_cpu_set_batch_invariant(pln_backend *be, bool on);
@@ -183,6 +183,9 @@ void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int3
  * then shared by enough tokens; bloom-560m int4 steps measured gemm_q4n 2-6 % ahead at 16
  * tokens and 8 % behind at 32). */
 #define PLN_CPU_Q4N_MAX 16
+/* The batch-invariant mode runs steps of fewer tokens as steps of this many (linear.c): every
+ * tier's kernels treat a batch of 5 or more like any larger one. */
+#define PLN_CPU_BI_MIN_TOKENS 5
 /* Whether the AVX-512 tier's gemm_q4n can run here (AVX-512 VNNI + BW + VL, pln_cpu_no_vnni
  * unset). */
 bool pln_cpu_has_q4n(void);

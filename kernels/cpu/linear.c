@@ -107,6 +107,23 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
     if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, gelu); return; }
     const pln_cpu_kernels *k = c->k;
     int64_t K = W->cols;
+    if (T < PLN_CPU_BI_MIN_TOKENS && c->batch_invariant) {
+        /* A few tokens do not take a batch's kernels: the one-token GEMV, grouped sums scaled once
+         * per group, an int8 token off the integer-dot path, and rows summed in one pass instead
+         * of KSTEP-column passes (nt <= 4 on AVX-512, <= 2 on AVX2). In the batch-invariant mode
+         * such a step runs as a batch of PLN_CPU_BI_MIN_TOKENS (its last token repeated) and keeps
+         * its own rows, so a decode step or the short suffix a prefix-cache hit leaves gets the
+         * bits it would get in any batch. A few-token step reads every weight for little work, so
+         * the repeats cost compute, not memory traffic. */
+        const int32_t P = PLN_CPU_BI_MIN_TOKENS;
+        float *xp = pln_xmalloc((size_t)(P * K) * sizeof(float)), *op = pln_xmalloc((size_t)(P * n_rows) * sizeof(float));
+        for (int32_t t = 0; t < P; t++) memcpy(xp + t * K, in + (t < T ? t : T - 1) * K, (size_t)K * sizeof(float));
+        pln_cpu_linear(c, op, n_rows, xp, W, n_rows, bias, P, gelu);
+        for (int32_t t = 0; t < T; t++) memcpy(out + t * ldo, op + t * n_rows, (size_t)n_rows * sizeof(float));
+        free(xp);
+        free(op);
+        return;
+    }
     int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
     if (use_int_dot(c, W, T)) {
         /* one chunk of QCHUNK rows against the nt quantized tokens at xq */
@@ -129,8 +146,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int64_t qt = T < QTOK ? T : QTOK;
         /* a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights (STREAM_NOTE) */
         bool stream = T <= PLN_CPU_Q4N_MAX;
-        /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK) */
-        bool plain = i4 && T >= 2 && T <= PLN_CPU_Q4N_MAX && use_q4n(k);
+        /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK); in the
+         * batch-invariant mode every int4 step takes it, so no step size changes a token's bits */
+        bool plain = i4 && T >= 2 && (T <= PLN_CPU_Q4N_MAX || c->batch_invariant) && use_q4n(k);
         int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
         float *xs = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(float));
         int32_t *xsum = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(int32_t));
