@@ -176,4 +176,17 @@ if command -v mpirun >/dev/null; then
 else
   echo "SKIP: mpirun not installed"
 fi
+
+# ---- SIGHUP drains as SIGTERM does (a closed terminal must not drop requests in flight) ----------
+check "server starts (SIGHUP)" start_server h "$POLLEN" serve "$S1" --step-delay-ms 20
+post /generate_stream '{"inputs":"busy","parameters":{"max_new_tokens":60}}' >"$TMP/hup" &
+HUP_CLIENT=$!
+check "SIGHUP: the request is in flight" wait_metric pln_running_sequences 1 30
+kill -HUP "$RANK0"
+wait $HUP_CLIENT
+check "SIGHUP: the request in flight ran to its end" grep -q 'generated_tokens":60' "$TMP/hup"
+check "SIGHUP: the server exits 0 after draining" bash -c "for _ in \$(seq 600); do kill -0 $SRV_PID 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
+wait $SRV_PID; HUP_RC=$?
+check "SIGHUP: exit status 0 ($HUP_RC)" test "$HUP_RC" = 0
+check "SIGHUP: the log says it drained" grep -q "SIGHUP: draining" "$TMP/h.log"
 e2e_done

@@ -1,6 +1,6 @@
 /* cmd_serve.c — `pollen serve SHARDS`: rank 0 runs the HTTP server and the continuous-batching
  * scheduler, every other rank serves engine steps (`mpirun -np N` for a TP-N shard set).
- * SIGTERM/SIGINT drain: new requests get 503, in-flight ones finish, then every rank exits 0. */
+ * SIGTERM/SIGINT/SIGHUP drain: new requests get 503, in-flight ones finish, then every rank exits 0. */
 #include "formats/common.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
@@ -185,7 +185,7 @@ static void *signal_thread(void *arg) {
         int sig = 0;
         if (sigwait(&c->set, &sig)) continue;
         if (sig == SIGUSR1) return NULL;   /* main is done */
-        const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+        const char *name = sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "SIGINT";
         pthread_mutex_lock(&c->mu);
         pln_sched *sched = c->sched;
         bool serving = c->serving;
@@ -213,6 +213,7 @@ int cmd_serve(int argc, char **argv) {
     sigemptyset(&sc.set);
     sigaddset(&sc.set, SIGTERM);
     sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGHUP);    /* a closed terminal drains too, rather than dropping what is in flight */
     sigaddset(&sc.set, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
     signal(SIGPIPE, SIG_IGN);
