@@ -238,6 +238,10 @@ edit set "$D" version 1; edit del "$D" config_xxh3 tokenizer_xxh3 hf_config_xxh3
 OUT=$("$POLLEN" verify "$D")
 check "verify: a version-1 set passes" test $? = 0
 check "... and says its small files carry no checksums" grep -q "version 1 records no checksums" <<<"$OUT"
+OUT=$("$POLLEN" verify "$D" --strict); RC=$?
+check "verify --strict: a version-1 set fails (exit $RC)" test "$RC" = 1
+check "... naming why" grep -q "FAILED .*manifest version 1 records no checksums .*--strict" <<<"$OUT"
+check "verify --strict: a version-2 set passes" "$POLLEN" verify "$R16" --strict
 v1_warns() { gen "$D" --token-ids 5,6 2>&1 >/dev/null | grep -q 're-run reshard to add them'; }
 check "generate: a version-1 set loads with a warning" v1_warns
 edit config "$D" n_head 2

@@ -136,21 +136,25 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: pollen verify OUT [--source SRC]\n"
+    fprintf(f, "usage: pollen verify OUT [--source SRC] [--strict]\n"
                "  OUT            a shard set directory (manifest.json + rank files)\n"
                "  --source SRC   also rebuild every tensor and compare it with the checkpoint it came from\n"
+               "  --strict       also fail a set whose manifest (version 1) records no checksums of its small files\n"
                "  --threads N    threads (default: all cores)\n");
 }
 
 int cmd_verify(int argc, char **argv) {
     static const struct option opts[] = {{"source", required_argument, 0, 's'}, {"threads", required_argument, 0, 'j'},
+                                         {"strict", no_argument, 0, 'S'},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *source = NULL;
+    bool strict = false;
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 's': source = optarg; break;
+        case 'S': strict = true; break;
         case 'j': omp_set_num_threads(atoi(optarg) > 0 ? atoi(optarg) : 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -168,6 +172,7 @@ int cmd_verify(int argc, char **argv) {
         return 1;
     }
     bool small_checked = set->small_files_checked;
+    unsigned set_version = set->version;
     pln_tp_model m = pln_tp_model_of(&set->config);
     pln_tp_opts o = {.tp = set->tp, .int8 = !strcmp(set->dtype, "int8"), .int4 = !strcmp(set->dtype, "int4"),
                      .group_size = set->group_size, .quantize_embedding = set->quantize_embedding};
@@ -273,6 +278,11 @@ int cmd_verify(int argc, char **argv) {
     double dt = pln_now() - t0;
     if (res.n_fail) {
         printf("verify: FAILED — %d problem%s; first: %s\n", res.n_fail, res.n_fail == 1 ? "" : "s", res.first);
+        return 1;
+    }
+    if (!small_checked && strict) {
+        printf("verify: FAILED — %s: manifest version %u records no checksums of its config block, tokenizer and "
+               "config.json (--strict); re-run reshard to write a version %d manifest\n", dir, set_version, PLN_MANIFEST_VERSION);
         return 1;
     }
     if (!small_checked)
