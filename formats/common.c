@@ -1,6 +1,6 @@
 /* common.c — errors, dtypes, mappings, checksums, atomic output directories, progress. */
 #include "formats/common.h"
-#include "kernels/pln_math.h"
+#include "formats/numeric.h"
 
 #include <dirent.h>
 #include <errno.h>

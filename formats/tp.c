@@ -1,6 +1,6 @@
 /* tp.c — the "bloom-tp-v1" split plan and the fp16 / int8 conversions (see tp.h). */
 #include "formats/tp.h"
-#include "kernels/pln_math.h"
+#include "formats/numeric.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -132,13 +132,13 @@ void pln_tp_quant_row(const float *w, int64_t cols, int64_t group, int8_t *q, ui
 void pln_tp_quant_rows(const float *w, size_t ld, int64_t nr, int64_t cols, int64_t group, int8_t *q,
                        uint16_t *scales, pln_tp_qerr *err);
 
-/* The rounding pln_tp_quant_row uses: identical to pln_quant_i8 (kernels/pln_math.h) for every
+/* The rounding pln_tp_quant_row uses: identical to pln_quant_i8 (formats/numeric.h) for every
  * input, without a libm call. Exposed for the test that proves it. */
 int8_t pln_tp_quant_one(float x, float inv_scale);
 
 /* ---- int4 ------------------------------------------------------------------------------
  * Symmetric: w ~ q * scale with q in [-8, 7], one fp16 scale per group of G columns (G a
- * multiple of 32), packed as docs/FORMAT.md says (pln_i4_* in kernels/pln_math.h). */
+ * multiple of 32), packed as docs/FORMAT.md says (pln_i4_* in formats/numeric.h). */
 
 /* How a group's int4 scale is chosen. */
 typedef enum {

@@ -66,7 +66,10 @@ typedef struct {
 
 typedef struct pln_backend pln_backend;
 struct pln_backend {
-    const char *name;            /* "cpu" or "cuda" */
+    const char *name;            /* "cpu" or "cuda": for messages; code asks the fields below */
+    bool host_memory;            /* buffers are host memory: collectives may read them directly
+                                    (false: device memory, staged through the host without NCCL) */
+    bool nccl_capable;           /* buffers are CUDA device memory that NCCL can all-reduce */
     size_t act_size;             /* bytes per activation element (4 on CPU, 2 on CUDA) */
     pln_dtype act_dtype;
     size_t kv_size;              /* bytes per KV-cache element */

@@ -348,7 +348,7 @@ bool pln_comm_allreduce_recordable(const pln_comm *c) {
 
 int pln_comm_attach_backend(pln_comm *c, pln_backend *be) {
     c->be = be;
-    if (c->size == 1 || strcmp(be->name, "cuda") != 0) return 0;
+    if (c->size == 1 || !be->nccl_capable) return 0;
     /* PLN_NCCL=0: all-reduce through host memory over MPI instead. Slow, but it lets several
      * ranks share one GPU (NCCL refuses that), so TP > 1 can be checked on a one-GPU machine. */
     const char *nccl_env = getenv("PLN_NCCL");
@@ -408,7 +408,7 @@ int pln_comm_allreduce(pln_comm *c, void *buf, size_t n, pln_dtype dtype) {
     if (c->nccl) return pln_nccl_allreduce(c->nccl, buf, n, dtype);
 #endif
 #ifdef PLN_HAVE_MPI
-    if (c->be && strcmp(c->be->name, "cpu") != 0) {
+    if (c->be && !c->be->host_memory) {
         /* Device memory without NCCL: stage through the host. */
         size_t nb = n * pln_dtype_size(dtype);
         if (nb > c->host_cap) { free(c->host_buf); c->host_buf = pln_xmalloc(nb); c->host_cap = nb; }

@@ -20,6 +20,7 @@
 #define PLN_CPU_H
 
 #include "kernels/backend.h"
+#include <omp.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -144,7 +145,11 @@ bool pln_cpu_isa_supported(pln_cpu_isa isa);
 const char *pln_cpu_isa_name(pln_cpu_isa isa);
 /* Threads of this backend's parallel regions (n <= 0: OpenMP's default). */
 void pln_cpu_set_threads(pln_backend *be, int n);
-int pln_cpu_threads(const pln_cpu *c);
+/* The team size of an op's parallel region. Here, not in cpu_backend.c, so the ops below the
+ * backend table need nothing from the file that builds it. */
+static inline int pln_cpu_threads(const pln_cpu *c) {
+    return c->n_threads > 0 ? c->n_threads : omp_get_max_threads();
+}
 
 /* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
 int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);

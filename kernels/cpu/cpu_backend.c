@@ -100,10 +100,6 @@ static int default_threads(void) {
 
 void pln_cpu_set_threads(pln_backend *be, int n) { pln_cpu_of(be)->n_threads = n > 0 ? n : 0; }
 
-int pln_cpu_threads(const pln_cpu *c) {
-    return c->n_threads > 0 ? c->n_threads : omp_get_max_threads();
-}
-
 /* ---- memory ---------------------------------------------------------------------------------- */
 static void *cpu_alloc(pln_backend *be, size_t nbytes) {
     /* 64-byte alignment (a cache line, one AVX-512 vector); aligned_alloc wants a multiple. */
@@ -294,6 +290,7 @@ pln_backend *pln_backend_cpu_create(void) {
         return NULL;
     }
     be->name = "cpu";
+    be->host_memory = true;
     be->act_size = 4; be->act_dtype = PLN_DTYPE_F32;
     be->kv_size = 4; be->kv_dtype = PLN_DTYPE_F32;
     be->impl = c;

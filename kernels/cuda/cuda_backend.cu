@@ -373,6 +373,7 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     }
     be->impl = c;
     be->name = cuda_name;
+    be->nccl_capable = true;   /* device memory: NCCL all-reduces it, or the host stages it */
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
     c->cc_major = prop.major;
