@@ -52,6 +52,14 @@ typedef struct {
     const int32_t *tok_seq;      /* [T] */
     const int32_t *tok_pos;      /* [T] */
     const int32_t *block_table;  /* [S * max_blocks] */
+    /* The head layout of qkv and of the cache (host value; 0 in every BLOOM step):
+     *   0    BLOOM: qkv rows are per-head interleaved [n_head_local][3][head_dim], one KV head per
+     *        q head (the cache holds n_head_local heads).
+     *   > 0  grouped-query (Llama family): qkv rows are [q: n_head_local * head_dim |
+     *        k: n_kv_head * head_dim | v: n_kv_head * head_dim]; the cache holds n_kv_head heads
+     *        and q head h reads KV head h / (n_head_local / n_kv_head) (n_kv_head divides
+     *        n_head_local). */
+    int32_t n_kv_head;
 } pln_attn_meta;
 
 /* Per-sequence logits processing, HF order: repetition penalty (divide positive, multiply
@@ -136,6 +144,28 @@ struct pln_backend {
      * row_max/row_sumexp [S]. k <= vn. */
     int (*topk)(pln_backend *be, const float *logits, int32_t S, int64_t vn, int64_t v0, int32_t k,
                 float *vals, int32_t *ids, float *row_max, float *row_sumexp);
+
+    /* ---- the Llama family's ops (NULL on a backend that does not run the family yet) ---- */
+    /* out = RMSNorm(in) * gamma over the last dim: y = x * rsqrt(mean(x^2) + eps) in fp32, rounded
+     * to the activation dtype, then times gamma (transformers' LlamaRMSNorm order). out may equal in. */
+    int (*rmsnorm)(pln_backend *be, void *out, const void *in, const uint16_t *gamma, int32_t T,
+                   int64_t H, float eps);
+    /* Fused: x += y (+ bias F16 [H] if not NULL); then ln_out = RMSNorm(x) * gamma. */
+    int (*residual_rmsnorm)(pln_backend *be, void *x, const void *y, const uint16_t *bias,
+                            const uint16_t *gamma, void *ln_out, int32_t T, int64_t H, float eps);
+    /* Rotary position embedding, in place on the q and k heads of qkv in the grouped layout
+     * (m->n_kv_head > 0; rows [T, (n_head_local + 2 * n_kv_head) * head_dim]); v is untouched.
+     * Token t's heads rotate by angle a_i = (float)tok_pos[t] * inv_freq[i] (fp32 product, fp32
+     * cos/sin), pairs (i, i + head_dim/2) for i < head_dim/2 (transformers' rotate_half):
+     *   x'_i = x_i cos a_i - x_{i+d/2} sin a_i,  x'_{i+d/2} = x_{i+d/2} cos a_i + x_i sin a_i.
+     * inv_freq: device fp32 [head_dim / 2], rope scaling already folded in (linear: / factor;
+     * llama3: per frequency). */
+    int (*rope)(pln_backend *be, void *qkv, const pln_attn_meta *m, const float *inv_freq,
+                int32_t n_head_local, int32_t head_dim);
+    /* out[T, I] = silu(in[T, 0:I]) * in[T, I:2I]: in is the fused gate|up projection [T, 2I]. */
+    int (*swiglu)(pln_backend *be, void *out, const void *in, int32_t T, int64_t I);
+    /* kv_append, attention and append_attention take m->n_kv_head > 0 as the grouped layout above,
+     * and slopes == NULL as no positional bias (rotary models). */
 
     /* ---- optional: step graphs (NULL on backends without them, such as the CPU) ----
      * graph_begin records, instead of running, the ops enqueued after it on this thread;
