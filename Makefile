@@ -14,7 +14,7 @@ BUILD   ?= build
 SANITIZE ?=
 OPT     ?= -O2
 DEBIAN_PKGS := build-essential pkg-config libjansson-dev libarchive-dev zlib1g-dev libxxhash-dev \
-               libpcre2-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin python3 curl
+               libpcre2-dev libutf8proc-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin python3 curl
 # network namespaces for the multi-host test (tests/e2e_multihost.sh)
 DEBIAN_PKGS += iproute2
 # clang++ compiles the CUDA kernels for the CPU execution harness (kernels/cuda/emu) that make test runs
@@ -26,7 +26,7 @@ MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -fopenmp -pthread \
            -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -I. $(MPI_CFLAGS)
-LDLIBS  += $(MPI_LIBS) -ljansson -larchive -lz -lxxhash -lpcre2-8 -lmicrohttpd -lm -fopenmp -pthread
+LDLIBS  += $(MPI_LIBS) -ljansson -larchive -lz -lxxhash -lpcre2-8 -lutf8proc -lmicrohttpd -lm -fopenmp -pthread
 
 ifneq ($(SANITIZE),)
   BUILD   := build-san

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
+#include <zlib.h>
 
 #define FIX_TOK "tests/fixtures/tokenizer/tokenizer.json"
 #define FIX_ENC "tests/fixtures/tokenizer/encodings.json"
@@ -40,8 +41,8 @@ static void print_ids(const char *what, const int32_t *ids, size_t n) {
 
 /* Streams ids one at a time through a buffer of the documented size; returns malloc'd text. */
 static char *stream_decode(const pln_tokenizer *t, const int32_t *ids, size_t n, bool skip, size_t *len) {
-    size_t cap = 3 * pln_tok_max_token_bytes(t) + 3;
-    size_t total = 4;
+    size_t cap = 3 * pln_tok_max_token_bytes(t) + 12;
+    size_t total = 16;
     for (size_t i = 0; i < n; i++) total += cap;
     char *out = malloc(total), *buf = malloc(cap);
     size_t o = 0;
@@ -51,7 +52,7 @@ static char *stream_decode(const pln_tokenizer *t, const int32_t *ids, size_t n,
         memcpy(out + o, buf, k);
         o += k;
     }
-    o += pln_tok_stream_flush(t, &st, out + o, 4);
+    o += pln_tok_stream_flush(t, &st, out + o, 12);
     out[o] = 0;
     free(buf);
     *len = o;
@@ -359,8 +360,22 @@ static void test_variants(json_t *enc) {
 
     json_t *v;
     v = json_deep_copy(orig);
-    json_object_set_new(v, "normalizer", json_pack("{s:s}", "type", "NFC"));
-    expect_load_error(v, "bad-normalizer.json", "normalizer");
+    /* components pollen does not implement are refused by name and JSON path */
+    json_object_set_new(v, "normalizer", json_pack("{s:s}", "type", "Precompiled"));
+    expect_load_error(v, "bad-normalizer.json", "normalizer: normalizer \"Precompiled\" is not supported");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(v, "normalizer", json_pack("{s:s,s:[{s:s},{s:s}]}", "type", "Sequence", "normalizers", "type",
+                                                   "NFC", "type", "BertNormalizer"));
+    expect_load_error(v, "bad-normalizer2.json", "normalizer.normalizers[1]: normalizer \"BertNormalizer\"");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(v, "pre_tokenizer", json_pack("{s:s}", "type", "UnicodeScripts"));
+    expect_load_error(v, "bad-pre.json", "pre_tokenizer: pre_tokenizer \"UnicodeScripts\" is not supported");
+    json_decref(v);
+    v = json_deep_copy(orig);
+    json_object_set_new(v, "truncation", json_pack("{s:i}", "max_length", 8));
+    expect_load_error(v, "truncation.json", "truncation is set");
     json_decref(v);
     v = json_deep_copy(orig);
     json_object_set_new(v, "decoder", json_pack("{s:s}", "type", "WordPiece"));
@@ -372,8 +387,8 @@ static void test_variants(json_t *enc) {
     json_decref(v);
     v = json_deep_copy(orig);
     json_object_set_new(json_array_get(json_object_get(json_object_get(v, "pre_tokenizer"), "pretokenizers"), 0),
-                        "behavior", json_string("Removed"));
-    expect_load_error(v, "bad-behavior.json", "Split behavior");
+                        "behavior", json_string("Bogus"));
+    expect_load_error(v, "bad-behavior.json", "pre_tokenizer.pretokenizers[0].behavior \"Bogus\"");
     json_decref(v);
     v = json_deep_copy(orig);
     json_array_append_new(json_object_get(json_object_get(v, "model"), "merges"), json_string("zzzq qqqz"));
@@ -462,6 +477,199 @@ static void test_variants(json_t *enc) {
     free(junk);
     json_decref(root);
     json_decref(orig);
+}
+
+/* ---- the other families (tests/fixtures/make_tokenizer_fixtures.py) ----------------------- */
+
+/* Reads a gzip file whole; NULL if it cannot be read. */
+static char *read_gz(const char *path, size_t *len) {
+    gzFile g = gzopen(path, "rb");
+    if (!g) return NULL;
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    int r;
+    while ((r = gzread(g, buf + n, (unsigned)(cap - n))) > 0) {
+        n += (size_t)r;
+        if (n == cap) { cap *= 2; buf = realloc(buf, cap + 1); }
+    }
+    gzclose(g);
+    if (r < 0) { free(buf); return NULL; }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* tests/fixtures/tokenizer/<family>/tokenizer.json.gz, unpacked into the scratch directory. */
+static char *family_json(const char *family) {
+    char *gz = pln_xasprintf("tests/fixtures/tokenizer/%s/tokenizer.json.gz", family);
+    size_t n = 0;
+    char *text = read_gz(gz, &n);
+    CHECK(text != NULL, "read %s", gz);
+    free(gz);
+    if (!text) return NULL;
+    char *path = pln_xasprintf("%s/%s-tokenizer.json", test_tmpdir(), family);
+    FILE *f = fopen(path, "wb");
+    fwrite(text, 1, n, f);
+    fclose(f);
+    free(text);
+    return path;
+}
+
+static bool same_text(const char *got, size_t gl, json_t *want) {
+    return json_is_string(want) && gl == json_string_length(want) && memcmp(got, json_string_value(want), gl) == 0;
+}
+
+static bool is_added(json_t *added, int32_t id) {
+    size_t i;
+    json_t *a;
+    json_array_foreach(added, i, a)
+        if (json_integer_value(json_object_get(a, "id")) == id) return true;
+    return false;
+}
+
+/* Every case of a family against `tokenizers`: ids without and with special tokens, token
+ * spellings, decodes (with and without skipping specials, full and streamed), and streaming
+ * never behind DecodeStream. */
+static void test_family(const char *family) {
+    char *path = family_json(family);
+    char *cgz = pln_xasprintf("tests/fixtures/tokenizer/%s/cases.json.gz", family);
+    size_t clen = 0;
+    char *ctext = read_gz(cgz, &clen);
+    json_error_t err;
+    json_t *fx = ctext ? json_loadb(ctext, clen, JSON_ALLOW_NUL, &err) : NULL;
+    CHECK(fx != NULL, "%s: %s", cgz, ctext ? err.text : "unreadable");
+    free(ctext);
+    free(cgz);
+    pln_tokenizer *t = path ? pln_tok_load(path) : NULL;
+    CHECK(t != NULL, "%s: load: %s", family, pln_error());
+    if (!t || !fx) { pln_tok_free(t); json_decref(fx); free(path); return; }
+    json_t *tj = json_load_file(path, 0, &err), *added = json_incref(json_object_get(tj, "added_tokens"));
+    json_decref(tj);
+    CHECK(pln_tok_vocab_size(t) == json_integer_value(json_object_get(fx, "vocab_size")), "%s: vocab size %lld",
+          family, (long long)pln_tok_vocab_size(t));
+
+    json_t *cases = json_object_get(fx, "cases"), *c;
+    size_t i, bad = 0, bad_sp = 0, bad_tok = 0;
+    json_array_foreach(cases, i, c) {
+        json_t *text = json_object_get(c, "text");
+        size_t nw, nws, ng = 0, ngs = 0;
+        int32_t *want = ids_of(json_object_get(c, "ids"), &nw), *ws = ids_of(json_object_get(c, "ids_special"), &nws);
+        int32_t *got = NULL, *gs = NULL;
+        int rc = pln_tok_encode(t, json_string_value(text), json_string_length(text), &got, &ng);
+        int rs = pln_tok_encode_special(t, json_string_value(text), json_string_length(text), true, &gs, &ngs);
+        if (!(rc == 0 && same_ids(got, ng, want, nw)) && bad++ < 5) {
+            fprintf(stderr, "%s: encode case %zu \"%s\" (rc %d %s)\n", family, i, json_string_value(text), rc, pln_error());
+            print_ids("want", want, nw);
+            print_ids("got ", got, ng);
+        }
+        if (!(rs == 0 && same_ids(gs, ngs, ws, nws)) && bad_sp++ < 5) {
+            fprintf(stderr, "%s: encode case %zu with specials \"%s\"\n", family, i, json_string_value(text));
+            print_ids("want", ws, nws);
+            print_ids("got ", gs, ngs);
+        }
+        json_t *toks = json_object_get(c, "tokens");
+        for (size_t k = 0; rc == 0 && k < ng && k < json_array_size(toks); k++) {
+            if (is_added(added, got[k])) continue;       /* HF reports the matched text there */
+            size_t sl;
+            const char *s = pln_tok_token_str(t, got[k], &sl);
+            if (!s || !same_text(s, sl, json_array_get(toks, k))) {
+                if (bad_tok++ < 5) fprintf(stderr, "%s: case %zu token %zu spelling differs\n", family, i, k);
+                break;
+            }
+        }
+        free(got); free(gs); free(want); free(ws);
+    }
+    CHECK(bad == 0, "%s: %zu of %zu encodings differ from tokenizers", family, bad, json_array_size(cases));
+    CHECK(bad_sp == 0, "%s: %zu of %zu encodings with specials differ", family, bad_sp, json_array_size(cases));
+    CHECK(bad_tok == 0, "%s: %zu token spellings differ", family, bad_tok);
+    printf("%s: %zu encodings (without and with specials): %s\n", family, json_array_size(cases),
+           bad || bad_sp || bad_tok ? "NOT OK" : "OK");
+
+    json_t *decs = json_object_get(fx, "decodes");
+    size_t bad_full = 0, bad_skip = 0, bad_stream = 0;
+    json_array_foreach(decs, i, c) {
+        size_t n, dl, kl, sl;
+        int32_t *ids = ids_of(json_object_get(c, "ids"), &n);
+        char *full = pln_tok_decode(t, ids, n, false, &dl);
+        char *skip = pln_tok_decode(t, ids, n, true, &kl);
+        char *str = stream_decode(t, ids, n, false, &sl);
+        if (!same_text(full, dl, json_object_get(c, "text")) && bad_full++ < 5) {
+            fprintf(stderr, "%s: decode case %zu: want \"%s\" got \"%s\"\n", family, i,
+                    json_string_value(json_object_get(c, "text")), full);
+            print_ids("ids", ids, n);
+        }
+        if (!same_text(skip, kl, json_object_get(c, "text_skip")) && bad_skip++ < 5)
+            fprintf(stderr, "%s: decode case %zu (skip specials): want \"%s\" got \"%s\"\n", family, i,
+                    json_string_value(json_object_get(c, "text_skip")), skip);
+        /* the stream equals the full decode, except that a run of byte tokens is judged as it
+         * arrives: a character the run completed before it turned invalid stays as it was */
+        bool run_split = false;
+        uint8_t run[64];
+        size_t nr = 0;
+        for (size_t k = 0; k <= n; k++) {
+            size_t l0 = 0;
+            const char *s0 = k < n ? pln_tok_token_str(t, ids[k], &l0) : NULL;
+            if (s0 && l0 == 6 && memcmp(s0, "<0x", 3) == 0 && nr < sizeof run) {
+                run[nr++] = (uint8_t)(hexval(s0[3]) * 16 + hexval(s0[4]));
+                continue;
+            }
+            /* a run that starts with a complete character and is invalid as a whole */
+            size_t q = 0;
+            bool valid_head = false, valid_all = true;
+            while (q < nr) {
+                uint8_t c0 = run[q];
+                size_t need = c0 < 0x80 ? 1 : c0 >= 0xC2 && c0 <= 0xDF ? 2 : c0 >= 0xE0 && c0 <= 0xEF ? 3 : c0 >= 0xF0 && c0 <= 0xF4 ? 4 : 0;
+                bool okc = need > 0 && q + need <= nr;
+                for (size_t z = 1; okc && z < need; z++) okc = (run[q + z] & 0xC0) == 0x80;
+                if (!okc) { valid_all = false; break; }
+                if (q == 0) valid_head = true;
+                q += need;
+            }
+            if (valid_head && !valid_all) run_split = true;
+            nr = 0;
+        }
+        if ((sl != dl || memcmp(str, full, dl) != 0) && !run_split && bad_stream++ < 5)
+            fprintf(stderr, "%s: decode case %zu: stream \"%s\" != full \"%s\"\n", family, i, str, full);
+        free(full); free(skip); free(str); free(ids);
+    }
+    CHECK(bad_full == 0, "%s: %zu of %zu decodes differ from tokenizers", family, bad_full, json_array_size(decs));
+    CHECK(bad_skip == 0, "%s: %zu of %zu decodes skipping specials differ", family, bad_skip, json_array_size(decs));
+    CHECK(bad_stream == 0, "%s: %zu streamed decodes differ from the full decode", family, bad_stream);
+    printf("%s: %zu decodes (full, skip specials, streamed): %s\n", family, json_array_size(decs),
+           bad_full || bad_skip || bad_stream ? "NOT OK" : "OK");
+
+    /* DecodeStream emits text once it no longer ends in U+FFFD; pollen's stream emits every
+     * complete character at once: at every step pollen's text so far starts with DecodeStream's */
+    json_t *streams = json_object_get(fx, "streams");
+    size_t bad_steps = 0;
+    json_array_foreach(streams, i, c) {
+        size_t n;
+        int32_t *ids = ids_of(json_object_get(c, "ids"), &n);
+        json_t *steps = json_object_get(c, "steps");
+        size_t cap = 3 * pln_tok_max_token_bytes(t) + 12, mine_n = 0, hf_n = 0;
+        char *mine = malloc(n * cap + 16), *hf = malloc(n * cap * 4 + 16);
+        pln_tok_stream st = {0};
+        bool ok = true;
+        for (size_t k = 0; k < n; k++) {
+            mine_n += pln_tok_stream_push(t, &st, ids[k], false, mine + mine_n, cap);
+            json_t *s = json_array_get(steps, k);
+            if (json_is_string(s)) { memcpy(hf + hf_n, json_string_value(s), json_string_length(s)); hf_n += json_string_length(s); }
+            if (hf_n > mine_n || memcmp(hf, mine, hf_n) != 0) ok = false;
+        }
+        if (!ok && bad_steps++ < 5) {
+            fprintf(stderr, "%s: stream case %zu: DecodeStream \"%.*s\" vs pollen \"%.*s\"\n", family, i, (int)hf_n, hf,
+                    (int)mine_n, mine);
+            print_ids("ids", ids, n);
+        }
+        free(mine); free(hf); free(ids);
+    }
+    CHECK(bad_steps == 0, "%s: %zu of %zu streams fall behind or differ from DecodeStream", family, bad_steps,
+          json_array_size(streams));
+    printf("%s: %zu streams against DecodeStream: %s\n", family, json_array_size(streams), bad_steps ? "NOT OK" : "OK");
+    pln_tok_free(t);
+    json_decref(fx);
+    json_decref(added);
+    free(path);
 }
 
 /* ---- synthetic BLOOM-size tokenizer.json --------------------------------------------------- */
@@ -676,6 +884,8 @@ int main(int argc, char **argv) {
     }
     pln_tok_free(t);
     json_decref(enc);
+    static const char *families[] = {"mistral", "llama2", "llama3", "qwen2", "components"};
+    for (size_t k = 0; k < sizeof families / sizeof *families; k++) test_family(families[k]);
     test_synthetic();
     return test_done();
 }
