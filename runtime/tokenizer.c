@@ -98,6 +98,7 @@ static int tok_utf8_put(uint32_t cp, uint8_t *out) {
 typedef struct { uint8_t *p; size_t n, cap; } tok_buf;
 
 static void tok_buf_put(tok_buf *b, const void *src, size_t n) {
+    if (n == 0) return;
     if (b->n + n > b->cap) {
         size_t c = b->cap ? b->cap : 256;
         while (c < b->n + n) c *= 2;

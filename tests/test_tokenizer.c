@@ -672,6 +672,100 @@ static void test_family(const char *family) {
     free(path);
 }
 
+/* The real Mistral vocabulary by hand: known ids, BOS, streaming of byte-fallback runs and of
+ * the leading space the Strip decoder removes, token bytes, and refusals of what is not
+ * implemented, by JSON path. */
+static void test_mistral_edges(void) {
+    char *path = family_json("mistral");
+    pln_tokenizer *t = path ? pln_tok_load(path) : NULL;
+    CHECK(t != NULL, "mistral: load: %s", pln_error());
+    if (!t) { free(path); return; }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(pln_tok_encode(t, "Hello world", 11, &ids, &n) == 0 && n == 2 && ids[0] == 22557 && ids[1] == 1526,
+          "mistral: \"Hello world\" is [22557, 1526]");
+    free(ids);
+    CHECK(pln_tok_encode_special(t, "Hello world", 11, true, &ids, &n) == 0 && n == 3 && ids[0] == 1 && ids[1] == 22557,
+          "mistral: with add_special <s> comes first");
+    free(ids);
+    CHECK(pln_tok_encode_special(t, "", 0, true, &ids, &n) == 0 && n == 1 && ids[0] == 1, "mistral: empty text is just <s>");
+    free(ids);
+    CHECK(pln_tok_encode(t, "\n", 1, &ids, &n) == 0 && n == 2 && ids[0] == 28705 && ids[1] == 13,
+          "mistral: \"\\n\" is \"▁\" then the byte token <0x0A>");
+    free(ids);
+
+    char out[256];
+    size_t cap = sizeof out;
+    pln_tok_stream st = {0};
+    int32_t e2 = pln_tok_token_id(t, "<0xE2>"), x82 = pln_tok_token_id(t, "<0x82>"), xac = pln_tok_token_id(t, "<0xAC>");
+    CHECK(e2 == 229 && x82 == 133 && xac == 175, "mistral: byte tokens <0xE2> <0x82> <0xAC> are 229 133 175");
+    size_t k1 = pln_tok_stream_push(t, &st, e2, false, out, cap);
+    size_t k2 = pln_tok_stream_push(t, &st, x82, false, out, cap);
+    size_t k3 = pln_tok_stream_push(t, &st, xac, false, out, cap);
+    CHECK(k1 == 0 && k2 == 0 && k3 == 3 && memcmp(out, "\xe2\x82\xac", 3) == 0, "mistral: € streamed from its three bytes");
+    CHECK(pln_tok_stream_flush(t, &st, out, cap) == 0, "mistral: nothing left after €");
+    st = (pln_tok_stream){0};
+    pln_tok_stream_push(t, &st, e2, false, out, cap);
+    pln_tok_stream_push(t, &st, x82, false, out, cap);
+    CHECK(pln_tok_stream_flush(t, &st, out, cap) == 6 && memcmp(out, "\xef\xbf\xbd\xef\xbf\xbd", 6) == 0,
+          "mistral: a cut-short run flushes one U+FFFD per byte (HF's ByteFallback)");
+    st = (pln_tok_stream){0};
+    k1 = pln_tok_stream_push(t, &st, 22557, false, out, cap);
+    CHECK(k1 == 5 && memcmp(out, "Hello", 5) == 0, "mistral: the first token loses its leading space (Strip)");
+    k2 = pln_tok_stream_push(t, &st, 1526, false, out, cap);
+    CHECK(k2 == 6 && memcmp(out, " world", 6) == 0, "mistral: later tokens keep theirs");
+    st = (pln_tok_stream){0};
+    CHECK(pln_tok_stream_push(t, &st, 1, true, out, cap) == 0, "mistral: skipped <s> writes nothing");
+    k1 = pln_tok_stream_push(t, &st, 22557, true, out, cap);
+    CHECK(k1 == 5 && memcmp(out, "Hello", 5) == 0, "mistral: after a skipped <s> the first shown token is stripped");
+    st = (pln_tok_stream){0};
+    pln_tok_stream_push(t, &st, 1, false, out, cap);
+    k1 = pln_tok_stream_push(t, &st, 22557, false, out, cap);
+    CHECK(k1 == 6 && memcmp(out, " Hello", 6) == 0, "mistral: after a shown <s> the space stays (\"<s> Hello\")");
+    size_t bl;
+    const uint8_t *b = pln_tok_token_bytes(t, 13, &bl);
+    CHECK(b && bl == 1 && b[0] == '\n', "mistral: <0x0A>'s bytes are one newline");
+    b = pln_tok_token_bytes(t, 22557, &bl);
+    CHECK(b && bl == 6 && memcmp(b, " Hello", 6) == 0, "mistral: ▁Hello's bytes are \" Hello\"");
+    size_t sl;
+    const char *sp = pln_tok_token_str(t, 22557, &sl);
+    CHECK(sp && sl == 8 && memcmp(sp, "\xe2\x96\x81Hello", 8) == 0, "mistral: token 22557 is spelled ▁Hello");
+    pln_tok_free(t);
+
+    json_error_t err;
+    json_t *orig = json_load_file(path, 0, &err), *v;
+    CHECK(orig != NULL, "mistral json: %s", err.text);
+    if (orig) {
+        v = json_deep_copy(orig);
+        json_object_set_new(json_array_get(json_object_get(json_object_get(v, "decoder"), "decoders"), 3), "stop",
+                            json_integer(1));
+        expect_load_error(v, "strip-stop.json", "decoder.decoders[3]: a Strip decoder after Fuse with stop > 0");
+        json_decref(v);
+        v = json_deep_copy(orig);
+        json_object_set_new(json_object_get(v, "pre_tokenizer"), "replacement", json_string("ab"));
+        expect_load_error(v, "metaspace-repl.json", "pre_tokenizer (Metaspace): \"replacement\" is not one character");
+        json_decref(v);
+        v = json_deep_copy(orig);
+        json_object_del(json_object_get(json_object_get(v, "post_processor"), "special_tokens"), "<s>");
+        expect_load_error(v, "template-ids.json", "post_processor: special token \"<s>\" has no entry");
+        json_decref(v);
+        v = json_deep_copy(orig);
+        json_object_set_new(json_object_get(v, "model"), "type", json_string("Unigram"));
+        expect_load_error(v, "unigram.json", "model.type \"Unigram\" is not supported");
+        json_decref(v);
+        v = json_deep_copy(orig);
+        json_object_set_new(json_object_get(v, "model"), "dropout", json_real(0.1));
+        expect_load_error(v, "dropout.json", "model.dropout must be null");
+        json_decref(v);
+        v = json_deep_copy(orig);
+        json_object_set_new(v, "decoder", json_pack("{s:s,s:[{s:s}]}", "type", "Sequence", "decoders", "type", "CTC"));
+        expect_load_error(v, "ctc.json", "decoder.decoders[0]: decoder \"CTC\" is not supported");
+        json_decref(v);
+        json_decref(orig);
+    }
+    free(path);
+}
+
 /* ---- synthetic BLOOM-size tokenizer.json --------------------------------------------------- */
 
 #define SYN_VOCAB 250680
@@ -886,6 +980,7 @@ int main(int argc, char **argv) {
     json_decref(enc);
     static const char *families[] = {"mistral", "llama2", "llama3", "qwen2", "components"};
     for (size_t k = 0; k < sizeof families / sizeof *families; k++) test_family(families[k]);
+    test_mistral_edges();
     test_synthetic();
     return test_done();
 }
