@@ -2245,6 +2245,13 @@ pln_tokenizer *pln_tok_load(const char *path) {
         rc = pln_errorf("%s: padding is set; pollen does not pad encodings: set it to null", path);
     if (!rc) rc = tok_load_pipeline(t, root);
     if (!rc) rc = tok_load_model(t, root, &lists, byte_of_cp);
+    /* the post-processor's ids must be tokens: they go to the model as they are */
+    for (size_t i = 0; !rc && i < t->n_post_pre + t->n_post_post; i++) {
+        int32_t id = i < t->n_post_pre ? t->post_pre[i] : t->post_post[i - t->n_post_pre];
+        if (id >= t->n_ids || t->tok_bytes_off[id] == UINT64_MAX)
+            rc = pln_errorf("%s: post_processor adds id %d, which is not a token of this vocabulary (%lld ids)", path,
+                            id, (long long)t->n_ids);
+    }
     /* ByteLevel's byte→char map as the last stage: BPE starts from the raw bytes instead
      * (byte_id), which is what makes byte-level families fast */
     if (!rc && t->n_pre > 0 && t->pre[t->n_pre - 1].kind == TP_BYTES_TO_CHARS && !t->byte_fallback && !t->cont_prefix &&

@@ -750,6 +750,12 @@ static void test_mistral_edges(void) {
         expect_load_error(v, "template-ids.json", "post_processor: special token \"<s>\" has no entry");
         json_decref(v);
         v = json_deep_copy(orig);
+        json_array_set_new(json_object_get(json_object_get(json_object_get(json_object_get(v, "post_processor"),
+                                                                           "special_tokens"), "<s>"), "ids"),
+                           0, json_integer(32000));
+        expect_load_error(v, "template-range.json", "post_processor adds id 32000, which is not a token");
+        json_decref(v);
+        v = json_deep_copy(orig);
         json_object_set_new(json_object_get(v, "model"), "type", json_string("Unigram"));
         expect_load_error(v, "unigram.json", "model.type \"Unigram\" is not supported");
         json_decref(v);
