@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# e2e_tokenize.sh — `pollen tokenize` on the tokenizer fixtures (real Mistral vocabulary, the Llama 3
-# and Qwen2 pipelines, BLOOM's) given as a tokenizer.json, a Hugging Face directory and a shard
+# e2e_tokenize.sh — `pollen tokenize` on the tokenizer fixtures (the real Mistral, Llama 3 and Qwen2
+# vocabularies, BLOOM's pipeline) given as a tokenizer.json, a Hugging Face directory and a shard
 # set: ids as Hugging Face tokenizers gives them (values from tests/fixtures/tokenizer/*/cases.json.gz),
 # --add-special, --json, stdin bytes exact, --decode byte for byte, and bad input.
 source tests/e2e.sh
@@ -19,14 +19,16 @@ check "mistral: --json" eq "$(tok "$MIS" --text 'Hello world' --add-special --js
   '{"ids":[1,22557,1526],"tokens":["<s>","\u2581Hello","\u2581world"]}'
 check "mistral: stdin keeps its trailing newline (byte fallback <0x0A>)" eq "$(printf 'Hello world\n' | tok "$MIS")" "22557 1526 13"
 check "mistral: empty stdin gives no ids" eq "$(printf '' | tok "$MIS")" ""
-check "llama3: Hello world" eq "$(tok "$TMP/llama3.json" --text 'Hello world')" "39 871 1900 2683"
+check "llama3: Hello world" eq "$(tok "$TMP/llama3.json" --text 'Hello world')" "9906 1917"
 check "llama3: --add-special adds <|begin_of_text|>" eq "$(tok "$TMP/llama3.json" --text 'Hello world' --add-special)" \
-  "3000 39 871 1900 2683"
+  "128000 9906 1917"
 check "llama3: digits in groups of three" eq "$(tok "$TMP/llama3.json" --text 1234567890123456789012345678901234567890)" \
-  "1479 1482 1166 1173 1174 1175 1099 16 17 18 19 20 21 22 23 1099 1479 1482 1166 15"
+  "4513 10961 16474 11531 12901 17458 19319 11727 19282 21381 4513 10961 16474 15"
+check "llama3: <|eot_id|> inside text" eq "$(tok "$TMP/llama3.json" --text 'Hello world<|eot_id|>')" "9906 1917 128009"
 check "qwen2: ZWJ family emoji" eq "$(printf '\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7\xe2\x80\x8d\xf0\x9f\x91\xa6' | tok "$TMP/qwen2.json")" \
-  "425 101 837 549 837 425 100 837 425 99"
-check "qwen2: no BOS to add" eq "$(tok "$TMP/qwen2.json" --text 'Hello world' --add-special)" "39 867 1885 2660"
+  "145367 378 235 145233 378 235 145665 378 235 145988"
+check "qwen2: digits one by one" eq "$(tok "$TMP/qwen2.json" --text 12345)" "16 17 18 19 20"
+check "qwen2: no BOS to add" eq "$(tok "$TMP/qwen2.json" --text 'Hello world' --add-special)" "9707 1879"
 
 # ---- PATH forms: a Hugging Face directory, a shard set ----------------------------------------
 mkdir -p "$TMP/hf"
