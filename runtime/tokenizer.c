@@ -1827,20 +1827,22 @@ static size_t tok_stream_byte(const pln_tokenizer *t, pln_tok_stream *s, uint8_t
 
 /* Bytes of one decoded token through the whole-text state (leading Strip, UTF-8 assembly). */
 static inline size_t tok_stream_bytes(const pln_tokenizer *t, pln_tok_stream *s, const uint8_t *b, size_t n, char *out,
-                               size_t cap) {
-    size_t o = 0, cl = (size_t)t->strip_ch_len;
-    for (size_t i = 0; i < n;) {
-        if (t->strip_n > 0 && !s->strip_done) {
-            if (n - i >= cl && memcmp(b + i, t->strip_ch, cl) == 0) {
-                i += cl;
-                if (++s->n_stripped >= t->strip_n) s->strip_done = true;
-                continue;
-            }
+                                      size_t cap) {
+    size_t o = 0, i = 0, cl = (size_t)t->strip_ch_len;
+    while (i < n && t->strip_n > 0 && !s->strip_done) {
+        if (n - i >= cl && memcmp(b + i, t->strip_ch, cl) == 0) {
+            i += cl;
+            if (++s->n_stripped >= t->strip_n) s->strip_done = true;
+        } else {
             s->strip_done = true;
         }
+    }
+    while (i < n) {
+        uint8_t c = b[i];
         if (s->n_pend == 0) {
             /* whole valid characters go straight through */
-            size_t l = b[i] < 0x80 ? 1 : tok_utf8_len(b + i, n - i);
+            if (c < 0x80 && o < cap) { out[o++] = (char)c; i++; continue; }
+            size_t l = c < 0x80 ? 1 : tok_utf8_len(b + i, n - i);
             if (l && o + l <= cap) {
                 for (size_t z = 0; z < l; z++) out[o + z] = (char)b[i + z];   /* 1–4 bytes: no memcpy call */
                 o += l;
@@ -1848,7 +1850,7 @@ static inline size_t tok_stream_bytes(const pln_tokenizer *t, pln_tok_stream *s,
                 continue;
             }
         }
-        o += tok_stream_byte(t, s, b[i], out + o, cap - o);
+        o += tok_stream_byte(t, s, c, out + o, cap - o);
         i++;
     }
     return o;
