@@ -1334,9 +1334,13 @@ static int tok_replace(const pln_tokenizer *t, pcre2_code *re, pcre2_match_data 
     return 0;
 }
 
-/* Runs the normalizers over s[0..n); the result is in *res (one of w's buffers, or s itself). */
+/* Runs the normalizers over s[0..n); the result is in *res (one of w's buffers, or s itself).
+ * *start_kept (may be NULL): the result's first character still comes from s's first byte, as
+ * HF's alignments say (false once a leading character was removed: Strip, StripAccents, a
+ * Replace by nothing); Metaspace's prepend_scheme "first" asks this. */
 static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, size_t n, const uint8_t **res,
-                         size_t *res_n) {
+                         size_t *res_n, bool *start_kept) {
+    bool kept = true;
     const uint8_t *cur = s;
     size_t cn = n;
     tok_buf *bufs[2] = {&w->norm_a, &w->norm_b};
@@ -1353,7 +1357,9 @@ static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, 
             break;
         case TN_REPLACE: {
             pcre2_match_data *md = pcre2_match_data_create_from_pattern(d->re, NULL);
-            int rc = tok_replace(t, d->re, md, cur, cn, d->str, d->str_len, out);
+            int rc = cn ? pcre2_match(d->re, cur, cn, 0, PCRE2_NO_UTF_CHECK | PCRE2_ANCHORED, md, NULL) : -1;
+            if (rc >= 0 && d->str_len == 0 && pcre2_get_ovector_pointer(md)[1] > 0) kept = false;
+            rc = tok_replace(t, d->re, md, cur, cn, d->str, d->str_len, out);
             pcre2_match_data_free(md);
             if (rc) return -1;
             break;
@@ -1382,6 +1388,8 @@ static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, 
                     utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
                     if (cat != UTF8PROC_CATEGORY_MN && cat != UTF8PROC_CATEGORY_MC && cat != UTF8PROC_CATEGORY_ME)
                         tok_buf_put(out, cur + i, l);
+                    else if (out->n == 0)
+                        kept = false;
                 }
                 i += l;
             }
@@ -1402,6 +1410,7 @@ static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, 
                     b = p;
                 }
             tok_buf_put(out, cur + a, b - a);
+            if (a > 0) kept = false;
             break;
         }
         }
@@ -1411,6 +1420,7 @@ static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, 
     }
     *res = cur;
     *res_n = cn;
+    if (start_kept) *start_kept = kept;
     return 0;
 }
 
@@ -1589,11 +1599,12 @@ static int tok_encode_text(const pln_tokenizer *t, tok_work *w, const uint8_t *s
         if (t->n_norm == 0) return tok_encode_added(t, w, s, n, 1, first);
         const uint8_t *ns;
         size_t nn;
-        if (tok_normalize(t, w, s, n, &ns, &nn)) return -1;
+        bool kept;
+        if (tok_normalize(t, w, s, n, &ns, &nn, &kept)) return -1;
         /* the normalized text outlives the next normalize call only if copied */
         uint8_t *copy = pln_xmalloc(nn ? nn : 1);
         memcpy(copy, ns, nn);
-        int rc = tok_encode_added(t, w, copy, nn, 1, first);
+        int rc = tok_encode_added(t, w, copy, nn, 1, first && kept);
         free(copy);
         return rc;
     }
@@ -2172,8 +2183,17 @@ static int tok_load_model(pln_tokenizer *t, json_t *root, tok_lists *l, const in
         size_t la = l->m_la[k], lb = l->m_lb[k];
         const char *b = a + la + 1;
         if (la + lb + 1 > cat_cap) { cat_cap = (la + lb + 1) * 2; cat = pln_xrealloc(cat, cat_cap); }
-        memcpy(cat, a, la); memcpy(cat + la, b, lb); cat[la + lb] = 0;
-        int32_t ia = tok_vocab_find(t, a, la), ib = tok_vocab_find(t, b, lb), in = tok_vocab_find(t, cat, la + lb);
+        /* with a continuing_subword_prefix the right part loses it in the merged token (HF's
+         * BpeBuilder: a + b[prefix_len..]) */
+        size_t cut = t->cont_prefix_len;
+        if (cut > lb || (cut < lb && ((uint8_t)b[cut] & 0xC0) == 0x80)) {
+            pln_errorf("%s: model.merges[%zu] (\"%s\" + \"%s\"): the right token is shorter than "
+                       "continuing_subword_prefix \"%s\"", t->path, k, a, b, t->cont_prefix);
+            free(cat);
+            return -1;
+        }
+        memcpy(cat, a, la); memcpy(cat + la, b + cut, lb - cut); cat[la + lb - cut] = 0;
+        int32_t ia = tok_vocab_find(t, a, la), ib = tok_vocab_find(t, b, lb), in = tok_vocab_find(t, cat, la + lb - cut);
         if (ia < 0 || ib < 0 || in < 0) {
             pln_errorf("%s: model.merges[%zu] (\"%s\" + \"%s\"): %s is not in model.vocab", t->path, k, a, b,
                        ia < 0 ? "the left token" : ib < 0 ? "the right token" : "the merged token");
@@ -2190,7 +2210,7 @@ static int tok_normalize_str(const pln_tokenizer *t, const char *s, size_t n, ch
     tok_work w = {0};
     const uint8_t *r;
     size_t rn;
-    int rc = tok_normalize(t, &w, (const uint8_t *)s, n, &r, &rn);
+    int rc = tok_normalize(t, &w, (const uint8_t *)s, n, &r, &rn, NULL);
     if (!rc) {
         *out = pln_xmalloc(rn + 1);
         memcpy(*out, r, rn);

@@ -1,6 +1,9 @@
 /* test_tokenizer.c — the BLOOM tokenizer against the Hugging Face fixtures (every encoding,
  * decoding and token's bytes), streaming decode, edge cases, error messages, and a synthetic
- * BLOOM-size tokenizer.json (250680 tokens) for load time.
+ * BLOOM-size tokenizer.json (250680 tokens) for load time; then every other tokenizer.json family
+ * of tests/fixtures/tokenizer/ (Mistral, Llama 2, Llama 3, Qwen2 and the component pipelines)
+ * against tokenizers' ids, decodes and DecodeStream, the real Mistral vocabulary by hand, and
+ * mutated files.
  *
  * Also a small benchmark (tools/bench/tokenizer.sh runs it):
  *   test_tokenizer --gen-synthetic OUT.json        write the synthetic BLOOM-size tokenizer.json
@@ -672,6 +675,58 @@ static void test_family(const char *family) {
     free(path);
 }
 
+/* Mutants of the components family's tokenizer.json (every pipeline component is in its first
+ * few kB): each must load or fail with the file named, and what loads must encode, decode and
+ * stream any text without a fault (ASan in CI). */
+static void test_hostile_components(void) {
+    size_t flen = 0;
+    char *ftext = read_gz("tests/fixtures/tokenizer/components/tokenizer.json.gz", &flen);
+    CHECK(ftext != NULL, "read components tokenizer");
+    if (!ftext) return;
+    const char *json_start = strstr(ftext, "\"model\"");
+    size_t head = json_start ? (size_t)(json_start - ftext) : flen;
+    char *mpath = pln_xasprintf("%s/mutant-components.json", test_tmpdir());
+    int loaded = 0, failed = 0, unnamed = 0;
+    uint64_t rs = 7;
+    static const char *texts[] = {"Hello  <mask> world [SEP]  cat-dog=1234567 ¿Qué? 👩‍💻 İ", "", " ", "<both>", "a\n\tb"};
+    for (int k = 0; k < 800; k++) {
+        size_t cut = flen;
+        char *mb = malloc(flen + 1);
+        memcpy(mb, ftext, flen);
+        rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+        if (k < 200) cut = (size_t)(rs >> 33) % (head + 1);
+        else for (int j = 0; j < 1 + k % 4; j++) {
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            mb[(rs >> 33) % head] = "\"{}[],:019 -a\x80\xff"[(rs >> 20) % 16];
+        }
+        FILE *mf = fopen(mpath, "wb");
+        fwrite(mb, 1, cut, mf);
+        fclose(mf);
+        free(mb);
+        pln_tokenizer *mt = pln_tok_load(mpath);
+        if (!mt) {
+            failed++;
+            if (!strstr(pln_error(), mpath)) unnamed++;
+            continue;
+        }
+        loaded++;
+        for (size_t q = 0; q < sizeof texts / sizeof *texts; q++) {
+            int32_t *ids;
+            size_t n, dl, sl;
+            if (pln_tok_encode_special(mt, texts[q], strlen(texts[q]), true, &ids, &n) != 0) continue;
+            char *d = pln_tok_decode(mt, ids, n, false, &dl);
+            char *st = stream_decode(mt, ids, n, true, &sl);
+            free(d); free(st); free(ids);
+        }
+        pln_tok_free(mt);
+    }
+    printf("hostile components files: %d loaded, %d refused\n", loaded, failed);
+    CHECK(failed > 0 && loaded > 0 && unnamed == 0, "component mutants: %d loaded, %d failed, %d errors without the path",
+          loaded, failed, unnamed);
+    free(mpath);
+    free(ftext);
+}
+
 /* The real Mistral vocabulary by hand: known ids, BOS, streaming of byte-fallback runs and of
  * the leading space the Strip decoder removes, token bytes, and refusals of what is not
  * implemented, by JSON path. */
@@ -984,9 +1039,11 @@ int main(int argc, char **argv) {
     }
     pln_tok_free(t);
     json_decref(enc);
-    static const char *families[] = {"mistral", "llama2", "llama3", "qwen2", "components"};
+    static const char *families[] = {"mistral", "llama2", "llama3", "qwen2", "components", "components2", "components3",
+                                     "gpt2", "subword"};
     for (size_t k = 0; k < sizeof families / sizeof *families; k++) test_family(families[k]);
     test_mistral_edges();
+    test_hostile_components();
     test_synthetic();
     return test_done();
 }
