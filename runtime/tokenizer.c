@@ -1577,7 +1577,7 @@ static int tok_pre_run(const pln_tokenizer *t, tok_work *w, int k, const uint8_t
 /* ---- added tokens ---- */
 
 /* Rust regex \w at the end of s[0..n) / at its start. */
-static bool tok_word_at(const pln_tokenizer *t, tok_work *w, const uint8_t *s, size_t n, bool at_end) {
+static bool tok_word_at(const pln_tokenizer *t, const uint8_t *s, size_t n, bool at_end) {
     if (n == 0) return false;
     size_t p = 0;
     if (at_end) { p = n - 1; while (p > 0 && (s[p] & 0xC0) == 0x80) p--; }
@@ -1585,7 +1585,6 @@ static bool tok_word_at(const pln_tokenizer *t, tok_work *w, const uint8_t *s, s
     size_t l = tok_utf8_len(s + p, n - p);
     int rc = pcre2_match(t->word_re, s + p, l ? l : 1, 0, PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, md, NULL);
     pcre2_match_data_free(md);
-    (void)w;
     return rc >= 0;
 }
 
@@ -1630,8 +1629,8 @@ static int tok_encode_added(const pln_tokenizer *t, tok_work *w, const uint8_t *
         size_t start = i, stop = i + a->match_len;
         size_t next_i = stop;           /* the matcher resumes after the match itself */
         if (a->single_word) {
-            bool start_space = start == 0 || !tok_word_at(t, w, s, start, true);
-            bool stop_space = stop == n || !tok_word_at(t, w, s + stop, n - stop, false);
+            bool start_space = start == 0 || !tok_word_at(t, s, start, true);
+            bool stop_space = stop == n || !tok_word_at(t, s + stop, n - stop, false);
             if (!start_space || !stop_space) {
                 i = next_i - 1;          /* the automaton moves on after the discarded match */
                 continue;
