@@ -1365,7 +1365,9 @@ static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, 
             break;
         }
         case TN_NFC: case TN_NFD: case TN_NFKC: case TN_NFKD: {
-            if (cn == 0) continue;
+            size_t q = 0;
+            while (q < cn && cur[q] < 0x80) q++;
+            if (q == cn) continue;                  /* ASCII is the same in every normal form */
             int opt = UTF8PROC_STABLE | (d->kind == TN_NFC || d->kind == TN_NFKC ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) |
                       (d->kind == TN_NFKC || d->kind == TN_NFKD ? UTF8PROC_COMPAT : 0);
             utf8proc_uint8_t *dst = NULL;
