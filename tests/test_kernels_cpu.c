@@ -1334,18 +1334,22 @@ static void bench_linear(int64_t rows, int64_t cols, int n_t, const int *Ts, dou
 }
 
 /* Attention over a paged cache: decode (one token per sequence at position ctx-1) and a prefill
- * of ctx tokens, n_head heads of hd (bloom-1b7: 16 x 128, bloom-560m: 16 x 64). */
-static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
-    int bs = 16;
+ * of ctx tokens, n_head heads of hd (bloom-1b7: 16 x 128, bloom-560m: 16 x 64); n_kv > 0: the
+ * grouped-query layout without ALiBi (Llama-3.2-1B: 32 q / 8 KV heads of 64, Llama-3.1-8B: 32 / 8
+ * of 128). */
+static void bench_attention(int ctx, int n_seq, int n_head, int hd, int n_kv) {
+    int bs = 16, cache_heads = n_kv > 0 ? n_kv : n_head;
     int32_t max_blocks = (ctx + bs - 1) / bs, n_blocks = max_blocks * n_seq;
-    size_t pool = (size_t)n_blocks * n_head * bs * hd;
+    size_t pool = (size_t)n_blocks * cache_heads * bs * hd;
     float *kc = rnd_vec(pool, -1, 1), *vc = rnd_vec(pool, -1, 1);
     int32_t *table = malloc((size_t)n_blocks * 4);
     for (int i = 0; i < n_blocks; i++) table[i] = (i * 7919) % n_blocks;   /* scattered */
     uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
     for (size_t i = 0; i < pool; i++) { kh[i] = pln_f32_to_f16(kc[i]); vh[i] = pln_f32_to_f16(vc[i]); }
-    float slopes[16];
+    float slopes[64];
     for (int h = 0; h < n_head; h++) slopes[h] = pln_alibi_slope(h, n_head);
+    const float *sl = n_kv > 0 ? NULL : slopes;
+    const int64_t width = n_kv > 0 ? (int64_t)(n_head + 2 * n_kv) * hd : (int64_t)n_head * 3 * hd;
     for (int w = 0; w < 4; w++) {
         /* f32 then f16 KV cache (the same keys, rounded), each decode then prefill */
         int prefill = w & 1, f16 = w >> 1;
@@ -1354,20 +1358,20 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
         int T = prefill ? ctx : n_seq;
         int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
-        float *qkv = rnd_vec((size_t)T * n_head * 3 * hd, -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
-        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, 0};
-        g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
+        float *qkv = rnd_vec((size_t)(T * width), -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
+        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, n_kv};
+        g_be->attention(g_be, out, qkv, kp, vp, &m, sl, n_head, hd);
         double best = 1e30;
         for (int r = 0; r < 5; r++) {
             double t0 = pln_now();
-            g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
+            g_be->attention(g_be, out, qkv, kp, vp, &m, sl, n_head, hd);
             best = fmin(best, pln_now() - t0);
         }
         double keys = prefill ? (double)ctx * (ctx + 1) / 2 : (double)ctx * n_seq;
         double flops = keys * n_head * hd * 4;
-        printf("attention %s %s KV ctx %d, %d seq, %dx%d heads: %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
-               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, n_head, hd, best * 1e3,
-               flops / best / 1e9, prefill ? 0.0 : keys * n_head * hd * (f16 ? 4 : 8) / best / 1e9);
+        printf("attention %s %s KV ctx %d, %d seq, %dx%d heads (%d KV): %8.3f ms  %6.1f GFLOP/s  %5.1f GB/s of KV\n",
+               prefill ? "prefill" : "decode ", f16 ? "f16" : "f32", ctx, prefill ? 1 : n_seq, n_head, hd, cache_heads,
+               best * 1e3, flops / best / 1e9, prefill ? 0.0 : keys * cache_heads * hd * (f16 ? 4 : 8) / best / 1e9);
         free(seq); free(pos); free(qkv); free(out);
     }
     pln_backend_set_kv_dtype(g_be, PLN_DTYPE_F32);
@@ -1380,8 +1384,10 @@ static int run_bench(int n_t, const int *Ts) {
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
-    bench_attention(512, 8, 16, 128);
-    bench_attention(512, 8, 16, 64);
+    bench_attention(512, 8, 16, 128, 0);
+    bench_attention(512, 8, 16, 64, 0);
+    bench_attention(512, 8, 32, 64, 8);     /* Llama-3.2-1B */
+    bench_attention(512, 8, 32, 128, 8);    /* Llama-3.1-8B */
     /* GeLU epilogue cost beside the GEMM it follows */
     {
         int64_t n = 32 * 8192;
