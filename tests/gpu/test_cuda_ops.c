@@ -883,6 +883,16 @@ static void test_errors(void)
     g_gpu->free(g_gpu, s4);
     pln_weight wb = {PLN_DTYPE_BF16, 16, 64, x, NULL, 0};
     CHECK(g_gpu->linear(g_gpu, o, x, &wb, NULL, 1, false) != 0, "bf16 weights must fail");
+    /* the grouped-query contract: rotary needs the grouped layout, and the KV heads must divide
+     * the q heads (checked before any launch: the metadata pointers are never read) */
+    pln_attn_meta mg = {1, 1, 16, 1, 1, (const int32_t *)x, (const int32_t *)x, (const int32_t *)x, 0};
+    CHECK(g_gpu->rope(g_gpu, o, &mg, (const float *)x, 4, 8) != 0 && strstr(pln_error(), "grouped"),
+          "rope on the BLOOM layout must fail naming the grouped layout: %s", pln_error());
+    mg.n_kv_head = 3;
+    CHECK(g_gpu->attention(g_gpu, o, x, x, x, &mg, NULL, 4, 8) != 0 && strstr(pln_error(), "KV heads"),
+          "3 KV heads for 4 q heads must fail: %s", pln_error());
+    CHECK(g_gpu->kv_append(g_gpu, x, o, o, &mg, 4, 8) != 0 && strstr(pln_error(), "KV heads"),
+          "kv_append with 3 KV heads for 4 q heads must fail: %s", pln_error());
     CHECK(g_gpu->topk(g_gpu, (const float *)o, 1, 8, 0, 9, NULL, NULL, NULL, NULL) != 0, "k > vn must fail");
     void *huge = g_gpu->alloc(g_gpu, (size_t)1 << 50);
     CHECK(huge == NULL && strstr(pln_error(), "HINT") != NULL, "a 1 PiB alloc fails with a hint: %s", pln_error());
