@@ -2,7 +2,8 @@
  * (the reference loops, portable C, AVX2, AVX-512), against naive double-precision references
  * written here: random inputs, odd sizes, T = 1 and T > 1, several sequences at different
  * positions in one attention call over scattered KV blocks, int8 per channel and per group,
- * top-k ties, vocab padding, the HF repetition-penalty rule.
+ * top-k ties, vocab padding, the HF repetition-penalty rule; the Llama family's RMSNorm, rotary,
+ * SwiGLU and grouped-query attention (prefill, mixed and decode steps, f32 and f16 KV).
  *
  *   build/tests/test_kernels_cpu            the checks (a few seconds)
  *   build/tests/test_kernels_cpu --bench [T...]   GEMV/GEMM bandwidth and FLOP/s against a STREAM-style

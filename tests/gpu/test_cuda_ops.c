@@ -4,7 +4,9 @@
  * error and the largest difference per op with OK / NOT OK. Shapes: tiny and odd ones (the test
  * fixtures' 4 heads of 16, a vocab slice of 1003 rows), and BLOOM-176B's per-rank shapes at TP 8
  * (hidden 14336, 14 heads of 128, 4H/8 = 7168, vocab 250880/8 = 31360). Every linear case runs
- * on each kernel (GEMV, GEMM/cuBLASLt, plain) as well as the automatic choice.
+ * on each kernel (GEMV, GEMM/cuBLASLt, plain) as well as the automatic choice. The Llama family's
+ * ops (RMSNorm, rotary, SwiGLU) and grouped-query attention on every attention path, with
+ * Llama-3.1-8B's and a Llama-3.1-70B TP-8 rank's shapes in the full run.
  *
  *   build/tests-gpu/test_cuda_ops            all checks (needs a GPU, sm_80+)
  *   build/tests-gpu/test_cuda_ops --probe    exit 0 if a usable GPU exists, else print why, exit 77
