@@ -1,5 +1,7 @@
 /* attention.cu — paged flash-decoding for decode steps; split-key attention (one block per token,
- * head and key chunk) and the merge of the chunks' partial softmax states. See attention.cuh. */
+ * head and key chunk) and the merge of the chunks' partial softmax states. See attention.cuh.
+ * Every kernel reads q, k and v through pln_qkv_layout (kv_append.cuh): BLOOM's interleaved heads
+ * are the grouped-query layout's group of one, and slopes == NULL is no positional bias. */
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/kv_append.cuh"
 
@@ -18,7 +20,7 @@ __device__ __forceinline__ const __half *kv_row(const __half *cache, const int32
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *qkv, const __half *kc,
                   const __half *vc, const int32_t *tok_seq, const int32_t *tok_pos, const int32_t *block_table,
-                  int bs, int max_blocks, const float *slopes, int nh, int D, int nsplit, int t0)
+                  int bs, int max_blocks, const float *slopes, int nh, pln_qkv_layout L, int D, int nsplit, int t0)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     pln_pdl_trigger();
@@ -37,16 +39,17 @@ attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *
         return;
     }
     const int32_t *bt = block_table + (int64_t)seq * max_blocks;
-    const float slope = slopes[h];
+    const float slope = slopes ? slopes[h] : 0.0f;
     const float inv_norm = rsqrtf((float)D);
-    const __half *q = qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3) * D;
+    const __half *q = qkv + (int64_t)t * L.stride + (int64_t)h * L.q_step;
+    const int kvh = h / L.group, nkv = L.nkv;
     for (int d = threadIdx.x; d < D; d += ATTN_THREADS) qs[d] = __half2float(q[d]) * inv_norm;
     __syncthreads();
 
     /* Scores: one thread per key, 16-byte loads along the key row, q broadcast from shared. */
     float lmax = -INFINITY;
     for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
-        const int4 *kr = (const int4 *)kv_row(kc, bt, j, bs, nh, h, D);
+        const int4 *kr = (const int4 *)kv_row(kc, bt, j, bs, nkv, kvh, D);
         float s = 0.0f;
 #pragma unroll 8
         for (int d8 = 0; d8 < D / 8; d8++) {
@@ -74,7 +77,7 @@ attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (slot < slots) {
         for (int j = j0 + slot; j < j1; j += slots) {
-            const pln_h8 *vr = (const pln_h8 *)kv_row(vc, bt, j, bs, nh, h, D) + part;
+            const pln_h8 *vr = (const pln_h8 *)kv_row(vc, bt, j, bs, nkv, kvh, D) + part;
             float vf[8];
             pln_h8_to_f(*vr, vf);
             const float p = sc[j - j0];
@@ -126,7 +129,7 @@ template <int DPL>   /* dimensions per lane for p·V: D / 32, or 1 for D < 32 (l
 __global__ void __launch_bounds__(128)
 attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc, const int32_t *tok_seq,
                     const int32_t *tok_pos, const int32_t *block_table, int bs, int max_blocks, const float *slopes,
-                    int nh, int D, int T)
+                    int nh, pln_qkv_layout L, int D, int T)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     pln_pdl_trigger();
@@ -137,7 +140,8 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
     const int nq = min(PREFILL_QT, T - t0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int RS = D + 8;   /* staged row stride in halves: conflict-free 16-byte reads */
-    const float slope = slopes[h], inv_norm = rsqrtf((float)D);
+    const float slope = slopes ? slopes[h] : 0.0f, inv_norm = rsqrtf((float)D);
+    const int kvh = h / L.group, nkv = L.nkv;
     for (int sub = 0; sub < nq;) {
         const int seq = tok_seq[t0 + sub];
         int e = sub + 1, maxpos = tok_pos[t0 + sub];
@@ -147,7 +151,7 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
         __syncthreads();   /* the previous run is done with qs */
         for (int i = threadIdx.x; i < run * D; i += blockDim.x) {
             int qi = i / D, d = i % D;
-            qs[qi * D + d] = __half2float(qkv[((int64_t)(t0 + sub + qi) * nh * 3 + (int64_t)h * 3) * D + d]) * inv_norm;
+            qs[qi * D + d] = __half2float(qkv[(int64_t)(t0 + sub + qi) * L.stride + (int64_t)h * L.q_step + d]) * inv_norm;
         }
         float m[4], l[4], acc[4][DPL];
         int pos[4];
@@ -164,8 +168,8 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
                 int r = i / (D / 8), c = i % (D / 8), j = k0 + r;
                 int4 kv = make_int4(0, 0, 0, 0), vv = kv;
                 if (j <= maxpos) {
-                    kv = ((const int4 *)kv_row(kc, bt, j, bs, nh, h, D))[c];
-                    vv = ((const int4 *)kv_row(vc, bt, j, bs, nh, h, D))[c];
+                    kv = ((const int4 *)kv_row(kc, bt, j, bs, nkv, kvh, D))[c];
+                    vv = ((const int4 *)kv_row(vc, bt, j, bs, nkv, kvh, D))[c];
                 }
                 *(int4 *)&ks[r * RS + c * 8] = kv;
                 *(int4 *)&vs[r * RS + c * 8] = vv;
@@ -220,29 +224,36 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
 }
 
 /* ---- paged flash-decoding (decode steps) ---------------------------------------------------
- * One block of 128 threads per (token t0 + blockIdx.x, head, key split). A group of G lanes (G a
- * power of two >= D / 8) owns one key row at a time: each lane holds 8 dimensions of q in
- * registers and loads 16 bytes of the K and the V row (128-bit loads, a warp request covers
- * whole rows); the group's dot product meets by shuffles, and each group runs its own online
- * softmax over keys g, g + NG, ... of the split, two keys per step (four 16-byte loads in flight
- * per lane). The split's block-table entries are staged in shared memory once (one global load
- * per KV block). The groups' states meet in shared memory; with one split the block writes the
- * output, else its state goes to scratch and the last block of the (token, head) to arrive (an
- * arrival counter that it resets) merges every split's state: no second launch. */
+ * One block of 128 threads per (token t0 + blockIdx.x, KV head and run of QH of its q heads, key
+ * split). A group of G lanes (G a power of two >= D / 8) owns one key row at a time: each lane
+ * holds 8 dimensions of each of the block's QH queries in registers and loads 16 bytes of the K
+ * and the V row (128-bit loads, a warp request covers whole rows); each query's dot product meets
+ * by shuffles, and each group runs an online softmax per query over keys g, g + NG, ... of the
+ * split, two keys per step (four 16-byte loads in flight per lane). Grouped-query attention: the
+ * q heads that share a KV head share the block, so each K and V row is read once for all of them
+ * (QH = 1 with one KV head per q head: BLOOM). The split's block-table entries are staged in
+ * shared memory once (one global load per KV block). The groups' states meet in shared memory,
+ * one query at a time; with one split the block writes the outputs, else its states go to scratch
+ * and the last block of the (token, head run) to arrive (an arrival counter that it resets)
+ * merges every split's state: no second launch. */
 #define DEC_THREADS 128
+/* q heads of one KV head per decode block, at most (registers: 16 floats per query per lane) */
+#define DEC_MAX_QH 8
 
 __device__ __forceinline__ void dec_load(pln_h8 &k, pln_h8 &v, bool ok, __half *kc, __half *vc, const int *sbt,
-                                         int j, int jb0, int bs_shift, int nh, int h, int D, int part,
-                                         const __half *knew, int append_pos)
+                                         int j, int jb0, int bs_shift, int nkv, int kvh, int D, int part,
+                                         const __half *knew, int vofs, int append_pos, bool writer)
 {
     if (ok) {
         const int blk = sbt[(j >> bs_shift) - jb0];
-        const int64_t off = (((int64_t)blk * nh + h) * (1 << bs_shift) + (j & ((1 << bs_shift) - 1))) * D + part * 8;
+        const int64_t off = (((int64_t)blk * nkv + kvh) * (1 << bs_shift) + (j & ((1 << bs_shift) - 1))) * D + part * 8;
         if (j == append_pos) {   /* fused kv_append: the token's own key and value, from qkv into the cache */
             k = *(const pln_h8 *)knew;
-            v = *(const pln_h8 *)(knew + D);
-            *(pln_h8 *)(kc + off) = k;
-            *(pln_h8 *)(vc + off) = v;
+            v = *(const pln_h8 *)(knew + vofs);
+            if (writer) {   /* one block of the KV head's q-head runs stores them */
+                *(pln_h8 *)(kc + off) = k;
+                *(pln_h8 *)(vc + off) = v;
+            }
         } else {
             k = *(const pln_h8 *)(kc + off);
             v = *(const pln_h8 *)(vc + off);
@@ -254,14 +265,16 @@ __device__ __forceinline__ void dec_load(pln_h8 &k, pln_h8 &v, bool ok, __half *
 }
 
 /* pm/ps [tokens, nh, nsplit], pacc [tokens, nh, nsplit, D] for the launch's tokens (local index
- * blockIdx.x); cnt [tokens, nh] zero at entry and at exit. keys_per_split keys per split; the
- * dynamic shared memory holds the split's block-table entries (keys_per_split / bs + 2 ints). */
-template <int G>
-__global__ void __launch_bounds__(DEC_THREADS)
+ * blockIdx.x), by q head; cnt [tokens, nh] zero at entry and at exit (entry: the run's first q
+ * head). blockIdx.y = kv head * runs + run; a run is QH consecutive q heads of the KV head (the
+ * last one may be shorter). keys_per_split keys per split; the dynamic shared memory holds the
+ * split's block-table entries (keys_per_split / bs + 2 ints). */
+template <int G, int QH>
+__global__ void __launch_bounds__(DEC_THREADS, QH > 1 ? 1 : 0)
 attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt, const __half *qkv,
                    __half *kc, __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
-                   const int32_t *block_table, int bs_shift, int max_blocks, const float *slopes, int nh, int D,
-                   int nsplit, int keys_per_split, int t0, int append)
+                   const int32_t *block_table, int bs_shift, int max_blocks, const float *slopes, int nh,
+                   pln_qkv_layout L, int runs, int D, int nsplit, int keys_per_split, int t0, int append)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     pln_pdl_trigger();
@@ -270,7 +283,9 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
     __shared__ float gm[NG], gl[NG];
     __shared__ float gacc[NG * 8 * G];   /* D <= 8 G */
     __shared__ bool last;
-    const int t = t0 + (int)blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    const int t = t0 + (int)blockIdx.x, sp = blockIdx.z;
+    const int kvh = (int)blockIdx.y / runs, run = (int)blockIdx.y % runs;
+    const int h0 = kvh * L.group + run * QH, nq = min(QH, L.group - run * QH);   /* this block's q heads */
     const int g = threadIdx.x / G, part = threadIdx.x % G;
     const int seq = tok_seq[t], pos = tok_pos[t];
     const int j0 = sp * keys_per_split, j1 = min(j0 + keys_per_split, pos + 1);
@@ -280,99 +295,125 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
     const int jb0 = j0 >> bs_shift;
     if (nk > 0)
         for (int b = threadIdx.x; b <= ((j1 - 1) >> bs_shift) - jb0; b += DEC_THREADS) sbt[b] = bt[jb0 + b];
-    float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const float slope = slopes[h];
-    const __half *qrow = qkv + ((int64_t)t * nh * 3 + (int64_t)h * 3) * D + part * 8;
-    const __half *knew = qrow + D;   /* this token's k (then v) */
+    const __half *row = qkv + (int64_t)t * L.stride;
+    const __half *knew = row + L.k0 + (int64_t)kvh * L.kv_step + part * 8;   /* this token's k (v: + vofs) */
+    const int vofs = L.v0 - L.k0;
     const int append_pos = append ? pos : -1;
-    if (lane_on) {
-        pln_h8 qv = *(const pln_h8 *)qrow;
-        pln_h8_to_f(qv, q);
-        const float inv_norm = rsqrtf((float)D);
+    const bool writer = run == 0;
+    float q[QH][8], sl[QH];
+    const float inv_norm = rsqrtf((float)D);
 #pragma unroll
-        for (int i = 0; i < 8; i++) q[i] *= inv_norm;
+    for (int qh = 0; qh < QH; qh++) {
+        sl[qh] = slopes && qh < nq ? slopes[h0 + qh] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[qh][i] = 0.0f;
+        if (lane_on && qh < nq) {
+            pln_h8 qv = *(const pln_h8 *)(row + (int64_t)(h0 + qh) * L.q_step + part * 8);
+            pln_h8_to_f(qv, q[qh]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[qh][i] *= inv_norm;
+        }
     }
     __syncthreads();   /* sbt */
 
-    float m = -INFINITY, l = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float m[QH], l[QH], acc[QH][8];
+#pragma unroll
+    for (int qh = 0; qh < QH; qh++) {
+        m[qh] = -INFINITY; l[qh] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[qh][i] = 0.0f;
+    }
     const int steps = (nk + 2 * NG - 1) / (2 * NG);   /* the same for every lane: shuffles stay convergent */
     for (int it = 0; it < steps; it++) {
         const int ja = j0 + g + 2 * NG * it, jb = ja + NG;
         const bool oka = ja < j1, okb = jb < j1;
         pln_h8 ka, va, kb, vb;
-        dec_load(ka, va, oka && lane_on, kc, vc, sbt, ja, jb0, bs_shift, nh, h, D, part, knew, append_pos);
-        dec_load(kb, vb, okb && lane_on, kc, vc, sbt, jb, jb0, bs_shift, nh, h, D, part, knew, append_pos);
-        float kf[8], sa = 0.0f, sb = 0.0f;
-        pln_h8_to_f(ka, kf);
+        dec_load(ka, va, oka && lane_on, kc, vc, sbt, ja, jb0, bs_shift, L.nkv, kvh, D, part, knew, vofs, append_pos, writer);
+        dec_load(kb, vb, okb && lane_on, kc, vc, sbt, jb, jb0, bs_shift, L.nkv, kvh, D, part, knew, vofs, append_pos, writer);
+        float kfa[8], kfb[8];
+        pln_h8_to_f(ka, kfa);
+        pln_h8_to_f(kb, kfb);
 #pragma unroll
-        for (int i = 0; i < 8; i++) sa += q[i] * kf[i];
-        pln_h8_to_f(kb, kf);
+        for (int qh = 0; qh < QH; qh++) {
+            float sa = 0.0f, sb = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) sb += q[i] * kf[i];
+            for (int i = 0; i < 8; i++) { sa += q[qh][i] * kfa[i]; sb += q[qh][i] * kfb[i]; }
 #pragma unroll
-        for (int o = G / 2; o > 0; o >>= 1) {
-            sa += __shfl_xor_sync(0xffffffffu, sa, o);
-            sb += __shfl_xor_sync(0xffffffffu, sb, o);
+            for (int o = G / 2; o > 0; o >>= 1) {
+                sa += __shfl_xor_sync(0xffffffffu, sa, o);
+                sb += __shfl_xor_sync(0xffffffffu, sb, o);
+            }
+            sa = oka ? sa + sl[qh] * (float)ja : -INFINITY;
+            sb = okb ? sb + sl[qh] * (float)jb : -INFINITY;
+            const float mn = fmaxf(m[qh], fmaxf(sa, sb));
+            if (mn == -INFINITY) continue;   /* group-uniform: no key of this group yet */
+            const float corr = __expf(m[qh] - mn), pa = __expf(sa - mn), pb = __expf(sb - mn);
+            l[qh] = l[qh] * corr + pa + pb;
+            m[qh] = mn;
+            float vfa[8], vfb[8];
+            pln_h8_to_f(va, vfa);
+            pln_h8_to_f(vb, vfb);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[qh][i] = acc[qh][i] * corr + pa * vfa[i] + pb * vfb[i];
         }
-        sa = oka ? sa + slope * (float)ja : -INFINITY;
-        sb = okb ? sb + slope * (float)jb : -INFINITY;
-        const float mn = fmaxf(m, fmaxf(sa, sb));
-        if (mn == -INFINITY) continue;   /* group-uniform: no key of this group yet */
-        const float corr = __expf(m - mn), pa = __expf(sa - mn), pb = __expf(sb - mn);
-        l = l * corr + pa + pb;
-        m = mn;
-        float vfa[8], vfb[8];
-        pln_h8_to_f(va, vfa);
-        pln_h8_to_f(vb, vfb);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] = acc[i] * corr + pa * vfa[i] + pb * vfb[i];
     }
-    /* the groups' states meet: M = max of the group maxima, every state rescaled to it */
-    if (part == 0) { gm[g] = m; gl[g] = l; }
-    if (lane_on) {
+    /* the groups' states meet, one query at a time: M = max of the group maxima, every state
+     * rescaled to it */
 #pragma unroll
-        for (int i = 0; i < 8; i++) gacc[g * D + part * 8 + i] = acc[i];
-    }
-    __syncthreads();
-    float M = -INFINITY;
+    for (int qh = 0; qh < QH; qh++) {
+        if (qh >= nq) continue;   /* block-uniform */
+        if (qh > 0) __syncthreads();   /* the previous query is done with gm, gl, gacc */
+        if (part == 0) { gm[g] = m[qh]; gl[g] = l[qh]; }
+        if (lane_on) {
 #pragma unroll
-    for (int k = 0; k < NG; k++) M = fmaxf(M, gm[k]);
-    const int64_t pidx = ((int64_t)blockIdx.x * nh + h) * nsplit + sp;
-    const int64_t oidx = (int64_t)t * nh * D + (int64_t)h * D;
-    float L = 0.0f;
-    for (int k = 0; k < NG; k++) L += gm[k] == -INFINITY ? 0.0f : gl[k] * __expf(gm[k] - M);
-    for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
-        float v = 0.0f;
-        for (int k = 0; k < NG; k++) v += gm[k] == -INFINITY ? 0.0f : gacc[k * D + d] * __expf(gm[k] - M);
-        if (nsplit == 1) out[oidx + d] = __float2half_rn(v / L);
-        else pacc[pidx * D + d] = v;
+            for (int i = 0; i < 8; i++) gacc[g * D + part * 8 + i] = acc[qh][i];
+        }
+        __syncthreads();
+        float M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < NG; k++) M = fmaxf(M, gm[k]);
+        const int h = h0 + qh;
+        const int64_t pidx = ((int64_t)blockIdx.x * nh + h) * nsplit + sp;
+        const int64_t oidx = (int64_t)t * nh * D + (int64_t)h * D;
+        float Ls = 0.0f;
+        for (int k = 0; k < NG; k++) Ls += gm[k] == -INFINITY ? 0.0f : gl[k] * __expf(gm[k] - M);
+        for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
+            float v = 0.0f;
+            for (int k = 0; k < NG; k++) v += gm[k] == -INFINITY ? 0.0f : gacc[k * D + d] * __expf(gm[k] - M);
+            if (nsplit == 1) out[oidx + d] = __float2half_rn(v / Ls);
+            else pacc[pidx * D + d] = v;
+        }
+        if (nsplit > 1 && threadIdx.x == 0) { pm[pidx] = M; ps[pidx] = Ls; }
     }
     if (nsplit == 1) return;
-    if (threadIdx.x == 0) { pm[pidx] = M; ps[pidx] = L; }
-    /* publish this split's state, then count it in; the last to arrive merges */
+    /* publish this split's states, then count it in; the last to arrive merges */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned *c = cnt + (int64_t)blockIdx.x * nh + h;
+        unsigned *c = cnt + (int64_t)blockIdx.x * nh + h0;
         last = atomicAdd(c, 1u) == (unsigned)nsplit - 1;
         if (last) atomicExch(c, 0u);   /* zero again for the next launch */
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int64_t base = ((int64_t)blockIdx.x * nh + h) * nsplit;
-    pln_softmax_state st = {-INFINITY, 0.0f};
-    for (int k = 0; k < nsplit; k++) {
-        pln_softmax_state b = {__ldcg(pm + base + k), __ldcg(ps + base + k)};
-        st = pln_softmax_merge(st, b);
-    }
-    for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
-        float v = 0.0f;
+    for (int qh = 0; qh < nq; qh++) {
+        const int h = h0 + qh;
+        const int64_t base = ((int64_t)blockIdx.x * nh + h) * nsplit;
+        const int64_t oidx = (int64_t)t * nh * D + (int64_t)h * D;
+        pln_softmax_state st = {-INFINITY, 0.0f};
         for (int k = 0; k < nsplit; k++) {
-            const float mk = __ldcg(pm + base + k);
-            if (mk != -INFINITY) v += __ldcg(pacc + (base + k) * D + d) * __expf(mk - st.m);
+            pln_softmax_state b = {__ldcg(pm + base + k), __ldcg(ps + base + k)};
+            st = pln_softmax_merge(st, b);
         }
-        out[oidx + d] = __float2half_rn(v / st.s);
+        for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
+            float v = 0.0f;
+            for (int k = 0; k < nsplit; k++) {
+                const float mk = __ldcg(pm + base + k);
+                if (mk != -INFINITY) v += __ldcg(pacc + (base + k) * D + d) * __expf(mk - st.m);
+            }
+            out[oidx + d] = __float2half_rn(v / st.s);
+        }
     }
 }
 
@@ -387,14 +428,23 @@ static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     if (c->attn_splits < 0 || bs <= 0 || (bs & (bs - 1)) != 0) return 1;
     if (c->attn_splits == 0 && T > 2 * m->n_seqs) return 1;   /* prefill-shaped: the split-key kernel */
     if (append && T != m->n_seqs) return 1;   /* fused append: one token per sequence only */
+    const pln_qkv_layout L = pln_qkv_layout_of(m, nh, D);
     int G = 1;
     while (G * 8 < D) G *= 2;
     if (G < 2) G = 2;
+    /* q heads per block: the KV head's whole group up to DEC_MAX_QH (a power of two: a group of 7
+     * is one run of 8 with one query idle), on the head sizes the Llama family has (64, 128);
+     * other sizes one q head per block */
+    int QH = 1;
+    if (G == 8 || G == 16)
+        while (QH < L.group && QH < DEC_MAX_QH) QH *= 2;
+    const int runs = pln_cdiv(L.group, QH);
+    const int64_t blocks = (int64_t)T * L.nkv * runs;   /* per split */
     int bs_shift = 0;
     while ((1 << bs_shift) < bs) bs_shift++;
     int nsplit = c->attn_splits;
     if (nsplit <= 0) {
-        const int by_sm = pln_cdiv(2 * (int64_t)(c->sm_count > 0 ? c->sm_count : 1), (int64_t)T * nh);
+        const int by_sm = pln_cdiv(2 * (int64_t)(c->sm_count > 0 ? c->sm_count : 1), blocks);
         nsplit = min(by_sm, pln_cdiv(m->max_pos, DEC_MIN_KEYS));
     }
     nsplit = max(1, min(nsplit, 65535));
@@ -418,17 +468,24 @@ static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         cnt = pln_cuda_attn_counters(c, (size_t)T * nh);
         if (!cnt) return -1;
     }
-    dim3 grid((unsigned)T, (unsigned)nh, (unsigned)nsplit);
-#define DEC_LAUNCH(GG)                                                                                              \
-    PLN_LAUNCH(grid, DEC_THREADS, smem, c->stream, attn_decode_kernel<GG>)(                                          \
+    dim3 grid((unsigned)T, (unsigned)(L.nkv * runs), (unsigned)nsplit);
+#define DEC_LAUNCH(GG, QQ)                                                                                          \
+    PLN_LAUNCH(grid, DEC_THREADS, smem, c->stream, attn_decode_kernel<GG, QQ>)(                                      \
         (__half *)out, pm, ps, pacc, cnt, (const __half *)qkv, (__half *)k_cache, (__half *)v_cache,                \
-        m->tok_seq, m->tok_pos, m->block_table, bs_shift, m->max_blocks, slopes, nh, D, nsplit, kps, 0, append ? 1 : 0)
-    switch (G) {
-    case 2: DEC_LAUNCH(2); break;
-    case 4: DEC_LAUNCH(4); break;
-    case 8: DEC_LAUNCH(8); break;
-    case 16: DEC_LAUNCH(16); break;
-    default: DEC_LAUNCH(32); break;
+        m->tok_seq, m->tok_pos, m->block_table, bs_shift, m->max_blocks, slopes, nh, L, runs, D, nsplit, kps, 0,    \
+        append ? 1 : 0)
+    switch (G * 16 + QH) {
+    case 2 * 16 + 1: DEC_LAUNCH(2, 1); break;
+    case 4 * 16 + 1: DEC_LAUNCH(4, 1); break;
+    case 8 * 16 + 1: DEC_LAUNCH(8, 1); break;
+    case 8 * 16 + 2: DEC_LAUNCH(8, 2); break;
+    case 8 * 16 + 4: DEC_LAUNCH(8, 4); break;
+    case 8 * 16 + 8: DEC_LAUNCH(8, 8); break;
+    case 16 * 16 + 1: DEC_LAUNCH(16, 1); break;
+    case 16 * 16 + 2: DEC_LAUNCH(16, 2); break;
+    case 16 * 16 + 4: DEC_LAUNCH(16, 4); break;
+    case 16 * 16 + 8: DEC_LAUNCH(16, 8); break;
+    default: DEC_LAUNCH(32, 1); break;
     }
 #undef DEC_LAUNCH
     cudaCheckLaunch();
@@ -446,8 +503,11 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     if (((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)
         return pln_errorf("attention: qkv and the KV cache must be 16-byte aligned");
     if (m->max_pos <= 0) return pln_errorf("attention: max_pos %d must be positive", m->max_pos);
+    if (m->n_kv_head < 0 || (m->n_kv_head > 0 && nh % m->n_kv_head != 0))
+        return pln_errorf("attention: %d KV heads do not divide the %d q heads (grouped-query layout)", m->n_kv_head, nh);
     const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, nh, D, false);
     if (dec <= 0) return dec;
+    const pln_qkv_layout L = pln_qkv_layout_of(m, nh, D);
     /* Prefill-heavy steps (on average 4+ tokens per sequence) on the query-tiled kernel when
      * enabled; decode and mixed steps on the split-key kernel. */
     if (c->attn_tiled && (D == 8 || D == 16 || D == 32 || D == 64 || D == 128) && T >= 4 * m->n_seqs) {
@@ -456,15 +516,15 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         if (D == 128)
             PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<4>)(
                 (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
-                nh, D, T);
+                nh, L, D, T);
         else if (D == 64)
             PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<2>)(
                 (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
-                nh, D, T);
+                nh, L, D, T);
         else
             PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<1>)(
                 (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
-                nh, D, T);
+                nh, L, D, T);
         cudaCheckLaunch();
         return 0;
     }
@@ -491,7 +551,7 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         dim3 grid((unsigned)n, (unsigned)nh, (unsigned)nsplit);
         PLN_LAUNCH(grid, ATTN_THREADS, 0, c->stream, attn_chunk_kernel)(
             (__half *)out, pm, ps, pacc, (const __half *)qkv, (const __half *)k_cache, (const __half *)v_cache,
-            m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, D, nsplit, t0);
+            m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, L, D, nsplit, t0);
         cudaCheckLaunch();
         if (nsplit > 1) {
             PLN_LAUNCH(dim3((unsigned)n, (unsigned)nh), D, 0, c->stream, attn_merge_kernel)(
@@ -507,7 +567,8 @@ int pln_cuda_append_attention(pln_cuda_ctx *c, void *out, const void *qkv, void 
                               int32_t head_dim)
 {
     const int D = head_dim;
-    if (m->n_tokens > 0 && D % 8 == 0 && D > 0 && D <= 256 && m->max_pos > 0 &&
+    if (m->n_tokens > 0 && D % 8 == 0 && D > 0 && D <= 256 && m->max_pos > 0 && m->n_kv_head >= 0 &&
+        (m->n_kv_head == 0 || n_head_local % m->n_kv_head == 0) &&
         !(((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
         const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, D, true);
         if (dec <= 0) return dec;

@@ -4,8 +4,11 @@
  * PLN_ATTN_CHUNK keys (flash-decoding), so long contexts fill the GPU; the partial states are merged
  * with pln_softmax_merge. Scores exist only per chunk in shared memory: the full score matrix of
  * a long prompt is never materialized. head_dim must be a multiple of 8, at most 256.
+ * Either head layout of pln_attn_meta (BLOOM's interleaved heads, or grouped-query: q head h reads
+ * KV head h / (n_head / n_kv_head); pln_qkv_layout in kv_append.cuh); slopes NULL: no bias.
  * Decode steps (at most two tokens per sequence, power-of-two block sizes) run paged
  * flash-decoding instead: a lane group per key row with 16-byte loads, online softmax per group,
+ * the q heads of one KV head (up to 8) in one block so each K/V row is read once for all of them,
  * splits sized to fill the SMs and merged by the last block to finish (one launch; ctx->attn_splits
  * forces or disables it).
  * Optionally (ctx->attn_tiled), prefill-heavy steps run a query-tiled kernel instead, where 16

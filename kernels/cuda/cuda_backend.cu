@@ -10,7 +10,10 @@
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/loader.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sample.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +269,33 @@ static int cu_residual_layernorm(pln_backend *be, void *x, const void *y, const 
     return pln_cuda_residual_layernorm(c, x, y, bias, gamma, beta, ln_out, T, H, eps);
 }
 
+static int cu_rmsnorm(pln_backend *be, void *out, const void *in, const uint16_t *gamma, int32_t T, int64_t H,
+                      float eps)
+{
+    CTX(be);
+    return pln_cuda_rmsnorm(c, out, in, gamma, T, H, eps);
+}
+
+static int cu_residual_rmsnorm(pln_backend *be, void *x, const void *y, const uint16_t *bias, const uint16_t *gamma,
+                               void *ln_out, int32_t T, int64_t H, float eps)
+{
+    CTX(be);
+    return pln_cuda_residual_rmsnorm(c, x, y, bias, gamma, ln_out, T, H, eps);
+}
+
+static int cu_rope(pln_backend *be, void *qkv, const pln_attn_meta *m, const float *inv_freq, int32_t n_head_local,
+                   int32_t head_dim)
+{
+    CTX(be);
+    return pln_cuda_rope(c, qkv, m, inv_freq, n_head_local, head_dim);
+}
+
+static int cu_swiglu(pln_backend *be, void *out, const void *in, int32_t T, int64_t I)
+{
+    CTX(be);
+    return pln_cuda_swiglu(c, out, in, T, I);
+}
+
 static int cu_linear(pln_backend *be, void *out, const void *in, const pln_weight *W, const uint16_t *bias, int32_t T,
                      bool gelu)
 {
@@ -409,6 +439,10 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     be->embed = cu_embed;
     be->layernorm = cu_layernorm;
     be->residual_layernorm = cu_residual_layernorm;
+    be->rmsnorm = cu_rmsnorm;
+    be->residual_rmsnorm = cu_residual_rmsnorm;
+    be->rope = cu_rope;
+    be->swiglu = cu_swiglu;
     be->linear = cu_linear;
     be->kv_append = cu_kv_append;
     be->attention = cu_attention;

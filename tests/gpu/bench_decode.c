@@ -3,7 +3,9 @@
  * BLOOM-176B (70 layers, hidden 14336, 14 of 112 heads of 128, 4H/8 = 7168, vocab 31360 per
  * rank) with random weights made on the device (no files): decode ms/token and MBU at several
  * batch sizes, fp16 and int8, eager and replayed as a CUDA graph; prefill tokens/s; per-op GB/s of
- * the decode kernels; and the int4 linears at BLOOM-176B's full (TP 1) width. The all-reduces of a real TP-8 run are no-ops here (one rank): the figures
+ * the decode kernels; the int4 linears at BLOOM-176B's full (TP 1) width; and the Llama family's
+ * decode ops at Llama-3.1-8B (TP 1) and Llama-3.1-70B (one TP-8 rank) widths (llama_ops). The
+ * all-reduces of a real TP-8 run are no-ops here (one rank): the figures
  * are one rank's compute and memory time, without NVLink time.
  *
  *   bench_decode [--quick] [--ctx N] [--batches 1,8,32,128] [--iters N]
@@ -225,7 +227,7 @@ static void state_make(state_t *s, int32_t T, int32_t S, int32_t ctx, bool prefi
         fill(s->k[i], pool / 2, PLN_DTYPE_F16, -1, 1);
         fill(s->v[i], pool / 2, PLN_DTYPE_F16, -1, 1);
     }
-    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt};
+    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt, 0};
     s->meta = m;
     /* keys + values read by one decode step over all layers */
     s->kv_bytes_read = prefill ? 0 : (uint64_t)S * (ctx + 1) * NHL * HD * 2 * 2 * NL;
@@ -547,6 +549,134 @@ static void int4_tp1(void)
     be->free(be, in); be->free(be, out);
 }
 
+/* ---- the Llama family's decode ops (issue #24), op by op: no model, no files -------------------
+ * Llama-3.1-8B at TP 1 (hidden 4096, 32 q / 8 KV heads of 128, intermediate 14336, 32 layers) and
+ * one TP-8 rank of Llama-3.1-70B (hidden 8192, 64 / 8 heads over 8 ranks: 8 q / 1 KV head of 128,
+ * intermediate 28672 / 8 = 3584, 80 layers), fp16 weights made on the device: per op, µs per call
+ * and GB/s against the copy ceiling at batch 1 and 8, context ctx (the decode kernels' fused KV
+ * append, grouped-query flash-decoding), then the sum of the kernels of one decode step (each
+ * op once per layer, the residual + RMSNorm twice; no logits, no all-reduce). The KV caches are
+ * rotated over LL_ROT copies and every matrix is larger than L2, so the calls read memory. */
+#define LL_ROT 8
+typedef struct { const char *name; int64_t hid, nq, nkv, inter; int layers; } llama_shape;
+typedef struct {
+    const llama_shape *sh;
+    int32_t B, ctx;
+    pln_weight qkv, o, gu, down;
+    uint16_t *gamma;
+    float *inv_freq;
+    void *x, *y, *ln, *qkvb, *attn, *gub, *act;
+    void *k[LL_ROT], *v[LL_ROT];
+    int32_t *seq, *pos, *bt;
+    pln_attn_meta meta;
+    int which;
+} llama_arg;
+
+static int do_llama(void *arg, int it)
+{
+    llama_arg *a = arg;
+    const int32_t B = a->B, D = 128, nq = (int32_t)a->sh->nq;
+    switch (a->which) {
+    case 0: return be->linear(be, a->qkvb, a->ln, &a->qkv, NULL, B, false);
+    case 1: return be->rope(be, a->qkvb, &a->meta, a->inv_freq, nq, D);
+    case 2: return be->append_attention(be, a->attn, a->qkvb, a->k[it % LL_ROT], a->v[it % LL_ROT], &a->meta, NULL, nq, D);
+    case 3: return be->linear(be, a->y, a->attn, &a->o, NULL, B, false);
+    case 4: return be->residual_rmsnorm(be, a->x, a->y, NULL, a->gamma, a->ln, B, a->sh->hid, 1e-5f);
+    case 5: return be->linear(be, a->gub, a->ln, &a->gu, NULL, B, false);
+    case 6: return be->swiglu(be, a->act, a->gub, B, a->sh->inter);
+    case 7: return be->linear(be, a->y, a->act, &a->down, NULL, B, false);
+    }
+    return -1;
+}
+
+static void llama_ops(int32_t ctx)
+{
+    static const llama_shape shapes[2] = {{"llama3.1-8b-tp1", 4096, 32, 8, 14336, 32},
+                                          {"llama3.1-70b-tp8", 8192, 8, 1, 3584, 80}};
+    static const char *names[8] = {"qkv_proj", "rope", "attention", "o_proj", "residual+rmsnorm", "gate_up_proj",
+                                   "swiglu", "down_proj"};
+    const int32_t D = 128, BS_L = 16;
+    for (int si = 0; si < 2; si++) {
+        const llama_shape *sh = &shapes[si];
+        const int64_t H = sh->hid, QW = (sh->nq + 2 * sh->nkv) * D, HQ = sh->nq * D, I = sh->inter;
+        printf("%s: hidden %lld, %lld q / %lld KV heads of %d, intermediate %lld, %d layers, context %d\n", sh->name,
+               (long long)H, (long long)sh->nq, (long long)sh->nkv, D, (long long)I, sh->layers, ctx);
+        llama_arg a;
+        memset(&a, 0, sizeof a);
+        a.sh = sh;
+        uint64_t wb = 0;
+        char *arena = dalloc((size_t)(QW * H + H * HQ + 2 * I * H + H * I) * 2 + 8 * 256), *cur = arena;
+        a.qkv = make_w(&cur, QW, H, false, &wb);
+        a.o = make_w(&cur, H, HQ, false, &wb);
+        a.gu = make_w(&cur, 2 * I, H, false, &wb);
+        a.down = make_w(&cur, H, I, false, &wb);
+        a.gamma = dalloc((size_t)H * 2);
+        fill(a.gamma, (size_t)H, PLN_DTYPE_F16, 0.8f, 1.2f);
+        float inv[64];
+        for (int i = 0; i < D / 2; i++) inv[i] = powf(500000.0f, -(float)(2 * i) / D);
+        a.inv_freq = dalloc(sizeof inv);
+        be->upload(be, a.inv_freq, inv, sizeof inv);
+        for (int bi = 0; bi < 2; bi++) {
+            const int32_t B = bi ? 8 : 1, max_blocks = (ctx + BS_L) / BS_L;
+            a.B = B; a.ctx = ctx;
+            a.x = dalloc((size_t)B * H * 2); a.y = dalloc((size_t)B * H * 2); a.ln = dalloc((size_t)B * H * 2);
+            a.qkvb = dalloc((size_t)B * QW * 2); a.attn = dalloc((size_t)B * HQ * 2);
+            a.gub = dalloc((size_t)B * 2 * I * 2); a.act = dalloc((size_t)B * I * 2);
+            fill(a.x, (size_t)B * H, PLN_DTYPE_F16, -1, 1); fill(a.y, (size_t)B * H, PLN_DTYPE_F16, -1, 1);
+            fill(a.ln, (size_t)B * H, PLN_DTYPE_F16, -1, 1); fill(a.qkvb, (size_t)B * QW, PLN_DTYPE_F16, -1, 1);
+            fill(a.attn, (size_t)B * HQ, PLN_DTYPE_F16, -1, 1); fill(a.gub, (size_t)B * 2 * I, PLN_DTYPE_F16, -4, 4);
+            fill(a.act, (size_t)B * I, PLN_DTYPE_F16, -1, 1);
+            const size_t pool = (size_t)B * max_blocks * sh->nkv * BS_L * D;
+            for (int r = 0; r < LL_ROT; r++) {
+                a.k[r] = dalloc(pool * 2); a.v[r] = dalloc(pool * 2);
+                fill(a.k[r], pool, PLN_DTYPE_F16, -1, 1); fill(a.v[r], pool, PLN_DTYPE_F16, -1, 1);
+            }
+            int32_t *h = pln_xmalloc((size_t)B * max_blocks * 4);
+            a.seq = dalloc((size_t)B * 4); a.pos = dalloc((size_t)B * 4); a.bt = dalloc((size_t)B * max_blocks * 4);
+            for (int t = 0; t < B; t++) h[t] = t;
+            be->upload(be, a.seq, h, (size_t)B * 4);
+            for (int t = 0; t < B; t++) h[t] = ctx;
+            be->upload(be, a.pos, h, (size_t)B * 4);
+            for (int i = 0; i < B * max_blocks; i++) h[i] = i;
+            be->upload(be, a.bt, h, (size_t)B * max_blocks * 4);
+            free(h);
+            pln_attn_meta m = {B, B, BS_L, max_blocks, ctx + 1, a.seq, a.pos, a.bt, (int32_t)sh->nkv};
+            a.meta = m;
+            if (be->sync(be)) DIE("llama state");
+            double step_ms = 0;
+            for (int w = 0; w < 8; w++) {
+                a.which = w;
+                double ms = time_ms(do_llama, &a, 3, 4 * LL_ROT), bytes = 0;
+                switch (w) {
+                case 0: bytes = wbytes(&a.qkv) + (double)B * (H + QW) * 2; break;
+                case 1: bytes = (double)B * (sh->nq + sh->nkv) * D * 2 * 2; break;
+                case 2: bytes = (double)B * (ctx + 1) * sh->nkv * D * 2 * 2 + (double)B * (QW + HQ) * 2; break;
+                case 3: bytes = wbytes(&a.o) + (double)B * (HQ + H) * 2; break;
+                case 4: bytes = (double)B * H * 2 * 4 + (double)H * 2; break;
+                case 5: bytes = wbytes(&a.gu) + (double)B * (H + 2 * I) * 2; break;
+                case 6: bytes = (double)B * I * 2 * 3; break;
+                case 7: bytes = wbytes(&a.down) + (double)B * (I + H) * 2; break;
+                }
+                const double gbs = bytes / (ms * 1e-3) / 1e9;
+                step_ms += ms * sh->layers * (w == 4 ? 2 : 1);
+                printf("  op %-18s %s batch %d: %8.1f us  %7.0f GB/s  (%3.0f%% of copy)\n", names[w], sh->name, B, ms * 1e3,
+                       gbs, 100 * gbs / g_copy_gbs);
+                char key[128];
+                snprintf(key, sizeof key, "llama_%s_%s_b%d_us", sh->name, names[w], B); result(key, ms * 1e3, "us");
+                snprintf(key, sizeof key, "llama_%s_%s_b%d_gbs", sh->name, names[w], B); result(key, gbs, "GB/s");
+            }
+            printf("  %s batch %d: the kernels of one decode step sum to %.3f ms (%d layers, no logits)\n", sh->name, B,
+                   step_ms, sh->layers);
+            char key[128];
+            snprintf(key, sizeof key, "llama_%s_kernels_b%d_ms_step", sh->name, B); result(key, step_ms, "ms");
+            void *p[] = {a.x, a.y, a.ln, a.qkvb, a.attn, a.gub, a.act, a.seq, a.pos, a.bt};
+            for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) be->free(be, p[i]);
+            for (int r = 0; r < LL_ROT; r++) { be->free(be, a.k[r]); be->free(be, a.v[r]); }
+        }
+        be->free(be, arena); be->free(be, a.gamma); be->free(be, a.inv_freq);
+    }
+}
+
 /* ---- loader ---------------------------------------------------------------------------------- */
 static void load_hash(void *ctx, uint64_t at, const void *p, size_t n)
 {
@@ -608,6 +738,7 @@ int main(int argc, char **argv)
     ceilings();
     batch_linears();
     int4_tp1();
+    llama_ops(ctx);
     for (int q = 0; q < 2; q++) {
         model_t m;
         model_make(&m, q == 1);

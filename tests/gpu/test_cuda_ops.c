@@ -4,7 +4,9 @@
  * error and the largest difference per op with OK / NOT OK. Shapes: tiny and odd ones (the test
  * fixtures' 4 heads of 16, a vocab slice of 1003 rows), and BLOOM-176B's per-rank shapes at TP 8
  * (hidden 14336, 14 heads of 128, 4H/8 = 7168, vocab 250880/8 = 31360). Every linear case runs
- * on each kernel (GEMV, GEMM/cuBLASLt, plain) as well as the automatic choice.
+ * on each kernel (GEMV, GEMM/cuBLASLt, plain) as well as the automatic choice. The Llama family's
+ * ops (RMSNorm, rotary, SwiGLU) and grouped-query attention on every attention path, with
+ * Llama-3.1-8B's and a Llama-3.1-70B TP-8 rank's shapes in the full run.
  *
  *   build/tests-gpu/test_cuda_ops            all checks (needs a GPU, sm_80+)
  *   build/tests-gpu/test_cuda_ops --probe    exit 0 if a usable GPU exists, else print why, exit 77
@@ -514,14 +516,21 @@ static void test_sampling(int32_t S, int64_t vn, int64_t v0, int32_t k, bool tie
 
 /* ---- kv_append + attention over a scattered paged cache ---------------------------------------
  * ctx[s] tokens of sequence s are fed as a prefill step (every token attends causally), then one
- * decode token per sequence. n_head is the model's, heads h0.. are this rank's. */
-static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, int32_t S, const int32_t *ctx,
-                           int32_t block_size)
+ * decode token per sequence. n_head is the model's, heads h0.. are this rank's. nkv 0: BLOOM's
+ * interleaved heads with ALiBi; nkv > 0: the grouped-query layout with nkv KV heads, ALiBi when
+ * alibi, else no positional bias (slopes NULL: the Llama family). */
+static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, int32_t n_head, int32_t h0, int32_t S,
+                              const int32_t *ctx, int32_t block_size)
 {
     char shape[128];
     int32_t T = 0, maxc = 0;
     for (int s = 0; s < S; s++) { T += ctx[s]; if (ctx[s] > maxc) maxc = ctx[s]; }
-    snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d", nh, D, S, maxc + 1, block_size);
+    if (nkv > 0)
+        snprintf(shape, sizeof shape, "gqa %d/%d x %d%s, %d seqs, ctx up to %d, bs %d", nh, nkv, D, alibi ? " alibi" : "",
+                 S, maxc + 1, block_size);
+    else
+        snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d", nh, D, S, maxc + 1, block_size);
+    const int32_t cache_heads = nkv > 0 ? nkv : nh;
     const int32_t max_blocks = (maxc + 1 + block_size - 1) / block_size;
     const int32_t n_blocks = S * max_blocks + 3;
     /* scattered block table: a random permutation of the pool */
@@ -539,7 +548,7 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     }
     float slopes[256];
     for (int h = 0; h < nh; h++) slopes[h] = pln_alibi_slope(h0 + h, n_head);
-    const size_t W = (size_t)nh * 3 * D;
+    const size_t W = nkv > 0 ? (size_t)(nh + 2 * nkv) * D : (size_t)nh * 3 * D;
     float *qkv_p = rnd_act((size_t)T * W, -2, 2), *qkv_d = rnd_act((size_t)S * W, -2, 2);
     size_t np = (size_t)T * nh * D, nd = (size_t)S * nh * D;
     float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4), *got_f = pln_xmalloc(np * 4);
@@ -551,13 +560,13 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     pln_backend *bes[2] = {g_cpu, g_gpu};
     for (int b = 0; b < 2; b++) {
         pln_backend *be = bes[b];
-        size_t cache = (size_t)n_blocks * nh * block_size * D * be->kv_size;
+        size_t cache = (size_t)n_blocks * cache_heads * block_size * D * be->kv_size;
         void *kc = poisoned(be, cache), *vc = poisoned(be, cache);
-        void *dbt = up(be, bt, (size_t)S * max_blocks * 4), *dsl = up(be, slopes, (size_t)nh * 4);
+        void *dbt = up(be, bt, (size_t)S * max_blocks * 4), *dsl = nkv == 0 || alibi ? up(be, slopes, (size_t)nh * 4) : NULL;
         void *dps = up(be, ps, (size_t)T * 4), *dpp = up(be, pp, (size_t)T * 4);
         void *dds = up(be, ds, (size_t)S * 4), *ddp = up(be, dp, (size_t)S * 4);
-        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt};
-        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt};
+        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt, nkv};
+        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt, nkv};
         void *qp = up_act(be, qkv_p, (size_t)T * W), *qd = up_act(be, qkv_d, (size_t)S * W);
         void *op = poisoned(be, np * be->act_size), *od = poisoned(be, nd * be->act_size);
         CHECK(be->kv_append(be, qp, kc, vc, &mp, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
@@ -638,7 +647,8 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
         }
         down_act(be, b ? got_p : want_p, op, np);
         down_act(be, b ? got_d : want_d, od, nd);
-        be->free(be, kc); be->free(be, vc); be->free(be, dbt); be->free(be, dsl); be->free(be, dps); be->free(be, dpp);
+        be->free(be, kc); be->free(be, vc); be->free(be, dbt); if (dsl) be->free(be, dsl);
+        be->free(be, dps); be->free(be, dpp);
         be->free(be, dds); be->free(be, ddp); be->free(be, qp); be->free(be, qd); be->free(be, op); be->free(be, od);
     }
     report("attn prefill", shape, got_p, want_p, np, 5e-3);
@@ -661,6 +671,115 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
     free(got_g);
     free(perm); free(bt); free(ps); free(pp); free(ds); free(dp); free(qkv_p); free(qkv_d);
     free(want_p); free(got_p); free(want_d); free(got_d);
+}
+
+static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, int32_t S, const int32_t *ctx,
+                           int32_t block_size)
+{
+    test_attention_ex(nh, 0, true, D, n_head, h0, S, ctx, block_size);
+}
+
+/* ---- the Llama family: RMSNorm, rotary, SwiGLU ----------------------------------------------
+ * fp16 in and out here, fp32 on the CPU: the CUDA kernels round where transformers does in fp16
+ * (the normalized row, the rotary products and cos/sin, SiLU), so they sit within a few fp16 ulps
+ * of the CPU's fp32 results: tolerances of fp16's 2^-11 relative step, a little above. */
+static void test_rmsnorm(int32_t T, int64_t H)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "T %d H %lld", T, (long long)H);
+    size_t n = (size_t)T * H;
+    float *x = rnd_act(n, -4, 6), *y = rnd_act(n, -2, 2);
+    uint16_t *gm = rnd_f16((size_t)H, 0.5f, 1.5f), *bias = rnd_f16((size_t)H, -1, 1);
+    float *want[4], *got[4];
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        float **res = b ? got : want;
+        for (int i = 0; i < 4; i++) res[i] = pln_xmalloc(n * 4);
+        void *dx = up_act(be, x, n), *dy = up_act(be, y, n);
+        void *g = up(be, gm, (size_t)H * 2), *bi = up(be, bias, (size_t)H * 2);
+        void *o = poisoned(be, n * be->act_size);
+        CHECK(be->rmsnorm(be, o, dx, g, T, H, 1e-5f) == 0, "rmsnorm: %s", pln_error());
+        down_act(be, res[0], o, n);
+        /* in place: out == in */
+        void *dx2 = up_act(be, x, n);
+        CHECK(be->rmsnorm(be, dx2, dx2, g, T, H, 1e-5f) == 0, "rmsnorm in place: %s", pln_error());
+        down_act(be, res[3], dx2, n);
+        poison(be, o, n * be->act_size);
+        CHECK(be->residual_rmsnorm(be, dx, dy, bi, g, o, T, H, 1e-6f) == 0, "residual_rmsnorm: %s", pln_error());
+        down_act(be, res[1], o, n);
+        down_act(be, res[2], dx, n);
+        be->free(be, dx); be->free(be, dx2); be->free(be, dy); be->free(be, g); be->free(be, bi); be->free(be, o);
+    }
+    report("rmsnorm", shape, got[0], want[0], n, 2e-3);
+    report_elems("rmsnorm", shape, got[0], want[0], n, H, 8e-3);
+    report("rmsnorm in place", shape, got[3], want[0], n, 2e-3);
+    report("residual+rms", shape, got[1], want[1], n, 2e-3);
+    report_elems("residual+rms", shape, got[1], want[1], n, H, 8e-3);
+    report("residual sum", shape, got[2], want[2], n, 1e-3);
+    for (int i = 0; i < 4; i++) { free(want[i]); free(got[i]); }
+    free(x); free(y); free(gm); free(bias);
+}
+
+/* rope on the q and k heads of a grouped qkv (v must come back untouched), positions up to
+ * 131071 out of order; inv_freq as transformers builds it for theta (llama3 scaling: the low
+ * frequencies / 8, a smooth blend between). */
+static void test_rope(int32_t T, int32_t nh, int32_t nkv, int32_t D, double theta, bool llama3)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "T %d gqa %d/%d x %d theta %g%s", T, nh, nkv, D, theta, llama3 ? " llama3" : "");
+    const size_t W = (size_t)(nh + 2 * nkv) * D, n = (size_t)T * W;
+    float *x = rnd_act(n, -2, 2), inv[128];
+    for (int i = 0; i < D / 2; i++) {
+        double f = 1.0 / pow(theta, (double)(2 * i) / D);
+        if (llama3) {
+            double wl = 2 * M_PI / f, lo = 8192.0 / 1, hi = 8192.0 / 4;
+            if (wl > lo) f /= 8;
+            else if (wl >= hi) { double sm = (8192.0 / wl - 1) / 3; f = (1 - sm) * f / 8 + sm * f; }
+        }
+        inv[i] = (float)f;
+    }
+    static const int32_t posv[] = {0, 1, 5, 31, 100, 2047, 8191, 131071};
+    int32_t *pos = pln_xmalloc((size_t)T * 4), *seq = pln_xmalloc((size_t)T * 4), bt[1] = {0};
+    for (int t = 0; t < T; t++) { pos[t] = posv[(t * 3) % 8]; seq[t] = 0; }
+    float *res[2];
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        res[b] = pln_xmalloc(n * 4);
+        void *dq = up_act(be, x, n), *dp = up(be, pos, (size_t)T * 4), *dsq = up(be, seq, (size_t)T * 4);
+        void *dbt = up(be, bt, 4), *di = up(be, inv, (size_t)D / 2 * 4);
+        pln_attn_meta m = {T, 1, 1 << 20, 1, 0, dsq, dp, dbt, nkv};
+        CHECK(be->rope(be, dq, &m, di, nh, D) == 0, "rope on %s: %s", be->name, pln_error());
+        down_act(be, res[b], dq, n);
+        be->free(be, dq); be->free(be, dp); be->free(be, dsq); be->free(be, dbt); be->free(be, di);
+    }
+    report("rope", shape, res[1], res[0], n, 2e-3);
+    report_elems("rope", shape, res[1], res[0], n, (int64_t)W, 8e-3);
+    int vbad = 0;   /* v rows exactly as they went in */
+    for (int t = 0; t < T; t++)
+        for (size_t i = (size_t)(nh + nkv) * D; i < W; i++) vbad += res[1][t * W + i] != x[t * W + i];
+    CHECK(vbad == 0, "rope %s: %d v elements changed", shape, vbad);
+    free(x); free(pos); free(seq); free(res[0]); free(res[1]);
+}
+
+static void test_swiglu(int32_t T, int64_t I)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "T %d I %lld", T, (long long)I);
+    float *x = rnd_act((size_t)T * 2 * I, -8, 8), *res[2];
+    pln_backend *bes[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        pln_backend *be = bes[b];
+        res[b] = pln_xmalloc((size_t)T * I * 4);
+        void *di = up_act(be, x, (size_t)T * 2 * I), *o = poisoned(be, (size_t)T * I * be->act_size);
+        CHECK(be->swiglu(be, o, di, T, I) == 0, "swiglu on %s: %s", be->name, pln_error());
+        down_act(be, res[b], o, (size_t)T * I);
+        be->free(be, di); be->free(be, o);
+    }
+    report("swiglu", shape, res[1], res[0], (size_t)T * I, 2e-3);
+    report_elems("swiglu", shape, res[1], res[0], (size_t)T * I, I, 8e-3);
+    free(x); free(res[0]); free(res[1]);
 }
 
 /* ---- load_file: an unaligned range of a file, compared byte for byte ----------------------- */
@@ -766,6 +885,16 @@ static void test_errors(void)
     g_gpu->free(g_gpu, s4);
     pln_weight wb = {PLN_DTYPE_BF16, 16, 64, x, NULL, 0};
     CHECK(g_gpu->linear(g_gpu, o, x, &wb, NULL, 1, false) != 0, "bf16 weights must fail");
+    /* the grouped-query contract: rotary needs the grouped layout, and the KV heads must divide
+     * the q heads (checked before any launch: the metadata pointers are never read) */
+    pln_attn_meta mg = {1, 1, 16, 1, 1, (const int32_t *)x, (const int32_t *)x, (const int32_t *)x, 0};
+    CHECK(g_gpu->rope(g_gpu, o, &mg, (const float *)x, 4, 8) != 0 && strstr(pln_error(), "grouped"),
+          "rope on the BLOOM layout must fail naming the grouped layout: %s", pln_error());
+    mg.n_kv_head = 3;
+    CHECK(g_gpu->attention(g_gpu, o, x, x, x, &mg, NULL, 4, 8) != 0 && strstr(pln_error(), "KV heads"),
+          "3 KV heads for 4 q heads must fail: %s", pln_error());
+    CHECK(g_gpu->kv_append(g_gpu, x, o, o, &mg, 4, 8) != 0 && strstr(pln_error(), "KV heads"),
+          "kv_append with 3 KV heads for 4 q heads must fail: %s", pln_error());
     CHECK(g_gpu->topk(g_gpu, (const float *)o, 1, 8, 0, 9, NULL, NULL, NULL, NULL) != 0, "k > vn must fail");
     void *huge = g_gpu->alloc(g_gpu, (size_t)1 << 50);
     CHECK(huge == NULL && strstr(pln_error(), "HINT") != NULL, "a 1 PiB alloc fails with a hint: %s", pln_error());
@@ -904,6 +1033,33 @@ int main(int argc, char **argv)
     test_attention(2, 80, 32, 7, 3, ctx_80, 16);
     int32_t ctx_256[2] = {128, 200};                /* the largest head_dim; a split boundary at 128 */
     test_attention(1, 256, 8, 0, 2, ctx_256, 16);
+    /* the Llama family: grouped-query attention without positional bias, head_dim 64 and 128,
+     * groups of 1 to 8 q heads per KV head (a run of 8 per block), 16 (two runs) and 7 (Qwen2's:
+     * one run of 8 with a query idle), one ALiBi case in the grouped layout, long contexts on the
+     * split-K path (the decode splits forced above included) */
+    int32_t ctx_gqa[3] = {3, 40, 130};
+    test_attention_ex(8, 2, false, 64, 8, 0, 3, ctx_gqa, 16);
+    test_attention_ex(8, 1, false, 128, 8, 0, 3, ctx_gqa, 16);
+    test_attention_ex(4, 4, false, 128, 4, 0, 3, ctx_gqa, 8);
+    test_attention_ex(7, 1, false, 64, 7, 0, 3, ctx_gqa, 16);
+    test_attention_ex(16, 1, false, 64, 16, 0, 3, ctx_gqa, 16);
+    test_attention_ex(6, 3, true, 64, 6, 0, 3, ctx_gqa, 16);
+    test_attention_ex(4, 2, false, 32, 4, 0, 3, ctx_gqa, 16);   /* head_dim 32: one q head per block */
+    int32_t ctx_gqa_long[2] = {300, 520};
+    test_attention_ex(2, 1, false, 128, 2, 0, 2, ctx_gqa_long, 16);
+    test_rmsnorm(3, 64);
+    test_rmsnorm(5, 13);                              /* element path */
+    test_rmsnorm(2, 4096);                            /* Llama-3.1-8B's hidden: register path */
+    test_rmsnorm(1, 16384);                           /* 2 vectors per thread */
+    test_rmsnorm(2, 24000);                           /* 4 vectors per thread */
+    test_rmsnorm(2, 40000);                           /* too long for the register path */
+    test_rope(9, 4, 2, 64, 10000, false);
+    test_rope(8, 8, 2, 128, 500000, true);
+    test_rope(5, 4, 4, 128, 1000000, false);
+    test_rope(3, 3, 1, 24, 10000, false);             /* head_dim % 16 != 0: pair by pair */
+    test_swiglu(3, 64);
+    test_swiglu(2, 1000);
+    test_swiglu(4, 13);                               /* element path */
     test_sampling(3, 1003, 0, 5, false);
     test_sampling(2, 502, 501, 1, false);
     test_sampling(4, 250, 0, 40, true);
@@ -939,6 +1095,16 @@ int main(int argc, char **argv)
         test_logits(PLN_DTYPE_F16, V, H, 0, 1, V - 200);
         int32_t ctx_bloom[4] = {1, 300, 700, 1300};
         test_attention(14, 128, 112, 14, 4, ctx_bloom, 16);
+        /* Llama-3.1-8B at TP 1 (32 q / 8 KV heads of 128, hidden 4096, intermediate 14336) and a
+         * Llama-3.1-70B rank at TP 8 (8 q heads / 1 KV head, hidden 8192, 28672 / 8) */
+        int32_t ctx_llama[4] = {1, 300, 700, 1300};
+        test_attention_ex(32, 8, false, 128, 32, 0, 4, ctx_llama, 16);
+        test_attention_ex(8, 1, false, 128, 64, 0, 4, ctx_llama, 16);
+        test_rmsnorm(8, 4096);
+        test_rmsnorm(8, 8192);
+        test_rope(32, 32, 8, 128, 500000, true);
+        test_swiglu(8, 14336);
+        test_swiglu(8, 28672 / 8);
         test_sampling(4, V, V, 50, false);
         test_sampling(8, V, 0, 1, false);
     }

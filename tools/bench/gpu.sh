@@ -9,8 +9,10 @@
 #   2. what `make test-gpu` runs (tests/run-gpu.sh: every op against the CPU backend, the engine
 #      end to end against the transformers fixtures);
 #   3. tests/gpu/bench_decode: device copy GB/s and fp16 GEMM TFLOP/s ceilings, one TP-8 rank of
-#      BLOOM-176B with random weights made on the device (--quick when time is short), and the
-#      int4 (groups of 128) linears at BLOOM-176B's full TP-1 width at T 1, 8, 16 and 512;
+#      BLOOM-176B with random weights made on the device (--quick when time is short), the
+#      int4 (groups of 128) linears at BLOOM-176B's full TP-1 width at T 1, 8, 16 and 512, and
+#      the Llama family's decode ops (RMSNorm, rotary, SwiGLU, grouped-query attention, the fp16
+#      linears) at Llama-3.1-8B TP 1 and Llama-3.1-70B TP 8 widths, batch 1 and 8;
 #   4. compute-sanitizer memcheck, then racecheck, on test_cuda_ops --quick (the machine's
 #      compute-sanitizer, else the one in the bundle; API errors not reported: the op checks fail a 1 PiB allocation on
 #      purpose, and any other failing call already fails the test itself);
@@ -154,6 +156,20 @@ table() {
       for (d = 1; d <= nd; d++) { k = "lin_layer_" D[d]
         printf "  one layer'"'"'s linears, %s: T1 %s us, T128 %s us; batch 128 / batch 1 tokens/s %sx (target >= 60)\n",
           D[d], f(k "_T1_us", 1), f(k "_T128_us", 1), f(k "_b128_over_b1", 1) }
+    }'
+  echo "the Llama family's decode ops, fp16, context 512 (bench_decode llama_ops: no model; us per call / GB/s):"
+  awk -v res="$RES" 'function f(k, d) { return (k in val && val[k] ~ /^[0-9.eE+-]+$/) ? sprintf("%." d "f", val[k]) : "-" }
+    BEGIN {
+      while ((getline line < res) > 0) { split(line, w, " "); if (!(w[1] in val)) val[w[1]] = w[2] }
+      nm = split("llama3.1-8b-tp1 llama3.1-70b-tp8", M, " ")
+      no = split("qkv_proj rope attention o_proj residual+rmsnorm gate_up_proj swiglu down_proj", O, " ")
+      for (i = 1; i <= nm; i++) {
+        for (j = 1; j <= no; j++) { k = "llama_" M[i] "_" O[j]
+          printf "  %-17s %-17s batch 1 %9s   batch 8 %9s\n", M[i], O[j], f(k "_b1_us", 1) "/" f(k "_b1_gbs", 0),
+            f(k "_b8_us", 1) "/" f(k "_b8_gbs", 0) }
+        printf "  %-17s kernels of one decode step: batch 1 %s ms, batch 8 %s ms\n", M[i],
+          f("llama_" M[i] "_kernels_b1_ms_step", 3), f("llama_" M[i] "_kernels_b8_ms_step", 3)
+      }
     }'
   echo "loader ($(f load_file_gb 1) GB $(vd load_file)): cold $(f load_cold_gbs) GB/s (cat $(f cat_cold_gbs) GB/s)," \
        "warm $(f load_warm_gbs) GB/s (cat $(f cat_warm_gbs) GB/s), warm with --verify checksums $(f load_verify_warm_gbs) GB/s"
