@@ -1018,9 +1018,11 @@ static void str_into(rctx *c, sbuf *b, const jv *v) {
     case V_INT: snprintf(tmp, sizeof tmp, "%" PRId64, v->i); sb_puts(c, b, tmp); return;
     case V_FLOAT: fmt_float(v->f, tmp, sizeof tmp); sb_puts(c, b, tmp); return;
     case V_STR: sb_put(c, b, v->s.s, v->s.n); return;
-    case V_NS: sb_puts(c, b, "<Namespace "); {
-            for (size_t i = 0; i < v->d.n; i++) { if (i) sb_puts(c, b, ", "); repr_into(c, b, v->d.k[i]); sb_puts(c, b, ": "); repr_into(c, b, v->d.v[i]); }
-        } sb_puts(c, b, ">"); return;
+    case V_NS:   /* jinja2's Namespace.__repr__: f"<Namespace {attrs!r}>" */
+        sb_puts(c, b, "<Namespace {");
+        for (size_t i = 0; i < v->d.n; i++) { if (i) sb_puts(c, b, ", "); repr_into(c, b, v->d.k[i]); sb_puts(c, b, ": "); repr_into(c, b, v->d.v[i]); }
+        sb_puts(c, b, "}>");
+        return;
     case V_LIST: case V_DICT: repr_into(c, b, v); return;
     default: snprintf(tmp, sizeof tmp, "<%s object>", type_name(v)); sb_puts(c, b, tmp); return;
     }
@@ -1176,7 +1178,7 @@ static bool vin(rctx *c, int line, const jv *x, const jv *coll) {
         if (!x->s.n) return true;
         return memmem(coll->s.s, coll->s.n, x->s.s, x->s.n) != NULL;
     case V_LIST: for (size_t i = 0; i < coll->l.n; i++) if (veq(x, coll->l.v[i])) return true; return false;
-    case V_DICT: case V_NS: return dgetv((jdict *)&coll->d, x) != NULL;
+    case V_DICT: return dgetv((jdict *)&coll->d, x) != NULL;
     case V_UNDEF: if (coll->unsafe) undef_fail(c, line, coll); return false;
     default: rfail(c, line, PLN_JINJA_ERROR, "argument of type '%s' is not iterable", type_name(coll));
     }
@@ -1198,7 +1200,7 @@ static int64_t vlen(rctx *c, int line, const jv *v) {
     switch (v->t) {
     case V_STR: return (int64_t)u8len(v->s.s, v->s.n);
     case V_LIST: return (int64_t)v->l.n;
-    case V_DICT: case V_NS: return (int64_t)v->d.n;
+    case V_DICT: return (int64_t)v->d.n;
     case V_UNDEF: if (v->unsafe) undef_fail(c, line, v); return 0;
     default: rfail(c, line, PLN_JINJA_ERROR, "object of type '%s' has no len()", type_name(v));
     }
@@ -1331,7 +1333,7 @@ static void json_dump(rctx *c, int line, sbuf *b, const jv *v, int indent, int l
         else { fmt_float(v->f, tmp, sizeof tmp); sb_puts(c, b, tmp); }
         break;
     case V_STR: json_str(c, b, v->s.s, v->s.n); break;
-    case V_LIST: case V_DICT: case V_NS: {
+    case V_LIST: case V_DICT: {
         bool isl = v->t == V_LIST;
         size_t n = isl ? v->l.n : v->d.n;
         sb_puts(c, b, isl ? "[" : "{");
