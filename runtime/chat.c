@@ -64,9 +64,12 @@ static int load_tokens(pln_chat *c, const char *path) {
     return 0;
 }
 
+/* The template's name in its errors is the file's own name, not its path: render errors reach
+ * HTTP clients, which have no business learning where the server keeps its models. */
 static pln_jinja *parse_text(const char *text, size_t n, const char *name) {
-    pln_jinja *t = pln_jinja_parse(text, n, name);
-    if (!t) pln_error_context("the chat template cannot be rendered by pollen");
+    const char *slash = strrchr(name, '/');
+    pln_jinja *t = pln_jinja_parse(text, n, slash ? slash + 1 : name);
+    if (!t) pln_error_context("%s: pollen cannot render this chat template", name);
     return t;
 }
 

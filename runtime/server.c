@@ -681,13 +681,15 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
 
 /* ---- OpenAI chat -------------------------------------------------------------------------- */
 
-/* BLOOM ships no chat template: rather than guess one, say so and point at /v1/completions. */
+/* A set without a chat template (BLOOM ships none): rather than guess one, say so and point at
+ * /v1/completions. */
 static enum MHD_Result handle_chat(conn_ctx *c, struct MHD_Connection *con) {
     if (c->srv->chat) return handle_generate(c, con);
     pln_req_error err;
     pln_req_fail(&err, PLN_API_OPENAI, 400, "messages",
-                 "`%s` has no chat template (BLOOM models ship none), so /v1/chat/completions cannot turn messages "
-                 "into a prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
+                 "`%s` has no chat template (its set has no chat_template.jinja or tokenizer_config.json "
+                 "chat_template; BLOOM models ship none), so /v1/chat/completions cannot turn messages into a "
+                 "prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
                  "--chat-template FILE (see docs/SERVING.md)", c->srv->model_id);
     snprintf(err.code, sizeof err.code, "chat_template_missing");
     return send_error(c, con, &err);
