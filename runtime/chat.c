@@ -167,10 +167,22 @@ void pln_chat_free(pln_chat *c) {
 
 const char *pln_chat_source(const pln_chat *c) { return c->source; }
 
+static const char *const g_reserved[] = {"messages", "tools", "documents", "add_generation_prompt", NULL};
+
+int pln_chat_check_extra(json_t *extra) {
+    if (!extra || json_is_null(extra)) return 0;
+    if (!json_is_object(extra)) return pln_errorf("chat template variables must be a JSON object");
+    for (int i = 0; g_reserved[i]; i++)
+        if (json_object_get(extra, g_reserved[i]))
+            return pln_errorf("chat template variables may not set `%s` (the conversation sets it)", g_reserved[i]);
+    return 0;
+}
+
 pln_jinja_status pln_chat_render(const pln_chat *c, json_t *messages, json_t *tools, bool add_generation_prompt,
-                                 const pln_jinja_limits *lim, char **out, size_t *out_len) {
+                                 json_t *extra, const pln_jinja_limits *lim, char **out, size_t *out_len) {
     json_t *vars = json_object();
     json_object_update(vars, c->tokens);
+    if (json_is_object(extra)) json_object_update(vars, extra);   /* checked by pln_chat_check_extra */
     json_object_set(vars, "messages", messages);
     json_object_set_new(vars, "tools", tools ? json_incref(tools) : json_null());
     json_object_set_new(vars, "documents", json_null());

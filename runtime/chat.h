@@ -29,10 +29,16 @@ void pln_chat_free(pln_chat *c);
 const char *pln_chat_source(const pln_chat *c);
 
 /* Renders the conversation. messages is a JSON array of message objects, passed as they are;
- * tools NULL (the template sees tools = none) or a JSON array. Returns the status of
- * pln_jinja_render: OK with *out malloc'd (length *out_len), or RAISED (pln_error() is the
- * template's own message), ERROR or LIMIT (pln_error() names the line). */
+ * tools NULL (the template sees tools = none) or a JSON array; extra NULL or an object of more
+ * variables (transformers' apply_chat_template **kwargs, vLLM's chat_template_kwargs, e.g.
+ * {"enable_thinking": false}), which override the special tokens but may not name messages,
+ * tools, documents or add_generation_prompt (check with pln_chat_check_extra first). Returns the
+ * status of pln_jinja_render: OK with *out malloc'd (length *out_len), or RAISED (pln_error() is
+ * the template's own message), ERROR or LIMIT (pln_error() names the line). */
 pln_jinja_status pln_chat_render(const pln_chat *c, json_t *messages, json_t *tools, bool add_generation_prompt,
-                                 const pln_jinja_limits *lim, char **out, size_t *out_len);
+                                 json_t *extra, const pln_jinja_limits *lim, char **out, size_t *out_len);
+/* 0 when extra (NULL or a JSON object) may be passed to pln_chat_render; -1 with an error naming
+ * the first key it may not set, or saying it is not an object. */
+int pln_chat_check_extra(json_t *extra);
 
 #endif

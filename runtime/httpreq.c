@@ -554,7 +554,8 @@ static void cat(char **b, size_t *n, const char *s) {
 
 /* The messages as the Jinja template sees them (see httpreq.h), rendered with the generation
  * prompt. 0 with *out malloc'd, or -1 with err filled. */
-static int render_jinja(const struct pln_chat *chat, json_t *msgs, json_t *tools, char **out, pln_req_error *err) {
+static int render_jinja(const struct pln_chat *chat, json_t *msgs, json_t *tools, bool gen, json_t *kwargs, char **out,
+                        pln_req_error *err) {
     const pln_api api = PLN_API_OPENAI;
     json_t *m2 = json_array();
     int rc = 0;
@@ -597,7 +598,7 @@ static int render_jinja(const struct pln_chat *chat, json_t *msgs, json_t *tools
     }
     if (!rc) {
         size_t n = 0;
-        pln_jinja_status st = pln_chat_render(chat, m2, tools, true, NULL, out, &n);
+        pln_jinja_status st = pln_chat_render(chat, m2, tools, gen, kwargs, NULL, out, &n);
         if (st == PLN_JINJA_RAISED)
             rc = pln_req_fail(err, api, 400, "messages", "the model's chat template refuses this conversation: %s", pln_error());
         else if (st != PLN_JINJA_OK)
@@ -631,10 +632,13 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++) ok = !strcmp(key, known[i]);
         /* tools only mean something to a Jinja template; pollen's JSON form has no place for them */
-        if (tpl->jinja && (!strcmp(key, "tools") || !strcmp(key, "tool_choice"))) ok = true;
+        if (tpl->jinja && (!strcmp(key, "tools") || !strcmp(key, "tool_choice") || !strcmp(key, "chat_template_kwargs") ||
+                           !strcmp(key, "add_generation_prompt")))
+            ok = true;
         if (!ok) { rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s", key); break; }
         if (!strcmp(key, "messages") || !strcmp(key, "logprobs") || !strcmp(key, "top_logprobs") ||
-            !strcmp(key, "max_completion_tokens") || !strcmp(key, "tools") || !strcmp(key, "tool_choice"))
+            !strcmp(key, "max_completion_tokens") || !strcmp(key, "tools") || !strcmp(key, "tool_choice") ||
+            !strcmp(key, "chat_template_kwargs") || !strcmp(key, "add_generation_prompt"))
             continue;
         json_object_set(c, key, v);
     }
@@ -659,9 +663,16 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     char *prompt = NULL;
     size_t pn = 0;
     cat(&prompt, &pn, "");
+    /* vLLM's extensions: more template variables, and the generation prompt left out (the
+     * answer then continues the last message) */
+    json_t *kwargs = rc ? NULL : opt(root, "chat_template_kwargs");
+    if (!rc && kwargs && !json_is_null(kwargs) && pln_chat_check_extra(kwargs))
+        rc = pln_req_fail(err, api, 400, "chat_template_kwargs", "`chat_template_kwargs`: %s", pln_error());
+    bool gen = true;
+    if (!rc && tpl->jinja) rc = get_bool(api, root, "add_generation_prompt", &gen, NULL, err);
     if (!rc && tpl->jinja) {
         char *rendered = NULL;
-        rc = render_jinja(tpl->jinja, msgs, tools, &rendered, err);
+        rc = render_jinja(tpl->jinja, msgs, tools, gen, kwargs, &rendered, err);
         if (!rc) { free(prompt); prompt = rendered; }
     }
     for (size_t i = 0; !rc && !tpl->jinja && i < json_array_size(msgs); i++) {

@@ -115,15 +115,18 @@ void pln_chat_template_free(pln_chat_template *t);
 /* OpenAI /v1/chat/completions body {"messages": [{"role", "content"}], "model", "max_tokens" |
  * "max_completion_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
  * "seed", "presence_penalty", "frequency_penalty", "logprobs" (bool), "top_logprobs", "user",
- * "logit_bias", "tools", "tool_choice"} rendered with tpl into one prompt, then checked as a
+ * "logit_bias", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt"} rendered
+ * with tpl into one prompt, then checked as a
  * completions request. out->chat is set. Other fields: 400 as for completions.
  * With a Jinja template (tpl->jinja) the messages go to it as they are, except that a content
  * given as a list of text parts is joined into one string and a tool call's "arguments" JSON
  * string is parsed into an object (as vLLM does: templates expect a mapping); any role is
- * allowed (the template decides), and "tools" reaches the template. A template that refuses
+ * allowed (the template decides), "tools" reaches the template, "chat_template_kwargs" (vLLM's:
+ * an object of more template variables, e.g. {"enable_thinking": false}) joins its variables and
+ * "add_generation_prompt" (default true) is passed on. A template that refuses
  * the conversation (raise_exception) or fails to render is a 400 with its message
- * (code "chat_template_error"). With pollen's JSON form, "tools" and "tool_choice" are
- * unrecognized arguments (400). */
+ * (code "chat_template_error"). With pollen's JSON form, "tools", "tool_choice",
+ * "chat_template_kwargs" and "add_generation_prompt" are unrecognized arguments (400). */
 int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
                        pln_gen_request *out, pln_req_error *err);
 

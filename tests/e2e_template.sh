@@ -47,6 +47,14 @@ check "list form: tool_use with --tools" [ "$("$POLLEN" template "$TMP/multi" --
 printf '{"messages": [{"role": "user", "content": "x"}], "tools": [{"function": {"name": "a"}}, {"function": {"name": "b"}}]}' >"$TMP/mt.json"
 check "messages file with tools inside" [ "$("$POLLEN" template "$TMP/multi" --messages "$TMP/mt.json")" = "tools:a,b" ]
 
+# more template variables: --kwargs, or "chat_template_kwargs" in the messages file
+printf '%s' '{% if enable_thinking is defined and not enable_thinking %}no-think{% else %}think{% endif %}' >"$TMP/think.jinja"
+check "no kwargs: the variable is undefined" [ "$("$POLLEN" template "$TMP/think.jinja" --messages "$TMP/m.json")" = "think" ]
+check "--kwargs sets a variable" [ "$("$POLLEN" template "$TMP/think.jinja" --messages "$TMP/m.json" --kwargs '{"enable_thinking": false}')" = "no-think" ]
+printf '{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": false}}' >"$TMP/mk.json"
+check "chat_template_kwargs in the messages file" [ "$("$POLLEN" template "$TMP/think.jinja" --messages "$TMP/mk.json")" = "no-think" ]
+check_fails "--kwargs may not replace the messages" "may not set .messages." "$POLLEN" template "$TMP/think.jinja" --messages "$TMP/m.json" --kwargs '{"messages": []}'
+
 # refusals and bad input
 printf '%s' "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok" >"$TMP/nosys.jinja"
 check_fails "raise_exception: the template's message" "refuses this conversation: System role not supported$" \

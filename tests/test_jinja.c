@@ -101,9 +101,10 @@ static void test_real_templates(void) {
             json_object_set_new(vars, "documents", json_null());
             json_object_set(vars, "add_generation_prompt", json_object_get(r, "add_generation_prompt"));
             json_object_update(vars, json_object_get(tpl, "special_tokens"));
+            if (json_is_object(json_object_get(r, "kwargs"))) json_object_update(vars, json_object_get(r, "kwargs"));
             char what[600];
-            snprintf(what, sizeof what, "%s [%s%s%s]", path, cname, json_is_true(json_object_get(r, "add_generation_prompt")) ? ", generation prompt" : "",
-                     json_is_true(json_object_get(r, "tools")) ? ", tools" : "");
+            snprintf(what, sizeof what, "%s [%s%s%s%s]", path, cname, json_is_true(json_object_get(r, "add_generation_prompt")) ? ", generation prompt" : "",
+                     json_is_true(json_object_get(r, "tools")) ? ", tools" : "", json_object_get(r, "kwargs") ? ", kwargs" : "");
             check_render(what, src, srcn, vars, r, now);
             n_renders++;
             if (json_object_get(r, "error")) n_raise++;

@@ -502,7 +502,7 @@ static void test_chat_jinja(const pln_serve_limits *lim) {
           "{% if m.role == 'boom' %}\\n{{ m.nothing.x }}{% endif %}"
           "[{{ m.role }}]{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}"
           "{% endfor %}{% if tools %}(T:{{ tools | map(attribute='function.name') | join(',') }}){% endif %}"
-          "{% if add_generation_prompt %}[assistant]{% endif %}\"}", f);
+          "{% if add_generation_prompt %}[assistant]{% endif %}{% if enable_thinking is defined and not enable_thinking %}/nothink{% endif %}\"}", f);
     fclose(f);
     pln_chat *chat = pln_chat_load(dir, NULL, NULL);
     CHECK(chat != NULL, "load the set's template: %s", pln_error());
@@ -548,6 +548,26 @@ static void test_chat_jinja(const pln_serve_limits *lim) {
     json_decref(o);
     free(r.body);
     free(want);
+    /* vLLM's chat_template_kwargs and add_generation_prompt reach the template */
+    want = oai_text(C.port, "{\"prompt\":\"<s>[user]q/nothink\",\"max_tokens\":3,\"temperature\":0}", &st, fin, sizeof fin);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"chat_template_kwargs\":{\"enable_thinking\":false},"
+             "\"add_generation_prompt\":false,\"max_tokens\":3,\"temperature\":0}");
+    o = jparse(r.body);
+    msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECK(r.status == 200 && want && jstr(msg, "content") && !strcmp(jstr(msg, "content"), want),
+          "chat_template_kwargs and add_generation_prompt false rendered ('<s>[user]q/nothink'): %s", r.body);
+    json_decref(o);
+    free(r.body);
+    free(want);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"chat_template_kwargs\":{\"messages\":[]}}");
+    CHECK(oai_error(r, 400, NULL, "may not set `messages`"), "chat_template_kwargs may not replace the messages: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"chat_template_kwargs\":[1]}");
+    CHECK(oai_error(r, 400, NULL, "must be a JSON object"), "chat_template_kwargs must be an object: %s", r.body);
+    free(r.body);
     r = http(C.port, "POST", "/v1/chat/completions",
              "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"late\"}]}");
     CHECK(oai_error(r, 400, "chat_template_error", "refuses this conversation: System message must come first"),

@@ -13,7 +13,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: pollen template PATH --messages FILE.json [--tools FILE.json] [--no-generation-prompt]\n\n"
+            "usage: pollen template PATH --messages FILE.json [--tools FILE.json] [--no-generation-prompt] [--kwargs JSON]\n\n"
             "Prints the prompt PATH's chat template makes of a conversation, byte for byte as transformers'\n"
             "apply_chat_template (no newline is added).\n"
             "PATH: a .jinja file, a tokenizer_config.json, a Hugging Face model directory or a shard set.\n"
@@ -22,7 +22,10 @@ static void usage(FILE *f) {
             "  --tools FILE             a JSON array of tools (OpenAI's function format) the template sees\n"
             "  --no-generation-prompt   add_generation_prompt=false (default true: the prompt ends where the\n"
             "                           assistant's answer begins)\n"
-            "  --tokens FILE            take bos_token, eos_token, ... from this tokenizer_config.json\n");
+            "  --tokens FILE            take bos_token, eos_token, ... from this tokenizer_config.json\n"
+            "  --kwargs JSON            more template variables, as apply_chat_template(**kwargs) and vLLM's\n"
+            "                           chat_template_kwargs: '{\"enable_thinking\": false}'\n"
+            "The messages file may also be {\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}}.\n");
 }
 
 static json_t *read_json(const char *opt, const char *path) {
@@ -40,9 +43,9 @@ int cmd_template(int argc, char **argv) {
     static const struct option opts[] = {
         {"messages", required_argument, 0, 'm'}, {"tools", required_argument, 0, 't'},
         {"no-generation-prompt", no_argument, 0, 'n'}, {"tokens", required_argument, 0, 'k'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"kwargs", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
-    const char *msg_path = NULL, *tools_path = NULL, *tokens = NULL;
+    const char *msg_path = NULL, *tools_path = NULL, *tokens = NULL, *kwargs_text = NULL;
     bool gen = true;
     optind = 1;
     int c;
@@ -51,6 +54,7 @@ int cmd_template(int argc, char **argv) {
         case 'm': msg_path = optarg; break;
         case 't': tools_path = optarg; break;
         case 'k': tokens = optarg; break;
+        case 'x': kwargs_text = optarg; break;
         case 'n': gen = false; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -59,12 +63,21 @@ int cmd_template(int argc, char **argv) {
     if (optind != argc - 1 || !msg_path) { usage(stderr); return 2; }
     const char *path = argv[optind];
 
-    json_t *doc = read_json("--messages", msg_path), *messages = doc, *tools = NULL;
+    json_t *doc = read_json("--messages", msg_path), *messages = doc, *tools = NULL, *kwargs = NULL;
     if (json_is_object(doc)) {
         messages = json_object_get(doc, "messages");
         tools = json_object_get(doc, "tools");
         if (tools && json_is_null(tools)) tools = NULL;
+        kwargs = json_object_get(doc, "chat_template_kwargs");
     }
+    json_t *kwargs_doc = NULL;
+    if (kwargs_text) {
+        json_error_t je;
+        kwargs_doc = json_loads(kwargs_text, 0, &je);
+        if (!kwargs_doc) pln_die("--kwargs: not valid JSON: %s", je.text);
+        kwargs = kwargs_doc;
+    }
+    if (pln_chat_check_extra(kwargs)) pln_die("%s: %s", kwargs_text ? "--kwargs" : msg_path, pln_error());
     if (!json_is_array(messages))
         pln_die("--messages %s: expected a JSON array of messages, or an object with \"messages\": [...]", msg_path);
     size_t i;
@@ -84,7 +97,7 @@ int cmd_template(int argc, char **argv) {
     if (!chat) pln_die("%s", pln_error());
     char *out = NULL;
     size_t n = 0;
-    pln_jinja_status st = pln_chat_render(chat, messages, tools, gen, NULL, &out, &n);
+    pln_jinja_status st = pln_chat_render(chat, messages, tools, gen, kwargs, NULL, &out, &n);
     int rc = 0;
     if (st == PLN_JINJA_OK) {
         if (fwrite(out, 1, n, stdout) != n || fflush(stdout)) { fprintf(stderr, "pollen template: writing stdout failed\n"); rc = 1; }
@@ -98,6 +111,7 @@ int cmd_template(int argc, char **argv) {
     free(out);
     pln_chat_free(chat);
     json_decref(tools_doc);
+    json_decref(kwargs_doc);
     json_decref(doc);
     return rc;
 }
