@@ -52,6 +52,7 @@ typedef struct { jv **v; size_t n, cap; } jlist;
 typedef struct { jv **k, **v; size_t n, cap; } jdict;
 struct node;
 struct loopst;
+struct frame;
 struct jv {
     uint8_t t;
     bool tuple;                     /* a V_LIST made by a tuple expression: repr uses () */
@@ -63,7 +64,7 @@ struct jv {
         struct { const char *s; size_t n; } s;    /* V_STR; V_UNDEF: the message for misuse */
         jlist l;
         jdict d;                                  /* V_DICT, V_NS */
-        const struct node *macro;
+        struct { const struct node *node; struct frame *closure; } mc;   /* V_MACRO; closure: a caller's */
         int builtin;
         struct { jv *self; const char *name; } m;
         struct loopst *loop;
@@ -72,7 +73,7 @@ struct jv {
 
 /* ---- template tree ------------------------------------------------------------------------ */
 typedef enum {
-    N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_BREAK, N_CONTINUE, N_BLOCK,
+    N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK, N_BREAK, N_CONTINUE, N_BLOCK,
     E_LIT, E_NAME, E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST, E_NEG, E_POS, E_NOT,
     E_AND, E_OR, E_BIN, E_CMP, E_COND, E_LIST, E_TUPLE, E_DICT
 } ntype;
@@ -672,6 +673,21 @@ static void expect_bend(pstate *p) {
  * index of the end name found (the cursor is after that name), or -1 at EOF when ends is NULL. */
 static int parse_body(pstate *p, nlist *body, const char *const *ends, const char *what, int open_line);
 
+/* "(" name ("=" default)? ,... ")" of a macro or call block, into x->args */
+static void parse_params(pstate *p, node *x) {
+    expect_op(p, "(");
+    while (!is_op(cur(p), ")")) {
+        if (x->args.n) expect_op(p, ",");
+        if (is_op(cur(p), ")")) break;
+        token *a = nexttok(p);
+        if (a->t != T_NAME) perr(p, a->line, "expected a parameter name");
+        node *pa = mk(p, E_NAME, a->line); pa->s = pstrndup(p, a->s, a->n); pa->sn = a->n;
+        if (is_op(cur(p), "=")) { p->pos++; pa->a = parse_expr(p); }
+        nl_push(p, &x->args, pa);
+    }
+    expect_op(p, ")");
+}
+
 static node *parse_stmt(pstate *p, token *kw) {
     int line = kw->line;
     if (is_name(kw, "if")) {
@@ -734,21 +750,23 @@ static node *parse_stmt(pstate *p, token *kw) {
         if (n->t != T_NAME) perr(p, line, "expected a macro name");
         node *x = mk(p, N_MACRO, line);
         x->s = pstrndup(p, n->s, n->n); x->sn = n->n;
-        expect_op(p, "(");
-        while (!is_op(cur(p), ")")) {
-            if (x->args.n) expect_op(p, ",");
-            if (is_op(cur(p), ")")) break;
-            token *a = nexttok(p);
-            if (a->t != T_NAME) perr(p, a->line, "expected a macro parameter name");
-            node *pa = mk(p, E_NAME, a->line); pa->s = pstrndup(p, a->s, a->n); pa->sn = a->n;
-            if (is_op(cur(p), "=")) { p->pos++; pa->a = parse_expr(p); }
-            nl_push(p, &x->args, pa);
-        }
-        expect_op(p, ")");
+        parse_params(p, x);
         expect_bend(p);
         static const char *const ends[] = {"endmacro", NULL};
         parse_body(p, &x->body, ends, "macro", line);
         if (cur(p)->t == T_NAME) p->pos++;   /* {% endmacro name %} */
+        expect_bend(p);
+        return x;
+    }
+    if (is_name(kw, "call")) {   /* {% call(params) macro(args) %}body{% endcall %}: body is the macro's caller() */
+        node *x = mk(p, N_CALLBLOCK, line);
+        x->s = "caller"; x->sn = 6;
+        if (is_op(cur(p), "(")) parse_params(p, x);
+        x->a = parse_expr(p);
+        if (x->a->t != E_CALL) perr(p, line, "{%% call %%} expects a macro call");
+        expect_bend(p);
+        static const char *const ends[] = {"endcall", NULL};
+        parse_body(p, &x->body, ends, "call", line);
         expect_bend(p);
         return x;
     }
@@ -790,7 +808,7 @@ static int parse_body(pstate *p, nlist *body, const char *const *ends, const cha
             token *kw = nexttok(p);
             if (kw->t != T_NAME) perr(p, kw->line, "expected a tag name after '{%%'");
             if (ends) for (int i = 0; ends[i]; i++) if (is_name(kw, ends[i])) return i;
-            static const char *const stray[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endgeneration", NULL};
+            static const char *const stray[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endcall", "endgeneration", NULL};
             for (int i = 0; stray[i]; i++)
                 if (is_name(kw, stray[i])) perr(p, kw->line, "unexpected {%% %s %%}%s%s", stray[i], ends ? " inside a " : "", ends ? what : "");
             nl_push(p, body, parse_stmt(p, kw));
@@ -1985,10 +2003,16 @@ static jargs eval_args(rctx *c, frame *f, const node *x) {
     return a;
 }
 
-static jv *call_macro(rctx *c, int line, const node *m, const jargs *a) {
+/* A macro sees its parameters, then the template's variables; a call block's caller() sees the
+ * scope of its {% call %} (its closure). caller: the caller() a {% call %} passes, or NULL. */
+static jv *call_macro(rctx *c, int line, const jv *fn, const jargs *a, jv *caller) {
+    const node *m = fn->mc.node;
     if (a->np > m->args.n) rfail(c, line, PLN_JINJA_ERROR, "macro '%s' takes not more than %zu argument(s)", m->s, m->args.n);
     if (++c->depth > c->lim.max_depth) rfail(c, line, PLN_JINJA_LIMIT, "macro calls nested deeper than %d (the sandbox's bound)", c->lim.max_depth);
-    frame fr = {.parent = c->root};
+    /* frames live in the arena: a caller() made here may be called after this C frame returns */
+    frame *frp = ralloc(c, sizeof *frp);
+    frp->parent = fn->mc.closure ? fn->mc.closure : c->root;
+    if (caller) dset(c, &frp->vars, "caller", 6, caller);
     for (size_t k = 0; k < a->nk; k++) {
         bool found = false;
         for (size_t i = 0; i < m->args.n; i++) if (!strcmp(m->args.v[i]->s, a->kn[k]->s)) { found = true; if (i < a->np) rfail(c, line, PLN_JINJA_ERROR, "macro '%s' got multiple values for argument '%s'", m->s, a->kn[k]->s); }
@@ -1998,14 +2022,14 @@ static jv *call_macro(rctx *c, int line, const node *m, const jargs *a) {
         const node *pa = m->args.v[i];
         jv *v = i < a->np ? a->pos[i] : NULL;
         for (size_t k = 0; !v && k < a->nk; k++) if (!strcmp(pa->s, a->kn[k]->s)) v = a->kv[k];
-        if (!v) v = pa->a ? eval(c, &fr, pa->a) : vundef(c, "parameter '%s' was not provided", pa->s);
-        dset(c, &fr.vars, pa->s, pa->sn, v);
+        if (!v) v = pa->a ? eval(c, frp, pa->a) : vundef(c, "parameter '%s' was not provided", pa->s);
+        dset(c, &frp->vars, pa->s, pa->sn, v);
     }
     /* captures live in the arena, so an error's longjmp leaves nothing to free */
     obuf *mine = ralloc(c, sizeof *mine), *saved = c->out;
     mine->in_arena = true;
     c->out = mine;
-    exec_body(c, &fr, &m->body);
+    exec_body(c, frp, &m->body);
     c->out = saved;
     c->ctl = 0;
     c->depth--;
@@ -2017,7 +2041,7 @@ static jv *call_macro(rctx *c, int line, const node *m, const jargs *a) {
 static jv *call_value(rctx *c, int line, jv *fn, const jargs *a) {
     switch (fn->t) {
     case V_BUILTIN: return call_builtin(c, line, fn->builtin, a);
-    case V_MACRO: return call_macro(c, line, fn->macro, a);
+    case V_MACRO: return call_macro(c, line, fn, a, NULL);
     case V_METHOD: return call_method(c, line, fn->m.self, fn->m.name, a);
     case V_UNDEF: undef_fail(c, line, fn);
     default: rfail(c, line, PLN_JINJA_ERROR, "'%s' object is not callable", type_name(fn));
@@ -2229,9 +2253,10 @@ static void exec_node(rctx *c, frame *f, const node *x) {
             jlist kept = {0};
             for (size_t i = 0; i < items.n; i++) {
                 step(c, x->line);
-                frame tf = {.parent = f};
-                assign(c, &tf, &x->targets, items.v[i], x->line);
-                if (truthy(eval(c, &tf, x->b))) lpush(c, &kept, items.v[i]);
+                frame *tf = ralloc(c, sizeof *tf);
+                tf->parent = f;
+                assign(c, tf, &x->targets, items.v[i], x->line);
+                if (truthy(eval(c, tf, x->b))) lpush(c, &kept, items.v[i]);
             }
             items = kept;
         }
@@ -2242,10 +2267,11 @@ static void exec_node(rctx *c, frame *f, const node *x) {
         for (size_t i = 0; i < items.n; i++) {
             step(c, x->line);
             L->idx = i;
-            frame it_f = {.parent = f};
-            dset(c, &it_f.vars, "loop", 4, lv);
-            assign(c, &it_f, &x->targets, items.v[i], x->line);
-            exec_body(c, &it_f, &x->body);
+            frame *it_f = ralloc(c, sizeof *it_f);   /* arena: a caller() made in the body may outlive it */
+            it_f->parent = f;
+            dset(c, &it_f->vars, "loop", 4, lv);
+            assign(c, it_f, &x->targets, items.v[i], x->line);
+            exec_body(c, it_f, &x->body);
             if (c->ctl == 1) { c->ctl = 0; break; }
             c->ctl = 0;
         }
@@ -2268,7 +2294,19 @@ static void exec_node(rctx *c, frame *f, const node *x) {
         assign(c, f, &x->targets, v, x->line);
         return;
     }
-    case N_MACRO: { jv *m = vnew(c, V_MACRO); m->macro = x; dset(c, &f->vars, x->s, x->sn, m); return; }
+    case N_MACRO: { jv *m = vnew(c, V_MACRO); m->mc.node = x; dset(c, &f->vars, x->s, x->sn, m); return; }
+    case N_CALLBLOCK: {
+        jv *fn = eval(c, f, x->a->a);
+        if (fn->t == V_UNDEF) undef_fail(c, x->line, fn);
+        if (fn->t != V_MACRO) rfail(c, x->line, PLN_JINJA_ERROR, "{%% call %%} needs a macro, not %s", type_name(fn));
+        jargs a = eval_args(c, f, x->a);
+        jv *caller = vnew(c, V_MACRO);
+        caller->mc.node = x;
+        caller->mc.closure = f;
+        jv *r = call_macro(c, x->line, fn, &a, caller);
+        out_put(c, x->line, r->s.s, r->s.n);
+        return;
+    }
     case N_BREAK: c->ctl = 1; return;
     case N_CONTINUE: c->ctl = 2; return;
     case N_BLOCK: exec_body(c, f, &x->body); return;
