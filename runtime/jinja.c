@@ -73,7 +73,7 @@ struct jv {
 
 /* ---- template tree ------------------------------------------------------------------------ */
 typedef enum {
-    N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK, N_BREAK, N_CONTINUE, N_BLOCK,
+    N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_FILTERBLOCK, N_MACRO, N_CALLBLOCK, N_BREAK, N_CONTINUE, N_BLOCK,
     E_LIT, E_NAME, E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST, E_NEG, E_POS, E_NOT,
     E_AND, E_OR, E_BIN, E_CMP, E_COND, E_LIST, E_TUPLE, E_DICT
 } ntype;
@@ -758,6 +758,15 @@ static node *parse_stmt(pstate *p, token *kw) {
         expect_bend(p);
         return x;
     }
+    if (is_name(kw, "filter")) {   /* {% filter f(args) | g %}body{% endfilter %}: the body's output, filtered */
+        node *x = mk(p, N_FILTERBLOCK, line);
+        do { nl_push(p, &x->args, parse_filter(p, NULL)); } while (is_op(cur(p), "|") && (p->pos++, true));
+        expect_bend(p);
+        static const char *const ends[] = {"endfilter", NULL};
+        parse_body(p, &x->body, ends, "filter", line);
+        expect_bend(p);
+        return x;
+    }
     if (is_name(kw, "call")) {   /* {% call(params) macro(args) %}body{% endcall %}: body is the macro's caller() */
         node *x = mk(p, N_CALLBLOCK, line);
         x->s = "caller"; x->sn = 6;
@@ -808,7 +817,7 @@ static int parse_body(pstate *p, nlist *body, const char *const *ends, const cha
             token *kw = nexttok(p);
             if (kw->t != T_NAME) perr(p, kw->line, "expected a tag name after '{%%'");
             if (ends) for (int i = 0; ends[i]; i++) if (is_name(kw, ends[i])) return i;
-            static const char *const stray[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endcall", "endgeneration", NULL};
+            static const char *const stray[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endcall", "endfilter", "endgeneration", NULL};
             for (int i = 0; stray[i]; i++)
                 if (is_name(kw, stray[i])) perr(p, kw->line, "unexpected {%% %s %%}%s%s", stray[i], ends ? " inside a " : "", ends ? what : "");
             nl_push(p, body, parse_stmt(p, kw));
@@ -1727,6 +1736,9 @@ static jv *apply_filter(rctx *c, int line, const char *name, jv *v, const jargs 
         }
         jv *r = sb_val(c, &b); if (!r->s.s) r->s.s = ""; return r;
     }
+    /* jinja2's map, select, reject, selectattr and rejectattr start with "if value:": a false
+     * value (none, "", 0, undefined) gives an empty sequence rather than an error */
+    if ((F("map") || F("select") || F("reject") || F("selectattr") || F("rejectattr")) && !truthy(v)) return vlist(c);
     if (F("map")) {
         jv *at = arg(a, SIZE_MAX, "attribute");
         jlist it = iter_items(c, line, v); jv *r = vlist(c);
@@ -2278,7 +2290,7 @@ static void exec_node(rctx *c, frame *f, const node *x) {
         return;
     }
     case N_SET: assign(c, f, &x->targets, eval(c, f, x->a), x->line); return;
-    case N_SETBLOCK: {
+    case N_SETBLOCK: case N_FILTERBLOCK: {
         obuf *mine = ralloc(c, sizeof *mine), *saved = c->out;
         mine->in_arena = true;
         c->out = mine;
@@ -2291,7 +2303,10 @@ static void exec_node(rctx *c, frame *f, const node *x) {
             jargs a = eval_args(c, f, fl);
             v = apply_filter(c, fl->line, fl->s, v, &a);
         }
-        assign(c, f, &x->targets, v, x->line);
+        if (x->t == N_SETBLOCK) { assign(c, f, &x->targets, v, x->line); return; }
+        if (v->t == V_UNDEF) { if (v->unsafe) undef_fail(c, x->line, v); return; }
+        sbuf b = {0}; str_into(c, &b, v);
+        out_put(c, x->line, b.p ? b.p : "", b.n);
         return;
     }
     case N_MACRO: { jv *m = vnew(c, V_MACRO); m->mc.node = x; dset(c, &f->vars, x->s, x->sn, m); return; }

@@ -218,8 +218,8 @@ CH=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"Hello wor
 CO=$(post /v1/completions '{"prompt":"<<Hello world>>","max_tokens":6,"temperature":0}' | sed -n 's/.*"text":"\(.*\)","index.*/\1/p')
 check "--chat-template overrides the set's ('$CH' vs '$CO')" test -n "$CO" -a "$CH" = "$CO"
 check "SIGTERM: exits 0 (override)" stop_server
-printf 'ok\n{%% for m in messages %%}{{ m | frobnicate }}{%% endfor %%}\n{%% filter upper %%}x{%% endfilter %%}' >"$TMP/bad.jinja"
-check_fails "a template pollen cannot parse fails at start-up, naming line and construct" "bad.jinja:3: the \{% filter %\} tag is not supported" \
+printf 'ok\n{%% for m in messages %%}{{ m | frobnicate }}{%% endfor %%}\n{%% include "other.jinja" %%}' >"$TMP/bad.jinja"
+check_fails "a template pollen cannot parse fails at start-up, naming line and construct" "bad.jinja:3: the \{% include %\} tag is not supported" \
   "$POLLEN" serve "$S3" --chat-template "$TMP/bad.jinja" --port 0
 
 e2e_done
