@@ -88,6 +88,7 @@ check "verify passes" "$POLLEN" verify "$TMP/set"
 check "template on the shard set" [ "$("$POLLEN" template "$TMP/set" --messages "$TMP/m.json")" = "<s>jinja file: 2" ]
 printf '{{ 1 }}' >"$TMP/set/chat_template.jinja"
 check_fails "an edited chat_template.jinja fails verify, named" "chat_template.jinja" "$POLLEN" verify "$TMP/set"
+check_fails "pollen template checks the set's checksums too" "chat_template.jinja" "$POLLEN" template "$TMP/set" --messages "$TMP/m.json"
 # a checkpoint without them: the set has none, and says nothing of them
 check "reshard without a chat template" "$POLLEN" reshard "$F" -o "$TMP/set2" --tp 1 --dtype fp16 --quiet
 check "no chat files in that set" [ ! -e "$TMP/set2/tokenizer_config.json" -a ! -e "$TMP/set2/chat_template.jinja" ]

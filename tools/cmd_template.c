@@ -2,6 +2,7 @@
  * model's own chat template and prints the prompt exactly (no newline added), to debug what the
  * model is given, as `/v1/chat/completions` builds it. */
 #include "formats/common.h"
+#include "formats/shard.h"
 #include "runtime/chat.h"
 #include "tools/cmd.h"
 
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -93,6 +95,15 @@ int cmd_template(int argc, char **argv) {
     }
     if (tools && !json_is_array(tools)) pln_die("--messages %s: \"tools\" must be an array", msg_path);
 
+    /* A shard set's chat files are checksummed in its manifest: check them as serve's load does. */
+    char *manifest = pln_xasprintf("%s/manifest.json", path);
+    struct stat mst;
+    if (stat(manifest, &mst) == 0) {
+        pln_shardset *set = pln_shardset_open(path);
+        if (!set) pln_die("%s", pln_error());
+        pln_shardset_close(set);
+    }
+    free(manifest);
     pln_chat *chat = pln_chat_load(path, tokens, NULL);
     if (!chat) pln_die("%s", pln_error());
     char *out = NULL;
