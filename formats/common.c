@@ -599,7 +599,7 @@ static bool matches_pair(const char *name, const char *fmt) {
 
 static bool shardset_name(const char *n) {
     return !strcmp(n, "manifest.json") || !strcmp(n, "config.json") || !strcmp(n, "tokenizer.json") ||
-           matches_pair(n, "rank-%u-of-%u.pln");
+           !strcmp(n, "tokenizer_config.json") || !strcmp(n, "chat_template.jinja") || matches_pair(n, "rank-%u-of-%u.pln");
 }
 
 static bool synth_name(const char *n) {

@@ -758,14 +758,18 @@ int pln_manifest_write(const char *dir, const pln_manifest *m) {
     if (!m->layout || strcmp(m->layout, PLN_LAYOUT_BLOOM_TP_V1))
         return pln_errorf("%s: manifest: unknown layout \"%s\"", dir, m->layout ? m->layout : "(null)");
     if (!m->files) return pln_errorf("%s: manifest: no files", dir);
-    if ((m->tokenizer && !safe_file_name(m->tokenizer)) || (m->hf_config && !safe_file_name(m->hf_config)))
-        return pln_errorf("%s: manifest: tokenizer/hf_config must be plain file names in the set directory", dir);
+    if ((m->tokenizer && !safe_file_name(m->tokenizer)) || (m->hf_config && !safe_file_name(m->hf_config)) ||
+        (m->tokenizer_config && !safe_file_name(m->tokenizer_config)) || (m->chat_template && !safe_file_name(m->chat_template)))
+        return pln_errorf("%s: manifest: tokenizer/hf_config/tokenizer_config/chat_template must be plain file names in the set directory", dir);
     if (m->config.eos_token_id != BLOOM_EOS_ID)
         return pln_errorf("%s: manifest: config.eos_token_id is %lld; pollen serves BLOOM models, whose </s> is id %d",
                           dir, (long long)m->config.eos_token_id, BLOOM_EOS_ID);
     char tok_hex[17], cfg_hex[17], blk_hex[17];
     if (m->tokenizer && small_file_hex(dir, m->tokenizer, tok_hex)) return -1;
     if (m->hf_config && small_file_hex(dir, m->hf_config, cfg_hex)) return -1;
+    char tc_hex[17], ct_hex[17];
+    if (m->tokenizer_config && small_file_hex(dir, m->tokenizer_config, tc_hex)) return -1;
+    if (m->chat_template && small_file_hex(dir, m->chat_template, ct_hex)) return -1;
     snprintf(blk_hex, sizeof blk_hex, "%016llx", (unsigned long long)pln_config_xxh3(&m->config));
     json_t *root = json_object();
     json_object_set_new(root, "format", json_string(PLN_MANIFEST_FORMAT));
@@ -800,6 +804,15 @@ int pln_manifest_write(const char *dir, const pln_manifest *m) {
     json_object_set_new(root, "config_xxh3", json_string(blk_hex));
     json_object_set_new(root, "tokenizer_xxh3", m->tokenizer ? json_string(tok_hex) : json_null());
     json_object_set_new(root, "hf_config_xxh3", m->hf_config ? json_string(cfg_hex) : json_null());
+    /* the chat files are optional keys: a set written before they existed simply has none */
+    if (m->tokenizer_config) {
+        json_object_set_new(root, "tokenizer_config", json_string(m->tokenizer_config));
+        json_object_set_new(root, "tokenizer_config_xxh3", json_string(tc_hex));
+    }
+    if (m->chat_template) {
+        json_object_set_new(root, "chat_template", json_string(m->chat_template));
+        json_object_set_new(root, "chat_template_xxh3", json_string(ct_hex));
+    }
     if (m->extra) {
         if (!json_is_object(m->extra)) { json_decref(root); return pln_errorf("%s: manifest: extra fields must be a JSON object", dir); }
         const char *key;
@@ -955,9 +968,10 @@ static int shardset_small_files(pln_shardset *set, const char *path) {
     json_t *root = set->json;
     bool v2 = set->version >= 2;
     /* config.json first: a disagreement with it names the edited field, the block checksum cannot */
-    const char *keys[2] = {"hf_config", "tokenizer"}, *xkeys[2] = {"hf_config_xxh3", "tokenizer_xxh3"};
-    char **paths[2] = {&set->config_path, &set->tokenizer_path};
-    for (int i = 0; i < 2; i++) {
+    const char *keys[4] = {"hf_config", "tokenizer", "tokenizer_config", "chat_template"},
+               *xkeys[4] = {"hf_config_xxh3", "tokenizer_xxh3", "tokenizer_config_xxh3", "chat_template_xxh3"};
+    char **paths[4] = {&set->config_path, &set->tokenizer_path, &set->tokenizer_config_path, &set->chat_template_path};
+    for (int i = 0; i < 4; i++) {
         if (i == 1 && v2) {
             char what[600];
             snprintf(what, sizeof what, "%s: config block", path);
@@ -1101,6 +1115,8 @@ void pln_shardset_close(pln_shardset *set) {
     free(set->files);
     free(set->tokenizer_path);
     free(set->config_path);
+    free(set->tokenizer_config_path);
+    free(set->chat_template_path);
     if (set->json) json_decref(set->json);
     free(set->dir);
     free(set);

@@ -172,11 +172,14 @@ typedef struct {
     json_t *extra;               /* borrowed; NULL or an object whose members are added at top
                                     level (e.g. "source", "tensors", "quantization"). A member that
                                     collides with a key above is an error. */
+    const char *tokenizer_config; /* "tokenizer_config.json" (special tokens, chat template), or NULL */
+    const char *chat_template;   /* "chat_template.jinja" where the model has one, or NULL */
 } pln_manifest;
 
 /* Writes DIR/manifest.json atomically (pretty-printed), version PLN_MANIFEST_VERSION. Records the
- * XXH3 of the config block (config_xxh3) and of DIR/<tokenizer> and DIR/<hf_config>, which must
- * therefore be in DIR already (write them first). -1 + error on failure. */
+ * XXH3 of the config block (config_xxh3) and of DIR/<tokenizer>, DIR/<hf_config> and (when given)
+ * DIR/<tokenizer_config> and DIR/<chat_template>, which must therefore be in DIR already (write
+ * them first); the last two keys are written only when given. -1 + error on failure. */
 int pln_manifest_write(const char *dir, const pln_manifest *m);
 
 /* The canonical text of a config block whose XXH3 the manifest records as config_xxh3
@@ -207,6 +210,8 @@ typedef struct {
     pln_shardset_file *files;    /* [tp], index = rank */
     char *tokenizer_path;        /* DIR/<manifest "tokenizer">, NULL when the manifest says null */
     char *config_path;           /* DIR/<manifest "hf_config">, NULL when the manifest says null */
+    char *tokenizer_config_path; /* DIR/<manifest "tokenizer_config">, NULL when absent or null */
+    char *chat_template_path;    /* DIR/<manifest "chat_template">, NULL when absent or null */
     bool small_files_checked;    /* version >= 2: config block, tokenizer and config.json matched
                                     their recorded checksums (version 1 records none) */
     json_t *json;                /* the whole manifest (owned by the set): extra fields */
@@ -218,7 +223,8 @@ typedef struct {
  * hf_config files named must be regular files inside DIR (no absolute path, "..", or symlink
  * out of DIR), config.json must parse and agree with the manifest's config field by field, and
  * from version 2 on the config block, tokenizer and config.json must match config_xxh3,
- * tokenizer_xxh3 and hf_config_xxh3. Rank files are not opened. NULL + error on failure. */
+ * tokenizer_xxh3 and hf_config_xxh3 (and tokenizer_config / chat_template, where the manifest
+ * names them, their _xxh3). Rank files are not opened. NULL + error on failure. */
 pln_shardset *pln_shardset_open(const char *dir);
 void pln_shardset_close(pln_shardset *set);
 /* Opens rank r's file and cross-checks it against the manifest: rank, n_ranks, layout,

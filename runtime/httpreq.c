@@ -4,6 +4,7 @@
  * (temperature in [0, 2], 0 meaning greedy). Every message names the parameter and the allowed
  * range, because it is what a client developer reads first. */
 #include "runtime/httpreq.h"
+#include "runtime/chat.h"
 #include "formats/common.h"
 
 #include <jansson.h>
@@ -551,6 +552,68 @@ static void cat(char **b, size_t *n, const char *s) {
     *n += l;
 }
 
+/* The messages as the Jinja template sees them (see httpreq.h), rendered with the generation
+ * prompt. 0 with *out malloc'd, or -1 with err filled. */
+static int render_jinja(const struct pln_chat *chat, json_t *msgs, json_t *tools, bool gen, json_t *kwargs, char **out,
+                        pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    json_t *m2 = json_array();
+    int rc = 0;
+    for (size_t i = 0; !rc && i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m) || !json_is_string(json_object_get(m, "role"))) {
+            rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu]` must be an object with a string `role`", i);
+            break;
+        }
+        json_t *mc = json_deep_copy(m);
+        json_t *ct = json_object_get(mc, "content");
+        if (json_is_array(ct)) {   /* [{"type": "text", "text": str}, ...] joined, as TGI and vLLM do for text models */
+            char *joined = NULL;
+            size_t jn = 0;
+            cat(&joined, &jn, "");
+            for (size_t k = 0; !rc && k < json_array_size(ct); k++) {
+                json_t *part = json_array_get(ct, k);
+                const char *ty = json_string_value(json_object_get(part, "type"));
+                const char *tx = json_string_value(json_object_get(part, "text"));
+                if (!ty || strcmp(ty, "text") || !tx)
+                    rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].content[%zu]`: only {\"type\": \"text\", \"text\": str} parts are supported", i, k);
+                else
+                    cat(&joined, &jn, tx);
+            }
+            json_object_set_new(mc, "content", json_string(joined));
+            free(joined);
+        } else if (ct && !json_is_string(ct) && !json_is_null(ct)) {
+            rc = pln_req_fail(err, api, 400, "messages", "`messages[%zu].content` must be a string, null or a list of text parts", i);
+        }
+        json_t *calls = json_object_get(mc, "tool_calls");
+        for (size_t k = 0; !rc && json_is_array(calls) && k < json_array_size(calls); k++) {
+            json_t *fn = json_object_get(json_array_get(calls, k), "function");
+            json_t *args = json_object_get(fn, "arguments");
+            if (json_is_string(args)) {
+                json_t *parsed = json_loads(json_string_value(args), JSON_DECODE_ANY, NULL);
+                if (parsed) json_object_set_new(fn, "arguments", parsed);
+            }
+        }
+        json_array_append_new(m2, mc);
+    }
+    if (!rc) {
+        size_t n = 0;
+        pln_jinja_status st = pln_chat_render(chat, m2, tools, gen, kwargs, NULL, out, &n);
+        if (st == PLN_JINJA_RAISED)
+            rc = pln_req_fail(err, api, 400, "messages", "the model's chat template refuses this conversation: %s", pln_error());
+        else if (st != PLN_JINJA_OK)
+            rc = pln_req_fail(err, api, 400, "messages", "the model's chat template could not render this conversation: %s", pln_error());
+        if (rc) snprintf(err->code, sizeof err->code, "chat_template_error");
+        else if (strlen(*out) != n) {
+            free(*out);
+            *out = NULL;
+            rc = pln_req_fail(err, api, 400, "messages", "the rendered prompt contains a NUL byte");
+        }
+    }
+    json_decref(m2);
+    return rc;
+}
+
 int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
                        pln_gen_request *r, pln_req_error *err) {
     const pln_api api = PLN_API_OPENAI;
@@ -568,9 +631,14 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     json_object_foreach(root, key, v) {
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++) ok = !strcmp(key, known[i]);
+        /* tools only mean something to a Jinja template; pollen's JSON form has no place for them */
+        if (tpl->jinja && (!strcmp(key, "tools") || !strcmp(key, "tool_choice") || !strcmp(key, "chat_template_kwargs") ||
+                           !strcmp(key, "add_generation_prompt")))
+            ok = true;
         if (!ok) { rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s", key); break; }
         if (!strcmp(key, "messages") || !strcmp(key, "logprobs") || !strcmp(key, "top_logprobs") ||
-            !strcmp(key, "max_completion_tokens"))
+            !strcmp(key, "max_completion_tokens") || !strcmp(key, "tools") || !strcmp(key, "tool_choice") ||
+            !strcmp(key, "chat_template_kwargs") || !strcmp(key, "add_generation_prompt"))
             continue;
         json_object_set(c, key, v);
     }
@@ -585,10 +653,29 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     json_t *msgs = rc ? NULL : opt(root, "messages");
     if (!rc && (!msgs || !json_is_array(msgs) || json_array_size(msgs) == 0))
         rc = pln_req_fail(err, api, 400, "messages", "`messages` must be a non-empty list of {\"role\", \"content\"}");
+    json_t *tools = rc ? NULL : opt(root, "tools");
+    if (tools && json_is_null(tools)) tools = NULL;
+    json_t *tc = rc ? NULL : opt(root, "tool_choice");
+    if (!rc && tools && !json_is_array(tools)) rc = pln_req_fail(err, api, 400, "tools", "`tools` must be a list of tools");
+    if (!rc && tc && !json_is_null(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        rc = pln_req_fail(err, api, 400, "tool_choice", "`tool_choice` may be \"none\" or \"auto\": the answer comes back as text, "
+                                                        "tool calls are not parsed out of it");
     char *prompt = NULL;
     size_t pn = 0;
     cat(&prompt, &pn, "");
-    for (size_t i = 0; !rc && i < json_array_size(msgs); i++) {
+    /* vLLM's extensions: more template variables, and the generation prompt left out (the
+     * answer then continues the last message) */
+    json_t *kwargs = rc ? NULL : opt(root, "chat_template_kwargs");
+    if (!rc && kwargs && !json_is_null(kwargs) && pln_chat_check_extra(kwargs))
+        rc = pln_req_fail(err, api, 400, "chat_template_kwargs", "`chat_template_kwargs`: %s", pln_error());
+    bool gen = true;
+    if (!rc && tpl->jinja) rc = get_bool(api, root, "add_generation_prompt", &gen, NULL, err);
+    if (!rc && tpl->jinja) {
+        char *rendered = NULL;
+        rc = render_jinja(tpl->jinja, msgs, tools, gen, kwargs, &rendered, err);
+        if (!rc) { free(prompt); prompt = rendered; }
+    }
+    for (size_t i = 0; !rc && !tpl->jinja && i < json_array_size(msgs); i++) {
         json_t *m = json_array_get(msgs, i);
         const char *role = json_is_object(m) ? json_string_value(json_object_get(m, "role")) : NULL;
         int ri = -1;
@@ -617,7 +704,7 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
         cat(&prompt, &pn, tpl->suffix[ri]);
     }
     if (!rc) {
-        cat(&prompt, &pn, tpl->generation_prompt);
+        if (!tpl->jinja) cat(&prompt, &pn, tpl->generation_prompt);
         json_object_set_new(c, "prompt", json_string(prompt));
         /* the template's stop sequences join the request's */
         json_t *st = json_object_get(c, "stop");

@@ -98,11 +98,15 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
  * A conversation becomes prefix(role) + content + suffix(role) per message, then
  * generation_prompt. Unknown keys are refused (a typo must not silently change prompts). */
 #define PLN_CHAT_ROLES 3
+struct pln_chat;
 typedef struct {
     char *prefix[PLN_CHAT_ROLES], *suffix[PLN_CHAT_ROLES];   /* system, user, assistant */
     char *generation_prompt;
     char **stop;
     int32_t n_stop;
+    /* The model's own Jinja template (runtime/chat.h; borrowed): when set, the fields above are
+     * unused and the conversation is rendered as transformers' apply_chat_template does. */
+    const struct pln_chat *jinja;
 } pln_chat_template;
 /* Loads and checks path; -1 + error naming the file and the field. */
 int pln_chat_template_load(const char *path, pln_chat_template *t);
@@ -111,8 +115,18 @@ void pln_chat_template_free(pln_chat_template *t);
 /* OpenAI /v1/chat/completions body {"messages": [{"role", "content"}], "model", "max_tokens" |
  * "max_completion_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
  * "seed", "presence_penalty", "frequency_penalty", "logprobs" (bool), "top_logprobs", "user",
- * "logit_bias"} rendered with tpl into one prompt, then checked as a completions request.
- * out->chat is set. Other fields: 400 as for completions. */
+ * "logit_bias", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt"} rendered
+ * with tpl into one prompt, then checked as a
+ * completions request. out->chat is set. Other fields: 400 as for completions.
+ * With a Jinja template (tpl->jinja) the messages go to it as they are, except that a content
+ * given as a list of text parts is joined into one string and a tool call's "arguments" JSON
+ * string is parsed into an object (as vLLM does: templates expect a mapping); any role is
+ * allowed (the template decides), "tools" reaches the template, "chat_template_kwargs" (vLLM's:
+ * an object of more template variables, e.g. {"enable_thinking": false}) joins its variables and
+ * "add_generation_prompt" (default true) is passed on. A template that refuses
+ * the conversation (raise_exception) or fails to render is a 400 with its message
+ * (code "chat_template_error"). With pollen's JSON form, "tools", "tool_choice",
+ * "chat_template_kwargs" and "add_generation_prompt" are unrecognized arguments (400). */
 int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
                        pln_gen_request *out, pln_req_error *err);
 

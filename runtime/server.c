@@ -38,6 +38,8 @@ struct pln_server {
     pln_sched_tok tok;
     pln_serve_limits lim;
     char *model_id;
+    char **names;                       /* --served-model-name: more names accepted and listed */
+    int n_names;
     char *host;
     int port;
     pln_engine_info info;
@@ -80,6 +82,7 @@ typedef struct {
     int32_t n_prompts;
     int64_t *text_off;              /* streaming OpenAI logprobs: text_offset reached per sequence */
     char id[40];
+    char *model_query;              /* GET /v1/models/{id}: the id asked for */
     time_t created;
     /* streaming state */
     int32_t *consumed;              /* events sent per sequence */
@@ -99,6 +102,7 @@ static void ctx_unref(conn_ctx *c) {
     if (c->job) pln_job_unref(c->job);
     atomic_fetch_sub(&c->srv->open, 1);
     free(c->body);
+    free(c->model_query);
     free(c->full_prefix);
     for (int32_t i = 0; i < c->n_prompts; i++) free(c->prompts[i]);
     free(c->prompts);
@@ -537,6 +541,18 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) { ctx_unref(cls); }
 
+/* ---- model names ------------------------------------------------------------------------- */
+
+/* The OpenAI routes check "model" as vLLM does against the names served (--served-model-name
+ * aliases included), and accept, as TGI does, the placeholders clients send when the user names
+ * no model: "tgi" (TGI's documented name, older huggingface_hub) and "dummy" (huggingface_hub's
+ * chat_completion given a URL). */
+static bool model_name_ok(const pln_server *s, const char *m) {
+    if (!strcmp(m, s->model_id) || !strcmp(m, "tgi") || !strcmp(m, "dummy")) return true;
+    for (int i = 0; i < s->n_names; i++) if (!strcmp(m, s->names[i])) return true;
+    return false;
+}
+
 /* ---- generation routes -------------------------------------------------------------------- */
 
 static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) {
@@ -557,8 +573,10 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
         pln_gen_request_free(&req);
         return send_error(c, con, &err);
     }
-    if (req.api == PLN_API_OPENAI && req.model && strcmp(req.model, s->model_id)) {
-        pln_req_fail(&err, c->api, 404, "model", "The model `%s` does not exist; this server serves `%s`", req.model, s->model_id);
+    if (req.api == PLN_API_OPENAI && req.model && !model_name_ok(s, req.model)) {
+        pln_req_fail(&err, c->api, 404, "model", "The model `%s` does not exist; this server serves `%s`%s (and accepts "
+                     "\"tgi\" and \"dummy\", the names clients send when given none)", req.model, s->model_id,
+                     s->n_names ? " under the names of --served-model-name" : "");
         snprintf(err.code, sizeof err.code, "model_not_found");
         pln_gen_request_free(&req);
         return send_error(c, con, &err);
@@ -663,13 +681,15 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
 
 /* ---- OpenAI chat -------------------------------------------------------------------------- */
 
-/* BLOOM ships no chat template: rather than guess one, say so and point at /v1/completions. */
+/* A set without a chat template (BLOOM ships none): rather than guess one, say so and point at
+ * /v1/completions. */
 static enum MHD_Result handle_chat(conn_ctx *c, struct MHD_Connection *con) {
     if (c->srv->chat) return handle_generate(c, con);
     pln_req_error err;
     pln_req_fail(&err, PLN_API_OPENAI, 400, "messages",
-                 "`%s` has no chat template (BLOOM models ship none), so /v1/chat/completions cannot turn messages "
-                 "into a prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
+                 "`%s` has no chat template (its set has no chat_template.jinja or tokenizer_config.json "
+                 "chat_template; BLOOM models ship none), so /v1/chat/completions cannot turn messages into a "
+                 "prompt. Send the text as `prompt` to /v1/completions instead, or start the server with "
                  "--chat-template FILE (see docs/SERVING.md)", c->srv->model_id);
     snprintf(err.code, sizeof err.code, "chat_template_missing");
     return send_error(c, con, &err);
@@ -724,9 +744,29 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     return send_json(con, 200, o);
 }
 
+static json_t *model_json(const pln_server *s, const char *id) {
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created", (json_int_t)s->started, "owned_by", "pollen");
+}
+
 static enum MHD_Result handle_models(conn_ctx *c, struct MHD_Connection *con) {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", c->srv->model_id,
-                          "object", "model", "created", (json_int_t)c->srv->started, "owned_by", "pollen");
+    pln_server *s = c->srv;
+    json_t *o;
+    if (c->model_query) {   /* GET /v1/models/{id} */
+        if (!model_name_ok(s, c->model_query)) {
+            pln_req_error err;
+            pln_req_fail(&err, PLN_API_OPENAI, 404, "model", "The model `%s` does not exist; this server serves `%s`",
+                         c->model_query, s->model_id);
+            snprintf(err.code, sizeof err.code, "model_not_found");
+            return send_error(c, con, &err);
+        }
+        o = model_json(s, c->model_query);
+    } else {
+        json_t *data = json_array();
+        json_array_append_new(data, model_json(s, s->model_id));
+        for (int i = 0; i < s->n_names; i++)
+            if (strcmp(s->names[i], s->model_id)) json_array_append_new(data, model_json(s, s->names[i]));
+        o = json_pack("{s:s, s:o}", "object", "list", "data", data);
+    }
     c->outcome = O_SUCCESS;
     c->answered = true;
     return send_json(con, 200, o);
@@ -1038,6 +1078,7 @@ static int route_of(const char *url, bool *is_post, bool *known) {
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) { *is_post = t[i].post; *known = true; return t[i].route; }
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) { *is_post = false; *known = true; return R_MODELS; }
     *known = false;
     *is_post = false;
     return R_NOT_FOUND;
@@ -1058,6 +1099,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         if (ci) c->fd = ci->connect_fd;
         bool post, known;
         c->route = route_of(url, &post, &known);
+        if (c->route == R_MODELS && strlen(url) > 11) c->model_query = pln_xstrdup(url + 11);
         c->api = !strncmp(url, "/v1/", 4) ? PLN_API_OPENAI : PLN_API_TGI;
         *con_cls = c;
         enum MHD_Result fret;
@@ -1118,6 +1160,11 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
     s->tok = *tok;
     s->lim = o->lim;
     s->model_id = pln_xstrdup(o->model_id ? o->model_id : "bloom");
+    if (o->n_served_names > 0) {
+        s->names = pln_xcalloc((size_t)o->n_served_names, sizeof *s->names);
+        for (int i = 0; i < o->n_served_names; i++) s->names[i] = pln_xstrdup(o->served_names[i]);
+        s->n_names = o->n_served_names;
+    }
     s->chat = o->chat_template;
     s->host = pln_xstrdup(o->host ? o->host : "127.0.0.1");
     s->started = time(NULL);
@@ -1155,6 +1202,8 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
     return s;
 fail:
     free(s->model_id);
+    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
+    free(s->names);
     free(s->host);
     free(s);
     return NULL;
@@ -1177,6 +1226,8 @@ void pln_server_stop(pln_server *s, double grace_s) {
     pthread_mutex_destroy(&s->guard_mu);
     pthread_cond_destroy(&s->guard_cv);
     free(s->model_id);
+    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
+    free(s->names);
     free(s->host);
     free(s);
 }

@@ -1,6 +1,6 @@
 /* server.h — the HTTP front of `pollen serve` on rank 0: TGI routes (/generate,
  * /generate_stream, /tokenize, /health, /info, /metrics) and OpenAI routes (/v1/completions,
- * /v1/models) over libmicrohttpd, one thread per connection. Request bodies are validated by
+ * /v1/chat/completions, /v1/models, /v1/models/{id}) over libmicrohttpd, one thread per connection. Request bodies are validated by
  * httpreq, tokenized here, and handed to the scheduler as jobs; responses are JSON or
  * server-sent events. docs/SERVING.md documents every route. */
 #ifndef PLN_SERVER_H
@@ -14,6 +14,9 @@ typedef struct {
     const char *host;          /* address to bind (default "127.0.0.1") */
     int port;                  /* 0: any free port (read it back with pln_server_port) */
     const char *model_id;      /* name reported by /info and /v1/models, checked against "model" */
+    const char *const *served_names;  /* more names the OpenAI routes accept and /v1/models lists
+                                         (--served-model-name A,B); copied */
+    int n_served_names;
     pln_serve_limits lim;
     const pln_chat_template *chat_template;   /* borrowed; NULL: /v1/chat/completions explains why not */
 } pln_server_opts;

@@ -189,4 +189,37 @@ check "SIGHUP: the server exits 0 after draining" bash -c "for _ in \$(seq 600);
 wait $SRV_PID; HUP_RC=$?
 check "SIGHUP: exit status 0 ($HUP_RC)" test "$HUP_RC" = 0
 check "SIGHUP: the log says it drained" grep -q "SIGHUP: draining" "$TMP/h.log"
+# ---- the set's own chat template (tokenizer_config.json), --chat-template FILE.jinja, model names --
+S3=$TMP/s3
+cp -r "$S1" "$S3"
+cat >"$S3/tokenizer_config.json" <<'J'
+{"bos_token": "<s>", "eos_token": "</s>",
+ "chat_template": "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('Tool messages are not supported') }}{% endif %}{{ m.role | upper }}: {{ m.content | trim }}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"}
+J
+printf '[{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hello world"}]' >"$TMP/msgs.json"
+PROMPT=$("$POLLEN" template "$S3" --messages "$TMP/msgs.json" | sed -z 's/\n/\\n/g')
+check "pollen template renders the set's template" test "$PROMPT" = 'SYSTEM: Be brief.\nUSER: Hello world\nASSISTANT:'
+check "server starts with the set's own chat template" start_server j "$POLLEN" serve "$S3" --served-model-name s3-chat,org/alias
+check "start-up names the template" grep -q "chat template: .*tokenizer_config.json (chat_template)" "$TMP/j.log"
+CHAT='{"model":"dummy","messages":[{"role":"system","content":" Be brief. "},{"role":"user","content":"Hello world"}],"max_tokens":8,"temperature":0}'
+CH=$(post /v1/chat/completions "$CHAT" | sed -n 's/.*"content":"\(.*\)"},"logprobs.*/\1/p')
+CO=$(post /v1/completions "{\"model\":\"s3-chat\",\"prompt\":\"$PROMPT\",\"max_tokens\":8,\"temperature\":0}" | sed -n 's/.*"text":"\(.*\)","index.*/\1/p')
+check "chat (model \"dummy\") == completion of the rendered prompt ('$CH' vs '$CO')" test -n "$CO" -a "$CH" = "$CO"
+check "raise_exception: 400 with the template's message" \
+  grep -q '"code":"chat_template_error"' <<<"$(post /v1/chat/completions '{"messages":[{"role":"tool","content":"x"}]}')"
+check "its message is the template's" grep -q 'Tool messages are not supported' <<<"$(post /v1/chat/completions '{"messages":[{"role":"tool","content":"x"}]}')"
+check "/v1/models lists the served names" grep -q '"id":"s3-chat".*"id":"org/alias"' <<<"$($CURL http://127.0.0.1:$PORT/v1/models)"
+check "GET /v1/models/org/alias" grep -q '"id":"org/alias","object":"model"' <<<"$($CURL http://127.0.0.1:$PORT/v1/models/org/alias)"
+check "an unknown model: 404" test "$(code /v1/chat/completions '{"model":"nope","messages":[{"role":"user","content":"x"}]}')" = 404
+check "SIGTERM: exits 0 (chat template)" stop_server
+printf '%s' '{{ "<<" + messages[-1].content + ">>" }}' >"$TMP/over.jinja"
+check "server starts with --chat-template FILE.jinja" start_server k "$POLLEN" serve "$S3" --chat-template "$TMP/over.jinja"
+CH=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"Hello world"}],"max_tokens":6,"temperature":0}' | sed -n 's/.*"content":"\(.*\)"},"logprobs.*/\1/p')
+CO=$(post /v1/completions '{"prompt":"<<Hello world>>","max_tokens":6,"temperature":0}' | sed -n 's/.*"text":"\(.*\)","index.*/\1/p')
+check "--chat-template overrides the set's ('$CH' vs '$CO')" test -n "$CO" -a "$CH" = "$CO"
+check "SIGTERM: exits 0 (override)" stop_server
+printf 'ok\n{%% for m in messages %%}{{ m | frobnicate }}{%% endfor %%}\n{%% include "other.jinja" %%}' >"$TMP/bad.jinja"
+check_fails "a template pollen cannot parse fails at start-up, naming line and construct" "bad.jinja:3: the \{% include %\} tag is not supported" \
+  "$POLLEN" serve "$S3" --chat-template "$TMP/bad.jinja" --port 0
+
 e2e_done

@@ -38,6 +38,13 @@ typedef int (*fuzz_fn)(const uint8_t *, size_t);
 #define HAVE_FUZZ_MANIFEST 1
 #endif
 
+#if __has_include("tests/fuzz/fuzz_jinja.c")
+#define LLVMFuzzerTestOneInput fuzz_one_jinja
+#include "tests/fuzz/fuzz_jinja.c"
+#undef LLVMFuzzerTestOneInput
+#define HAVE_FUZZ_JINJA 1
+#endif
+
 static const struct { const char *name; fuzz_fn fn; } g_targets[] = {
     {"fuzz_safetensors", fuzz_one_safetensors},
     {"fuzz_torchzip", fuzz_one_torchzip},
@@ -50,6 +57,9 @@ static const struct { const char *name; fuzz_fn fn; } g_targets[] = {
 #endif
 #ifdef HAVE_FUZZ_MANIFEST
     {"fuzz_manifest", fuzz_one_manifest},
+#endif
+#ifdef HAVE_FUZZ_JINJA
+    {"fuzz_jinja", fuzz_one_jinja},
 #endif
 };
 

@@ -7,10 +7,12 @@
  * requests get 503). Ports are chosen by the kernel (port 0); every wait is bounded. */
 #include "runtime/scheduler.h"
 #include "runtime/server.h"
+#include "runtime/chat.h"
 #include "tests/test.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -149,6 +151,8 @@ typedef struct {
 
 static void *sched_thread(void *a) { pln_sched_run(a); return NULL; }
 static const pln_chat_template *g_chat;   /* the next instance's --chat-template (NULL: none) */
+static const char *const *g_names;         /* the next instance's --served-model-name */
+static int g_n_names;
 
 static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int64_t fail_at) {
     memset(in, 0, sizeof *in);
@@ -160,7 +164,8 @@ static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int6
     pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
     in->sched = pln_sched_create(&se, &st, lim);
     if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
-    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat};
+    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat,
+                          .served_names = g_names, .n_served_names = g_n_names};
     in->srv = pln_server_start(&so, in->sched, &st);
     if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
     in->port = pln_server_port(in->srv);
@@ -470,6 +475,154 @@ static void test_chat(const pln_serve_limits *lim) {
     inst_stop(&C);
 }
 
+/* An OpenAI error answer: status, "code" and a piece of "message". */
+static bool oai_error(resp r, int status, const char *code, const char *msg_part) {
+    json_t *o = jparse(r.body), *e = json_object_get(o, "error");
+    bool ok = r.status == status && e && (!code || (jstr(e, "code") && !strcmp(jstr(e, "code"), code))) &&
+              jstr(e, "message") && strstr(jstr(e, "message"), msg_part);
+    json_decref(o);
+    return ok;
+}
+
+/* /v1/chat/completions with the model's own Jinja template (what serve loads from the set's
+ * tokenizer_config.json): the messages reach the template as they are (text parts joined, a tool
+ * call's JSON arguments parsed), the special tokens and tools are its variables, the answer is
+ * the completion of the rendered prompt; raise_exception and render errors are 400s with the
+ * template's message or line. Then the model names: --served-model-name aliases, "tgi" and
+ * "dummy" accepted, anything else 404; GET /v1/models lists the names, /v1/models/{id} answers. */
+static void test_chat_jinja(const pln_serve_limits *lim) {
+    char dir[600], path[700];
+    snprintf(dir, sizeof dir, "%s/jinja-set", test_tmpdir());
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": \"</s>\"}, \"chat_template\": "
+          "\"{{ bos_token }}{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+          "{{ raise_exception('System message must come first') }}{% endif %}"
+          "{% if m.role == 'boom' %}\\n{{ m.nothing.x }}{% endif %}"
+          "[{{ m.role }}]{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}"
+          "{% endfor %}{% if tools %}(T:{{ tools | map(attribute='function.name') | join(',') }}){% endif %}"
+          "{% if add_generation_prompt %}[assistant]{% endif %}{% if enable_thinking is defined and not enable_thinking %}/nothink{% endif %}\"}", f);
+    fclose(f);
+    pln_chat *chat = pln_chat_load(dir, NULL, NULL);
+    CHECK(chat != NULL, "load the set's template: %s", pln_error());
+    if (!chat) return;
+    static const char *const names[] = {"alias-a", "org/alias-b"};
+    pln_chat_template tpl = {.jinja = chat};
+    g_chat = &tpl;
+    g_names = names;
+    g_n_names = 2;
+    inst C;
+    inst_start(&C, lim, 0, 0);
+    g_chat = NULL;
+    g_names = NULL;
+    g_n_names = 0;
+    int st;
+    char fin[32] = "";
+    char *want = oai_text(C.port, "{\"prompt\":\"<s>[system]sys[user]hi[assistant]\",\"max_tokens\":5,\"temperature\":0}", &st, fin, sizeof fin);
+    resp r = http(C.port, "POST", "/v1/chat/completions",
+                  "{\"model\":\"fake-model\",\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},"
+                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"h\"},{\"type\":\"text\",\"text\":\"i\"}]}],"
+                  "\"max_tokens\":5,\"temperature\":0}");
+    json_t *o = jparse(r.body);
+    json_t *msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECK(r.status == 200 && want && jstr(msg, "content") && !strcmp(jstr(msg, "content"), want) &&
+              json_integer_value(json_object_get(json_object_get(o, "usage"), "prompt_tokens")) == 33,
+          "jinja chat == completion of '<s>[system]sys[user]hi[assistant]' (33 prompt tokens; text parts joined): %s", r.body);
+    json_decref(o);
+    free(r.body);
+    free(want);
+    /* tools and a tool call reach the template; the arguments string arrives as a mapping; a null
+     * content prints as jinja2 prints None */
+    want = oai_text(C.port, "{\"prompt\":\"<s>[user]q[assistant]None{\\\"c\\\": 1}(T:f1,f2)[assistant]\",\"max_tokens\":3,\"temperature\":0}",
+                    &st, fin, sizeof fin);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"model\":\"tgi\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
+             "\"tool_calls\":[{\"id\":\"x\",\"type\":\"function\",\"function\":{\"name\":\"f1\",\"arguments\":\"{\\\"c\\\":1}\"}}]}],"
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f1\"}},{\"type\":\"function\",\"function\":{\"name\":\"f2\"}}],"
+             "\"tool_choice\":\"auto\",\"max_tokens\":3,\"temperature\":0}");
+    o = jparse(r.body);
+    msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECK(r.status == 200 && want && jstr(msg, "content") && !strcmp(jstr(msg, "content"), want),
+          "tools and parsed tool-call arguments rendered (model \"tgi\" accepted): %s", r.body);
+    json_decref(o);
+    free(r.body);
+    free(want);
+    /* vLLM's chat_template_kwargs and add_generation_prompt reach the template */
+    want = oai_text(C.port, "{\"prompt\":\"<s>[user]q/nothink\",\"max_tokens\":3,\"temperature\":0}", &st, fin, sizeof fin);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"chat_template_kwargs\":{\"enable_thinking\":false},"
+             "\"add_generation_prompt\":false,\"max_tokens\":3,\"temperature\":0}");
+    o = jparse(r.body);
+    msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECK(r.status == 200 && want && jstr(msg, "content") && !strcmp(jstr(msg, "content"), want),
+          "chat_template_kwargs and add_generation_prompt false rendered ('<s>[user]q/nothink'): %s", r.body);
+    json_decref(o);
+    free(r.body);
+    free(want);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"chat_template_kwargs\":{\"messages\":[]}}");
+    CHECK(oai_error(r, 400, NULL, "may not set `messages`"), "chat_template_kwargs may not replace the messages: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"chat_template_kwargs\":[1]}");
+    CHECK(oai_error(r, 400, NULL, "must be a JSON object"), "chat_template_kwargs must be an object: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"late\"}]}");
+    CHECK(oai_error(r, 400, "chat_template_error", "refuses this conversation: System message must come first"),
+          "raise_exception: 400 with the template's message: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"boom\",\"content\":\"a\"}]}");
+    CHECK(oai_error(r, 400, "chat_template_error", "tokenizer_config.json (chat_template):2: 'dict object' has no attribute 'nothing'"),
+          "a render error: 400 naming the template line: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"content\":\"no role\"}]}");
+    CHECK(oai_error(r, 400, NULL, "must be an object with a string `role`"), "a message without a role: 400: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tool_choice\":\"required\"}");
+    CHECK(oai_error(r, 400, NULL, "tool_choice"), "tool_choice required: 400: %s", r.body);
+    free(r.body);
+    r = http(C.port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":{}}");
+    CHECK(oai_error(r, 400, NULL, "`tools` must be a list"), "tools not a list: 400: %s", r.body);
+    free(r.body);
+    /* model names */
+    const char *const ok_names[] = {"fake-model", "alias-a", "org/alias-b", "tgi", "dummy"};
+    for (int i = 0; i < 5; i++) {
+        char b[256];
+        snprintf(b, sizeof b, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":1}", ok_names[i]);
+        r = http(C.port, "POST", "/v1/chat/completions", b);
+        CHECK(r.status == 200, "model \"%s\" accepted by chat: %d %s", ok_names[i], r.status, r.body);
+        free(r.body);
+        snprintf(b, sizeof b, "{\"model\":\"%s\",\"prompt\":\"a\",\"max_tokens\":1}", ok_names[i]);
+        r = http(C.port, "POST", "/v1/completions", b);
+        CHECK(r.status == 200, "model \"%s\" accepted by completions: %d %s", ok_names[i], r.status, r.body);
+        free(r.body);
+    }
+    r = http(C.port, "POST", "/v1/chat/completions", "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}");
+    CHECK(oai_error(r, 404, "model_not_found", "The model `other` does not exist"), "an unknown model: 404: %s", r.body);
+    free(r.body);
+    r = http(C.port, "GET", "/v1/models", NULL);
+    o = jparse(r.body);
+    json_t *data = json_object_get(o, "data");
+    CHECK(r.status == 200 && json_array_size(data) == 3 && !strcmp(jstr(json_array_get(data, 0), "id"), "fake-model") &&
+              !strcmp(jstr(json_array_get(data, 1), "id"), "alias-a") && !strcmp(jstr(json_array_get(data, 2), "id"), "org/alias-b"),
+          "/v1/models lists the served names: %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(C.port, "GET", "/v1/models/org/alias-b", NULL);
+    o = jparse(r.body);
+    CHECK(r.status == 200 && !strcmp(jstr(o, "id"), "org/alias-b") && !strcmp(jstr(o, "object"), "model"),
+          "GET /v1/models/{id}: %s", r.body);
+    json_decref(o);
+    free(r.body);
+    r = http(C.port, "GET", "/v1/models/nope", NULL);
+    CHECK(oai_error(r, 404, "model_not_found", "`nope` does not exist"), "GET /v1/models/{unknown}: 404: %s", r.body);
+    free(r.body);
+    inst_stop(&C);
+    pln_chat_free(chat);
+}
+
 int main(void) {
     test_begin("test_server");
     signal(SIGPIPE, SIG_IGN);
@@ -508,6 +661,7 @@ int main(void) {
     free(r.body);
     test_compat(port);
     test_chat(&lim);
+    test_chat_jinja(&lim);
 
     /* ---- validation over the wire: status, error shape, message ---- */
     static const struct { const char *path, *body; int status; const char *msg; } bad[] = {

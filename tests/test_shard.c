@@ -529,7 +529,7 @@ static int write_sample_set(const char *dir, int32_t tp, bool int8, int64_t grou
     }
     json_t *extra = json_pack("{s:{s:s,s:s}}", "source", "path", "test_shard --write-sample", "format", "random");
     pln_manifest m = {cfg, tp, int8 ? "int8" : "fp16", group, qemb, vp, PLN_LAYOUT_BLOOM_TP_V1, files,
-                      have_tok ? "tokenizer.json" : NULL, "config.json", extra};
+                      have_tok ? "tokenizer.json" : NULL, "config.json", extra, NULL, NULL};
     e = pln_manifest_write(tmp, &m);
     json_decref(extra);
     if (e) goto out;
@@ -700,7 +700,7 @@ static void test_shardset(void) {
     /* Manifest writer refuses colliding extras and bad names. */
     pln_manifest_file f = {"rank-0-of-1.pln", 4096, 1};
     json_t *extra = json_pack("{s:i}", "tp", 5);
-    pln_manifest m = {sample_config(), 1, "fp16", 0, false, 1003, PLN_LAYOUT_BLOOM_TP_V1, &f, NULL, NULL, extra};
+    pln_manifest m = {sample_config(), 1, "fp16", 0, false, 1003, PLN_LAYOUT_BLOOM_TP_V1, &f, NULL, NULL, extra, NULL, NULL};
     CHECK(pln_manifest_write(test_tmpdir(), &m) == -1 && strstr(pln_error(), "collides"), "colliding extra: %s", pln_error());
     json_decref(extra);
     m.extra = NULL;

@@ -596,15 +596,21 @@ int cmd_reshard(int argc, char **argv) {
      * the path given, the checkpoint's directory, every weight file, config.json, the tokenizer. */
     {
         int np = 0;
-        const char **protect = pln_xcalloc((size_t)ck.n_files + 4, sizeof *protect);
+        const char **protect = pln_xcalloc((size_t)ck.n_files + 6, sizeof *protect);
         char *cfg_path = pln_xasprintf("%s/config.json", ck.dir);
+        char *tc_path = pln_xasprintf("%s/tokenizer_config.json", ck.dir);
+        char *ct_path = pln_xasprintf("%s/chat_template.jinja", ck.dir);
         protect[np++] = src_path;
         protect[np++] = ck.dir;
         protect[np++] = cfg_path;
         protect[np++] = ck.tokenizer_path;
+        protect[np++] = tc_path;
+        protect[np++] = ct_path;
         for (int i = 0; i < ck.n_files; i++) protect[np++] = ck.files[i];
         int grc = pln_path_guard(out, protect, np);
         free(cfg_path);
+        free(tc_path);
+        free(ct_path);
         free(protect);
         if (grc) pln_die("refusing to write the output: %s", pln_error());
     }
@@ -678,6 +684,21 @@ int cmd_reshard(int argc, char **argv) {
     }
     free(cfg_src);
     free(cfg_dst);
+    /* The chat template (tokenizer_config.json's chat_template, or chat_template.jinja) and the
+     * special tokens the template sees travel too: serve renders the model's own template. */
+    const char *chat_names[2] = {"tokenizer_config.json", "chat_template.jinja"};
+    bool have_chat[2] = {false, false};
+    for (int i = 0; i < 2 && !rc; i++) {
+        char *src = pln_xasprintf("%s/%s", ck.dir, chat_names[i]);
+        struct stat cst;
+        if (lstat(src, &cst) == 0) {
+            char *dst = pln_xasprintf("%s/%s", tmp, chat_names[i]);
+            if (pln_check_file(src) || pln_copy_file(src, dst)) rc = -1;
+            else have_chat[i] = true;
+            free(dst);
+        }
+        free(src);
+    }
     if (!rc) {
         json_t *extra = json_object();
         json_object_set_new(extra, "source", source_json(&ck, src_path));
@@ -693,7 +714,8 @@ int cmd_reshard(int argc, char **argv) {
             .config = ck.config, .tp = o.tp, .dtype = o.int4 ? "int4" : o.int8 ? "int8" : "fp16", .group_size = o.group_size,
             .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(m.vocab_size, o.tp),
             .layout = PLN_TP_LAYOUT, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
-            .hf_config = "config.json", .extra = extra};
+            .hf_config = "config.json", .tokenizer_config = have_chat[0] ? chat_names[0] : NULL,
+            .chat_template = have_chat[1] ? chat_names[1] : NULL, .extra = extra};
         if (pln_manifest_write(tmp, &man)) rc = -1;
         json_decref(extra);
     }

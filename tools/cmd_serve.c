@@ -7,6 +7,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/server.h"
 #include "runtime/tokenizer.h"
+#include "runtime/chat.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
 
@@ -16,6 +17,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* --chat-template FILE in pollen's own JSON form ({"system": ..., "user": ...}): a JSON object
+ * that is not a tokenizer_config.json. Anything else is Jinja (a .jinja file, a
+ * tokenizer_config.json, a model directory). */
+static bool is_pollen_json_template(const char *path) {
+    size_t n = 0;
+    char *text = pln_read_small_file(path, (size_t)64 << 20, &n);
+    if (!text) return false;   /* pln_chat_load names the problem */
+    json_t *o = json_loadb(text, n, 0, NULL);
+    free(text);
+    bool r = json_is_object(o) && !json_object_get(o, "chat_template");
+    json_decref(o);
+    return r;
+}
+
+static void free_chat(pln_chat_template *t, pln_chat *jinja, char **names, int n_names) {
+    pln_chat_template_free(t);
+    pln_chat_free(jinja);
+    for (int i = 0; i < n_names; i++) free(names[i]);
+    free(names);
+}
 
 static void usage(FILE *f) {
     pln_serve_limits l;
@@ -35,7 +57,11 @@ static void usage(FILE *f) {
             "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
             "  --block-size N                 KV block size in tokens (default 16)\n"
             "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
-            "  --chat-template FILE           serve /v1/chat/completions with this template (docs/SERVING.md)\n"
+            "  --chat-template FILE           /v1/chat/completions renders this template instead of the set's own\n"
+            "                                 (tokenizer_config.json / chat_template.jinja): a Jinja file, a\n"
+            "                                 tokenizer_config.json, or pollen's JSON form for BLOOM (docs/SERVING.md)\n"
+            "  --served-model-name A,B        names the OpenAI routes accept and /v1/models lists; the first is\n"
+            "                                 the name reported unless --model-id is given\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
@@ -227,7 +253,10 @@ int cmd_serve(int argc, char **argv) {
     const char *port_file = NULL;
     bool input_set = false;
     int threads = 0;
-    const char *chat_path = NULL;
+    const char *chat_path = NULL, *served_names = NULL;
+    pln_chat *jinja = NULL;
+    char **names = NULL;
+    int n_names = 0;
     pln_chat_template chat_tpl;
     memset(&chat_tpl, 0, sizeof chat_tpl);
     bool show_placement = false;
@@ -267,6 +296,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--populate")) eo.populate = true;
         else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
         else if (!strcmp(a, "--chat-template")) chat_path = VAL();
+        else if (!strcmp(a, "--served-model-name")) served_names = VAL();
         else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
@@ -293,9 +323,39 @@ int cmd_serve(int argc, char **argv) {
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
-    if (chat_path) {   /* before anything loads: a broken template fails at once */
+    if (served_names) {
+        char *dup = pln_xstrdup(served_names), *save = NULL;
+        for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            while (*t == ' ') t++;
+            size_t l = strlen(t);
+            while (l && t[l - 1] == ' ') t[--l] = 0;
+            if (!l) continue;
+            names = pln_xrealloc(names, (size_t)(n_names + 1) * sizeof *names);
+            names[n_names++] = pln_xstrdup(t);
+        }
+        free(dup);
+        if (!n_names) pln_die("--served-model-name needs at least one name (A or A,B,...)");
+        so.served_names = (const char *const *)names;
+        so.n_served_names = n_names;
+        if (!so.model_id) so.model_id = names[0];
+    }
+    /* Before anything loads, so a template pollen cannot render fails at once, naming the file,
+     * line and construct: --chat-template FILE, else the set's own (none: BLOOM sets). */
+    if (chat_path && is_pollen_json_template(chat_path)) {
         if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
         so.chat_template = &chat_tpl;
+    } else {
+        bool absent = false;
+        char *set_tc = pln_xasprintf("%s/tokenizer_config.json", eo.shard_dir);
+        bool tc_exists = access(set_tc, F_OK) == 0;
+        jinja = chat_path ? pln_chat_load(chat_path, tc_exists ? set_tc : NULL, NULL) : pln_chat_load(eo.shard_dir, NULL, &absent);
+        free(set_tc);
+        if (!jinja && chat_path) pln_die("--chat-template %s: %s", chat_path, pln_error());
+        if (!jinja && !absent) pln_die("%s", pln_error());
+        if (jinja) {
+            chat_tpl.jinja = jinja;
+            so.chat_template = &chat_tpl;
+        }
     }
 
     pln_comm *comm = pln_comm_init(&argc, &argv);
@@ -305,6 +365,7 @@ int cmd_serve(int argc, char **argv) {
     pln_engine *eng = pln_engine_open(&eo, comm);
     if (!eng) {
         fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
+        free_chat(&chat_tpl, jinja, names, n_names);
         stop_signal_thread(sig_thr);
         pln_comm_free(comm);
         return 1;
@@ -316,6 +377,7 @@ int cmd_serve(int argc, char **argv) {
         int rc = pln_engine_worker_loop(eng);
         if (rc) fprintf(stderr, "pollen serve: rank %d: %s\n", rank, pln_error());
         pln_engine_close(eng);
+        free_chat(&chat_tpl, jinja, names, n_names);
         stop_signal_thread(sig_thr);
         pln_comm_free(comm);
         return rc ? 1 : 0;
@@ -357,6 +419,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s%s] pid %d\n",
             so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
             (long long)info.kv_blocks_total, info.block_size, info.kv_dtype, info.int_dot ? ", int-dot" : "", (int)getpid());
+    if (jinja) fprintf(stderr, "pollen serve: chat template: %s\n", pln_chat_source(jinja));
     if (info.load_bytes_per_s > 0)
         fprintf(stderr, "pollen serve: weights: %.2f GB per rank streamed to the device at %.2f GB/s (start-up %.1f s)\n",
                 info.weight_bytes / 1e9, info.load_bytes_per_s / 1e9, info.load_seconds);
@@ -392,7 +455,7 @@ out:
     pln_engine_close(eng);
     pln_tok_free(tok);
     free(model_id);
-    pln_chat_template_free(&chat_tpl);
+    free_chat(&chat_tpl, jinja, names, n_names);
     stop_signal_thread(sig_thr);
     pln_comm_free(comm);
     return status;

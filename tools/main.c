@@ -21,6 +21,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     {"bench", cmd_bench, "measure prefill and decode speed on a shard set"},
     {"perplexity", cmd_perplexity, "perplexity of a shard set on a text, and KL / top-1 agreement against a base set"},
     {"tokenize", cmd_tokenize, "encode a text (or --decode ids) with a model's own tokenizer.json, as HF tokenizers"},
+    {"template", cmd_template, "print the prompt a model's chat template makes of a conversation"},
 };
 
 static void usage(FILE *f) {

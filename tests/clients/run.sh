@@ -43,5 +43,16 @@ SRV=$!
 for _ in $(seq 300); do [ -s "$TMP/port" ] && break; kill -0 $SRV 2>/dev/null || break; sleep 0.1; done
 [ -s "$TMP/port" ] || { echo "test-clients: chat server did not start"; cat "$TMP/log"; exit 1; }
 PLN_URL="http://127.0.0.1:$(cat "$TMP/port")" timeout 300 "$VENV/bin/python" tests/clients/test_openai_chat.py || fail=1
+# the set's own Jinja template (tokenizer_config.json), as a chat model's set carries it
+kill -TERM $SRV; wait $SRV 2>/dev/null; SRV=; rm -f "$TMP/port"
+cp -r "$TMP/s1" "$TMP/s1chat"
+cat >"$TMP/s1chat/tokenizer_config.json" <<'J'
+{"bos_token": "<s>", "chat_template": "{{ bos_token }}{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('Tool messages are not supported') }}{% endif %}[{{ m.role | upper }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[ASSISTANT]{% endif %}"}
+J
+"$POLLEN" serve "$TMP/s1chat" --port 0 --port-file "$TMP/port" --quiet >"$TMP/log" 2>&1 &
+SRV=$!
+for _ in $(seq 300); do [ -s "$TMP/port" ] && break; kill -0 $SRV 2>/dev/null || break; sleep 0.1; done
+[ -s "$TMP/port" ] || { echo "test-clients: Jinja chat server did not start"; cat "$TMP/log"; exit 1; }
+PLN_URL="http://127.0.0.1:$(cat "$TMP/port")" PLN_SET="$TMP/s1chat" timeout 300 "$VENV/bin/python" tests/clients/test_hub_chat.py || fail=1
 [ $fail = 0 ] && echo "test-clients: all passed" || echo "test-clients: FAILED"
 exit $fail

@@ -1,0 +1,128 @@
+/* cmd_template.c — `pollen template PATH --messages FILE.json`: renders a conversation with a
+ * model's own chat template and prints the prompt exactly (no newline added), to debug what the
+ * model is given, as `/v1/chat/completions` builds it. */
+#include "formats/common.h"
+#include "formats/shard.h"
+#include "runtime/chat.h"
+#include "tools/cmd.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: pollen template PATH --messages FILE.json [--tools FILE.json] [--no-generation-prompt] [--kwargs JSON]\n\n"
+            "Prints the prompt PATH's chat template makes of a conversation, byte for byte as transformers'\n"
+            "apply_chat_template (no newline is added).\n"
+            "PATH: a .jinja file, a tokenizer_config.json, a Hugging Face model directory or a shard set.\n"
+            "  --messages FILE          a JSON array of messages ([{\"role\": \"user\", \"content\": \"Hi\"}]),\n"
+            "                           or an object {\"messages\": [...], \"tools\": [...]}\n"
+            "  --tools FILE             a JSON array of tools (OpenAI's function format) the template sees\n"
+            "  --no-generation-prompt   add_generation_prompt=false (default true: the prompt ends where the\n"
+            "                           assistant's answer begins)\n"
+            "  --tokens FILE            take bos_token, eos_token, ... from this tokenizer_config.json\n"
+            "  --kwargs JSON            more template variables, as apply_chat_template(**kwargs) and vLLM's\n"
+            "                           chat_template_kwargs: '{\"enable_thinking\": false}'\n"
+            "The messages file may also be {\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}}.\n");
+}
+
+static json_t *read_json(const char *opt, const char *path) {
+    size_t n = 0;
+    char *text = pln_read_small_file(path, (size_t)64 << 20, &n);
+    if (!text) pln_die("%s %s", opt, pln_error());
+    json_error_t je;
+    json_t *v = json_loadb(text, n, 0, &je);
+    free(text);
+    if (!v) pln_die("%s %s: not valid JSON: %s (line %d)", opt, path, je.text, je.line);
+    return v;
+}
+
+int cmd_template(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"messages", required_argument, 0, 'm'}, {"tools", required_argument, 0, 't'},
+        {"no-generation-prompt", no_argument, 0, 'n'}, {"tokens", required_argument, 0, 'k'},
+        {"kwargs", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    const char *msg_path = NULL, *tools_path = NULL, *tokens = NULL, *kwargs_text = NULL;
+    bool gen = true;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': msg_path = optarg; break;
+        case 't': tools_path = optarg; break;
+        case 'k': tokens = optarg; break;
+        case 'x': kwargs_text = optarg; break;
+        case 'n': gen = false; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1 || !msg_path) { usage(stderr); return 2; }
+    const char *path = argv[optind];
+
+    json_t *doc = read_json("--messages", msg_path), *messages = doc, *tools = NULL, *kwargs = NULL;
+    if (json_is_object(doc)) {
+        messages = json_object_get(doc, "messages");
+        tools = json_object_get(doc, "tools");
+        if (tools && json_is_null(tools)) tools = NULL;
+        kwargs = json_object_get(doc, "chat_template_kwargs");
+    }
+    json_t *kwargs_doc = NULL;
+    if (kwargs_text) {
+        json_error_t je;
+        kwargs_doc = json_loads(kwargs_text, 0, &je);
+        if (!kwargs_doc) pln_die("--kwargs: not valid JSON: %s", je.text);
+        kwargs = kwargs_doc;
+    }
+    if (pln_chat_check_extra(kwargs)) pln_die("%s: %s", kwargs_text ? "--kwargs" : msg_path, pln_error());
+    if (!json_is_array(messages))
+        pln_die("--messages %s: expected a JSON array of messages, or an object with \"messages\": [...]", msg_path);
+    size_t i;
+    json_t *m;
+    json_array_foreach(messages, i, m)
+        if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
+            pln_die("--messages %s: message %zu must be an object with a string \"role\"", msg_path, i);
+    json_t *tools_doc = NULL;
+    if (tools_path) {
+        tools_doc = read_json("--tools", tools_path);
+        if (!json_is_array(tools_doc)) pln_die("--tools %s: expected a JSON array of tools", tools_path);
+        tools = tools_doc;
+    }
+    if (tools && !json_is_array(tools)) pln_die("--messages %s: \"tools\" must be an array", msg_path);
+
+    /* A shard set's chat files are checksummed in its manifest: check them as serve's load does. */
+    char *manifest = pln_xasprintf("%s/manifest.json", path);
+    struct stat mst;
+    if (stat(manifest, &mst) == 0) {
+        pln_shardset *set = pln_shardset_open(path);
+        if (!set) pln_die("%s", pln_error());
+        pln_shardset_close(set);
+    }
+    free(manifest);
+    pln_chat *chat = pln_chat_load(path, tokens, NULL);
+    if (!chat) pln_die("%s", pln_error());
+    char *out = NULL;
+    size_t n = 0;
+    pln_jinja_status st = pln_chat_render(chat, messages, tools, gen, kwargs, NULL, &out, &n);
+    int rc = 0;
+    if (st == PLN_JINJA_OK) {
+        if (fwrite(out, 1, n, stdout) != n || fflush(stdout)) { fprintf(stderr, "pollen template: writing stdout failed\n"); rc = 1; }
+    } else if (st == PLN_JINJA_RAISED) {
+        fprintf(stderr, "pollen template: %s refuses this conversation: %s\n", pln_chat_source(chat), pln_error());
+        rc = 1;
+    } else {
+        fprintf(stderr, "pollen template: %s\n", pln_error());
+        rc = 1;
+    }
+    free(out);
+    pln_chat_free(chat);
+    json_decref(tools_doc);
+    json_decref(kwargs_doc);
+    json_decref(doc);
+    return rc;
+}
