@@ -197,7 +197,7 @@ int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_en
     return 0;
 }
 
-pln_tp_model pln_tp_model_of(const pln_bloom_config *c) {
+pln_tp_model pln_tp_model_of(const pln_hf_config *c) {
     pln_tp_model m = {.vocab_size = c->vocab_size, .hidden = c->hidden_size, .n_head = c->n_head, .n_layer = c->n_layer};
     return m;
 }

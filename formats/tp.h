@@ -61,7 +61,7 @@ typedef struct {
 } pln_tp_entry;
 
 /* The split-relevant part of a parsed config.json. */
-pln_tp_model pln_tp_model_of(const pln_bloom_config *c);
+pln_tp_model pln_tp_model_of(const pln_hf_config *c);
 
 /* Vocabulary rounded up to a multiple of tp (pad rows are zero and never sampled). */
 int64_t pln_tp_vocab_padded(int64_t vocab_size, int tp);

@@ -277,7 +277,7 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
     }
     if (!rc) {
         pln_model *m = e->model;
-        uint64_t per_tok = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_head_local, m->head_dim);
+        uint64_t per_tok = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_kv_local, m->head_dim);
         int64_t tokens = e->opts.kv_tokens;
         if (tokens <= 0) {
             /* Default: room for every slot at full length, capped at max(1 GiB, half the weights). */
@@ -289,7 +289,7 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
         }
         int64_t nb = (tokens + e->opts.block_size - 1) / e->opts.block_size;
         if (nb > INT32_MAX) nb = INT32_MAX;
-        if (pln_kv_init(&e->kv, e->be, (int32_t)e->cfg.n_layer, m->n_head_local, m->head_dim, (int32_t)nb,
+        if (pln_kv_init(&e->kv, e->be, (int32_t)e->cfg.n_layer, m->n_kv_local, m->head_dim, (int32_t)nb,
                         e->opts.block_size, e->opts.max_seqs, e->opts.max_seq_len))
             rc = -1;
     }
@@ -998,7 +998,7 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->load_bytes_per_s = e->ld ? pln_loader_rate(e->ld) : 0;
     info->weight_bytes = e->ld ? pln_loader_weight_bytes(e->ld) : 0;
     if (e->model)
-        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_head_local,
+        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_kv_local,
                                                           e->model->head_dim);
 }
 

@@ -52,7 +52,7 @@ typedef struct {
     const char *path;
     const char *kind;            /* "checkpoint", "shard-set", "rank-file" */
     bool have_config;
-    pln_bloom_config config;
+    pln_hf_config config;
     row *rows;
     size_t n_rows;
     /* sources kept open while rows point into them */
@@ -346,7 +346,7 @@ typedef struct {
     uint64_t count[PLN_DTYPE_COUNT], bytes[PLN_DTYPE_COUNT];
 } totals;
 
-static json_t *config_json(const pln_bloom_config *c) {
+static json_t *config_json(const pln_hf_config *c) {
     return json_pack("{s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:s}", "vocab_size", (json_int_t)c->vocab_size, "hidden_size",
                      (json_int_t)c->hidden_size, "n_head", (json_int_t)c->n_head, "n_layer", (json_int_t)c->n_layer,
                      "layer_norm_epsilon", c->layer_norm_epsilon, "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_id",
@@ -376,7 +376,7 @@ static json_t *stats_json(const stats *st) {
 
 static void print_config(const source *s) {
     if (!s->have_config) { printf("config: (no config.json found)\n"); return; }
-    const pln_bloom_config *c = &s->config;
+    const pln_hf_config *c = &s->config;
     printf("config: vocab_size %lld, hidden_size %lld, n_head %lld (head_dim %lld), n_layer %lld, layer_norm_epsilon %g,\n"
            "        bos %lld, eos %lld, pad %lld, torch_dtype %s\n",
            (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->n_head,

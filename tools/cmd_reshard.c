@@ -1,5 +1,6 @@
 /* cmd_reshard.c — `pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4`: converts a Hugging Face
- * BLOOM checkpoint into a "bloom-tp-v1" shard set, streaming, in bounded memory, atomically.
+ * checkpoint into a shard set of its family's layout (formats/family.h; BLOOM: "bloom-tp-v1"),
+ * streaming, in bounded memory, atomically.
  *
  * Order of work (how "written in kernel order" and "read once" hold together): every rank file
  * holds the same sequence of tensors (formats/tp.h), one per source tensor (plus int8 scales).
@@ -23,6 +24,7 @@
  * page cache; chunks are whole 4096-byte blocks so that path needs no staging copy. Peak memory is
  * the pool plus per-tensor int8 scales, whatever the model size. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "formats/tp.h"
@@ -516,7 +518,7 @@ static json_t *tensors_json(const rs_ctx *c) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4 [options]\n"
-            "  SRC                    a Hugging Face BLOOM checkpoint (dir, .safetensors, .bin or index .json)\n"
+            "  SRC                    a Hugging Face checkpoint of a supported family (dir, .safetensors, .bin or index .json)\n"
             "  -o, --output OUT       shard set directory to create (appears atomically)\n"
             "  --tp N                 tensor-parallel size (must divide n_head)\n"
             "  --dtype fp16|int8|int4 int8/int4: weight-only for the four linear weights of every layer\n"
@@ -567,14 +569,14 @@ int cmd_reshard(int argc, char **argv) {
 
     pln_ckpt ck;
     if (pln_ckpt_open(&ck, src_path)) pln_die("%s", pln_error());
-    if (!ck.has_config) pln_die("%s: no config.json beside the weights; reshard needs the BLOOM config", src_path);
-    pln_tp_model m = pln_tp_model_of(&ck.config);
-    if (pln_tp_check(&m, &o)) pln_die("%s", pln_error());
+    if (!ck.has_config) pln_die("%s: no config.json beside the weights; reshard needs the model's config", src_path);
+    const pln_family *fam = pln_family_of(&ck.config);
+    if (fam->tp_check(&ck.config, &o)) pln_die("%s", pln_error());
     rs_ctx c = {.tp = o.tp};
     c.plans = pln_xcalloc((size_t)o.tp, sizeof *c.plans);
     for (int r = 0; r < o.tp; r++) {
         size_t n;
-        if (pln_tp_plan(&m, &o, r, &c.plans[r], &n)) pln_die("%s", pln_error());
+        if (fam->tp_plan(&ck.config, &o, r, &c.plans[r], &n)) pln_die("%s", pln_error());
         c.n = n;
     }
     c.srcs = pln_xcalloc(c.n, sizeof *c.srcs);
@@ -589,7 +591,7 @@ int cmd_reshard(int argc, char **argv) {
         if (!strcmp(nm, "lm_head.weight")) continue;
         bool used = false;
         for (size_t j = 0; j < c.n && !used; j++) used = c.srcs[j] == &ck.tensors[i];
-        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the BLOOM layout; ignored\n", nm);
+        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the %s layout; ignored\n", nm, fam->layout);
     }
 
     /* Nothing is written until the output is known not to touch any file the conversion reads:
@@ -628,7 +630,7 @@ int cmd_reshard(int argc, char **argv) {
         }
         pln_shard_file_name((uint32_t)r, (uint32_t)o.tp, files[r].name, sizeof files[r].name);
         char *path = pln_xasprintf("%s/%s", tmp, files[r].name);
-        writers[r] = pln_shard_writer_create(path, PLN_TP_LAYOUT, (uint32_t)r, (uint32_t)o.tp, specs, c.n);
+        writers[r] = pln_shard_writer_create(path, fam->layout, (uint32_t)r, (uint32_t)o.tp, specs, c.n);
         if (!writers[r]) rc = -1;
         free(path);
         free(specs);
@@ -691,8 +693,8 @@ int cmd_reshard(int argc, char **argv) {
                             "tool", "pollen " PLN_VERSION_STRING " reshard"));
         pln_manifest man = {
             .config = ck.config, .tp = o.tp, .dtype = o.int4 ? "int4" : o.int8 ? "int8" : "fp16", .group_size = o.group_size,
-            .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(m.vocab_size, o.tp),
-            .layout = PLN_TP_LAYOUT, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
+            .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(ck.config.vocab_size, o.tp),
+            .layout = fam->layout, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
             .hf_config = "config.json", .extra = extra};
         if (pln_manifest_write(tmp, &man)) rc = -1;
         json_decref(extra);

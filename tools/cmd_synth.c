@@ -250,8 +250,8 @@ int cmd_synth(int argc, char **argv) {
         if (layers >= 0) json_object_set_new(cfg, "n_layer", json_integer(layers));
         json_object_set_new(cfg, "torch_dtype", json_string(bf16 ? "bfloat16" : "float16"));
     }
-    pln_bloom_config bc;
-    if (pln_bloom_config_from_json(cfg, model, &bc)) pln_die("%s", pln_error());
+    pln_hf_config bc;
+    if (pln_hf_config_from_json(cfg, model, &bc)) pln_die("%s", pln_error());
     int64_t H = bc.hidden_size, V = bc.vocab_size;
 
     /* The tensor list in module order (what save_pretrained iterates). */

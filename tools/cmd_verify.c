@@ -2,7 +2,7 @@
  *
  * Without --source: the manifest, its config block, the tokenizer and config.json against their
  * recorded checksums (manifest version 2) and config.json against the manifest, every rank file's
- * size and header checksum, the tensor table against the "bloom-tp-v1" plan, every tensor's XXH3
+ * size and header checksum, the tensor table against its family's plan (formats/family.h), every tensor's XXH3
  * (a bad one is named), that all padding bytes are zero and every int8/int4 scale finite and
  * positive. With --source: every source tensor is rebuilt from its slices on all ranks (int8 and
  * int4 dequantized)
@@ -13,6 +13,7 @@
  * max-abs errors the manifest records; vocabulary pad rows must be zero. Streaming, row chunks
  * at a time, so a set of any size verifies in bounded memory. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "formats/tp.h"
@@ -182,12 +183,12 @@ int cmd_verify(int argc, char **argv) {
     size_t n = 0;
     int64_t n_checked = 0;
     for (int r = 0; r < tp; r++) {
-        if (pln_tp_plan(&m, &o, r, &plans[r], &n)) { fail(&res, "%s: %s", dir, pln_error()); continue; }
+        if (pln_family_of(&set->config)->tp_plan(&set->config, &o, r, &plans[r], &n)) { fail(&res, "%s: %s", dir, pln_error()); continue; }
         shards[r] = pln_shardset_open_rank(set, r);
         if (!shards[r]) { fail(&res, "%s", pln_error()); continue; }
         const pln_shard *s = shards[r];
         /* the table must be the plan (reshard and the loader share one definition, checked here) */
-        if (s->n_tensors != n) fail(&res, "%s: %llu tensors, the %s plan has %zu", s->path, (unsigned long long)s->n_tensors, PLN_TP_LAYOUT, n);
+        if (s->n_tensors != n) fail(&res, "%s: %llu tensors, the %s plan has %zu", s->path, (unsigned long long)s->n_tensors, set->layout, n);
         for (size_t i = 0; i < n && i < s->n_tensors; i++) {
             const pln_shard_tensor *t = &s->tensors[i];
             const pln_tp_entry *e = &plans[r][i];
