@@ -699,8 +699,8 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     float *out = malloc((size_t)(T2 * ow) * 4);
     FOR_EACH_ISA(isa) {
         for (size_t i = 0; i < pool; i++) { kc[i] = NAN; vc[i] = NAN; }   /* unwritten rows must never be read */
-        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
-        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
+        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
         CHECK(g_be->kv_append(g_be, qkv1, kc, vc, &m1, n_head, head_dim) == 0, "kv_append 1: %s", pln_error());
         CHECK(g_be->kv_append(g_be, qkv2, kc, vc, &m2, n_head, head_dim) == 0, "kv_append 2: %s", pln_error());
         /* the cache layout exactly as backend.h defines it */
@@ -721,7 +721,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     /* a bad block table is an error, not a wild write */
     int32_t saved = table[1 * max_blocks + 0];
     table[1 * max_blocks + 0] = -1;
-    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
     CHECK(g_be->attention(g_be, out, qkv2, kc, vc, &mb, slopes, n_head, head_dim) == -1 && strstr(pln_error(), "block"),
           "attention with an unassigned block: want an error, got \"%s\"", pln_error());
     table[1 * max_blocks + 0] = saved;
@@ -783,8 +783,8 @@ static void test_attention_f16_case(int n_head, int head_dim, int block_size, bo
     for (int s = 0; s < S; s++) for (int j = 0; j < prior[s]; j++, t++) { seq1[t] = s; pos1[t] = j; }
     t = 0;
     for (int s = S - 1; s >= 0; s--) for (int j = prior[s]; j < prior[s] + fed[s]; j++, t++) { seq2[t] = s; pos2[t] = j; }
-    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
-    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
+    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
     size_t pool = (size_t)n_blocks * n_head * block_size * head_dim;
     float *kc = malloc(pool * 4), *vc = malloc(pool * 4);
     uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
@@ -839,6 +839,304 @@ static void test_attention_f16(void) {
           pln_kv_dtype_parse("--kv-dtype", "F16", &dt) == -1 && strstr(pln_error(), "--kv-dtype F16"),
           "kv dtype names: f16 parses, F16 is refused with the option named (\"%s\")", pln_error());
     pln_backend_destroy(be);
+}
+
+/* ---- the Llama family: RMSNorm, rotary, SwiGLU, grouped-query attention ------------------- */
+/* Tolerances follow from fp32 rounding (u = FLT_EPSILON / 2): a sum of n terms in one chain is
+ * within (n - 1) u of the exact sum relative to the sum of magnitudes, each further operation adds
+ * one u. A mutation (eps dropped, halves swapped, a q head reading the wrong KV head) moves the
+ * results by orders of magnitude more. */
+static void ref_rmsnorm(double *out, const double *in, const uint16_t *gm, int T, int64_t H, double eps) {
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int64_t i = 0; i < H; i++) ss += in[t * H + i] * in[t * H + i];
+        double r = 1.0 / sqrt(ss / H + eps);
+        for (int64_t i = 0; i < H; i++) out[t * H + i] = in[t * H + i] * r * h2d(gm[i]);
+    }
+}
+
+static void test_rmsnorm(void) {
+    static const int Ts[] = {1, 3, 9};
+    static const int64_t Hs[] = {1, 7, 64, 257, 4096};
+    const double u = FLT_EPSILON / 2;
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++)
+            for (int small = 0; small < 2; small++) {
+                /* small: rows of mean square ~3e-5, where eps (1e-5 as Llama 2, 1e-6 as Llama 3)
+                 * changes the result by percents: a dropped or misplaced eps fails */
+                int T = Ts[a]; int64_t H = Hs[b]; size_t n = (size_t)(T * H);
+                float sc = small ? 0.01f : 3.0f, eps = small ? 1e-5f : 1e-6f;
+                float *x = rnd_vec(n, -sc, sc), *y = rnd_vec(n, -sc / 3, sc / 3), *o = malloc(n * 4), *x2 = malloc(n * 4);
+                uint16_t *gm = rnd_f16((size_t)H, 0.5f, 1.5f), *bias = rnd_f16((size_t)H, -sc / 3, sc / 3);
+                double *xd = malloc(n * 8), *want = malloc(n * 8);
+                for (size_t i = 0; i < n; i++) xd[i] = x[i];
+                ref_rmsnorm(want, xd, gm, T, H, eps);
+                /* mean of squares: H - 1 u for the sum, 3 u more to the rstd, 2 u the products */
+                double tol = ((double)H / 2 + 8) * u;
+                FOR_EACH_ISA(isa) {
+                    CHECK(g_be->rmsnorm(g_be, o, x, gm, T, H, eps) == 0, "rmsnorm: %s", pln_error());
+                    int bad = 0; double md = 0;
+                    for (size_t i = 0; i < n; i++) {
+                        double d = fabs(o[i] - want[i]);
+                        md = fmax(md, d);
+                        bad += !(d <= tol * fabs(want[i]) + 1e-30);
+                    }
+                    CHECK(bad == 0, "rmsnorm [%s] T=%d H=%lld eps=%g: %d wrong, max diff %g", g_isa, T, (long long)H, eps, bad, md);
+                    memcpy(x2, x, n * 4);
+                    CHECK(g_be->rmsnorm(g_be, x2, x2, gm, T, H, eps) == 0 && !memcmp(x2, o, n * 4),
+                          "rmsnorm [%s]: in place differs from out of place", g_isa);
+                }
+                for (int with_bias = 0; with_bias < 2; with_bias++) {
+                    /* x += y (+ bias) exactly as fp32 adds it; then the norm of that x */
+                    float *xw = malloc(n * 4);
+                    double *wr = malloc(n * 8);
+                    for (size_t i = 0; i < n; i++) {
+                        xw[i] = x[i] + (y[i] + (with_bias ? pln_f16_to_f32(bias[i % H]) : 0.0f));
+                        xd[i] = xw[i];
+                    }
+                    ref_rmsnorm(wr, xd, gm, T, H, eps);
+                    FOR_EACH_ISA(isa) {
+                        memcpy(x2, x, n * 4);
+                        CHECK(g_be->residual_rmsnorm(g_be, x2, y, with_bias ? bias : NULL, gm, o, T, H, eps) == 0,
+                              "residual_rmsnorm: %s", pln_error());
+                        int bad = 0;
+                        for (size_t i = 0; i < n; i++) bad += !(fabs(o[i] - wr[i]) <= tol * fabs(wr[i]) + 1e-30);
+                        CHECK(!memcmp(x2, xw, n * 4) && bad == 0, "residual_rmsnorm [%s] T=%d H=%lld bias=%d: x %s, %d norms wrong",
+                              g_isa, T, (long long)H, with_bias, memcmp(x2, xw, n * 4) ? "differs" : "exact", bad);
+                    }
+                    free(xw); free(wr);
+                }
+                free(x); free(y); free(o); free(x2); free(gm); free(bias); free(xd); free(want);
+            }
+}
+
+/* inv_freq as transformers computes it (_compute_default_rope_parameters, in fp32), optionally with
+ * the llama3 scaling of _compute_llama3_parameters (factor 8, low 1, high 4, original 8192). */
+static void rope_inv_freq(float *inv, int head_dim, double theta, bool llama3) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        float e = (float)(2 * i) / (float)head_dim;
+        inv[i] = 1.0f / powf((float)theta, e);
+        if (!llama3) continue;
+        double factor = 8, lo = 1, hi = 4, old = 8192, f = inv[i];
+        double wavelen = 2 * M_PI / f, low_wl = old / lo, high_wl = old / hi;
+        double v = wavelen > low_wl ? f / factor : f;
+        if (!(wavelen < high_wl) && !(wavelen > low_wl)) {
+            double smooth = (old / wavelen - lo) / (hi - lo);
+            v = (1 - smooth) * v / factor + smooth * v;
+        }
+        inv[i] = (float)v;
+    }
+}
+
+static void test_rope_case(int n_head, int n_kv, int head_dim, double theta, bool llama3) {
+    static const int32_t positions[] = {0, 1, 7, 100, 4095, 8191, 32767, 131071};
+    enum { T = 8 };
+    int64_t width = (int64_t)(n_head + 2 * n_kv) * head_dim;
+    int half = head_dim / 2;
+    float inv[256];
+    rope_inv_freq(inv, head_dim, theta, llama3);
+    float *x = rnd_vec((size_t)(T * width), -2, 2), *got = malloc((size_t)(T * width) * 4);
+    int32_t seq[T], table[1] = {0};
+    int32_t pos[T];
+    for (int t = 0; t < T; t++) { seq[t] = 0; pos[t] = positions[(t * 5) % T]; }   /* out of order */
+    pln_attn_meta m = {T, 1, 1 << 20, 1, 0, seq, pos, table, n_kv};
+    FOR_EACH_ISA(isa) {
+        memcpy(got, x, (size_t)(T * width) * 4);
+        CHECK(g_be->rope(g_be, got, &m, inv, n_head, head_dim) == 0, "rope: %s", pln_error());
+        int bad = 0, vbad = 0; double md = 0;
+        for (int t = 0; t < T; t++) {
+            const float *r = x + t * width;
+            for (int h = 0; h < n_head + n_kv; h++)
+                for (int i = 0; i < half; i++) {
+                    /* the angle is the fp32 product (as torch's); its cosine and sine exact */
+                    double a = (double)((float)pos[t] * inv[i]), c = cos(a), s = sin(a);
+                    double x0 = r[h * head_dim + i], x1 = r[h * head_dim + half + i];
+                    double w0 = x0 * c - x1 * s, w1 = x1 * c + x0 * s;
+                    /* cosf/sinf within 1 ulp, two products and a sum: 3 FLT_EPSILON of the terms */
+                    double tol = 3 * FLT_EPSILON * (fabs(x0) + fabs(x1));
+                    double d0 = fabs(got[t * width + h * head_dim + i] - w0), d1 = fabs(got[t * width + h * head_dim + half + i] - w1);
+                    md = fmax(md, fmax(d0, d1));
+                    bad += !(d0 <= tol) + !(d1 <= tol);
+                }
+            vbad += memcmp(got + t * width + (n_head + n_kv) * head_dim, r + (n_head + n_kv) * head_dim,
+                           (size_t)(n_kv * head_dim) * 4) != 0;
+        }
+        CHECK(bad == 0 && vbad == 0, "rope [%s] heads %d/%d d=%d theta=%g%s: %d wrong (max diff %g), %d v rows touched",
+              g_isa, n_head, n_kv, head_dim, theta, llama3 ? " llama3" : "", bad, md, vbad);
+    }
+    free(x); free(got);
+}
+
+static void test_rope(void) {
+    test_rope_case(4, 2, 64, 10000, false);      /* Llama 2 style */
+    test_rope_case(8, 2, 128, 500000, true);     /* Llama 3.1 */
+    test_rope_case(4, 4, 128, 1000000, false);   /* Qwen2 style theta, MHA */
+    test_rope_case(3, 1, 16, 10000, false);
+    test_rope_case(2, 1, 6, 10000, true);
+    /* llama3 scaling: the low frequencies divided by 8, the high ones untouched, between blended */
+    float a[64], b[64];
+    rope_inv_freq(a, 128, 500000, false);
+    rope_inv_freq(b, 128, 500000, true);
+    CHECK(a[0] == b[0] && fabs(b[63] - a[63] / 8) <= 1e-7 * a[63] && b[34] < a[34] && b[34] > a[34] / 8,
+          "llama3 inv_freq: %g/%g, %g/%g, %g/%g", a[0], b[0], a[63], b[63], a[34], b[34]);
+    /* the BLOOM layout has no rotary heads; odd head_dim has no pairs */
+    int32_t seq[1] = {0}, pos[1] = {0}, table[1] = {0};
+    float q[3 * 8] = {0}, inv[4] = {1, 1, 1, 1};
+    pln_attn_meta m0 = {1, 1, 16, 1, 1, seq, pos, table, 0};
+    CHECK(g_be->rope(g_be, q, &m0, inv, 1, 8) == -1 && strstr(pln_error(), "grouped"),
+          "rope on the BLOOM layout: want an error, got \"%s\"", pln_error());
+}
+
+static void test_swiglu(void) {
+    static const int Ts[] = {1, 3, 9};
+    static const int64_t Is[] = {1, 7, 16, 100, 1000};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++) {
+            int T = Ts[a]; int64_t I = Is[b];
+            float *in = rnd_vec((size_t)(T * 2 * I), -12, 12), *o = malloc((size_t)(T * I) * 4);
+            in[0] = -100.0f;             /* exp(-g) past fp32's range: silu -> -0 */
+            if (I > 3) in[3] = 100.0f;   /* exp(-g) -> 0: silu -> g */
+            FOR_EACH_ISA(isa) {
+                CHECK(g_be->swiglu(g_be, o, in, T, I) == 0, "swiglu: %s", pln_error());
+                int bad = 0; double md = 0;
+                for (int t = 0; t < T; t++)
+                    for (int64_t i = 0; i < I; i++) {
+                        double g = in[t * 2 * I + i], up = in[t * 2 * I + I + i];
+                        double want = g / (1 + exp(-g)) * up, d = fabs(o[t * I + i] - want);
+                        /* exp within a few ulp, the add, the division, the product */
+                        md = fmax(md, d / (fabs(want) + 1e-30));
+                        bad += !(d <= 4 * FLT_EPSILON * fabs(want) + 1e-30);
+                    }
+                CHECK(bad == 0, "swiglu [%s] T=%d I=%lld: %d wrong (max rel %g)", g_isa, T, (long long)I, bad, md);
+            }
+            free(in); free(o);
+        }
+}
+
+/* Grouped-query attention over the paged cache: S sequences through three steps (a prefill of
+ * each one's first tokens, a mixed step of prefill chunks and single decode tokens, then a pure
+ * decode step), every output against a double-precision reference over the whole history, where
+ * q head h reads KV head h / (n_head / n_kv). f16: the KV cache in F16, the reference over keys
+ * and values rounded the same way. Every token's output must also be the same bits when it is
+ * attended alone (batch invariance). */
+static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bool f16, bool alibi) {
+    enum { S = 4, STEPS = 3 };
+    /* tokens per sequence in each step (0: the sequence sits the step out) */
+    static const int32_t fed[STEPS][S] = {{5, 70, 1, 33}, {1, 9, 1, 1}, {1, 1, 1, 1}};
+    int32_t len[S] = {0};
+    for (int s = 0; s < S; s++) for (int k = 0; k < STEPS; k++) len[s] += fed[k][s];
+    int max_len = 0;
+    for (int s = 0; s < S; s++) if (len[s] > max_len) max_len = len[s];
+    int32_t max_blocks = (max_len + block_size - 1) / block_size + 1, n_blocks = S * max_blocks + 2;
+    int32_t *table = malloc((size_t)(S * max_blocks) * 4), *perm = malloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { int j = (int)(rnd_u32() % (uint32_t)(i + 1)); int32_t x = perm[i]; perm[i] = perm[j]; perm[j] = x; }
+    for (int i = 0; i < S * max_blocks; i++) table[i] = perm[i];
+    int64_t width = (int64_t)(n_head + 2 * n_kv) * head_dim, ow = (int64_t)n_head * head_dim;
+    int64_t k0 = (int64_t)n_head * head_dim, v0 = (int64_t)(n_head + n_kv) * head_dim;
+    float *hist[S];   /* each sequence's qkv rows; r: k and v as the cache holds them */
+    double *hr[S];
+    for (int s = 0; s < S; s++) {
+        hist[s] = rnd_vec((size_t)(len[s] * width), -1, 1);
+        hr[s] = malloc((size_t)(len[s] * width) * 8);
+        for (int64_t i = 0; i < len[s] * width; i++)
+            hr[s][i] = f16 && i % width >= k0 ? h2d(pln_f32_to_f16(hist[s][i])) : hist[s][i];
+    }
+    float slopes[64];
+    for (int h = 0; h < n_head; h++) slopes[h] = pln_alibi_slope(h, n_head);
+    pln_backend *be = pln_backend_create("cpu", 0);
+    CHECK(be && pln_backend_set_kv_dtype(be, f16 ? PLN_DTYPE_F16 : PLN_DTYPE_F32) == 0, "gqa backend: %s", pln_error());
+    size_t pool = (size_t)n_blocks * n_kv * block_size * head_dim, esz = f16 ? 2 : 4;
+    void *kc = malloc(pool * esz), *vc = malloc(pool * esz);
+    float *qkv = malloc((size_t)(128 * width) * 4), *out = malloc((size_t)(128 * ow) * 4), *one = malloc((size_t)ow * 4);
+    double *want = malloc((size_t)(128 * ow) * 8), sc[256];
+    int32_t seq[128], pos[128];
+    for (int isa = 0; isa < PLN_CPU_ISA_COUNT; isa++) {
+        if (!pln_cpu_isa_supported((pln_cpu_isa)isa) || pln_cpu_set_isa(be, (pln_cpu_isa)isa)) continue;
+        const char *iname = pln_cpu_isa_name((pln_cpu_isa)isa);
+        memset(kc, 0xff, pool * esz); memset(vc, 0xff, pool * esz);   /* NaN: unwritten rows must never be read */
+        int32_t done[S] = {0};
+        for (int k = 0; k < STEPS; k++) {
+            int T = 0;
+            for (int s = S - 1; s >= 0; s--)   /* sequences in the order a scheduler might put them */
+                for (int j = done[s]; j < done[s] + fed[k][s]; j++, T++) {
+                    seq[T] = s; pos[T] = j;
+                    memcpy(qkv + T * width, hist[s] + j * width, (size_t)width * 4);
+                }
+            for (int s = 0; s < S; s++) done[s] += fed[k][s];
+            pln_attn_meta m = {T, S, block_size, max_blocks, max_len, seq, pos, table, n_kv};
+            CHECK(be->kv_append(be, qkv, kc, vc, &m, n_head, head_dim) == 0, "gqa kv_append: %s", pln_error());
+            CHECK(be->attention(be, out, qkv, kc, vc, &m, alibi ? slopes : NULL, n_head, head_dim) == 0,
+                  "gqa attention: %s", pln_error());
+            for (int t = 0; t < T; t++) {
+                int s = seq[t], p = pos[t];
+                for (int h = 0; h < n_head; h++) {
+                    int g = h / (n_head / n_kv);
+                    const double *q = hr[s] + p * width + h * head_dim;   /* q is never rounded */
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j <= p; j++) {
+                        const double *kr = hr[s] + j * width + k0 + g * head_dim;
+                        double d = 0;
+                        for (int e = 0; e < head_dim; e++) d += q[e] * kr[e];
+                        sc[j] = d / sqrt((double)head_dim) + (alibi ? (double)slopes[h] * j : 0.0);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = 0; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                    for (int e = 0; e < head_dim; e++) {
+                        double acc = 0;
+                        for (int j = 0; j <= p; j++) acc += sc[j] / sum * hr[s][j * width + v0 + g * head_dim + e];
+                        want[t * ow + h * head_dim + e] = acc;
+                    }
+                }
+            }
+            double md = 0;
+            for (int64_t i = 0; i < T * ow; i++) md = fmax(md, fabs(out[i] - want[i]));
+            CHECK(md < 2e-6, "gqa attention [%s] heads %d/%d d=%d bs=%d kv %s%s step %d (%d tokens): max diff %g",
+                  iname, n_head, n_kv, head_dim, block_size, f16 ? "f16" : "f32", alibi ? " alibi" : "", k, T, md);
+            /* the cache rows exactly where backend.h puts them */
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int g = 0; g < n_kv; g++) {
+                    int64_t off = (((int64_t)table[seq[t] * max_blocks + pos[t] / block_size] * n_kv + g) * block_size +
+                                   pos[t] % block_size) * head_dim;
+                    for (int e = 0; e < head_dim; e++) {
+                        float kw = qkv[t * width + k0 + g * head_dim + e], vw = qkv[t * width + v0 + g * head_dim + e];
+                        if (f16) bad += ((uint16_t *)kc)[off + e] != pln_f32_to_f16(kw) || ((uint16_t *)vc)[off + e] != pln_f32_to_f16(vw);
+                        else bad += ((float *)kc)[off + e] != kw || ((float *)vc)[off + e] != vw;
+                    }
+                }
+            CHECK(bad == 0, "gqa kv_append [%s] heads %d/%d step %d: %d values misplaced", iname, n_head, n_kv, k, bad);
+            /* batch invariance: each token alone gives its bits of the shared step */
+            int diff = 0;
+            for (int t = 0; t < T; t++) {
+                pln_attn_meta m1 = {1, S, block_size, max_blocks, max_len, seq + t, pos + t, table, n_kv};
+                CHECK(be->attention(be, one, qkv + t * width, kc, vc, &m1, alibi ? slopes : NULL, n_head, head_dim) == 0,
+                      "gqa attention alone: %s", pln_error());
+                diff += memcmp(one, out + t * ow, (size_t)ow * 4) != 0;
+            }
+            CHECK(diff == 0, "gqa attention [%s] heads %d/%d d=%d kv %s step %d: %d of %d tokens differ when attended alone",
+                  iname, n_head, n_kv, head_dim, f16 ? "f16" : "f32", k, diff, T);
+        }
+    }
+    pln_backend_destroy(be);
+    for (int s = 0; s < S; s++) { free(hist[s]); free(hr[s]); }
+    free(table); free(perm); free(kc); free(vc); free(qkv); free(out); free(one); free(want);
+}
+
+static void test_gqa(void) {
+    for (int f16 = 0; f16 < 2; f16++) {
+        test_gqa_case(8, 1, 64, 16, f16, false);
+        test_gqa_case(8, 2, 128, 16, f16, false);
+        test_gqa_case(4, 4, 64, 7, f16, false);      /* n_kv == n_head: MHA in the grouped layout */
+        test_gqa_case(32, 2, 16, 5, f16, false);     /* 16 q heads per KV head: two decode runs */
+        test_gqa_case(6, 3, 24, 32, f16, true);      /* ALiBi in the grouped layout */
+    }
+    /* a KV-head count that does not divide the q heads is refused */
+    int32_t seq[1] = {0}, pos[1] = {0}, table[1] = {0};
+    float q[8 * 5] = {0}, o[8 * 3], kc[64], vc[64];
+    pln_attn_meta m = {1, 1, 4, 1, 1, seq, pos, table, 2};
+    CHECK(g_be->attention(g_be, o, q, kc, vc, &m, NULL, 3, 8) == -1 && strstr(pln_error(), "KV heads"),
+          "3 q heads over 2 KV heads: want an error, got \"%s\"", pln_error());
 }
 
 /* ---- logit processing, top-k ------------------------------------------------------------- */
@@ -1057,7 +1355,7 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
         int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
         float *qkv = rnd_vec((size_t)T * n_head * 3 * hd, -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
-        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table};
+        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, 0};
         g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
         double best = 1e30;
         for (int r = 0; r < 5; r++) {
@@ -1121,6 +1419,10 @@ int main(int argc, char **argv) {
     test_gelu();
     test_attention();
     test_attention_f16();
+    test_rmsnorm();
+    test_rope();
+    test_swiglu();
+    test_gqa();
     test_logit_process();
     test_topk();
     test_errors();

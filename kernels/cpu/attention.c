@@ -1,11 +1,16 @@
-/* attention.c — KV-cache append and causal ALiBi attention over the paged cache on the CPU.
+/* attention.c — KV-cache append and causal attention (ALiBi or none) over the paged cache on the CPU.
  *
- * Cache layout (backend.h): per layer [n_blocks][n_head][block_size][head_dim] F32, or F16 when
+ * Cache layout (backend.h): per layer [n_blocks][n_kv][block_size][head_dim] F32, or F16 when
  * the backend's kv_dtype says so (kv_append rounds to nearest even, attention converts back
  * exactly: the result is F32 attention over the rounded keys and values); a sequence's
  * key j is row j % block_size of block block_table[s * max_blocks + j / block_size]. Within a
  * block one head's keys are contiguous rows, which is what the fast path walks.
- * Scores = q·k / sqrt(head_dim) + slope * j (HF's baddbmm(alibi, q, kᵀ, alpha = 1/sqrt(d))). */
+ * Scores = q·k / sqrt(head_dim) + slope * j (HF's baddbmm(alibi, q, kᵀ, alpha = 1/sqrt(d))); no
+ * slopes (rotary models): slope 0, transformers' Llama q·kᵀ * d^-0.5.
+ * Head layouts (pln_attn_meta.n_kv_head): BLOOM's per-head interleaved q, k, v with one KV head
+ * per q head (n_kv = n_head), or grouped-query with all q heads, then the k heads, then the v
+ * heads, q head h reading KV head h / (n_head / n_kv). One code path serves both: qkv_layout says
+ * where a head's rows are, and BLOOM is the group of one. */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -13,7 +18,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Row j of sequence s, head h, in a K or V pool. */
+/* Where a token's heads sit in its qkv row (floats), and the cache's head count. */
+typedef struct {
+    int64_t stride;          /* one token's row */
+    int64_t q_step;          /* q head h at h * q_step */
+    int64_t kv_step, k0, v0; /* KV head g: k at k0 + g * kv_step, v at v0 + g * kv_step */
+    int32_t n_kv;            /* heads in the cache */
+    int32_t group;           /* q heads per KV head */
+} qkv_layout;
+
+static qkv_layout layout_of(const pln_attn_meta *m, int32_t n_head, int32_t head_dim) {
+    int64_t d = head_dim;
+    if (m->n_kv_head <= 0)   /* per head q, k, v (HF's [n_head, 3, head_dim] view) */
+        return (qkv_layout){3 * n_head * d, 3 * d, 3 * d, d, 2 * d, n_head, 1};
+    int64_t nk = m->n_kv_head;
+    return (qkv_layout){(n_head + 2 * nk) * d, d, d, n_head * d, (n_head + nk) * d, m->n_kv_head,
+                        n_head / m->n_kv_head};
+}
+
+/* Row j of sequence s, head h, in a K or V pool of n_head heads. */
 static inline int64_t kv_offset(const pln_attn_meta *m, int32_t s, int32_t j, int32_t h,
                                 int32_t n_head, int32_t head_dim) {
     int64_t b = m->block_table[(int64_t)s * m->max_blocks + j / m->block_size];
@@ -33,36 +56,37 @@ static inline float kv_at(const void *cache, int64_t i, bool f16) {
 }
 
 static void append_token(const float *qkv, void *k_cache, void *v_cache, const pln_attn_meta *m,
-                         int32_t t, int32_t n_head, int32_t head_dim, bool f16) {
+                         const qkv_layout *L, int32_t t, int32_t head_dim, bool f16) {
     int32_t s = m->tok_seq[t], j = m->tok_pos[t];
-    const float *row = qkv + (int64_t)t * n_head * 3 * head_dim;
-    for (int32_t h = 0; h < n_head; h++) {
-        int64_t off = kv_offset(m, s, j, h, n_head, head_dim);
-        /* per head the fused rows are q, k, v (HF's [n_head, 3, head_dim] view) */
-        put_row(k_cache, off, row + ((int64_t)h * 3 + 1) * head_dim, head_dim, f16);
-        put_row(v_cache, off, row + ((int64_t)h * 3 + 2) * head_dim, head_dim, f16);
+    const float *row = qkv + t * L->stride;
+    for (int32_t g = 0; g < L->n_kv; g++) {
+        int64_t off = kv_offset(m, s, j, g, L->n_kv, head_dim);
+        put_row(k_cache, off, row + L->k0 + g * L->kv_step, head_dim, f16);
+        put_row(v_cache, off, row + L->v0 + g * L->kv_step, head_dim, f16);
     }
 }
 
 void pln_cpu_kv_append(pln_cpu *c, const float *qkv, void *k_cache, void *v_cache,
                        const pln_attn_meta *m, int32_t n_head, int32_t head_dim, bool f16) {
     int32_t T = m->n_tokens;
+    qkv_layout L = layout_of(m, n_head, head_dim);
     if (c->isa == PLN_CPU_ISA_REF) {
-        for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim, f16);
+        for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, &L, t, head_dim, f16);
         return;
     }
     #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c)) if (T > 8)
-    for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, t, n_head, head_dim, f16);
+    for (int32_t t = 0; t < T; t++) append_token(qkv, k_cache, v_cache, m, &L, t, head_dim, f16);
 }
 
-/* The reference: all scores of a (token, head) into a buffer, max, exp, normalise, weigh V. */
+/* The reference: all scores of a (token, head) into a buffer, max, exp, normalise, weigh V.
+ * h: the KV head the query reads, of the cache's n_kv. */
 static void attend_ref(float *o, const float *q, const void *k_cache, const void *v_cache,
                        const pln_attn_meta *m, int32_t s, int32_t pos, int32_t h, float slope,
-                       int32_t n_head, int32_t head_dim, float *scores, bool f16) {
+                       int32_t n_kv, int32_t head_dim, float *scores, bool f16) {
     float scale = 1.0f / sqrtf((float)head_dim);
     float mx = -INFINITY;
     for (int32_t j = 0; j <= pos; j++) {
-        int64_t kj = kv_offset(m, s, j, h, n_head, head_dim);
+        int64_t kj = kv_offset(m, s, j, h, n_kv, head_dim);
         float dot = 0.0f;
         for (int32_t d = 0; d < head_dim; d++) dot += q[d] * kv_at(k_cache, kj + d, f16);
         scores[j] = dot * scale + slope * (float)j;
@@ -72,7 +96,7 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
     for (int32_t j = 0; j <= pos; j++) { scores[j] = expf(scores[j] - mx); sum += scores[j]; }
     for (int32_t d = 0; d < head_dim; d++) o[d] = 0.0f;
     for (int32_t j = 0; j <= pos; j++) {
-        int64_t vj = kv_offset(m, s, j, h, n_head, head_dim);
+        int64_t vj = kv_offset(m, s, j, h, n_kv, head_dim);
         float p = scores[j] / sum;
         for (int32_t d = 0; d < head_dim; d++) o[d] += p * kv_at(v_cache, vj + d, f16);
     }
@@ -87,13 +111,17 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
 /* The fast path: one pass over the keys with an online softmax. Per stretch of keys: scores,
  * the stretch's max, then the running state (max m, sum l) and the unnormalised output are
  * rescaled by exp(m_old - m_new) as the stretch's weighted values are added.
- * nq <= QGROUP queries of sequence s (token t0 + i at position pos[i]) share the walk: each stretch
- * is located once and read from cache by all of them, and their independent updates overlap in
- * the core where one query's chain (scores -> max -> exp -> o) would leave it idle. */
+ * nq <= QGROUP queries of sequence s that read KV head h of the cache's n_kv (query i at qkv +
+ * i * qkv_stride, position pos[i], output at out + i * out_stride: a prefill's consecutive tokens
+ * of one head, or one decode token's q heads of one KV group) share the walk: each stretch is
+ * located once and read from cache by all of them, and their independent updates overlap in the
+ * core where one query's chain (scores -> max -> exp -> o) would leave it idle. Every query's
+ * arithmetic is the same whoever shares its walk (the stretches end at block and KCHUNK
+ * boundaries, the last one at its own position): the batch-invariant promise. */
 static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stride, const float *qkv,
                           int64_t qkv_stride, int32_t nq, const void *k_cache, const void *v_cache,
                           const pln_attn_meta *m, int32_t s, const int32_t *pos, int32_t h, float slope,
-                          int32_t n_head, int32_t head_dim, bool prefetch, bool f16) {
+                          int32_t n_kv, int32_t head_dim, bool prefetch, bool f16) {
     size_t esz = f16 ? 2 : 4;
     float scale = 1.0f / sqrtf((float)head_dim);
     float sc[QGROUP][KCHUNK];
@@ -109,7 +137,7 @@ static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stri
         int32_t n = last + 1 - j0;
         if (n > in_block) n = in_block;
         if (n > KCHUNK) n = KCHUNK;
-        int64_t off = kv_offset(m, s, j0, h, n_head, head_dim);
+        int64_t off = kv_offset(m, s, j0, h, n_kv, head_dim);
         if (prefetch && j0 + n <= last) {
             /* the next stretch usually lives in another block, where the hardware prefetcher
              * would start cold: ask for its rows while this stretch is computed (decode only:
@@ -117,7 +145,7 @@ static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stri
             int32_t j1 = j0 + n, n1 = m->block_size - j1 % m->block_size;
             if (n1 > last + 1 - j1) n1 = last + 1 - j1;
             if (n1 > KCHUNK) n1 = KCHUNK;
-            int64_t off1 = kv_offset(m, s, j1, h, n_head, head_dim);
+            int64_t off1 = kv_offset(m, s, j1, h, n_kv, head_dim);
             const char *kp = (const char *)k_cache + off1 * esz, *vp = (const char *)v_cache + off1 * esz;
             for (int64_t b = 0; b < (int64_t)n1 * head_dim * (int64_t)esz; b += 64) {
                 __builtin_prefetch(kp + b);
@@ -152,15 +180,16 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_ca
                       const void *v_cache, const pln_attn_meta *m, const float *slopes,
                       int32_t n_head, int32_t head_dim, bool f16) {
     int32_t T = m->n_tokens;
-    int64_t qkv_stride = (int64_t)n_head * 3 * head_dim, out_stride = (int64_t)n_head * head_dim;
+    qkv_layout L = layout_of(m, n_head, head_dim);
+    int64_t out_stride = (int64_t)n_head * head_dim;
     if (c->isa == PLN_CPU_ISA_REF) {
         float *scores = malloc((size_t)(m->max_pos > 0 ? m->max_pos : 1) * sizeof *scores);
         if (!scores) return pln_errorf("attention: out of memory for %d scores", m->max_pos);
         for (int32_t t = 0; t < T; t++)
             for (int32_t h = 0; h < n_head; h++)
-                attend_ref(out + t * out_stride + (int64_t)h * head_dim,
-                           qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, k_cache, v_cache, m,
-                           m->tok_seq[t], m->tok_pos[t], h, slopes[h], n_head, head_dim, scores, f16);
+                attend_ref(out + t * out_stride + (int64_t)h * head_dim, qkv + t * L.stride + h * L.q_step,
+                           k_cache, v_cache, m, m->tok_seq[t], m->tok_pos[t], h / L.group,
+                           slopes ? slopes[h] : 0.0f, L.n_kv, head_dim, scores, f16);
         free(scores);
         return 0;
     }
@@ -177,12 +206,27 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_ca
     #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)m->max_pos * T * n_head * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
         /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
-         * read the same keys and values while they are still in cache */
-        int32_t h = (int32_t)(w / n_grp), g = (int32_t)(w % n_grp), t = grp[g];
+         * read the same keys and values while they are still in cache (and, grouped-query, the
+         * next q heads of the same KV head) */
+        int32_t h = (int32_t)(w / n_grp), g = (int32_t)(w % n_grp), t = grp[g], nt = grp[g + 1] - t;
+        int32_t kvh = h / L.group, hg = h % L.group;
+        float slope = slopes ? slopes[h] : 0.0f;
+        if (nt == 1 && L.group > 1 && !slopes) {
+            /* a lone token (decode): up to QGROUP q heads of its KV group walk the keys together,
+             * so each stretch of K and V comes from memory once for all of them (one slope for
+             * all: rotary models, the grouped ones); the item of the first head of each such run
+             * does the run, the others nothing */
+            if (hg % QGROUP) continue;
+            int32_t nq = L.group - hg < QGROUP ? L.group - hg : QGROUP, pos[QGROUP];
+            for (int32_t i = 0; i < nq; i++) pos[i] = m->tok_pos[t];
+            attend_online(k, out + t * out_stride + (int64_t)h * head_dim, head_dim,
+                          qkv + t * L.stride + h * L.q_step, L.q_step, nq, k_cache, v_cache, m,
+                          m->tok_seq[t], pos, kvh, slope, L.n_kv, head_dim, decode, f16);
+            continue;
+        }
         attend_online(k, out + t * out_stride + (int64_t)h * head_dim, out_stride,
-                      qkv + t * qkv_stride + (int64_t)h * 3 * head_dim, qkv_stride, grp[g + 1] - t,
-                      k_cache, v_cache, m, m->tok_seq[t], m->tok_pos + t, h, slopes[h], n_head, head_dim,
-                      decode, f16);
+                      qkv + t * L.stride + h * L.q_step, L.stride, nt, k_cache, v_cache, m,
+                      m->tok_seq[t], m->tok_pos + t, kvh, slope, L.n_kv, head_dim, decode, f16);
     }
     free(grp);
     return 0;

@@ -118,6 +118,9 @@ typedef struct {
      * (the SIMD tiers may fuse the multiply-add: equal within one rounding); returns their max
      * (-inf when n == 0). */
     float (*score_max)(float *x, int64_t n, float scale, float slope, int32_t j0);
+    /* SwiGLU's pass: out[i] = silu(g[i]) * u[i] for i < n (the SIMD SiLU is g / (1 + exp(-g)) with
+     * the tier's exp: pln_silu within a few ulp). */
+    void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
 } pln_cpu_kernels;
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;
@@ -234,7 +237,18 @@ void pln_cpu_residual_layernorm(pln_cpu *c, float *x, const float *y, const uint
 /* linear.c: rows [0, n_rows) of W only (logits uses n_rows = n_valid). */
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu);
-/* attention.c: f16 = the caches are F16 (else F32). */
+/* rmsnorm.c */
+void pln_cpu_rmsnorm(pln_cpu *c, float *out, const float *in, const uint16_t *gamma, int32_t T,
+                     int64_t H, float eps);
+void pln_cpu_residual_rmsnorm(pln_cpu *c, float *x, const float *y, const uint16_t *bias,
+                              const uint16_t *gamma, float *ln_out, int32_t T, int64_t H, float eps);
+/* rope.c: the grouped layout (m->n_kv_head > 0). -1 + error when out of memory. */
+int pln_cpu_rope(pln_cpu *c, float *qkv, const pln_attn_meta *m, const float *inv_freq,
+                 int32_t n_head, int32_t head_dim);
+/* swiglu.c */
+void pln_cpu_swiglu(pln_cpu *c, float *out, const float *in, int32_t T, int64_t I);
+/* attention.c: f16 = the caches are F16 (else F32); either head layout (m->n_kv_head), slopes
+ * NULL = no positional bias. */
 void pln_cpu_kv_append(pln_cpu *c, const float *qkv, void *k_cache, void *v_cache,
                        const pln_attn_meta *m, int32_t n_head, int32_t head_dim, bool f16);
 int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_cache,

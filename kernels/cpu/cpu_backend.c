@@ -1,5 +1,6 @@
 /* cpu_backend.c — the CPU backend's table: host memory, argument checks, instruction-set choice.
- * The ops themselves live one per file (embed.c, layernorm.c, linear.c, attention.c, sample.c). */
+ * The ops themselves live one per file (embed.c, layernorm.c, rmsnorm.c, linear.c, rope.c, swiglu.c,
+ * attention.c, sample.c). */
 #include "kernels/cpu/cpu.h"
 
 #include <math.h>
@@ -192,6 +193,8 @@ static int check_meta(const char *op, const pln_attn_meta *m, int32_t n_head, in
                       bool need_max_pos) {
     NEED(m, "%s: no attention metadata", op);
     NEED(n_head > 0 && head_dim > 0, "%s: bad head count %d / head_dim %d", op, n_head, head_dim);
+    NEED(m->n_kv_head >= 0 && (m->n_kv_head == 0 || n_head % m->n_kv_head == 0),
+         "%s: %d KV heads do not divide the %d q heads (grouped-query layout)", op, m->n_kv_head, n_head);
     NEED(m->n_tokens >= 0 && m->n_seqs >= 0 && m->block_size > 0 && m->max_blocks > 0,
          "%s: bad metadata (tokens %d, seqs %d, block_size %d, max_blocks %d)", op, m->n_tokens,
          m->n_seqs, m->block_size, m->max_blocks);
@@ -223,9 +226,41 @@ static int cpu_attention(pln_backend *be, void *out, const void *qkv, const void
                          const void *v_cache, const pln_attn_meta *m, const float *slopes,
                          int32_t n_head, int32_t head_dim) {
     if (check_meta("attention", m, n_head, head_dim, true)) return -1;
-    NEED(m->n_tokens == 0 || (out && qkv && k_cache && v_cache && slopes), "attention: NULL buffer");
+    NEED(m->n_tokens == 0 || (out && qkv && k_cache && v_cache), "attention: NULL buffer");
     return pln_cpu_attention(pln_cpu_of(be), out, qkv, k_cache, v_cache, m, slopes, n_head, head_dim,
                              be->kv_dtype == PLN_DTYPE_F16);
+}
+
+static int cpu_rmsnorm(pln_backend *be, void *out, const void *in, const uint16_t *gamma, int32_t T,
+                       int64_t H, float eps) {
+    NEED(T >= 0 && H > 0, "rmsnorm: bad sizes T=%d H=%lld", T, (long long)H);
+    NEED(T == 0 || (out && in && gamma), "rmsnorm: NULL buffer");
+    pln_cpu_rmsnorm(pln_cpu_of(be), out, in, gamma, T, H, eps);
+    return 0;
+}
+
+static int cpu_residual_rmsnorm(pln_backend *be, void *x, const void *y, const uint16_t *bias,
+                                const uint16_t *gamma, void *ln_out, int32_t T, int64_t H, float eps) {
+    NEED(T >= 0 && H > 0, "residual_rmsnorm: bad sizes T=%d H=%lld", T, (long long)H);
+    NEED(T == 0 || (x && ln_out && gamma), "residual_rmsnorm: NULL buffer");
+    pln_cpu_residual_rmsnorm(pln_cpu_of(be), x, y, bias, gamma, ln_out, T, H, eps);
+    return 0;
+}
+
+static int cpu_rope(pln_backend *be, void *qkv, const pln_attn_meta *m, const float *inv_freq,
+                    int32_t n_head, int32_t head_dim) {
+    if (check_meta("rope", m, n_head, head_dim, false)) return -1;
+    NEED(m->n_kv_head > 0, "rope: needs the grouped-query layout (n_kv_head > 0), got %d", m->n_kv_head);
+    NEED(head_dim % 2 == 0, "rope: head_dim %d is odd (rotary pairs i, i + head_dim/2)", head_dim);
+    NEED(m->n_tokens == 0 || (qkv && inv_freq), "rope: NULL buffer");
+    return pln_cpu_rope(pln_cpu_of(be), qkv, m, inv_freq, n_head, head_dim);
+}
+
+static int cpu_swiglu(pln_backend *be, void *out, const void *in, int32_t T, int64_t I) {
+    NEED(T >= 0 && I > 0, "swiglu: bad sizes T=%d I=%lld", T, (long long)I);
+    NEED(T == 0 || (out && in), "swiglu: NULL buffer");
+    pln_cpu_swiglu(pln_cpu_of(be), out, in, T, I);
+    return 0;
 }
 
 static int cpu_gather_rows(pln_backend *be, void *out, const void *in, const int32_t *rows,
@@ -303,6 +338,8 @@ pln_backend *pln_backend_cpu_create(void) {
     be->kv_append = cpu_kv_append; be->attention = cpu_attention;
     be->gather_rows = cpu_gather_rows; be->logits = cpu_logits;
     be->logit_process = cpu_logit_process; be->topk = cpu_topk;
+    be->rmsnorm = cpu_rmsnorm; be->residual_rmsnorm = cpu_residual_rmsnorm;
+    be->rope = cpu_rope; be->swiglu = cpu_swiglu;
     be->set_kv_dtype = cpu_set_kv_dtype;
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());

@@ -836,6 +836,17 @@ static TGT float score_max_avx2(float *x, int64_t n, float scale, float slope, i
     return mx;
 }
 
+static TGT void silu_mul_avx2(float *out, const float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_xor_ps(x, sign))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = pln_silu(g[i]) * u[i];
+}
+
 /* pln_cpu_quant_act, 8 columns per vector, bit for bit (simd_avx512.c's quant_act_avx512 is the
  * same arithmetic): the scalar scale and inverse, the fp32 product, vcvtps2dq's round half to
  * even, the saturating packs (values are within +-127 already). */
@@ -880,5 +891,6 @@ const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
+    .silu_mul = silu_mul_avx2,
 };
 #endif

@@ -165,9 +165,13 @@ static float score_max_c(float *x, int64_t n, float scale, float slope, int32_t 
     return mx;
 }
 
+static void silu_mul_c(float *out, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = pln_silu(g[i]) * u[i];
+}
+
 const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .gemm_i4 = gemm_i4_c, .gemm_q8 = gemm_q8_c, .quant_act = pln_cpu_quant_act_il, .dots = dots_c,
     .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
     .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c, .exp_sum = exp_sum_c,
-    .score_max = score_max_c,
+    .score_max = score_max_c, .silu_mul = silu_mul_c,
 };
