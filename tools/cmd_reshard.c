@@ -230,7 +230,7 @@ typedef struct {
 /* ---- conversion of one chunk ---- */
 typedef struct {
     const pln_tp_entry *e;     /* this rank's entry */
-    const pln_tensor *src;
+    const pln_tp_src *src;     /* its source tensor(s) */
     uint16_t *scales;          /* this rank's scale buffer (int8), [shape0, shape1/group] */
     uint64_t clamped, nonfinite;
     pln_tp_qerr *row_err;      /* scratch, one per row of the chunk */
@@ -239,9 +239,8 @@ typedef struct {
 /* Converts local rows [lr0, lr0+nr) of the entry (rows >= e->rows are zero padding) into out. */
 static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
     const pln_tp_entry *e = j->e;
-    const pln_tensor *t = j->src;
-    size_t esz = pln_dtype_size(t->dtype);
-    int64_t src_cols = e->src_shape[1], cols = e->cols;
+    const pln_tensor *t = j->src->t[0];
+    int64_t cols = e->cols;
     bool quant = pln_tp_is_quant(e), i4 = e->transform == PLN_TP_QUANT_I4;
     int64_t ngroups = quant ? cols / e->group : 0;
     size_t out_row = pln_tp_row_bytes(e);
@@ -256,7 +255,7 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                 int64_t lr = lr0 + i;
                 uint8_t *o = out + (size_t)i * out_row;
                 if (lr >= e->rows) { memset(o, 0, out_row); continue; }  /* vocabulary padding */
-                const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                const uint8_t *s = pln_tp_src_row(e, j->src, lr);
                 pln_tp_to_f16(t->dtype, s, (uint16_t *)o, (size_t)cols, &clamped, &nonfinite);
             }
         } else {
@@ -274,7 +273,7 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                         for (int64_t g = 0; g < ngroups; g++) j->scales[lr * ngroups + g] = 0x3c00;
                         continue;
                     }
-                    const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                    const uint8_t *s = pln_tp_src_row(e, j->src, lr);
                     pln_tp_to_f32(t->dtype, s, tmp + (size_t)k * (size_t)cols, (size_t)cols, &nonfinite);
                     real = k + 1;
                 }
@@ -326,7 +325,7 @@ typedef struct {
     int tp;
     pln_tp_entry **plans;      /* [tp] */
     size_t n;
-    const pln_tensor **srcs;   /* [n] by entry index (rank-independent) */
+    pln_tp_src *srcs;          /* [n] by entry index (rank-independent) */
     rs_stat *stats;            /* [n] */
     rs_pipe pipe;
     pln_progress progress;
@@ -366,7 +365,7 @@ static void merge_rows(rs_stat *st, const pln_tp_qerr *row_err, int64_t nr) {
 /* Converts entry index i (a source tensor) for every rank. */
 static int convert_tensor(rs_ctx *c, size_t i) {
     const pln_tp_entry *e0 = &c->plans[0][i];
-    const pln_tensor *t = c->srcs[i];
+    const pln_tensor *t = c->srcs[i].t[0];
     int tp = c->tp;
     bool quant = pln_tp_is_quant(e0);
     rs_stat *st = &c->stats[i];
@@ -378,7 +377,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
     uint64_t scale_bytes = 0;
     for (int r = 0; r < tp; r++) {
         jobs[r].e = &c->plans[r][i];
-        jobs[r].src = t;
+        jobs[r].src = &c->srcs[i];
         jobs[r].row_err = pln_xmalloc((size_t)k * sizeof(pln_tp_qerr));
         if (quant) {
             uint64_t nb = pln_tp_entry_nbytes(&c->plans[r][i + 1]);
@@ -406,7 +405,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
             int64_t nr = total - lr < k ? total - lr : k;
             for (int r = 0; r < tp; r++) {
                 const pln_tp_entry *e = jobs[r].e;
-                src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
+                if (!e->n_segs) src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
                 rs_buf *b = pipe_acquire(&c->pipe, 1);
                 if (!b) { rc = -1; break; }
                 pln_tp_qerr *scratch = jobs[r].row_err;
@@ -415,11 +414,13 @@ static int convert_tensor(rs_ctx *c, size_t i) {
                 jobs[r].row_err = scratch;
                 pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
                 int64_t real = lr >= e->rows ? 0 : (e->rows - lr < nr ? e->rows - lr : nr);
-                if (real) src_release(t, e->row0 + lr, e->row0 + lr + real);
+                if (real && !e->n_segs) src_release(t, e->row0 + lr, e->row0 + lr + real);
                 pln_progress_add(&c->progress, (uint64_t)real * (uint64_t)e->cols * esz);
             }
         }
         for (int r = 0; r < tp && !rc; r++) pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
+        /* a fused tensor's sources, read rank by rank in pieces, are dropped once all ranks have theirs */
+        for (int g = 0; g < e0->n_segs; g++) src_release(c->srcs[i].t[g], 0, c->srcs[i].t[g]->shape[0]);
         if (quant && !rc)
             for (int r = 0; r < tp; r++) merge_rows(st, errs + (size_t)r * (size_t)total, total);
         free(errs);
@@ -500,7 +501,11 @@ static json_t *tensors_json(const rs_ctx *c) {
         const rs_stat *s = &c->stats[i];
         if (!s->e0) continue;
         json_t *shape = json_array();
-        for (int d = 0; d < s->src->ndim; d++) json_array_append_new(shape, json_integer(s->src->shape[d]));
+        for (int d = 0; d < s->src->ndim; d++) {
+            int64_t v = s->src->shape[d];   /* a fused tensor: its sources stacked */
+            if (d == 0 && s->e0->n_segs) { v = 0; for (int k = 0; k < s->e0->n_segs; k++) v += s->e0->segs[k].src_rows; }
+            json_array_append_new(shape, json_integer(v));
+        }
         json_t *t = json_pack("{s:s, s:o, s:s, s:I}", "source_dtype", pln_dtype_name(s->src->dtype), "shape", shape,
                               "transform", !s->quant ? "fp16" : s->e0->transform == PLN_TP_QUANT_I4 ? "int4" : "int8",
                               "clamped", (json_int_t)s->clamped);
@@ -585,12 +590,14 @@ int cmd_reshard(int argc, char **argv) {
     /* Tensors the layout does not use: the tied lm_head is expected; anything else is worth a word. */
     uint64_t total_in = 0;
     for (size_t i = 0; i < c.n; i++)
-        if (c.plans[0][i].transform != PLN_TP_QUANT_SCALE) total_in += c.srcs[i]->nbytes;
+        if (c.plans[0][i].transform != PLN_TP_QUANT_SCALE)
+            for (int k = 0; k < PLN_TP_MAX_SEGS && c.srcs[i].t[k]; k++) total_in += c.srcs[i].t[k]->nbytes;
     for (int64_t i = 0; i < ck.n_tensors; i++) {
         const char *nm = ck.tensors[i].name;
         if (!strcmp(nm, "lm_head.weight")) continue;
         bool used = false;
-        for (size_t j = 0; j < c.n && !used; j++) used = c.srcs[j] == &ck.tensors[i];
+        for (size_t j = 0; j < c.n && !used; j++)
+            for (int k = 0; k < PLN_TP_MAX_SEGS; k++) used |= c.srcs[j].t[k] == &ck.tensors[i];
         if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the %s layout; ignored\n", nm, fam->layout);
     }
 

@@ -63,7 +63,8 @@ typedef struct {
     pln_tp_qerr qerr;
 } vf_cmp;
 
-static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const uint8_t *d, const uint16_t *sc, vf_cmp *out) {
+static void compare_slice(const pln_tp_entry *e, const pln_tp_src *srcs, const uint8_t *d, const uint16_t *sc, vf_cmp *out) {
+    const pln_tensor *src = srcs->t[0];
     bool quant = pln_tp_is_quant(e), i4 = e->transform == PLN_TP_QUANT_I4;
     int64_t cols = e->cols, src_cols = e->src_shape[1], ng = quant ? cols / e->group : 0;
     size_t esz = pln_dtype_size(src->dtype), orow = pln_tp_row_bytes(e);
@@ -88,7 +89,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
                     for (size_t b = 0; b < orow; b++) padnz += o[b] != (i4 ? 0x88 : 0);   /* int4 zero: nibbles 8 */
                     continue;
                 }
-                const uint8_t *s = src->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                const uint8_t *s = pln_tp_src_row(e, srcs, lr);
                 uint64_t nf = 0;
                 pln_tp_to_f32(src->dtype, s, w, (size_t)cols, &nf);
                 if (!quant) {
@@ -130,7 +131,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
         out->pad_nonzero += padnz;
         out->max_abs = mx;
         int64_t real_end = r0 + nr < e->rows ? r0 + nr : e->rows;
-        if (real_end > r0) release(src->data + (size_t)(e->row0 + r0) * (size_t)src_cols * esz, (size_t)(real_end - r0) * (size_t)src_cols * esz);
+        if (real_end > r0 && !e->n_segs) release(src->data + (size_t)(e->row0 + r0) * (size_t)src_cols * esz, (size_t)(real_end - r0) * (size_t)src_cols * esz);
         release(d + (size_t)r0 * orow, (size_t)nr * orow);
     }
     free(row_err);
@@ -221,7 +222,7 @@ int cmd_verify(int argc, char **argv) {
                 fail(&res, "%s: config (vocab %lld, hidden %lld, n_head %lld, n_layer %lld) differs from the manifest's (%lld, %lld, %lld, %lld)",
                      source, (long long)sm.vocab_size, (long long)sm.hidden, (long long)sm.n_head, (long long)sm.n_layer,
                      (long long)m.vocab_size, (long long)m.hidden, (long long)m.n_head, (long long)m.n_layer);
-            const pln_tensor **srcs = pln_xcalloc(n, sizeof *srcs);
+            pln_tp_src *srcs = pln_xcalloc(n, sizeof *srcs);
             if (!res.n_fail && pln_tp_find_sources(&ck, plans[0], n, srcs)) fail(&res, "%s", pln_error());
             json_t *rec = json_object_get(set->json, "tensors");
             if (!res.n_fail) {
@@ -235,7 +236,7 @@ int cmd_verify(int argc, char **argv) {
                     for (int r = 0; r < tp; r++) {
                         const pln_shard_tensor *t = &shards[r]->tensors[i];
                         const uint16_t *sc = quant ? pln_shard_data(shards[r], &shards[r]->tensors[i + 1]) : NULL;
-                        compare_slice(&plans[r][i], srcs[i], pln_shard_data(shards[r], t), sc, &c);
+                        compare_slice(&plans[r][i], &srcs[i], pln_shard_data(shards[r], t), sc, &c);
                     }
                     double rel = pln_tp_qerr_rel_rms(&c.qerr), rec_rel = NAN, rec_max = NAN;
                     json_t *rt = json_object_get(rec, e0->source);
@@ -258,9 +259,9 @@ int cmd_verify(int argc, char **argv) {
                         snprintf(rel_s, sizeof rel_s, "%.4e", rel);
                         snprintf(rec_s, sizeof rec_s, "%.4e", rec_rel);
                     }
-                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i]->dtype), as,
+                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i].t[0]->dtype), as,
                            c.max_abs, rel_s, rec_s,
-                           why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
+                           why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i].t[0]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
                            why[0] ? ": " : "", why);
                     if (why[0]) fail(&res, "%s: %s", e0->source, why);
                 }
