@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-static const pln_family *const FAMILIES[] = {&pln_family_bloom};
+static const pln_family *const FAMILIES[] = {&pln_family_bloom, &pln_family_llama};
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
 const char *pln_family_model_types(void) {

@@ -6,7 +6,8 @@
  * needs and never tests which family it is. The runtime side of a family (its forward pass over
  * kernels/backend.h) is runtime/family.h, keyed by the same layout id.
  *
- * Families: formats/family_bloom.c ("bloom", layout "bloom-tp-v1"). */
+ * Families: formats/family_bloom.c ("bloom", layout "bloom-tp-v1"), formats/family_llama.c ("llama",
+ * "mistral", "qwen2"; layout "llama-tp-v1"). */
 #ifndef PLN_FAMILY_H
 #define PLN_FAMILY_H
 
@@ -61,5 +62,6 @@ const char *pln_family_layouts(void);
 
 /* The families, each described in its own file. */
 extern const pln_family pln_family_bloom;
+extern const pln_family pln_family_llama;
 
 #endif

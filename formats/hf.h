@@ -36,7 +36,8 @@ typedef struct {
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max;           /* llama3: original_max_position_embeddings */
     bool tie_word_embeddings;
-    bool qkv_bias;                       /* q/k/v projections carry biases (Qwen2; attention_bias) */
+    bool qkv_bias;                       /* q/k/v projections carry biases (Qwen2; Llama's attention_bias) */
+    bool o_bias;                         /* o_proj carries a bias (Llama's attention_bias) */
     int32_t n_eos;                       /* eos_token_id as a list (n_eos >= 1; BLOOM: 1) */
     int64_t eos_ids[PLN_MAX_EOS];
 } pln_hf_config;

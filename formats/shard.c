@@ -729,7 +729,7 @@ int pln_config_canonical(const pln_hf_config *c, char *buf, size_t len) {
 }
 
 uint64_t pln_config_xxh3(const pln_hf_config *c) {
-    char buf[512];
+    char buf[2048];
     int n = pln_config_canonical(c, buf, sizeof buf);
     PLN_ASSERT(n > 0);   /* bounded fields always fit */
     return pln_xxh3(buf, (size_t)n);

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-static const pln_model_family *const FAMILIES[] = {&pln_model_family_bloom};
+static const pln_model_family *const FAMILIES[] = {&pln_model_family_bloom, &pln_model_family_llama};
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
 const pln_model_family *pln_model_family_by_layout(const char *layout) {

@@ -5,7 +5,7 @@
  * runtime/model.c owns what every family shares (the scratch activations, the step's inputs,
  * decode steps as graphs, the vocabulary slice); a family fills in the rest: its weights, the
  * per-rank head counts (the KV cache holds n_kv_local heads per rank), the widths of its scratch
- * buffers, and the ops of one step. Families: runtime/model_bloom.c. */
+ * buffers, and the ops of one step. Families: runtime/model_bloom.c, runtime/model_llama.c. */
 #ifndef PLN_RUNTIME_FAMILY_H
 #define PLN_RUNTIME_FAMILY_H
 
@@ -31,5 +31,10 @@ const pln_model_family *pln_model_family_by_layout(const char *layout);
 
 /* The families, each in its own file. */
 extern const pln_model_family pln_model_family_bloom;
+extern const pln_model_family pln_model_family_llama;
+
+/* The Llama family's rotary inverse frequencies [head_dim / 2] for config c, computed as
+ * transformers 4.44 computes them (modeling_rope_utils; fp32; linear and llama3 scaling folded in). */
+void pln_llama_inv_freq(const pln_hf_config *c, float *out);
 
 #endif
