@@ -22,6 +22,8 @@ struct pln_family {
     const char *name;                    /* "bloom" */
     const char *const *model_types;      /* config.json "model_type" values it reads; NULL-terminated */
     const char *layout;                  /* the layout id of its shard sets */
+    const char *hf_prefix;               /* what save_pretrained puts before its tensor names ("transformer.") */
+    const char *layers_key;              /* config.json's layer count key ("n_layer", "num_hidden_layers") */
 
     /* config.json (a JSON object) into cfg, model_type already checked to be one of ours: every
      * field of the family, defaults filled in. -1 + error naming `where` and the key. */

@@ -84,6 +84,24 @@ if command -v curl >/dev/null && command -v python3 >/dev/null; then
   check "serve: clean exit" stop_server
 fi
 
+# synth writes a Llama-family checkpoint from the family's own tensor list (q/k/v and gate/up as
+# their separate Hugging Face tensors), --layers rewriting num_hidden_layers; it converts, verifies
+# and runs at TP 2 (1 KV head: replicated).
+cat >"$TMP/tiny-qwen2.json" <<'JSON'
+{"model_type": "qwen2", "vocab_size": 1003, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+ "num_attention_heads": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+ "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2}
+JSON
+check "synth: a qwen2 config, --layers 1" "$POLLEN" synth --model "$TMP/tiny-qwen2.json" -o "$TMP/sq" --layers 1 --quiet
+check "synth: --layers rewrites num_hidden_layers" grep -q '"num_hidden_layers": 1' "$TMP/sq/config.json"
+check "synth: q, k, v (with biases), gate and up as Hugging Face names them" bash -c "for t in q_proj.weight k_proj.bias v_proj.weight; do
+  '$POLLEN' inspect '$TMP/sq' | grep -q \"model.layers.0.self_attn.\$t\" || exit 1; done; '$POLLEN' inspect '$TMP/sq' | grep -Eq 'model.layers.0.mlp.up_proj.weight +F16 +\[128, 64\]'"
+check "synth: reshard --tp 2" "$POLLEN" reshard "$TMP/sq" -o "$TMP/sq2" --tp 2 --dtype fp16 --quiet
+check "synth: verify --source" "$POLLEN" verify "$TMP/sq2" --source "$TMP/sq"
+check "synth: generate at TP 2" mpirun -np 2 "$POLLEN" generate "$TMP/sq2" --token-ids 5,6,7 --max-new-tokens 3 --quiet
+echo '{"model_type": "gpt2"}' >"$TMP/gpt2.json"
+check_fails "synth: a model_type no family reads" "\"gpt2\" is not supported" "$POLLEN" synth --model "$TMP/gpt2.json" -o "$TMP/sx" --quiet
+
 # Refusals, each naming what to change.
 check_fails "reshard --tp 3 of 8 q heads lists the TP sizes that work" "TP sizes that work: 1, 2, 4, 8" \
   "$POLLEN" reshard "$M/llama-gqa/bf16-st" -o "$TMP/x3" --tp 3 --dtype fp16 --quiet
