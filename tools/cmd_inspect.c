@@ -5,6 +5,7 @@
  * Listing reads headers only (safetensors headers, zip directories and pickles, shard tables), so
  * it is fast on a 352 GB checkpoint; data pages are touched only for --stats and --tensor. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "kernels/pln_math.h"
@@ -347,10 +348,12 @@ typedef struct {
 } totals;
 
 static json_t *config_json(const pln_hf_config *c) {
-    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:s}", "vocab_size", (json_int_t)c->vocab_size, "hidden_size",
-                     (json_int_t)c->hidden_size, "n_head", (json_int_t)c->n_head, "n_layer", (json_int_t)c->n_layer,
-                     "layer_norm_epsilon", c->layer_norm_epsilon, "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_id",
-                     (json_int_t)c->eos_token_id, "pad_token_id", (json_int_t)c->pad_token_id, "torch_dtype", c->torch_dtype);
+    json_t *o = json_pack("{s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:s}", "vocab_size", (json_int_t)c->vocab_size, "hidden_size",
+                          (json_int_t)c->hidden_size, "n_head", (json_int_t)c->n_head, "n_layer", (json_int_t)c->n_layer,
+                          "layer_norm_epsilon", c->layer_norm_epsilon, "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_id",
+                          (json_int_t)c->eos_token_id, "pad_token_id", (json_int_t)c->pad_token_id, "torch_dtype", c->torch_dtype);
+    pln_family_of(c)->manifest_put(c, o);   /* the family's own fields (none for BLOOM) */
+    return o;
 }
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -383,6 +386,14 @@ static void print_config(const source *s) {
            (long long)(c->n_head ? c->hidden_size / c->n_head : 0), (long long)c->n_layer, c->layer_norm_epsilon,
            (long long)c->bos_token_id, (long long)c->eos_token_id, (long long)c->pad_token_id,
            c->torch_dtype[0] ? c->torch_dtype : "(unset)");
+    json_t *fam = json_object();
+    pln_family_of(c)->manifest_put(c, fam);
+    if (json_object_size(fam)) {
+        char *t = json_dumps(fam, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("        %s family: %s\n", pln_family_of(c)->name, t ? t : "?");
+        free(t);
+    }
+    json_decref(fam);
 }
 
 static void print_header(const source *s) {
