@@ -108,6 +108,8 @@ static void test_llama_config(void) {
     expect_llama_fail("act", "{\"model_type\":\"llama\"," LLAMA_BASE ",\"hidden_act\":\"gelu\"}", "\"hidden_act\"");
     expect_llama_fail("qwen2-window", "{\"model_type\":\"qwen2\"," LLAMA_BASE ",\"use_sliding_window\":true,\"sliding_window\":64}",
                       "\"use_sliding_window\"");
+    expect_llama_fail("mistral-rope", "{\"model_type\":\"mistral\"," LLAMA_BASE ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}",
+                      "\"rope_scaling\" is set for model_type \"mistral\"");
     expect_llama_fail("odd-head-dim", "{\"model_type\":\"llama\"," LLAMA_BASE ",\"head_dim\":15}", "\"head_dim\"");
 }
 
