@@ -69,6 +69,11 @@ f=$TMP/other-src/model-00006-of-00006.safetensors
 printf '\x7f' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") - 2)) conv=notrunc status=none
 check_fails "verify --source: a changed source value is found" "FAIL" "$POLLEN" verify "$TMP/llama-gqa-tp1" --source "$TMP/other-src"
 
+# ... and so is a source whose config differs only where the weights cannot show it.
+cp -r "$M/llama-gqa/bf16-st" "$TMP/theta-src"
+sed -i 's/"rope_theta": 10000.0/"rope_theta": 20000.0/' "$TMP/theta-src/config.json"
+check_fails "verify --source: a different rope_theta is named" "rope_theta=" "$POLLEN" verify "$TMP/llama-gqa-tp1" --source "$TMP/theta-src"
+
 # The layout as docs/FORMAT.md specifies it: the stdlib reader and inspect agree.
 if command -v python3 >/dev/null 2>&1; then
   for s in llama-gqa-tp4 llama-gqa-int8-g32-emb-tp2 qwen2-bias-tp2 llama-gqa-int4-tp2; do

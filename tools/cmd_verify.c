@@ -222,6 +222,14 @@ int cmd_verify(int argc, char **argv) {
                 fail(&res, "%s: config (vocab %lld, hidden %lld, n_head %lld, n_layer %lld) differs from the manifest's (%lld, %lld, %lld, %lld)",
                      source, (long long)sm.vocab_size, (long long)sm.hidden, (long long)sm.n_head, (long long)sm.n_layer,
                      (long long)m.vocab_size, (long long)m.hidden, (long long)m.n_head, (long long)m.n_layer);
+            /* the family's own fields too (rotary, KV heads, end ids): weights alone do not show them */
+            if (ck.has_config && !res.n_fail) {
+                if (pln_family_of(&ck.config) != pln_family_of(&set->config))
+                    fail(&res, "%s: config.json's model_type \"%s\" is not the set's \"%s\"", source, ck.config.model_type,
+                         set->config.model_type);
+                else if (pln_family_of(&set->config)->config_agrees(&set->config, &ck.config, source, dir))
+                    fail(&res, "%s", pln_error());
+            }
             pln_tp_src *srcs = pln_xcalloc(n, sizeof *srcs);
             if (!res.n_fail && pln_tp_find_sources(&ck, plans[0], n, srcs)) fail(&res, "%s", pln_error());
             json_t *rec = json_object_get(set->json, "tensors");
