@@ -1,4 +1,4 @@
-/* tp.c — the "bloom-tp-v1" split plan and the fp16 / int8 conversions (see tp.h). */
+/* tp.c — split plans: the entry builders every family uses, the "bloom-tp-v1" plan, fused entries' source rows, and the fp16 / int8 / int4 conversions (see tp.h). */
 #include "formats/tp.h"
 #include "formats/numeric.h"
 

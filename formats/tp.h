@@ -1,10 +1,12 @@
-/* tp.h — the tensor-parallel split plan of layout "bloom-tp-v1", as pure functions.
+/* tp.h — tensor-parallel split plans, as pure functions: what a plan entry is, the builders every
+ * family's plan uses (formats/family.h: each family has its own), and BLOOM's "bloom-tp-v1" plan.
  *
- * For a BLOOM config, a TP size, a rank and a dtype choice, pln_tp_plan() lists the rank file's
- * tensors in the exact order the forward pass reads them (see docs/FORMAT.md), and for each:
- * the source tensor it comes from, the rows and columns of the source it takes, the zero rows
- * appended (vocabulary padding) and the transform (fp16 rounding or int8 quantization). reshard
- * writes what the plan says; verify reads it back with the same plan, so the two cannot disagree.
+ * For a config, a TP size, a rank and a dtype choice, a plan lists the rank file's tensors in the
+ * exact order the forward pass reads them (see docs/FORMAT.md), and for each: the source tensor
+ * it comes from (or, fused, the row ranges of several), the rows and columns of the source it
+ * takes, the zero rows appended (vocabulary padding) and the transform (fp16 rounding or int8 /
+ * int4 quantization). reshard writes what the plan says; verify reads it back with the same plan,
+ * so the two cannot disagree.
  *
  * Also here: the per-element conversions both need (fp16 round-to-nearest-even with clamp
  * counting, symmetric int8 quantization with its error statistics), written once. */
@@ -102,11 +104,13 @@ void pln_tp_add_matrix(pln_tp_builder *b, const char *name, int64_t R, int64_t C
 void pln_tp_add_fused(pln_tp_builder *b, const char *name, const char *source, int64_t C, const pln_tp_seg *segs,
                       int n_segs, int quant);
 
-/* The split-relevant part of a parsed config.json. */
+/* The split-relevant part of a parsed config.json (the fields every family has). */
 pln_tp_model pln_tp_model_of(const pln_hf_config *c);
 
 /* Vocabulary rounded up to a multiple of tp (pad rows are zero and never sampled). */
 int64_t pln_tp_vocab_padded(int64_t vocab_size, int tp);
+
+/* ---- BLOOM's "bloom-tp-v1" plan (formats/family_bloom.c binds it to the family) ---- */
 
 /* Checks that the model can be split tp ways with these options. -1 with an error saying what
  * to change: n_head % tp != 0 lists every TP size that works; a group size that does not divide
