@@ -1,4 +1,5 @@
-/* tp.c — split plans: the entry builders every family uses, the "bloom-tp-v1" plan, fused entries' source rows, and the fp16 / int8 / int4 conversions (see tp.h). */
+/* tp.c — split plans: the entry builders every family uses, the "bloom-tp-v1" plan, fused entries'
+ * source rows, and the fp16 / int8 / int4 conversions (see tp.h). */
 #include "formats/tp.h"
 #include "formats/numeric.h"
 
