@@ -119,6 +119,18 @@ check "synth: generate at TP 2" mpirun -np 2 "$POLLEN" generate "$TMP/sq2" --tok
 echo '{"model_type": "gpt2"}' >"$TMP/gpt2.json"
 check_fails "synth: a model_type no family reads" "\"gpt2\" is not supported" "$POLLEN" synth --model "$TMP/gpt2.json" -o "$TMP/sx" --quiet
 
+# End ids as a list (Llama 3.1's eos_token_id [128001, 128008, 128009]): generation ends on any of
+# them. The set's first greedy token for "This License" is made the second end id of a copy.
+"$POLLEN" generate "$TMP/llama-gqa-tp1" --prompt "This License" --max-new-tokens 4 --json --quiet >"$TMP/e0.json"
+first=$(sed -n 's/.*[^_]"ids":\[\([0-9]*\).*/\1/p' "$TMP/e0.json")
+rm -rf "$TMP/eos-src"; cp -r "$M/llama-gqa/bf16-st" "$TMP/eos-src"
+sed -i "s/\"eos_token_id\": 2,/\"eos_token_id\": [1002, ${first:-0}],/" "$TMP/eos-src/config.json"
+check "eos list: reshard" "$POLLEN" reshard "$TMP/eos-src" -o "$TMP/eos-set" --tp 2 --dtype fp16 --quiet
+check "eos list: the manifest keeps every end id" grep -q "\"eos_token_ids\": \[" "$TMP/eos-set/manifest.json"
+mpirun -np 2 "$POLLEN" generate "$TMP/eos-set" --prompt "This License" --max-new-tokens 4 --json --quiet >"$TMP/e1.json"
+check "eos list: generation ends on the second end id ($first)" bash -c "test -n '$first' &&
+  grep -q '[^_]\"ids\":\[$first\]' '$TMP/e1.json' && grep -q '\"finish_reason\":\"eos\"' '$TMP/e1.json'"
+
 # Refusals, each naming what to change.
 check_fails "reshard --tp 3 of 8 q heads lists the TP sizes that work" "TP sizes that work: 1, 2, 4, 8" \
   "$POLLEN" reshard "$M/llama-gqa/bf16-st" -o "$TMP/x3" --tp 3 --dtype fp16 --quiet
