@@ -130,6 +130,15 @@ check "eos list: the manifest keeps every end id" grep -q "\"eos_token_ids\": \[
 mpirun -np 2 "$POLLEN" generate "$TMP/eos-set" --prompt "This License" --max-new-tokens 4 --json --quiet >"$TMP/e1.json"
 check "eos list: generation ends on the second end id ($first)" bash -c "test -n '$first' &&
   grep -q '[^_]\"ids\":\[$first\]' '$TMP/e1.json' && grep -q '\"finish_reason\":\"eos\"' '$TMP/e1.json'"
+if command -v curl >/dev/null; then
+  CURL="curl -s --max-time 30"
+  check "eos list: serve starts (TP 2)" start_server e mpirun -np 2 "$POLLEN" serve "$TMP/eos-set"
+  check "eos list: /generate ends with eos_token" bash -c "$CURL http://127.0.0.1:$PORT/generate \
+    -d '{\"inputs\":\"This License\",\"parameters\":{\"max_new_tokens\":4,\"details\":true}}' |
+    grep -q '\"finish_reason\": *\"eos_token\"'"
+  check "eos list: /info names the first end id" bash -c "$CURL http://127.0.0.1:$PORT/info | grep -q '\"eos_token_id\": *1002'"
+  check "eos list: serve exits cleanly" stop_server
+fi
 
 # Refusals, each naming what to change.
 check_fails "reshard --tp 3 of 8 q heads lists the TP sizes that work" "TP sizes that work: 1, 2, 4, 8" \
