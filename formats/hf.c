@@ -1,6 +1,7 @@
-/* hf.c — a Hugging Face BLOOM checkpoint directory: config.json, index files, and one tensor list
+/* hf.c — a Hugging Face checkpoint directory: config.json, index files, and one tensor list
  * over every weight file (safetensors or PyTorch zip), names without "transformer.". */
 #include "formats/hf.h"
+#include "formats/family.h"
 #include "formats/safetensors.h"
 #include "formats/torchzip.h"
 
@@ -17,80 +18,24 @@ static const char PREFIX[] = "transformer.";
 
 /* ---- config.json ---- */
 
-/* Reads an integer under either spelling; both present must agree. *found false when absent. */
-static int get_int2(json_t *o, const char *where, const char *k1, const char *k2, int64_t *out, bool *found) {
-    json_t *v1 = json_object_get(o, k1), *v2 = k2 ? json_object_get(o, k2) : NULL;
-    *found = false;
-    if (v1 && json_is_null(v1)) v1 = NULL;
-    if (v2 && json_is_null(v2)) v2 = NULL;
-    if (v1 && !json_is_integer(v1)) return pln_errorf("%s: key \"%s\" must be an integer", where, k1);
-    if (v2 && !json_is_integer(v2)) return pln_errorf("%s: key \"%s\" must be an integer", where, k2);
-    if (v1 && v2 && json_integer_value(v1) != json_integer_value(v2))
-        return pln_errorf("%s: keys \"%s\" (%lld) and \"%s\" (%lld) disagree", where, k1,
-                          (long long)json_integer_value(v1), k2, (long long)json_integer_value(v2));
-    json_t *v = v1 ? v1 : v2;
-    if (!v) return 0;
-    *out = json_integer_value(v);
-    *found = true;
-    return 0;
-}
-
-static int need_pos(json_t *o, const char *where, const char *k1, const char *k2, int64_t *out) {
-    bool found;
-    if (get_int2(o, where, k1, k2, out, &found)) return -1;
-    if (!found) return pln_errorf("%s: missing key \"%s\"%s%s%s", where, k1, k2 ? " (or \"" : "", k2 ? k2 : "", k2 ? "\")" : "");
-    if (*out <= 0) return pln_errorf("%s: key \"%s\" must be positive, got %lld", where, k1, (long long)*out);
-    return 0;
-}
-
-int pln_bloom_config_from_json(const void *json_obj, const char *where, pln_bloom_config *cfg) {
+int pln_hf_config_from_json(const void *json_obj, const char *where, pln_hf_config *cfg) {
     json_t *o = (json_t *)json_obj;
     memset(cfg, 0, sizeof *cfg);
     if (!json_is_object(o)) return pln_errorf("%s: config is not a JSON object", where);
     json_t *mt = json_object_get(o, "model_type");
-    if (mt && !(json_is_string(mt) && !strcmp(json_string_value(mt), "bloom")))
-        return pln_errorf("%s: key \"model_type\" is %s%s%s, not \"bloom\" (only BLOOM models are supported)", where,
-                          json_is_string(mt) ? "\"" : "", json_is_string(mt) ? json_string_value(mt) : "not a string",
-                          json_is_string(mt) ? "\"" : "");
-    json_t *post = json_object_get(o, "apply_residual_connection_post_layernorm");
-    if (post && json_is_true(post))
-        return pln_errorf("%s: key \"apply_residual_connection_post_layernorm\" is true; no BLOOM model uses that and "
-                          "pollen does not support it", where);
-    if (need_pos(o, where, "vocab_size", NULL, &cfg->vocab_size) ||
-        need_pos(o, where, "hidden_size", "n_embed", &cfg->hidden_size) ||
-        need_pos(o, where, "n_head", "num_attention_heads", &cfg->n_head) ||
-        need_pos(o, where, "n_layer", "num_hidden_layers", &cfg->n_layer)) return -1;
-    if (cfg->hidden_size % cfg->n_head)
-        return pln_errorf("%s: key \"hidden_size\" (%lld) is not divisible by \"n_head\" (%lld)", where,
-                          (long long)cfg->hidden_size, (long long)cfg->n_head);
-    /* Bound sizes so later products (vocab × hidden, 4 × hidden²) cannot overflow 64 bits. */
-    if (cfg->vocab_size > (1ll << 31) || cfg->hidden_size > (1ll << 20) || cfg->n_layer > 100000)
-        return pln_errorf("%s: vocab_size/hidden_size/n_layer out of range (%lld/%lld/%lld)", where,
-                          (long long)cfg->vocab_size, (long long)cfg->hidden_size, (long long)cfg->n_layer);
-    cfg->layer_norm_epsilon = 1e-5;
-    json_t *eps = json_object_get(o, "layer_norm_epsilon");
-    if (eps && !json_is_null(eps)) {
-        if (!json_is_number(eps) || json_number_value(eps) <= 0 || json_number_value(eps) >= 1)
-            return pln_errorf("%s: key \"layer_norm_epsilon\" must be a number in (0, 1)", where);
-        cfg->layer_norm_epsilon = json_number_value(eps);
-    }
-    const char *ids[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
-    int64_t *dst[3] = {&cfg->bos_token_id, &cfg->eos_token_id, &cfg->pad_token_id};
-    int64_t defaults[3] = {1, 2, 3};
-    for (int k = 0; k < 3; k++) {
-        bool found;
-        if (get_int2(o, where, ids[k], NULL, dst[k], &found)) return -1;
-        if (!found) *dst[k] = defaults[k];
-        if (*dst[k] < 0 || *dst[k] >= cfg->vocab_size)
-            return pln_errorf("%s: key \"%s\" (%lld) is outside the vocabulary [0, %lld)", where, ids[k],
-                              (long long)*dst[k], (long long)cfg->vocab_size);
-    }
-    json_t *td = json_object_get(o, "torch_dtype");
-    if (td && json_is_string(td)) snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", json_string_value(td));
+    if (mt && !json_is_string(mt)) return pln_errorf("%s: key \"model_type\" is not a string", where);
+    const char *type = mt ? json_string_value(mt) : "bloom";   /* older BLOOM configs have none */
+    if (strlen(type) >= sizeof cfg->model_type || !pln_family_by_model_type(type))
+        return pln_errorf("%s: key \"model_type\" is \"%.40s\": not a model family pollen supports (it reads %s)", where, type,
+                          pln_family_model_types());
+    const pln_family *f = pln_family_by_model_type(type);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", type);
+    if (f->config_from_json(o, where, cfg)) return -1;
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", type);
     return 0;
 }
 
-int pln_bloom_config_load(const char *path, pln_bloom_config *cfg) {
+int pln_hf_config_load(const char *path, pln_hf_config *cfg) {
     size_t n;
     memset(cfg, 0, sizeof *cfg);
     char *buf = pln_read_small_file(path, CONFIG_MAX_BYTES, &n);
@@ -99,9 +44,14 @@ int pln_bloom_config_load(const char *path, pln_bloom_config *cfg) {
     json_t *o = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &jerr);
     free(buf);
     if (!o) return pln_errorf("%s: not valid JSON: %s (line %d, column %d)", path, jerr.text, jerr.line, jerr.column);
-    int rc = pln_bloom_config_from_json(o, path, cfg);
+    int rc = pln_hf_config_from_json(o, path, cfg);
     json_decref(o);
     return rc;
+}
+
+int pln_bloom_config_load(const char *path, pln_hf_config *cfg) { return pln_hf_config_load(path, cfg); }
+int pln_bloom_config_from_json(const void *o, const char *where, pln_hf_config *cfg) {
+    return pln_hf_config_from_json(o, where, cfg);
 }
 
 /* ---- checkpoints ---- */
@@ -266,7 +216,7 @@ int pln_ckpt_open(pln_ckpt *ck, const char *path) {
      * device or directory refused with its name) rather than silently taken as absent. */
     char *cfg = pln_xasprintf("%s/config.json", ck->dir);
     if (exists(cfg)) {
-        if (pln_bloom_config_load(cfg, &ck->config)) { free(cfg); goto fail; }
+        if (pln_hf_config_load(cfg, &ck->config)) { free(cfg); goto fail; }
         ck->has_config = true;
     }
     free(cfg);

@@ -1,6 +1,7 @@
 /* shard.c — the pollen shard format: rank-file writer, validating mmap reader, manifest.json,
  * shard-set open and the bloom-tp-v1 tensor list. docs/FORMAT.md is the specification. */
 #include "formats/shard.h"
+#include "formats/family.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -694,7 +695,7 @@ const char *pln_shard_file_name(uint32_t rank, uint32_t n_ranks, char *buf, size
     return buf;
 }
 
-static json_t *config_to_json(const pln_bloom_config *c) {
+static json_t *config_to_json(const pln_hf_config *c) {
     json_t *o = json_object();
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
@@ -705,6 +706,7 @@ static json_t *config_to_json(const pln_bloom_config *c) {
     json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
     json_object_set_new(o, "pad_token_id", json_integer(c->pad_token_id));
     json_object_set_new(o, "torch_dtype", json_string(c->torch_dtype));
+    pln_family_of(c)->manifest_put(c, o);
     return o;
 }
 
@@ -712,7 +714,7 @@ static bool safe_file_name(const char *s) {
     return s && *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
-int pln_config_canonical(const pln_bloom_config *c, char *buf, size_t len) {
+int pln_config_canonical(const pln_hf_config *c, char *buf, size_t len) {
     uint64_t eps_bits;
     memcpy(&eps_bits, &c->layer_norm_epsilon, sizeof eps_bits);
     int n = snprintf(buf, len,
@@ -721,13 +723,15 @@ int pln_config_canonical(const pln_bloom_config *c, char *buf, size_t len) {
                      (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->n_head, (long long)c->n_layer,
                      (unsigned long long)eps_bits, (long long)c->bos_token_id, (long long)c->eos_token_id,
                      (long long)c->pad_token_id, (int)strnlen(c->torch_dtype, sizeof c->torch_dtype), c->torch_dtype);
-    return n < 0 || (size_t)n >= len ? -1 : n;
+    if (n < 0 || (size_t)n >= len) return -1;
+    int k = pln_family_of(c)->canonical_extra(c, buf + n, len - (size_t)n);
+    return k < 0 || (size_t)(n + k) >= len ? -1 : n + k;
 }
 
-uint64_t pln_config_xxh3(const pln_bloom_config *c) {
-    char buf[512];
+uint64_t pln_config_xxh3(const pln_hf_config *c) {
+    char buf[2048];
     int n = pln_config_canonical(c, buf, sizeof buf);
-    PLN_ASSERT(n > 0);   /* 9 bounded fields always fit */
+    PLN_ASSERT(n > 0);   /* bounded fields always fit */
     return pln_xxh3(buf, (size_t)n);
 }
 
@@ -747,23 +751,19 @@ static int small_file_hex(const char *dir, const char *name, char hex[17]) {
     return 0;
 }
 
-/* The special ids the runtime relies on: generation ends on BLOOM's </s> (id 2) in the scheduler,
- * the server's /info and generate, so a set whose config says otherwise cannot be served right. */
-#define BLOOM_EOS_ID 2
-
 int pln_manifest_write(const char *dir, const pln_manifest *m) {
     if (m->tp < 1) return pln_errorf("%s: manifest: tp %d must be >= 1", dir, (int)m->tp);
     if (!m->dtype || (strcmp(m->dtype, "fp16") && strcmp(m->dtype, "int8") && strcmp(m->dtype, "int4")))
         return pln_errorf("%s: manifest: dtype must be \"fp16\", \"int8\" or \"int4\"", dir);
-    if (!m->layout || strcmp(m->layout, PLN_LAYOUT_BLOOM_TP_V1))
-        return pln_errorf("%s: manifest: unknown layout \"%s\"", dir, m->layout ? m->layout : "(null)");
+    const pln_family *fam = pln_family_of(&m->config);
+    if (!m->layout || strcmp(m->layout, fam->layout))
+        return pln_errorf("%s: manifest: layout \"%s\" is not the %s family's \"%s\"", dir, m->layout ? m->layout : "(null)",
+                          fam->name, fam->layout);
     if (!m->files) return pln_errorf("%s: manifest: no files", dir);
     if ((m->tokenizer && !safe_file_name(m->tokenizer)) || (m->hf_config && !safe_file_name(m->hf_config)) ||
         (m->tokenizer_config && !safe_file_name(m->tokenizer_config)) || (m->chat_template && !safe_file_name(m->chat_template)))
         return pln_errorf("%s: manifest: tokenizer/hf_config/tokenizer_config/chat_template must be plain file names in the set directory", dir);
-    if (m->config.eos_token_id != BLOOM_EOS_ID)
-        return pln_errorf("%s: manifest: config.eos_token_id is %lld; pollen serves BLOOM models, whose </s> is id %d",
-                          dir, (long long)m->config.eos_token_id, BLOOM_EOS_ID);
+    if (fam->config_servable(&m->config, dir)) return pln_error_context("%s: manifest", dir);
     char tok_hex[17], cfg_hex[17], blk_hex[17];
     if (m->tokenizer && small_file_hex(dir, m->tokenizer, tok_hex)) return -1;
     if (m->hf_config && small_file_hex(dir, m->hf_config, cfg_hex)) return -1;
@@ -867,7 +867,7 @@ static int parse_hex64(const char *s, uint64_t *out) {
     return 0;
 }
 
-static int parse_config(json_t *c, pln_bloom_config *cfg, const char *path) {
+static int parse_config(json_t *c, pln_hf_config *cfg, const char *path) {
     const char *ctx = "config.";
     memset(cfg, 0, sizeof *cfg);
     if (!json_is_object(c)) return pln_errorf("%s: \"config\" is missing or not an object", path);
@@ -897,10 +897,14 @@ static int parse_config(json_t *c, pln_bloom_config *cfg, const char *path) {
         if (idv[k] < 0 || idv[k] >= cfg->vocab_size)
             return pln_errorf("%s: config.\"%s\" %lld is outside the vocabulary [0, %lld)", path, ids[k], (long long)idv[k],
                               (long long)cfg->vocab_size);
-    if (cfg->eos_token_id != BLOOM_EOS_ID)
-        return pln_errorf("%s: config.\"eos_token_id\" is %lld; pollen serves BLOOM models, whose </s> is id %d (re-run reshard "
-                          "from a BLOOM checkpoint)", path, (long long)cfg->eos_token_id, BLOOM_EOS_ID);
-    return 0;
+    json_t *mt = json_object_get(c, "model_type");
+    if (mt && !(json_is_string(mt) && strlen(json_string_value(mt)) < sizeof cfg->model_type))
+        return pln_errorf("%s: config.\"model_type\" must be a string of at most %zu bytes", path, sizeof cfg->model_type - 1);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt ? json_string_value(mt) : "bloom");
+    const pln_family *fam = pln_family_by_model_type(cfg->model_type);
+    if (!fam) return pln_error_context("%s: config", path);
+    if (fam->manifest_get(c, path, cfg)) return -1;
+    return fam->config_servable(cfg, path);
 }
 
 /* The manifest's file name `name` (its field `key`) as a path inside the set directory. The name
@@ -945,7 +949,7 @@ static int check_xxh3_field(json_t *root, const char *key, uint64_t got, const c
 }
 
 /* config.json (already parsed as cfg) against the manifest's config, field by field. */
-static int config_agrees(const pln_bloom_config *m, const pln_bloom_config *f, const char *fpath, const char *mpath) {
+static int config_agrees(const pln_hf_config *m, const pln_hf_config *f, const char *fpath, const char *mpath) {
     const char *names[8] = {"vocab_size", "hidden_size", "n_head", "n_layer", "bos_token_id", "eos_token_id", "pad_token_id", NULL};
     int64_t mv[7] = {m->vocab_size, m->hidden_size, m->n_head, m->n_layer, m->bos_token_id, m->eos_token_id, m->pad_token_id};
     int64_t fv[7] = {f->vocab_size, f->hidden_size, f->n_head, f->n_layer, f->bos_token_id, f->eos_token_id, f->pad_token_id};
@@ -959,7 +963,10 @@ static int config_agrees(const pln_bloom_config *m, const pln_bloom_config *f, c
     if (strcmp(m->torch_dtype, f->torch_dtype))
         return pln_errorf("%s: torch_dtype is \"%s\" but %s says config.torch_dtype \"%s\": one of them was edited; re-run "
                           "reshard", fpath, f->torch_dtype, mpath, m->torch_dtype);
-    return 0;
+    if (pln_family_of(m) != pln_family_of(f))
+        return pln_errorf("%s: model_type is \"%s\" but %s says config.model_type \"%s\": one of them was edited; re-run reshard",
+                          fpath, f->model_type, mpath, m->model_type);
+    return pln_family_of(m)->config_agrees(m, f, fpath, mpath);
 }
 
 /* The tokenizer and config.json of the set, and (version >= 2) every recorded small-file
@@ -995,9 +1002,9 @@ static int shardset_small_files(pln_shardset *set, const char *path) {
         if (!rc && i == 0) {
             json_error_t jerr;
             json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-            pln_bloom_config hc;
+            pln_hf_config hc;
             if (!o) rc = pln_errorf("%s: not valid JSON: %s (line %d); re-copy the set or re-run reshard", *paths[i], jerr.text, jerr.line);
-            else if (pln_bloom_config_from_json(o, *paths[i], &hc)) rc = -1;
+            else if (pln_hf_config_from_json(o, *paths[i], &hc)) rc = -1;
             else rc = config_agrees(&set->config, &hc, *paths[i], path);
             if (o) json_decref(o);
         }
@@ -1021,8 +1028,7 @@ static int shardset_parse(pln_shardset *set, const char *path) {
                           path, (long long)v, PLN_MANIFEST_VERSION_MIN, PLN_MANIFEST_VERSION);
     set->version = (uint32_t)v;
     if (get_str(root, "layout", &s, path, "")) return -1;
-    if (strcmp(s, PLN_LAYOUT_BLOOM_TP_V1))
-        return pln_errorf("%s: layout \"%s\" is not known to this pollen (it knows \"%s\")", path, s, PLN_LAYOUT_BLOOM_TP_V1);
+    if (!pln_family_by_layout(s)) return pln_error_context("%s", path);
     snprintf(set->layout, sizeof set->layout, "%s", s);
     if (get_int(root, "tp", &v, path, "")) return -1;
     if (v < 1 || v > 4096) return pln_errorf("%s: tp %lld out of range 1..4096", path, (long long)v);
@@ -1047,6 +1053,9 @@ static int shardset_parse(pln_shardset *set, const char *path) {
                           set->group_size ? "0" : "false");
     if (get_int(root, "vocab_padded", &set->vocab_padded, path, "")) return -1;
     if (parse_config(json_object_get(root, "config"), &set->config, path)) return -1;
+    if (strcmp(pln_family_of(&set->config)->layout, set->layout))
+        return pln_errorf("%s: layout \"%s\" does not fit config.model_type \"%s\" (whose layout is \"%s\")", path, set->layout,
+                          set->config.model_type, pln_family_of(&set->config)->layout);
     if (set->vocab_padded != pln_vocab_padded(set->config.vocab_size, set->tp))
         return pln_errorf("%s: vocab_padded %lld is not vocab_size %lld rounded up to a multiple of tp %d", path,
                           (long long)set->vocab_padded, (long long)set->config.vocab_size, (int)set->tp);
@@ -1150,7 +1159,7 @@ pln_shard *pln_shardset_open_rank(const pln_shardset *set, int32_t rank) {
                    (unsigned long long)s->header_xxh3, (unsigned long long)f->xxh3);
         goto fail;
     }
-    specs = pln_layout_bloom_tp_v1(&lp, rank, &n);
+    specs = pln_family_by_layout(set->layout)->layout_specs(&lp, rank, &n);
     if (!specs) { pln_error_context("%s", f->path); goto fail; }
     for (size_t i = 0; i < n && i < s->n_tensors; i++) {
         const pln_shard_tensor *t = &s->tensors[i];
@@ -1221,7 +1230,7 @@ static int add_linear(spec_list *l, int bits, int64_t group, int64_t rows, int64
 }
 
 pln_shard_spec *pln_layout_bloom_tp_v1(const pln_layout_params *p, int32_t rank, size_t *n) {
-    const pln_bloom_config *c = p->config;
+    const pln_hf_config *c = p->config;
     int64_t H = c->hidden_size, tp = p->tp;
     *n = 0;
     if (tp < 1 || rank < 0 || rank >= tp) { pln_errorf("bloom-tp-v1: rank %d of tp %d", (int)rank, (int)tp); return NULL; }

@@ -1,4 +1,5 @@
-/* tp.c — the "bloom-tp-v1" split plan and the fp16 / int8 conversions (see tp.h). */
+/* tp.c — split plans: the entry builders every family uses, the "bloom-tp-v1" plan, fused entries'
+ * source rows, and the fp16 / int8 / int4 conversions (see tp.h). */
 #include "formats/tp.h"
 #include "formats/numeric.h"
 
@@ -67,12 +68,7 @@ int pln_tp_check(const pln_tp_model *m, const pln_tp_opts *o) {
 }
 
 /* ---- plan construction ---- */
-typedef struct {
-    pln_tp_entry *e;
-    size_t n, cap;
-    const pln_tp_opts *o;
-    int rank;
-} plan_buf;
+typedef pln_tp_builder plan_buf;
 
 static pln_tp_entry *push(plan_buf *b) {
     if (b->n == b->cap) {
@@ -89,8 +85,7 @@ static void set_names(pln_tp_entry *e, const char *name) {
     snprintf(e->source, sizeof e->source, "%s", name);
 }
 
-/* A replicated 1-D tensor of n values. */
-static void add_vector(plan_buf *b, const char *name, int64_t n) {
+void pln_tp_add_vector(plan_buf *b, const char *name, int64_t n) {
     pln_tp_entry *e = push(b);
     set_names(e, name);
     e->transform = PLN_TP_TO_F16;
@@ -102,9 +97,8 @@ static void add_vector(plan_buf *b, const char *name, int64_t n) {
     e->row0 = 0; e->rows = n; e->col0 = 0; e->cols = 1;
 }
 
-/* A 1-D tensor of n values split in tp contiguous blocks. */
-static void add_vector_split(plan_buf *b, const char *name, int64_t n) {
-    add_vector(b, name, n);
+void pln_tp_add_vector_split(plan_buf *b, const char *name, int64_t n) {
+    pln_tp_add_vector(b, name, n);
     pln_tp_entry *e = &b->e[b->n - 1];
     int64_t per = n / b->o->tp;
     e->split = PLN_TP_SPLIT_ROWS;
@@ -113,9 +107,54 @@ static void add_vector_split(plan_buf *b, const char *name, int64_t n) {
     e->rows = per;
 }
 
-/* A matrix [R, C]: rows split (padded to padded_rows first), columns split, or whole; int8
- * (quant 8) or packed int4 (quant 4) followed by its scale entry, else fp16 (quant 0). */
-static void add_matrix(plan_buf *b, const char *name, int64_t R, int64_t C, pln_tp_split split,
+/* The scale entry after the weight entry e (just quantized as quant 8 or 4). */
+static void add_scales(plan_buf *b, pln_tp_entry *e, int quant) {
+    e->transform = quant == 4 ? PLN_TP_QUANT_I4 : PLN_TP_QUANT_I8;
+    e->dtype = quant == 4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8;
+    e->group = b->o->group_size ? b->o->group_size : e->cols;
+    pln_tp_entry w = *e;
+    if (quant == 4) e->shape[1] /= 2;   /* two weights per byte */
+    pln_tp_entry *s = push(b);
+    *s = w;
+    size_t len = strlen(w.name);
+    PLN_ASSERT(len + sizeof "_scale" <= sizeof s->name);
+    memcpy(s->name + len, "_scale", sizeof "_scale");
+    s->transform = PLN_TP_QUANT_SCALE;
+    s->dtype = PLN_DTYPE_F16;
+    s->shape[1] = w.shape[1] / w.group;
+}
+
+void pln_tp_add_fused(plan_buf *b, const char *name, const char *source, int64_t C, const pln_tp_seg *segs, int n_segs,
+                      int quant) {
+    PLN_ASSERT(n_segs >= 1 && n_segs <= PLN_TP_MAX_SEGS && (C > 1 || !quant));
+    pln_tp_entry *e = push(b);
+    snprintf(e->name, sizeof e->name, "%s", name);
+    snprintf(e->source, sizeof e->source, "%s", source);
+    int64_t rows = 0;
+    for (int k = 0; k < n_segs; k++) { e->segs[k] = segs[k]; rows += segs[k].rows; }
+    e->n_segs = n_segs;
+    e->split = PLN_TP_SPLIT_ROWS;
+    e->ndim = e->src_ndim = C > 1 ? 2 : 1;
+    e->src_shape[0] = e->shape[0] = rows;
+    e->src_shape[1] = e->shape[1] = C;
+    e->row0 = 0; e->rows = rows; e->col0 = 0; e->cols = C;
+    e->transform = PLN_TP_TO_F16;
+    e->dtype = PLN_DTYPE_F16;
+    if (quant) add_scales(b, e, quant);
+}
+
+const uint8_t *pln_tp_src_row(const pln_tp_entry *e, const pln_tp_src *s, int64_t lr) {
+    size_t esz = pln_dtype_size(s->t[0]->dtype), cols = (size_t)e->src_shape[1];
+    if (!e->n_segs) return s->t[0]->data + ((size_t)(e->row0 + lr) * cols + (size_t)e->col0) * esz;
+    for (int k = 0; k < e->n_segs; k++) {
+        if (lr < e->segs[k].rows) return s->t[k]->data + ((size_t)(e->segs[k].row0 + lr) * cols + (size_t)e->col0) * esz;
+        lr -= e->segs[k].rows;
+    }
+    PLN_ASSERT(!"row past the fused entry's segments");
+    return NULL;
+}
+
+void pln_tp_add_matrix(plan_buf *b, const char *name, int64_t R, int64_t C, pln_tp_split split,
                        int64_t padded_rows, int quant) {
     int tp = b->o->tp, r = b->rank;
     pln_tp_entry *e = push(b);
@@ -145,19 +184,7 @@ static void add_matrix(plan_buf *b, const char *name, int64_t R, int64_t C, pln_
         e->dtype = PLN_DTYPE_F16;
         return;
     }
-    e->transform = quant == 4 ? PLN_TP_QUANT_I4 : PLN_TP_QUANT_I8;
-    e->dtype = quant == 4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8;
-    e->group = b->o->group_size ? b->o->group_size : e->cols;
-    pln_tp_entry w = *e;
-    if (quant == 4) e->shape[1] /= 2;   /* two weights per byte */
-    pln_tp_entry *s = push(b);
-    *s = w;
-    size_t len = strlen(w.name);
-    PLN_ASSERT(len + sizeof "_scale" <= sizeof s->name);
-    memcpy(s->name + len, "_scale", sizeof "_scale");
-    s->transform = PLN_TP_QUANT_SCALE;
-    s->dtype = PLN_DTYPE_F16;
-    s->shape[1] = w.shape[1] / w.group;
+    add_scales(b, e, quant);
 }
 
 int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_entry **out, size_t *n_out) {
@@ -170,65 +197,94 @@ int pln_tp_plan(const pln_tp_model *m, const pln_tp_opts *o, int rank, pln_tp_en
     char name[PLN_TP_NAME_MAX];
     /* the embedding is int8 at most: it is also the logits matrix, the most sensitive one */
     int lin = o->int4 ? 4 : o->int8 ? 8 : 0;
-    add_matrix(&b, "word_embeddings.weight", m->vocab_size, H, PLN_TP_SPLIT_ROWS,
+    pln_tp_add_matrix(&b, "word_embeddings.weight", m->vocab_size, H, PLN_TP_SPLIT_ROWS,
                pln_tp_vocab_padded(m->vocab_size, o->tp), o->quantize_embedding ? 8 : 0);
-    add_vector(&b, "word_embeddings_layernorm.weight", H);
-    add_vector(&b, "word_embeddings_layernorm.bias", H);
+    pln_tp_add_vector(&b, "word_embeddings_layernorm.weight", H);
+    pln_tp_add_vector(&b, "word_embeddings_layernorm.bias", H);
     for (int64_t i = 0; i < m->n_layer; i++) {
 #define NM(suffix) (snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix), name)
-        add_vector(&b, NM("input_layernorm.weight"), H);
-        add_vector(&b, NM("input_layernorm.bias"), H);
-        add_matrix(&b, NM("self_attention.query_key_value.weight"), 3 * H, H, PLN_TP_SPLIT_ROWS, 3 * H, lin);
-        add_vector_split(&b, NM("self_attention.query_key_value.bias"), 3 * H);
-        add_matrix(&b, NM("self_attention.dense.weight"), H, H, PLN_TP_SPLIT_COLS, H, lin);
-        add_vector(&b, NM("self_attention.dense.bias"), H);
-        add_vector(&b, NM("post_attention_layernorm.weight"), H);
-        add_vector(&b, NM("post_attention_layernorm.bias"), H);
-        add_matrix(&b, NM("mlp.dense_h_to_4h.weight"), 4 * H, H, PLN_TP_SPLIT_ROWS, 4 * H, lin);
-        add_vector_split(&b, NM("mlp.dense_h_to_4h.bias"), 4 * H);
-        add_matrix(&b, NM("mlp.dense_4h_to_h.weight"), H, 4 * H, PLN_TP_SPLIT_COLS, H, lin);
-        add_vector(&b, NM("mlp.dense_4h_to_h.bias"), H);
+        pln_tp_add_vector(&b, NM("input_layernorm.weight"), H);
+        pln_tp_add_vector(&b, NM("input_layernorm.bias"), H);
+        pln_tp_add_matrix(&b, NM("self_attention.query_key_value.weight"), 3 * H, H, PLN_TP_SPLIT_ROWS, 3 * H, lin);
+        pln_tp_add_vector_split(&b, NM("self_attention.query_key_value.bias"), 3 * H);
+        pln_tp_add_matrix(&b, NM("self_attention.dense.weight"), H, H, PLN_TP_SPLIT_COLS, H, lin);
+        pln_tp_add_vector(&b, NM("self_attention.dense.bias"), H);
+        pln_tp_add_vector(&b, NM("post_attention_layernorm.weight"), H);
+        pln_tp_add_vector(&b, NM("post_attention_layernorm.bias"), H);
+        pln_tp_add_matrix(&b, NM("mlp.dense_h_to_4h.weight"), 4 * H, H, PLN_TP_SPLIT_ROWS, 4 * H, lin);
+        pln_tp_add_vector_split(&b, NM("mlp.dense_h_to_4h.bias"), 4 * H);
+        pln_tp_add_matrix(&b, NM("mlp.dense_4h_to_h.weight"), H, 4 * H, PLN_TP_SPLIT_COLS, H, lin);
+        pln_tp_add_vector(&b, NM("mlp.dense_4h_to_h.bias"), H);
 #undef NM
     }
-    add_vector(&b, "ln_f.weight", H);
-    add_vector(&b, "ln_f.bias", H);
+    pln_tp_add_vector(&b, "ln_f.weight", H);
+    pln_tp_add_vector(&b, "ln_f.bias", H);
     *out = b.e;
     *n_out = b.n;
     return 0;
 }
 
-pln_tp_model pln_tp_model_of(const pln_bloom_config *c) {
+pln_tp_model pln_tp_model_of(const pln_hf_config *c) {
     pln_tp_model m = {.vocab_size = c->vocab_size, .hidden = c->hidden_size, .n_head = c->n_head, .n_layer = c->n_layer};
     return m;
 }
 
-int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, const pln_tensor **srcs) {
+/* One source tensor (name, its shape [rows, cols] or [rows] as config.json implies): present, that
+ * shape, convertible, contiguous, mapped. NULL + error. */
+static const pln_tensor *find_source(const pln_ckpt *ck, const char *name, int ndim, int64_t rows, int64_t cols) {
+    const pln_tensor *t = pln_ckpt_find(ck, name);
+    if (!t) {
+        pln_errorf("%s: missing tensor %s (a %s checkpoint with n_layer %d needs it; is the checkpoint complete?)", ck->path, name,
+                   ck->has_config && ck->config.model_type[0] ? ck->config.model_type : "bloom",
+                   (int)(ck->has_config ? ck->config.n_layer : 0));
+        return NULL;
+    }
+    char got[96], want[96];
+    int64_t shape[2] = {rows, cols};
+    bool same = t->ndim == ndim && t->shape[0] == rows && (ndim == 1 || t->shape[1] == cols);
+    if (!same) {
+        pln_errorf("%s: tensor %s has shape %s but config.json (hidden_size %lld, vocab_size %lld) implies %s",
+                   t->file ? t->file : ck->path, name, pln_shape_str(t->shape, t->ndim, got, sizeof got),
+                   (long long)ck->config.hidden_size, (long long)ck->config.vocab_size, pln_shape_str(shape, ndim, want, sizeof want));
+        return NULL;
+    }
+    if (!pln_tp_dtype_convertible(t->dtype)) {
+        pln_errorf("%s: tensor %s has dtype %s, which cannot be converted to fp16/int8 (F32, F16 and BF16 can)",
+                   t->file ? t->file : ck->path, name, pln_dtype_name(t->dtype));
+        return NULL;
+    }
+    if (!t->contiguous) {
+        pln_errorf("%s: tensor %s is a strided view; re-save the checkpoint (e.g. with safetensors) so it is contiguous",
+                   t->file ? t->file : ck->path, name);
+        return NULL;
+    }
+    uint64_t want_bytes = (uint64_t)rows * (uint64_t)cols * pln_dtype_size(t->dtype);
+    if (!t->data || t->nbytes != want_bytes) {
+        pln_errorf("%s: tensor %s: %llu data bytes, expected %llu", t->file ? t->file : ck->path, name,
+                   (unsigned long long)t->nbytes, (unsigned long long)want_bytes);
+        return NULL;
+    }
+    return t;
+}
+
+int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, pln_tp_src *srcs) {
     for (size_t i = 0; i < n; i++) {
         const pln_tp_entry *e = &plan[i];
-        srcs[i] = NULL;
-        if (e->transform == PLN_TP_QUANT_SCALE) { srcs[i] = i ? srcs[i - 1] : NULL; continue; }
-        const pln_tensor *t = pln_ckpt_find(ck, e->source);
-        if (!t)
-            return pln_errorf("%s: missing tensor %s (a BLOOM checkpoint with n_layer %d needs it; is the checkpoint complete?)",
-                              ck->path, e->source, (int)(ck->has_config ? ck->config.n_layer : 0));
-        char got[96], want[96];
-        bool same = t->ndim == e->src_ndim && t->shape[0] == e->src_shape[0] && (e->src_ndim == 1 || t->shape[1] == e->src_shape[1]);
-        if (!same)
-            return pln_errorf("%s: tensor %s has shape %s but config.json (hidden_size %lld, vocab_size %lld) implies %s",
-                              t->file ? t->file : ck->path, e->source, pln_shape_str(t->shape, t->ndim, got, sizeof got),
-                              (long long)ck->config.hidden_size, (long long)ck->config.vocab_size,
-                              pln_shape_str(e->src_shape, e->src_ndim, want, sizeof want));
-        if (!pln_tp_dtype_convertible(t->dtype))
-            return pln_errorf("%s: tensor %s has dtype %s, which cannot be converted to fp16/int8 (F32, F16 and BF16 can)",
-                              t->file ? t->file : ck->path, e->source, pln_dtype_name(t->dtype));
-        if (!t->contiguous)
-            return pln_errorf("%s: tensor %s is a strided view; re-save the checkpoint (e.g. with safetensors) so it is contiguous",
-                              t->file ? t->file : ck->path, e->source);
-        uint64_t want_bytes = (uint64_t)e->src_shape[0] * (uint64_t)e->src_shape[1] * pln_dtype_size(t->dtype);
-        if (!t->data || t->nbytes != want_bytes)
-            return pln_errorf("%s: tensor %s: %llu data bytes, expected %llu", t->file ? t->file : ck->path, e->source,
-                              (unsigned long long)t->nbytes, (unsigned long long)want_bytes);
-        srcs[i] = t;
+        memset(&srcs[i], 0, sizeof srcs[i]);
+        if (e->transform == PLN_TP_QUANT_SCALE) { if (i) srcs[i] = srcs[i - 1]; continue; }
+        if (!e->n_segs) {
+            if (!(srcs[i].t[0] = find_source(ck, e->source, e->src_ndim, e->src_shape[0], e->src_shape[1]))) return -1;
+            continue;
+        }
+        for (int k = 0; k < e->n_segs; k++) {
+            const pln_tensor *t = find_source(ck, e->segs[k].source, e->src_ndim, e->segs[k].src_rows, e->src_shape[1]);
+            if (!t) return -1;
+            if (k && t->dtype != srcs[i].t[0]->dtype)
+                return pln_errorf("%s: tensors %s (%s) and %s (%s) are fused into %s and must have one dtype; re-save the checkpoint in one dtype",
+                                  t->file ? t->file : ck->path, e->segs[0].source, pln_dtype_name(srcs[i].t[0]->dtype),
+                                  e->segs[k].source, pln_dtype_name(t->dtype), e->name);
+            srcs[i].t[k] = t;
+        }
     }
     return 0;
 }

@@ -1,10 +1,12 @@
-/* tp.h — the tensor-parallel split plan of layout "bloom-tp-v1", as pure functions.
+/* tp.h — tensor-parallel split plans, as pure functions: what a plan entry is, the builders every
+ * family's plan uses (formats/family.h: each family has its own), and BLOOM's "bloom-tp-v1" plan.
  *
- * For a BLOOM config, a TP size, a rank and a dtype choice, pln_tp_plan() lists the rank file's
- * tensors in the exact order the forward pass reads them (see docs/FORMAT.md), and for each:
- * the source tensor it comes from, the rows and columns of the source it takes, the zero rows
- * appended (vocabulary padding) and the transform (fp16 rounding or int8 quantization). reshard
- * writes what the plan says; verify reads it back with the same plan, so the two cannot disagree.
+ * For a config, a TP size, a rank and a dtype choice, a plan lists the rank file's tensors in the
+ * exact order the forward pass reads them (see docs/FORMAT.md), and for each: the source tensor
+ * it comes from (or, fused, the row ranges of several), the rows and columns of the source it
+ * takes, the zero rows appended (vocabulary padding) and the transform (fp16 rounding or int8 /
+ * int4 quantization). reshard writes what the plan says; verify reads it back with the same plan,
+ * so the two cannot disagree.
  *
  * Also here: the per-element conversions both need (fp16 round-to-nearest-even with clamp
  * counting, symmetric int8 quantization with its error statistics), written once. */
@@ -43,6 +45,14 @@ typedef enum {
     PLN_TP_QUANT_I4,          /* symmetric int4, packed two per byte (U8 [rows, cols/2]); scales follow */
 } pln_tp_transform;
 
+/* A row range of one source tensor: a piece of a fused rank tensor (see pln_tp_entry.segs). */
+#define PLN_TP_MAX_SEGS 3
+typedef struct {
+    char source[PLN_TP_NAME_MAX];  /* source tensor, without "transformer." */
+    int64_t src_rows;              /* its rows (dim 0) as config.json implies */
+    int64_t row0, rows;            /* rows taken: [row0, row0 + rows) */
+} pln_tp_seg;
+
 /* One rank tensor. 1-D tensors are seen as [n, 1] matrices so every slice is rows x columns. */
 typedef struct {
     char name[PLN_TP_NAME_MAX];    /* rank tensor name ("h.3.mlp.dense_4h_to_h.weight_scale") */
@@ -58,13 +68,49 @@ typedef struct {
     int64_t pad_rows;              /* zero rows written after them */
     int64_t col0, cols;            /* source columns taken: [col0, col0 + cols) */
     int64_t group;                 /* columns per scale for I8/I4 and scale entries, else 0 */
+    /* A fused rank tensor (the Llama family's [q | k | v] and [gate ; up]): n_segs > 0 row ranges
+     * of several source tensors, stacked in order. Then split is PLN_TP_SPLIT_ROWS, source is a
+     * name for messages and records only, row0 = 0, rows = the segments' rows summed, and
+     * src_shape = [that sum, columns] (each segment's own source is [src_rows, columns]). */
+    int n_segs;
+    pln_tp_seg segs[PLN_TP_MAX_SEGS];
 } pln_tp_entry;
 
-/* The split-relevant part of a parsed config.json. */
-pln_tp_model pln_tp_model_of(const pln_bloom_config *c);
+/* The source tensors of one entry: t[0] for a plain entry, t[0..n_segs) for a fused one. */
+typedef struct {
+    const pln_tensor *t[PLN_TP_MAX_SEGS];
+} pln_tp_src;
+
+/* Where local row lr (0 <= lr < e->rows) of entry e starts in its source (at column e->col0). */
+const uint8_t *pln_tp_src_row(const pln_tp_entry *e, const pln_tp_src *s, int64_t lr);
+
+/* ---- building plans (for each family's plan) ---- */
+typedef struct {
+    pln_tp_entry *e;
+    size_t n, cap;
+    const pln_tp_opts *o;
+    int rank;
+} pln_tp_builder;
+/* A replicated 1-D tensor of n values (fp16). */
+void pln_tp_add_vector(pln_tp_builder *b, const char *name, int64_t n);
+/* A 1-D tensor of n values split in tp contiguous blocks. */
+void pln_tp_add_vector_split(pln_tp_builder *b, const char *name, int64_t n);
+/* A matrix [R, C]: rows split (padded to padded_rows first), columns split, or whole; int8
+ * (quant 8) or packed int4 (quant 4) followed by its scale entry, else fp16 (quant 0). */
+void pln_tp_add_matrix(pln_tp_builder *b, const char *name, int64_t R, int64_t C, pln_tp_split split,
+                       int64_t padded_rows, int quant);
+/* A fused tensor (name; source: the name messages use) of C columns (C == 1: 1-D) made of the
+ * segments' rows in order, quantized as pln_tp_add_matrix's quant says (matrices only). */
+void pln_tp_add_fused(pln_tp_builder *b, const char *name, const char *source, int64_t C, const pln_tp_seg *segs,
+                      int n_segs, int quant);
+
+/* The split-relevant part of a parsed config.json (the fields every family has). */
+pln_tp_model pln_tp_model_of(const pln_hf_config *c);
 
 /* Vocabulary rounded up to a multiple of tp (pad rows are zero and never sampled). */
 int64_t pln_tp_vocab_padded(int64_t vocab_size, int tp);
+
+/* ---- BLOOM's "bloom-tp-v1" plan (formats/family_bloom.c binds it to the family) ---- */
 
 /* Checks that the model can be split tp ways with these options. -1 with an error saying what
  * to change: n_head % tp != 0 lists every TP size that works; a group size that does not divide
@@ -83,11 +129,11 @@ size_t pln_tp_row_bytes(const pln_tp_entry *e);
 /* Bytes of the rank tensor (rows + pad_rows for the data, per-group scales for scale entries). */
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e);
 
-/* Looks up the source tensor of every plan entry in ck and checks it before anything is written:
- * present, the shape config.json implies, a convertible dtype, contiguous, data mapped.
- * srcs[i] gets the tensor of entry i (scale entries: their weight's). -1 with an error naming
- * the tensor (and its file) and what disagrees. */
-int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, const pln_tensor **srcs);
+/* Looks up the source tensor(s) of every plan entry in ck and checks them before anything is
+ * written: present, the shape config.json implies, a convertible dtype (the same for every
+ * segment of a fused entry), contiguous, data mapped. srcs[i] gets the tensors of entry i (scale
+ * entries: their weight's). -1 with an error naming the tensor (and its file) and what disagrees. */
+int pln_tp_find_sources(const pln_ckpt *ck, const pln_tp_entry *plan, size_t n, pln_tp_src *srcs);
 
 /* ---- conversions ------------------------------------------------------------------------ */
 

@@ -275,9 +275,15 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
         e->model = pln_model_create(e->be, comm, e->ld);
         if (!e->model) rc = -1;
     }
+    /* Attention runs over the whole context: a model trained with a shorter window (Mistral's
+     * sliding_window) would see different keys than transformers shows it past the window. */
+    if (!rc && e->cfg.hf.sliding_window > 0 && e->opts.max_seq_len > e->cfg.hf.sliding_window)
+        rc = pln_errorf("%s: config.json's sliding_window is %lld but a context of %d tokens was asked for; pollen attends "
+                        "to the whole context, so ask for at most %lld (serve: --max-total-tokens)", e->shard_dir,
+                        (long long)e->cfg.hf.sliding_window, e->opts.max_seq_len, (long long)e->cfg.hf.sliding_window);
     if (!rc) {
         pln_model *m = e->model;
-        uint64_t per_tok = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_head_local, m->head_dim);
+        uint64_t per_tok = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_kv_local, m->head_dim);
         int64_t tokens = e->opts.kv_tokens;
         if (tokens <= 0) {
             /* Default: room for every slot at full length, capped at max(1 GiB, half the weights). */
@@ -289,7 +295,7 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
         }
         int64_t nb = (tokens + e->opts.block_size - 1) / e->opts.block_size;
         if (nb > INT32_MAX) nb = INT32_MAX;
-        if (pln_kv_init(&e->kv, e->be, (int32_t)e->cfg.n_layer, m->n_head_local, m->head_dim, (int32_t)nb,
+        if (pln_kv_init(&e->kv, e->be, (int32_t)e->cfg.n_layer, m->n_kv_local, m->head_dim, (int32_t)nb,
                         e->opts.block_size, e->opts.max_seqs, e->opts.max_seq_len))
             rc = -1;
     }
@@ -978,6 +984,9 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->hidden = e->cfg.hidden;
     info->n_head = e->cfg.n_head;
     info->n_layer = e->cfg.n_layer;
+    info->n_eos = e->cfg.hf.n_eos > 0 ? e->cfg.hf.n_eos : 1;
+    for (int32_t i = 0; i < info->n_eos; i++)
+        info->eos_ids[i] = (int32_t)(e->cfg.hf.n_eos > 0 ? e->cfg.hf.eos_ids[i] : e->cfg.eos_id);
     info->dtype = e->cfg.dtype;
     info->backend = e->backend_name;
     info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
@@ -998,7 +1007,7 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->load_bytes_per_s = e->ld ? pln_loader_rate(e->ld) : 0;
     info->weight_bytes = e->ld ? pln_loader_weight_bytes(e->ld) : 0;
     if (e->model)
-        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_head_local,
+        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_kv_local,
                                                           e->model->head_dim);
 }
 

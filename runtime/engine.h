@@ -19,6 +19,7 @@
 
 #include "runtime/sampler.h"
 #include "formats/common.h"
+#include "formats/hf.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -174,6 +175,8 @@ typedef struct {
     int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache (whole blocks) */
     int64_t prefix_hit_tokens;  /* of those, found: their KV was not computed again */
     int64_t fork_tokens;        /* tokens whose KV blocks a sequence shared from a sibling */
+    int32_t n_eos;              /* the ids that end generation (config.json's eos_token_id, one or a list) */
+    int32_t eos_ids[PLN_MAX_EOS];
 } pln_engine_info;
 void pln_engine_get_info(const pln_engine *e, pln_engine_info *info);
 

@@ -1,9 +1,10 @@
 /* loader.c — this rank's file of a shard set, as backend memory: the manifest says the TP size and
- * config, the shard reader validates the rank file (and its table against the bloom-tp-v1 layout),
+ * config, the shard reader validates the rank file (and its table against the set's layout),
  * then the CPU backend uses the mapping in place and device backends stream the data region into
  * one allocation with large reads. */
 #include "runtime/loader.h"
 #include "formats/shard.h"
+#include "runtime/family.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,9 +102,8 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
                    l->set->tp, size);
         goto fail;
     }
-    if (strcmp(l->set->layout, PLN_LAYOUT_BLOOM_TP_V1) != 0) {
-        pln_errorf("%s: layout \"%s\" is not supported (this runtime reads %s)", dir, l->set->layout,
-                   PLN_LAYOUT_BLOOM_TP_V1);
+    if (!pln_model_family_by_layout(l->set->layout)) {
+        pln_error_context("%s", dir);
         goto fail;
     }
     l->shard = pln_shardset_open_rank(l->set, rank);
@@ -122,7 +122,7 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
         fprintf(stderr, "pollen: warning: %s: manifest version %u records no checksums of its config block, tokenizer and "
                 "config.json (only their agreement was checked); re-run reshard to add them\n", dir, l->set->version);
 
-    const pln_bloom_config *bc = &l->set->config;
+    const pln_hf_config *bc = &l->set->config;
     pln_model_config *c = &l->cfg;
     c->vocab_size = bc->vocab_size;
     c->vocab_padded = l->set->vocab_padded;
@@ -138,6 +138,8 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     snprintf(c->dtype, sizeof c->dtype, "%s", l->set->dtype);
     c->group_size = l->set->group_size;
     c->quantize_embedding = l->set->quantize_embedding;
+    snprintf(c->layout, sizeof c->layout, "%s", l->set->layout);
+    c->hf = *bc;
 
     pln_shard *s = l->shard;
     /* Read-ahead of the whole mapping only where the mapping is the weights (CPU): a backend that
@@ -226,7 +228,7 @@ const char *pln_loader_tokenizer_path(const pln_loader *l) { return l->tokenizer
 
 static const pln_shard_tensor *find(pln_loader *l, const char *name) {
     const pln_shard_tensor *t = pln_shard_find(l->shard, name);
-    if (!t) pln_errorf("%s: no tensor %s (is this a bloom-tp-v1 set?)", l->shard->path, name);
+    if (!t) pln_errorf("%s: no tensor %s (is this a %s set?)", l->shard->path, name, l->set->layout);
     return t;
 }
 

@@ -8,6 +8,7 @@
 #ifndef PLN_LOADER_H
 #define PLN_LOADER_H
 
+#include "formats/hf.h"
 #include "kernels/backend.h"
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,6 +23,8 @@ typedef struct {
     char dtype[8];              /* "fp16", "int8" or "int4" */
     int64_t group_size;         /* int8: 0 = per output channel */
     bool quantize_embedding;
+    char layout[32];            /* the set's layout id: which family runs it (runtime/family.h) */
+    pln_hf_config hf;           /* the whole config of the manifest (the family's own fields) */
 } pln_model_config;
 
 typedef struct {

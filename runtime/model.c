@@ -1,87 +1,40 @@
-/* model.c — BLOOM's forward pass on one rank (Megatron-style TP), exactly modeling_bloom.py's
- * numerics: embed (vocab-parallel, all-reduce) → word_embeddings_layernorm → per layer
- * LN1 → fused QKV (+bias) → KV append + ALiBi attention over this rank's heads → dense (row-
- * parallel, all-reduce) → x += out + dense.bias, LN2 → h_to_4h (+bias, GeLU) → 4h_to_h (row-
- * parallel, all-reduce) → x += out + bias, next LN1 (or ln_f) → logits of this rank's vocab slice. */
+/* model.c — what every family's forward pass shares (runtime/family.h): the vocabulary slice of
+ * this rank, the step's inputs uploaded, the vocab-parallel embedding (all-reduced), the scratch
+ * activations, and decode steps replayed as graphs. The family (chosen by the set's layout id)
+ * loads its weights and enqueues the rest of each step: runtime/model_bloom.c for BLOOM. */
 #include "runtime/model.h"
+#include "runtime/family.h"
 #include "kernels/pln_math.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static int get_f16(pln_loader *ld, const char *name, int64_t n, const uint16_t **out) {
-    return pln_loader_f16(ld, name, n, out);
-}
-
 pln_model *pln_model_create(pln_backend *be, pln_comm *comm, pln_loader *ld) {
     const pln_model_config *c = pln_loader_config(ld);
+    const pln_model_family *fam = pln_model_family_by_layout(c->layout);
+    if (!fam) return NULL;
     pln_model *m = pln_xcalloc(1, sizeof *m);
     m->be = be;
     m->comm = comm;
     m->cfg = *c;
+    m->family = fam;
     int tp = c->tp;
-    if (c->hidden % c->n_head || c->n_head % tp || c->vocab_padded % tp || c->vocab_padded < c->vocab_size) {
-        pln_errorf("model config: hidden %lld, n_head %lld, vocab_padded %lld, tp %d are inconsistent "
-                   "(need hidden %% n_head == 0, n_head %% tp == 0, vocab_padded %% tp == 0)",
-                   (long long)c->hidden, (long long)c->n_head, (long long)c->vocab_padded, tp);
+    if (tp < 1 || c->hidden < 1 || c->vocab_padded % tp || c->vocab_padded < c->vocab_size) {
+        pln_errorf("model config: hidden %lld, vocab_padded %lld, vocab_size %lld, tp %d are inconsistent "
+                   "(need vocab_padded %% tp == 0 and vocab_padded >= vocab_size)",
+                   (long long)c->hidden, (long long)c->vocab_padded, (long long)c->vocab_size, tp);
         free(m);
         return NULL;
     }
     m->H = c->hidden;
-    m->head_dim = (int32_t)(c->hidden / c->n_head);
-    m->n_head_local = (int32_t)(c->n_head / tp);
     m->Vr = c->vocab_padded / tp;
     m->v0 = (int64_t)c->rank * m->Vr;
     int64_t nv = c->vocab_size - m->v0;
     m->n_valid_local = nv < 0 ? 0 : nv > m->Vr ? m->Vr : nv;
-    int64_t H = m->H, Hl = H / tp, F = 4 * H / tp;
-
-    char name[128];
-    int rc = 0;
-    rc |= pln_loader_weight(ld, "word_embeddings.weight", m->Vr, H, &m->emb);
-    if (!rc && m->emb.dtype == PLN_DTYPE_I8)
-        rc |= pln_loader_weight_host(ld, "word_embeddings.weight", m->Vr, H, &m->emb_host);
-    if (!rc) rc |= get_f16(ld, "word_embeddings_layernorm.weight", H, &m->emb_ln_g);
-    if (!rc) rc |= get_f16(ld, "word_embeddings_layernorm.bias", H, &m->emb_ln_b);
-    m->layers = pln_xcalloc((size_t)c->n_layer, sizeof *m->layers);
-    for (int64_t i = 0; i < c->n_layer && !rc; i++) {
-        pln_layer *L = &m->layers[i];
-#define F16(field, suffix, n) do { snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix); \
-        if (!rc) rc |= get_f16(ld, name, n, &L->field); } while (0)
-#define LIN(field, suffix, r, cc) do { snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix); \
-        if (!rc) rc |= pln_loader_weight(ld, name, r, cc, &L->field); } while (0)
-        F16(ln1_g, "input_layernorm.weight", H);
-        F16(ln1_b, "input_layernorm.bias", H);
-        LIN(qkv, "self_attention.query_key_value.weight", 3 * Hl, H);
-        F16(qkv_b, "self_attention.query_key_value.bias", 3 * Hl);
-        LIN(dense, "self_attention.dense.weight", H, Hl);
-        F16(dense_b, "self_attention.dense.bias", H);
-        F16(ln2_g, "post_attention_layernorm.weight", H);
-        F16(ln2_b, "post_attention_layernorm.bias", H);
-        LIN(h_to_4h, "mlp.dense_h_to_4h.weight", F, H);
-        F16(h_to_4h_b, "mlp.dense_h_to_4h.bias", F);
-        LIN(fourh_to_h, "mlp.dense_4h_to_h.weight", H, F);
-        F16(fourh_to_h_b, "mlp.dense_4h_to_h.bias", H);
-#undef F16
-#undef LIN
-    }
-    if (!rc) rc |= get_f16(ld, "ln_f.weight", H, &m->lnf_g);
-    if (!rc) rc |= get_f16(ld, "ln_f.bias", H, &m->lnf_b);
-    if (rc) { pln_model_free(m); return NULL; }
-
-    /* ALiBi slopes of this rank's heads: global head index rank * h_l + j. */
-    float slopes[4096];
-    if (m->n_head_local > 4096) { pln_errorf("model: %d heads per rank is over 4096", m->n_head_local); pln_model_free(m); return NULL; }
-    for (int32_t j = 0; j < m->n_head_local; j++)
-        slopes[j] = pln_alibi_slope(c->rank * m->n_head_local + j, (int)c->n_head);
+    if (fam->create(m, ld)) { pln_model_free(m); return NULL; }
     const char *ge = getenv("PLN_GRAPHS");
     m->graphs_on = be->graph_begin && be->graph_end && be->graph_launch && be->graph_free && be->graph_epoch &&
                    pln_comm_allreduce_recordable(comm) && !(ge && !strcmp(ge, "0"));
-    m->slopes = be->alloc(be, (size_t)m->n_head_local * sizeof(float));
-    if (!m->slopes || be->upload(be, m->slopes, slopes, (size_t)m->n_head_local * sizeof(float))) {
-        pln_model_free(m);
-        return NULL;
-    }
     return m;
 }
 
@@ -89,7 +42,7 @@ static void free_scratch(pln_model *m, bool tokens, bool rows, bool bt) {
     pln_backend *be = m->be;
 #define FR(p) do { if (p) be->free(be, (void *)(p)); (p) = NULL; } while (0)
     if (tokens) {
-        FR(m->x); FR(m->ln); FR(m->qkv); FR(m->attn); FR(m->h4); FR(m->y);
+        FR(m->x); FR(m->ln); FR(m->qkv); FR(m->attn); FR(m->h4); FR(m->h4b); FR(m->y);
         FR(m->d_ids); FR(m->d_seq); FR(m->d_pos);
         free(m->host_emb); m->host_emb = NULL;
         m->cap_tokens = 0;
@@ -116,8 +69,7 @@ void pln_model_free(pln_model *m) {
     if (!m) return;
     graphs_clear(m);
     free_scratch(m, true, true, true);
-    if (m->slopes) m->be->free(m->be, m->slopes);
-    free(m->layers);
+    if (m->family) m->family->free(m);
     free(m);
 }
 
@@ -125,21 +77,22 @@ void pln_model_free(pln_model *m) {
 static int ensure_scratch(pln_model *m, int32_t T, int32_t R, int32_t nbt) {
     pln_backend *be = m->be;
     size_t a = be->act_size;
-    int tp = m->cfg.tp;
-    size_t H = (size_t)m->H, Hl = H / (size_t)tp, F = 4 * H / (size_t)tp;
+    size_t H = (size_t)m->H;
     if (T > m->cap_tokens) {
         free_scratch(m, true, false, false);
         size_t t = (size_t)T;
         m->x = be->alloc(be, t * H * a);
         m->ln = be->alloc(be, t * H * a);
         m->y = be->alloc(be, t * H * a);
-        m->qkv = be->alloc(be, t * 3 * Hl * a);
-        m->attn = be->alloc(be, t * Hl * a);
-        m->h4 = be->alloc(be, t * F * a);
+        m->qkv = be->alloc(be, t * (size_t)m->w_qkv * a);
+        m->attn = be->alloc(be, t * (size_t)m->w_attn * a);
+        m->h4 = be->alloc(be, t * (size_t)m->w_h4 * a);
+        m->h4b = m->w_h4b ? be->alloc(be, t * (size_t)m->w_h4b * a) : NULL;
         m->d_ids = be->alloc(be, t * 4);
         m->d_seq = be->alloc(be, t * 4);
         m->d_pos = be->alloc(be, t * 4);
-        if (!m->x || !m->ln || !m->y || !m->qkv || !m->attn || !m->h4 || !m->d_ids || !m->d_seq || !m->d_pos) {
+        if (!m->x || !m->ln || !m->y || !m->qkv || !m->attn || !m->h4 || (m->w_h4b && !m->h4b) || !m->d_ids || !m->d_seq ||
+            !m->d_pos) {
             free_scratch(m, true, false, false);
             return pln_error_context("model: activations for %d tokens", T);
         }
@@ -193,51 +146,17 @@ static int embed_i8_host(pln_model *m, const int32_t *ids, int32_t T) {
 }
 
 /* The step's ops from the embedding to the logits, all on the backend's stream (the inputs are
- * in m->d_* already). Ops stop at the first failure, but collectives keep their order so no rank
- * is left waiting. Returns 0 or -1. */
+ * in m->d_* already): the vocab-parallel embedding here, the rest by the family. Ops stop at the
+ * first failure, but collectives keep their order so no rank is left waiting. Returns 0 or -1. */
 static int enqueue_step(pln_model *m, pln_kvcache *kv, const pln_attn_meta *meta, const int32_t *ids, int32_t T,
                         int32_t n_rows) {
     pln_backend *be = m->be;
-    const int64_t H = m->H;
-    const float eps = m->cfg.eps;
-    const pln_dtype adt = be->act_dtype;
     int rc = 0;
-#define OP(call) do { if (rc == 0 && (call) != 0) rc = -1; } while (0)
-#define ALLREDUCE(buf) do { if (pln_comm_allreduce(m->comm, buf, (size_t)T * (size_t)H, adt) != 0 && rc == 0) rc = -1; } while (0)
-    if (m->emb.dtype == PLN_DTYPE_I8) OP(embed_i8_host(m, ids, T));
-    else OP(be->embed(be, m->x, m->d_ids, T, (const uint16_t *)m->emb.w, m->v0, m->Vr, H));
-    ALLREDUCE(m->x);
-    OP(be->layernorm(be, m->x, m->x, m->emb_ln_g, m->emb_ln_b, T, H, eps));
-    if (m->cfg.n_layer > 0) OP(be->layernorm(be, m->ln, m->x, m->layers[0].ln1_g, m->layers[0].ln1_b, T, H, eps));
-    else OP(be->layernorm(be, m->ln, m->x, m->lnf_g, m->lnf_b, T, H, eps));
-    for (int64_t i = 0; i < m->cfg.n_layer; i++) {
-        const pln_layer *L = &m->layers[i];
-        OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, false));
-        if (be->append_attention)   /* fused where the backend can (one launch on CUDA decode steps) */
-            OP(be->append_attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->slopes,
-                                    m->n_head_local, m->head_dim));
-        else {
-            OP(be->kv_append(be, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->n_head_local, m->head_dim));
-            OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, m->slopes,
-                             m->n_head_local, m->head_dim));
-        }
-        OP(be->linear(be, m->y, m->attn, &L->dense, NULL, T, false));
-        ALLREDUCE(m->y);
-        OP(be->residual_layernorm(be, m->x, m->y, L->dense_b, L->ln2_g, L->ln2_b, m->ln, T, H, eps));
-        OP(be->linear(be, m->h4, m->ln, &L->h_to_4h, L->h_to_4h_b, T, true));
-        OP(be->linear(be, m->y, m->h4, &L->fourh_to_h, NULL, T, false));
-        ALLREDUCE(m->y);
-        const uint16_t *ng = i + 1 < m->cfg.n_layer ? m->layers[i + 1].ln1_g : m->lnf_g;
-        const uint16_t *nb = i + 1 < m->cfg.n_layer ? m->layers[i + 1].ln1_b : m->lnf_b;
-        OP(be->residual_layernorm(be, m->x, m->y, L->fourh_to_h_b, ng, nb, m->ln, T, H, eps));
-    }
-    if (n_rows > 0) {
-        OP(be->gather_rows(be, m->sel, m->ln, m->d_rows, n_rows, H));
-        OP(be->logits(be, m->logits, m->sel, &m->emb, n_rows, m->n_valid_local));
-    }
-#undef OP
-#undef ALLREDUCE
-    return rc;
+    if (m->emb.dtype == PLN_DTYPE_I8) rc = embed_i8_host(m, ids, T);
+    else rc = be->embed(be, m->x, m->d_ids, T, (const uint16_t *)m->emb.w, m->v0, m->Vr, m->H);
+    if (pln_comm_allreduce(m->comm, m->x, (size_t)T * (size_t)m->H, be->act_dtype) != 0) rc = -1;
+    if (m->family->enqueue(m, kv, meta, T, n_rows, rc != 0) != 0) rc = -1;
+    return rc ? -1 : 0;
 }
 
 /* The graph slot for (T, n_rows, max_pos): the existing one, else a free or least recently used

@@ -1,7 +1,8 @@
-/* model.h — the BLOOM forward pass of one rank, written once over kernels/backend.h and comm.h.
+/* model.h — the forward pass of one rank, written once over kernels/backend.h and comm.h for each
+ * model family (runtime/family.h: the set's layout id picks it; BLOOM is runtime/model_bloom.c).
  *
- * The model holds pointers to the loader's weights, this rank's ALiBi slopes and scratch
- * activations sized for the largest step seen. A step is any mix of sequences at any positions
+ * The model holds pointers to the loader's weights, what its family's steps need (BLOOM: this
+ * rank's ALiBi slopes) and scratch activations sized for the largest step seen. A step is any mix of sequences at any positions
  * (prefill chunks and decodes together, no padding): tokens are concatenated, each with its
  * sequence index and position, and the paged KV cache gives every sequence its own keys. */
 #ifndef PLN_MODEL_H
@@ -12,32 +13,29 @@
 #include "runtime/kvcache.h"
 #include "runtime/loader.h"
 
-typedef struct {
-    const uint16_t *ln1_g, *ln1_b;
-    pln_weight qkv;       const uint16_t *qkv_b;
-    pln_weight dense;     const uint16_t *dense_b;
-    const uint16_t *ln2_g, *ln2_b;
-    pln_weight h_to_4h;   const uint16_t *h_to_4h_b;
-    pln_weight fourh_to_h; const uint16_t *fourh_to_h_b;
-} pln_layer;
-
 #define PLN_MODEL_GRAPHS 32
 
-typedef struct {
+typedef struct pln_model_family pln_model_family;
+
+typedef struct pln_model {
     pln_backend *be;
     pln_comm *comm;
     pln_model_config cfg;
+    const pln_model_family *family;   /* runtime/family.h, from the set's layout */
+    void *fam;                  /* the family's own state (its layers, ...) */
     int32_t n_head_local, head_dim;
+    int32_t n_kv_local;         /* KV heads this rank's cache holds (BLOOM: n_head_local) */
     int64_t H, Vr, v0;          /* hidden; vocab rows of this rank and the first one's global id */
     int64_t n_valid_local;      /* rows of the slice that are real tokens (the rest is padding) */
-    pln_weight emb;             /* [Vr, H], the tied lm head too */
+    pln_weight emb;             /* [Vr, H] */
     pln_weight emb_host;        /* host view, for I8 embeddings looked up on the host */
-    const uint16_t *emb_ln_g, *emb_ln_b, *lnf_g, *lnf_b;
-    pln_layer *layers;
-    float *slopes;              /* device [n_head_local] */
+    pln_weight lm;              /* [Vr, H]: the logits matrix (the embedding itself when tied) */
+    /* scratch widths per token (set by the family): qkv, attention output, MLP up-projection
+     * output, and a second MLP buffer (0: none) */
+    int64_t w_qkv, w_attn, w_h4, w_h4b;
     /* scratch (device), sized for cap_tokens tokens / cap_rows logits rows / cap_bt table entries */
     int32_t cap_tokens, cap_rows, cap_bt;
-    void *x, *ln, *qkv, *attn, *h4, *y, *sel;
+    void *x, *ln, *qkv, *attn, *h4, *h4b, *y, *sel;
     float *logits;
     int32_t *d_ids, *d_seq, *d_pos, *d_rows, *d_bt;
     float *host_emb;            /* host staging for I8 embedding rows */

@@ -395,6 +395,15 @@ static void push_event(pln_seq *q, pln_tok_event ev) {
     q->events[q->n_events++] = ev;
 }
 
+/* Whether tok ends generation: one of the model's end ids (config.json's eos_token_id, one or a
+ * list); an engine that names none ends on BLOOM's </s>. */
+static bool is_eos(const pln_sched *s, int32_t tok) {
+    if (s->info.n_eos <= 0) return tok == PLN_EOS_ID;
+    for (int32_t i = 0; i < s->info.n_eos && i < PLN_MAX_EOS; i++)
+        if (tok == s->info.eos_ids[i]) return true;
+    return false;
+}
+
 /* A sampled token for q (under s->mu). */
 static void on_token(pln_sched *s, pln_job *j, pln_seq *q, const pln_step_out *o) {
     int32_t tok = o->token;
@@ -408,7 +417,7 @@ static void on_token(pln_sched *s, pln_job *j, pln_seq *q, const pln_step_out *o
     q->logprob_sum += logprob;
     s->st.generated_tokens++;
     pln_finish why = PLN_FINISH_NONE;
-    if (tok == PLN_EOS_ID) why = PLN_FINISH_EOS;
+    if (is_eos(s, tok)) why = PLN_FINISH_EOS;
     else q->text_ids[q->n_text++] = tok;
 
     size_t full_len = 0;

@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define PLN_EOS_ID 2
+#define PLN_EOS_ID 2   /* BLOOM's </s>: the end id when the engine names none (pln_engine_info.eos_ids) */
 
 typedef struct {
     void *ctx;

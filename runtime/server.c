@@ -738,7 +738,7 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "hidden_size", json_integer(in->hidden));
     json_object_set_new(o, "n_head", json_integer(in->n_head));
     json_object_set_new(o, "n_layer", json_integer(in->n_layer));
-    json_object_set_new(o, "eos_token_id", json_integer(PLN_EOS_ID));
+    json_object_set_new(o, "eos_token_id", json_integer(in->n_eos > 0 ? in->eos_ids[0] : PLN_EOS_ID));
     c->outcome = O_SUCCESS;
     c->answered = true;
     return send_json(con, 200, o);

@@ -38,7 +38,8 @@ check_fails() { # check_fails "what" "expected stderr regex" cmd...  (must exit 
   if [ $rc -ne 0 ] && [ $rc -lt 128 ] && echo "$err" | grep -Eq "$re"; then E2E_PASS=$((E2E_PASS+1));
   else E2E_FAIL=$((E2E_FAIL+1)); echo "FAIL: $what (rc=$rc, stderr: $err)" >&2; fi
 }
-# check_tp_fidelity RUN LABEL REF_TOL GREEDY_TOL TP_TOL "model src tp tp ..." ...: per fixture model,
+# check_tp_fidelity RUN LABEL REF_TOL GREEDY_TOL TP_TOL "model src tp tp ..." ...: per fixture model
+# (written model:name to compare with its reference-name.safetensors instead of reference-f16),
 # reshard to each TP size (fp16), run `RUN TP SET args` (a function that starts `pollen generate`
 # with TP ranks) on the four reference prompts with 20 greedy tokens, and compare with
 # transformers (prefill logits rel L2 <= REF_TOL, greedy ids identical with log-probs within
@@ -48,8 +49,8 @@ check_tp_fidelity() {
   local run=$1 label=$2 ref_tol=$3 greedy_tol=$4 tp_tol=$5; shift 5
   local spec model src ref ids tp first set_dir
   for spec in "$@"; do
-    set -- $spec; model=$1; src=$2; shift 2
-    ref=tests/fixtures/models/$model/reference-f16.safetensors
+    set -- $spec; model=${1%%:*}; src=$2; ref=f16; [ "$1" = "$model" ] || ref=${1#*:}; shift 2
+    ref=tests/fixtures/models/$model/reference-$ref.safetensors
     ids=$("$CMP" --print-ids "$ref")
     first=$1
     for tp in "$@"; do

@@ -831,6 +831,13 @@ int main(int argc, char **argv) {
         {"bloom-6h", "fp16-bin", "reference-f16.safetensors", 1e-3},
         {"bloom-4h", "bf16-st", "reference-bf16.safetensors", 1e-3},
         {"bloom-6h", "bf16-st", "reference-bf16.safetensors", 1e-3},
+        /* the Llama family (tests/fixtures/make_llama_fixtures.py): grouped-query attention with an
+         * untied head, llama3 rotary scaling with a tied head and one KV head, Qwen2's q/k/v
+         * biases, Mistral; the CPU meets transformers' fp32 forward far inside BLOOM's bound */
+        {"llama-gqa", "bf16-st", "reference-bf16.safetensors", 1e-5},
+        {"llama3-tied", "fp16-bin", "reference-f16.safetensors", 1e-5},
+        {"qwen2-bias", "fp32-bin", "reference-f16.safetensors", 1e-5},
+        {"mistral-sw", "fp16-st", "reference-f16.safetensors", 1e-5},
     };
     float *alone[NPROMPT];
     for (int i = 0; i < NPROMPT; i++) alone[i] = pln_xmalloc(64 * V * 4);

@@ -220,7 +220,7 @@ int cmd_generate(int argc, char **argv) {
     }
     pln_engine_info info;
     pln_engine_get_info(e, &info);
-    int32_t eos = 2;
+    /* generation ends on any of the model's end ids (config.json's eos_token_id: one or a list) */
     for (int i = 0; i < n_seq; i++) {
         g[i].out = pln_xmalloc((size_t)max_new * 4);
         g[i].lp = pln_xmalloc((size_t)max_new * 4);
@@ -297,7 +297,8 @@ int cmd_generate(int argc, char **argv) {
                 size_t n = pln_tok_stream_push(tok, &s->ts, t, true, buf, sizeof buf);
                 gen_append(s, buf, n);
             }
-            if (t == eos) { s->done = true; s->finish = "eos"; }
+            for (int32_t k = 0; k < info.n_eos && !s->done; k++)
+                if (t == info.eos_ids[k]) { s->done = true; s->finish = "eos"; }
             for (int k = 0; k < n_stops && s->gen; k++) {
                 char *hit = strstr(s->gen, stops[k]);
                 if (hit) { s->gen_len = (size_t)(hit - s->gen); s->gen[s->gen_len] = 0; s->done = true; s->finish = "stop"; break; }

@@ -5,6 +5,7 @@
  * Listing reads headers only (safetensors headers, zip directories and pickles, shard tables), so
  * it is fast on a 352 GB checkpoint; data pages are touched only for --stats and --tensor. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "kernels/pln_math.h"
@@ -52,7 +53,7 @@ typedef struct {
     const char *path;
     const char *kind;            /* "checkpoint", "shard-set", "rank-file" */
     bool have_config;
-    pln_bloom_config config;
+    pln_hf_config config;
     row *rows;
     size_t n_rows;
     /* sources kept open while rows point into them */
@@ -346,11 +347,13 @@ typedef struct {
     uint64_t count[PLN_DTYPE_COUNT], bytes[PLN_DTYPE_COUNT];
 } totals;
 
-static json_t *config_json(const pln_bloom_config *c) {
-    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:s}", "vocab_size", (json_int_t)c->vocab_size, "hidden_size",
-                     (json_int_t)c->hidden_size, "n_head", (json_int_t)c->n_head, "n_layer", (json_int_t)c->n_layer,
-                     "layer_norm_epsilon", c->layer_norm_epsilon, "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_id",
-                     (json_int_t)c->eos_token_id, "pad_token_id", (json_int_t)c->pad_token_id, "torch_dtype", c->torch_dtype);
+static json_t *config_json(const pln_hf_config *c) {
+    json_t *o = json_pack("{s:I,s:I,s:I,s:I,s:f,s:I,s:I,s:I,s:s}", "vocab_size", (json_int_t)c->vocab_size, "hidden_size",
+                          (json_int_t)c->hidden_size, "n_head", (json_int_t)c->n_head, "n_layer", (json_int_t)c->n_layer,
+                          "layer_norm_epsilon", c->layer_norm_epsilon, "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_id",
+                          (json_int_t)c->eos_token_id, "pad_token_id", (json_int_t)c->pad_token_id, "torch_dtype", c->torch_dtype);
+    pln_family_of(c)->manifest_put(c, o);   /* the family's own fields (none for BLOOM) */
+    return o;
 }
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -376,13 +379,21 @@ static json_t *stats_json(const stats *st) {
 
 static void print_config(const source *s) {
     if (!s->have_config) { printf("config: (no config.json found)\n"); return; }
-    const pln_bloom_config *c = &s->config;
+    const pln_hf_config *c = &s->config;
     printf("config: vocab_size %lld, hidden_size %lld, n_head %lld (head_dim %lld), n_layer %lld, layer_norm_epsilon %g,\n"
            "        bos %lld, eos %lld, pad %lld, torch_dtype %s\n",
            (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->n_head,
            (long long)(c->n_head ? c->hidden_size / c->n_head : 0), (long long)c->n_layer, c->layer_norm_epsilon,
            (long long)c->bos_token_id, (long long)c->eos_token_id, (long long)c->pad_token_id,
            c->torch_dtype[0] ? c->torch_dtype : "(unset)");
+    json_t *fam = json_object();
+    pln_family_of(c)->manifest_put(c, fam);
+    if (json_object_size(fam)) {
+        char *t = json_dumps(fam, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("        %s family: %s\n", pln_family_of(c)->name, t ? t : "?");
+        free(t);
+    }
+    json_decref(fam);
 }
 
 static void print_header(const source *s) {

@@ -1,5 +1,6 @@
 /* cmd_reshard.c — `pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4`: converts a Hugging Face
- * BLOOM checkpoint into a "bloom-tp-v1" shard set, streaming, in bounded memory, atomically.
+ * checkpoint into a shard set of its family's layout (formats/family.h; BLOOM: "bloom-tp-v1"),
+ * streaming, in bounded memory, atomically.
  *
  * Order of work (how "written in kernel order" and "read once" hold together): every rank file
  * holds the same sequence of tensors (formats/tp.h), one per source tensor (plus int8 scales).
@@ -23,6 +24,7 @@
  * page cache; chunks are whole 4096-byte blocks so that path needs no staging copy. Peak memory is
  * the pool plus per-tensor int8 scales, whatever the model size. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "formats/tp.h"
@@ -228,7 +230,7 @@ typedef struct {
 /* ---- conversion of one chunk ---- */
 typedef struct {
     const pln_tp_entry *e;     /* this rank's entry */
-    const pln_tensor *src;
+    const pln_tp_src *src;     /* its source tensor(s) */
     uint16_t *scales;          /* this rank's scale buffer (int8), [shape0, shape1/group] */
     uint64_t clamped, nonfinite;
     pln_tp_qerr *row_err;      /* scratch, one per row of the chunk */
@@ -237,9 +239,8 @@ typedef struct {
 /* Converts local rows [lr0, lr0+nr) of the entry (rows >= e->rows are zero padding) into out. */
 static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
     const pln_tp_entry *e = j->e;
-    const pln_tensor *t = j->src;
-    size_t esz = pln_dtype_size(t->dtype);
-    int64_t src_cols = e->src_shape[1], cols = e->cols;
+    const pln_tensor *t = j->src->t[0];
+    int64_t cols = e->cols;
     bool quant = pln_tp_is_quant(e), i4 = e->transform == PLN_TP_QUANT_I4;
     int64_t ngroups = quant ? cols / e->group : 0;
     size_t out_row = pln_tp_row_bytes(e);
@@ -254,7 +255,7 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                 int64_t lr = lr0 + i;
                 uint8_t *o = out + (size_t)i * out_row;
                 if (lr >= e->rows) { memset(o, 0, out_row); continue; }  /* vocabulary padding */
-                const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                const uint8_t *s = pln_tp_src_row(e, j->src, lr);
                 pln_tp_to_f16(t->dtype, s, (uint16_t *)o, (size_t)cols, &clamped, &nonfinite);
             }
         } else {
@@ -272,7 +273,7 @@ static void convert_rows(rs_job *j, int64_t lr0, int64_t nr, uint8_t *out) {
                         for (int64_t g = 0; g < ngroups; g++) j->scales[lr * ngroups + g] = 0x3c00;
                         continue;
                     }
-                    const uint8_t *s = t->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                    const uint8_t *s = pln_tp_src_row(e, j->src, lr);
                     pln_tp_to_f32(t->dtype, s, tmp + (size_t)k * (size_t)cols, (size_t)cols, &nonfinite);
                     real = k + 1;
                 }
@@ -324,7 +325,7 @@ typedef struct {
     int tp;
     pln_tp_entry **plans;      /* [tp] */
     size_t n;
-    const pln_tensor **srcs;   /* [n] by entry index (rank-independent) */
+    pln_tp_src *srcs;          /* [n] by entry index (rank-independent) */
     rs_stat *stats;            /* [n] */
     rs_pipe pipe;
     pln_progress progress;
@@ -364,7 +365,7 @@ static void merge_rows(rs_stat *st, const pln_tp_qerr *row_err, int64_t nr) {
 /* Converts entry index i (a source tensor) for every rank. */
 static int convert_tensor(rs_ctx *c, size_t i) {
     const pln_tp_entry *e0 = &c->plans[0][i];
-    const pln_tensor *t = c->srcs[i];
+    const pln_tensor *t = c->srcs[i].t[0];
     int tp = c->tp;
     bool quant = pln_tp_is_quant(e0);
     rs_stat *st = &c->stats[i];
@@ -376,7 +377,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
     uint64_t scale_bytes = 0;
     for (int r = 0; r < tp; r++) {
         jobs[r].e = &c->plans[r][i];
-        jobs[r].src = t;
+        jobs[r].src = &c->srcs[i];
         jobs[r].row_err = pln_xmalloc((size_t)k * sizeof(pln_tp_qerr));
         if (quant) {
             uint64_t nb = pln_tp_entry_nbytes(&c->plans[r][i + 1]);
@@ -404,7 +405,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
             int64_t nr = total - lr < k ? total - lr : k;
             for (int r = 0; r < tp; r++) {
                 const pln_tp_entry *e = jobs[r].e;
-                src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
+                if (!e->n_segs) src_prefetch(t, e->row0 + lr + k, e->row0 + lr + 3 * k);
                 rs_buf *b = pipe_acquire(&c->pipe, 1);
                 if (!b) { rc = -1; break; }
                 pln_tp_qerr *scratch = jobs[r].row_err;
@@ -413,11 +414,13 @@ static int convert_tensor(rs_ctx *c, size_t i) {
                 jobs[r].row_err = scratch;
                 pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
                 int64_t real = lr >= e->rows ? 0 : (e->rows - lr < nr ? e->rows - lr : nr);
-                if (real) src_release(t, e->row0 + lr, e->row0 + lr + real);
+                if (real && !e->n_segs) src_release(t, e->row0 + lr, e->row0 + lr + real);
                 pln_progress_add(&c->progress, (uint64_t)real * (uint64_t)e->cols * esz);
             }
         }
         for (int r = 0; r < tp && !rc; r++) pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
+        /* a fused tensor's sources, read rank by rank in pieces, are dropped once all ranks have theirs */
+        for (int g = 0; g < e0->n_segs; g++) src_release(c->srcs[i].t[g], 0, c->srcs[i].t[g]->shape[0]);
         if (quant && !rc)
             for (int r = 0; r < tp; r++) merge_rows(st, errs + (size_t)r * (size_t)total, total);
         free(errs);
@@ -498,7 +501,11 @@ static json_t *tensors_json(const rs_ctx *c) {
         const rs_stat *s = &c->stats[i];
         if (!s->e0) continue;
         json_t *shape = json_array();
-        for (int d = 0; d < s->src->ndim; d++) json_array_append_new(shape, json_integer(s->src->shape[d]));
+        for (int d = 0; d < s->src->ndim; d++) {
+            int64_t v = s->src->shape[d];   /* a fused tensor: its sources stacked */
+            if (d == 0 && s->e0->n_segs) { v = 0; for (int k = 0; k < s->e0->n_segs; k++) v += s->e0->segs[k].src_rows; }
+            json_array_append_new(shape, json_integer(v));
+        }
         json_t *t = json_pack("{s:s, s:o, s:s, s:I}", "source_dtype", pln_dtype_name(s->src->dtype), "shape", shape,
                               "transform", !s->quant ? "fp16" : s->e0->transform == PLN_TP_QUANT_I4 ? "int4" : "int8",
                               "clamped", (json_int_t)s->clamped);
@@ -516,7 +523,7 @@ static json_t *tensors_json(const rs_ctx *c) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4 [options]\n"
-            "  SRC                    a Hugging Face BLOOM checkpoint (dir, .safetensors, .bin or index .json)\n"
+            "  SRC                    a Hugging Face checkpoint of a supported family (dir, .safetensors, .bin or index .json)\n"
             "  -o, --output OUT       shard set directory to create (appears atomically)\n"
             "  --tp N                 tensor-parallel size (must divide n_head)\n"
             "  --dtype fp16|int8|int4 int8/int4: weight-only for the four linear weights of every layer\n"
@@ -567,14 +574,14 @@ int cmd_reshard(int argc, char **argv) {
 
     pln_ckpt ck;
     if (pln_ckpt_open(&ck, src_path)) pln_die("%s", pln_error());
-    if (!ck.has_config) pln_die("%s: no config.json beside the weights; reshard needs the BLOOM config", src_path);
-    pln_tp_model m = pln_tp_model_of(&ck.config);
-    if (pln_tp_check(&m, &o)) pln_die("%s", pln_error());
+    if (!ck.has_config) pln_die("%s: no config.json beside the weights; reshard needs the model's config", src_path);
+    const pln_family *fam = pln_family_of(&ck.config);
+    if (fam->tp_check(&ck.config, &o)) pln_die("%s", pln_error());
     rs_ctx c = {.tp = o.tp};
     c.plans = pln_xcalloc((size_t)o.tp, sizeof *c.plans);
     for (int r = 0; r < o.tp; r++) {
         size_t n;
-        if (pln_tp_plan(&m, &o, r, &c.plans[r], &n)) pln_die("%s", pln_error());
+        if (fam->tp_plan(&ck.config, &o, r, &c.plans[r], &n)) pln_die("%s", pln_error());
         c.n = n;
     }
     c.srcs = pln_xcalloc(c.n, sizeof *c.srcs);
@@ -583,13 +590,15 @@ int cmd_reshard(int argc, char **argv) {
     /* Tensors the layout does not use: the tied lm_head is expected; anything else is worth a word. */
     uint64_t total_in = 0;
     for (size_t i = 0; i < c.n; i++)
-        if (c.plans[0][i].transform != PLN_TP_QUANT_SCALE) total_in += c.srcs[i]->nbytes;
+        if (c.plans[0][i].transform != PLN_TP_QUANT_SCALE)
+            for (int k = 0; k < PLN_TP_MAX_SEGS && c.srcs[i].t[k]; k++) total_in += c.srcs[i].t[k]->nbytes;
     for (int64_t i = 0; i < ck.n_tensors; i++) {
         const char *nm = ck.tensors[i].name;
         if (!strcmp(nm, "lm_head.weight")) continue;
         bool used = false;
-        for (size_t j = 0; j < c.n && !used; j++) used = c.srcs[j] == &ck.tensors[i];
-        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the BLOOM layout; ignored\n", nm);
+        for (size_t j = 0; j < c.n && !used; j++)
+            for (int k = 0; k < PLN_TP_MAX_SEGS; k++) used |= c.srcs[j].t[k] == &ck.tensors[i];
+        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the %s layout; ignored\n", nm, fam->layout);
     }
 
     /* Nothing is written until the output is known not to touch any file the conversion reads:
@@ -634,7 +643,7 @@ int cmd_reshard(int argc, char **argv) {
         }
         pln_shard_file_name((uint32_t)r, (uint32_t)o.tp, files[r].name, sizeof files[r].name);
         char *path = pln_xasprintf("%s/%s", tmp, files[r].name);
-        writers[r] = pln_shard_writer_create(path, PLN_TP_LAYOUT, (uint32_t)r, (uint32_t)o.tp, specs, c.n);
+        writers[r] = pln_shard_writer_create(path, fam->layout, (uint32_t)r, (uint32_t)o.tp, specs, c.n);
         if (!writers[r]) rc = -1;
         free(path);
         free(specs);
@@ -712,8 +721,8 @@ int cmd_reshard(int argc, char **argv) {
                             "tool", "pollen " PLN_VERSION_STRING " reshard"));
         pln_manifest man = {
             .config = ck.config, .tp = o.tp, .dtype = o.int4 ? "int4" : o.int8 ? "int8" : "fp16", .group_size = o.group_size,
-            .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(m.vocab_size, o.tp),
-            .layout = PLN_TP_LAYOUT, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
+            .quantize_embedding = o.quantize_embedding, .vocab_padded = pln_tp_vocab_padded(ck.config.vocab_size, o.tp),
+            .layout = fam->layout, .files = files, .tokenizer = have_tok ? "tokenizer.json" : NULL,
             .hf_config = "config.json", .tokenizer_config = have_chat[0] ? chat_names[0] : NULL,
             .chat_template = have_chat[1] ? chat_names[1] : NULL, .extra = extra};
         if (pln_manifest_write(tmp, &man)) rc = -1;

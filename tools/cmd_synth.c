@@ -1,12 +1,15 @@
-/* cmd_synth.c — `pollen synth --model bloom-1b7 -o DIR`: writes a random BLOOM checkpoint in
- * Hugging Face's layout (config.json with the real model's values, sharded safetensors with
- * model.safetensors.index.json, tokenizer.json) for tests and benchmarks, at disk speed.
+/* cmd_synth.c — `pollen synth --model bloom-1b7 -o DIR`: writes a random checkpoint of a supported
+ * family in Hugging Face's layout (config.json with the real model's values, sharded safetensors
+ * with model.safetensors.index.json, tokenizer.json) for tests and benchmarks, at disk speed. The
+ * tensors are the ones the family's TP-1 plan reads (formats/family.h), under the names
+ * save_pretrained gives them.
  *
  * Shards are cut in module order like save_pretrained, and inside each file the data is ordered
  * by tensor name like the safetensors library writes it, so a reader sees real-world access
  * patterns. Values come from a xoshiro256** stream per 64 Ki-element block, seeded from (seed,
  * tensor, block): identical for any thread count, generated in parallel a chunk at a time. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/tp.h"
 #include "kernels/pln_math.h"
 #include "tools/cli.h"
@@ -31,6 +34,44 @@ static const sy_model g_models[] = {
     {"bloom-560m", 1024, 16, 24, false}, {"bloom-1b1", 1536, 16, 24, false}, {"bloom-1b7", 2048, 16, 24, false},
     {"bloom-3b", 2560, 32, 30, false},   {"bloom-7b1", 4096, 32, 30, false}, {"bloom-176b", 14336, 112, 70, true},
 };
+
+/* Real Llama-family shapes: their config.json as published (meta-llama, mistralai, Qwen). */
+typedef struct { const char *name; const char *config; } sy_json_model;
+static const sy_json_model g_json_models[] = {
+    {"llama-3.2-1b",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 128256, \"hidden_size\": 2048,"
+     " \"intermediate_size\": 8192, \"num_hidden_layers\": 16, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+     " \"head_dim\": 64, \"hidden_act\": \"silu\", \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05,"
+     " \"rope_theta\": 500000.0, \"rope_scaling\": {\"factor\": 32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+     " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, \"tie_word_embeddings\": true,"
+     " \"attention_bias\": false, \"mlp_bias\": false, \"bos_token_id\": 128000, \"eos_token_id\": 128001}"},
+    {"llama-3.1-8b",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 128256, \"hidden_size\": 4096,"
+     " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0,"
+     " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+     " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, \"tie_word_embeddings\": false,"
+     " \"attention_bias\": false, \"mlp_bias\": false, \"bos_token_id\": 128000, \"eos_token_id\": 128001}"},
+    {"llama-3.1-70b",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 128256, \"hidden_size\": 8192,"
+     " \"intermediate_size\": 28672, \"num_hidden_layers\": 80, \"num_attention_heads\": 64, \"num_key_value_heads\": 8,"
+     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0,"
+     " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+     " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, \"tie_word_embeddings\": false,"
+     " \"attention_bias\": false, \"mlp_bias\": false, \"bos_token_id\": 128000, \"eos_token_id\": 128001}"},
+    {"mistral-7b",
+     "{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", \"vocab_size\": 32000, \"hidden_size\": 4096,"
+     " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 32768, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,"
+     " \"sliding_window\": 4096, \"tie_word_embeddings\": false, \"bos_token_id\": 1, \"eos_token_id\": 2}"},
+    {"qwen2.5-7b",
+     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 152064, \"hidden_size\": 3584,"
+     " \"intermediate_size\": 18944, \"num_hidden_layers\": 28, \"num_attention_heads\": 28, \"num_key_value_heads\": 4,"
+     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 131072, \"max_window_layers\": 28, \"rms_norm_eps\": 1e-06,"
+     " \"rope_theta\": 1000000.0, \"sliding_window\": 131072, \"use_sliding_window\": false, \"tie_word_embeddings\": false,"
+     " \"bos_token_id\": 151643, \"eos_token_id\": 151643}"},
+};
+#define SY_KNOWN "bloom-560m, bloom-1b1, bloom-1b7, bloom-3b, bloom-7b1, bloom-176b, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b"
 
 /* ---- random numbers ---- */
 static uint64_t splitmix64(uint64_t *x) {
@@ -188,7 +229,7 @@ static const char *find_tokenizer(const char *given) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pollen synth --model NAME|CONFIG.json -o DIR [options]\n"
-            "  --model NAME           bloom-560m, bloom-1b1, bloom-1b7, bloom-3b, bloom-7b1, bloom-176b, or a config.json\n"
+            "  --model NAME           " SY_KNOWN ", or a config.json\n"
             "  -o, --output DIR       checkpoint directory to create (appears atomically)\n"
             "  --seed S               random seed (default 0)\n"
             "  --layers K             keep only K layers (config.json says K)\n"
@@ -236,53 +277,65 @@ int cmd_synth(int argc, char **argv) {
     const char *cfg_file = NULL;   /* --model given as a file */
     for (size_t i = 0; i < sizeof g_models / sizeof g_models[0]; i++)
         if (!strcmp(model, g_models[i].name)) cfg = builtin_config(&g_models[i], layers, bf16);
-    if (!cfg) {
-        json_error_t je;
-        size_t clen = 0;
-        cfg_file = model;
-        /* Read through pln_read_small_file: a FIFO or device given as --model is named, not waited on. */
-        char *ctext = pln_read_small_file(model, 1u << 20, &clen);
-        cfg = ctext ? json_loadb(ctext, clen, 0, &je) : NULL;
-        free(ctext);
-        if (!cfg || !json_is_object(cfg))
-            pln_die("--model %s: not a known model (bloom-560m, bloom-1b1, bloom-1b7, bloom-3b, bloom-7b1, bloom-176b) nor a readable config.json (%s)",
-                    model, cfg ? "not an object" : ctext ? je.text : pln_error());
-        if (layers >= 0) json_object_set_new(cfg, "n_layer", json_integer(layers));
+    bool builtin_json = false;
+    for (size_t i = 0; i < sizeof g_json_models / sizeof g_json_models[0] && !cfg; i++)
+        if (!strcmp(model, g_json_models[i].name)) {
+            cfg = json_loads(g_json_models[i].config, 0, NULL);
+            PLN_ASSERT(cfg);
+            builtin_json = true;
+        }
+    if (!cfg || builtin_json) {
+        if (!builtin_json) {
+            json_error_t je;
+            size_t clen = 0;
+            cfg_file = model;
+            /* Read through pln_read_small_file: a FIFO or device given as --model is named, not waited on. */
+            char *ctext = pln_read_small_file(model, 1u << 20, &clen);
+            cfg = ctext ? json_loadb(ctext, clen, 0, &je) : NULL;
+            free(ctext);
+            if (!cfg || !json_is_object(cfg))
+                pln_die("--model %s: not a known model (" SY_KNOWN ") nor a readable config.json (%s)",
+                        model, cfg ? "not an object" : ctext ? je.text : pln_error());
+        }
+        json_t *mt = json_object_get(cfg, "model_type");
+        const pln_family *f = pln_family_by_model_type(json_is_string(mt) ? json_string_value(mt) : NULL);
+        if (!f) pln_die("--model %s: %s", model, pln_error());
+        if (layers >= 0) json_object_set_new(cfg, f->layers_key, json_integer(layers));
         json_object_set_new(cfg, "torch_dtype", json_string(bf16 ? "bfloat16" : "float16"));
     }
-    pln_bloom_config bc;
-    if (pln_bloom_config_from_json(cfg, model, &bc)) pln_die("%s", pln_error());
-    int64_t H = bc.hidden_size, V = bc.vocab_size;
+    pln_hf_config bc;
+    if (pln_hf_config_from_json(cfg, model, &bc)) pln_die("%s", pln_error());
+    const pln_family *fam = pln_family_of(&bc);
 
-    /* The tensor list in module order (what save_pretrained iterates). */
-    size_t nt = 3 + (size_t)bc.n_layer * 12 + 2, k = 0;
+    /* The tensors the family's TP-1 plan reads, in its order (the forward pass's, which is about
+     * the module order save_pretrained iterates), each fused entry's sources one by one. */
+    pln_tp_entry *plan = NULL;
+    size_t np = 0;
+    if (fam->tp_plan(&bc, &(pln_tp_opts){.tp = 1}, 0, &plan, &np)) pln_die("--model %s: %s", model, pln_error());
+    size_t nt = 0, k = 0;
+    for (size_t i = 0; i < np; i++)
+        if (plan[i].transform != PLN_TP_QUANT_SCALE) nt += plan[i].n_segs ? (size_t)plan[i].n_segs : 1;
     sy_tensor *ts = pln_xcalloc(nt, sizeof *ts);
-#define ADD(nm, nd, r, c_, kd) do { sy_tensor *t_ = &ts[k]; snprintf(t_->name, sizeof t_->name, "transformer.%s", nm); \
-        t_->ndim = nd; t_->shape[0] = r; t_->shape[1] = c_; t_->kind = kd; t_->index = k; \
-        t_->nbytes = (uint64_t)(r) * (uint64_t)((nd) == 2 ? (c_) : 1) * 2; k++; } while (0)
-    ADD("word_embeddings.weight", 2, V, H, SY_WEIGHT);
-    ADD("word_embeddings_layernorm.weight", 1, H, 0, SY_LN_WEIGHT);
-    ADD("word_embeddings_layernorm.bias", 1, H, 0, SY_LN_BIAS);
-    for (int64_t l = 0; l < bc.n_layer; l++) {
-        char nm[PLN_TP_NAME_MAX];
-#define L(s) (snprintf(nm, sizeof nm, "h.%lld.%s", (long long)l, s), nm)
-        ADD(L("input_layernorm.weight"), 1, H, 0, SY_LN_WEIGHT);
-        ADD(L("input_layernorm.bias"), 1, H, 0, SY_LN_BIAS);
-        ADD(L("self_attention.query_key_value.weight"), 2, 3 * H, H, SY_WEIGHT);
-        ADD(L("self_attention.query_key_value.bias"), 1, 3 * H, 0, SY_BIAS);
-        ADD(L("self_attention.dense.weight"), 2, H, H, SY_WEIGHT);
-        ADD(L("self_attention.dense.bias"), 1, H, 0, SY_BIAS);
-        ADD(L("post_attention_layernorm.weight"), 1, H, 0, SY_LN_WEIGHT);
-        ADD(L("post_attention_layernorm.bias"), 1, H, 0, SY_LN_BIAS);
-        ADD(L("mlp.dense_h_to_4h.weight"), 2, 4 * H, H, SY_WEIGHT);
-        ADD(L("mlp.dense_h_to_4h.bias"), 1, 4 * H, 0, SY_BIAS);
-        ADD(L("mlp.dense_4h_to_h.weight"), 2, H, 4 * H, SY_WEIGHT);
-        ADD(L("mlp.dense_4h_to_h.bias"), 1, H, 0, SY_BIAS);
-#undef L
+    for (size_t i = 0; i < np; i++) {
+        const pln_tp_entry *e = &plan[i];
+        if (e->transform == PLN_TP_QUANT_SCALE) continue;
+        for (int g = 0; g < (e->n_segs ? e->n_segs : 1); g++) {
+            sy_tensor *t = &ts[k];
+            const char *src = e->n_segs ? e->segs[g].source : e->source;
+            snprintf(t->name, sizeof t->name, "%s%s", fam->hf_prefix, src);
+            t->ndim = e->src_ndim;
+            t->shape[0] = e->n_segs ? e->segs[g].src_rows : e->src_shape[0];
+            t->shape[1] = e->src_ndim == 2 ? e->src_shape[1] : 0;
+            /* 1-D: a norm's weight, a norm's bias (BLOOM's LayerNorms) or a projection's bias */
+            size_t nl = strlen(src);
+            bool bias = nl > 5 && !strcmp(src + nl - 5, ".bias"), norm = strstr(src, "norm") || !strncmp(src, "ln_", 3);
+            t->kind = t->ndim == 2 ? SY_WEIGHT : !bias ? SY_LN_WEIGHT : norm ? SY_LN_BIAS : SY_BIAS;
+            t->index = k;
+            t->nbytes = (uint64_t)t->shape[0] * (uint64_t)(t->ndim == 2 ? t->shape[1] : 1) * 2;
+            k++;
+        }
     }
-    ADD("ln_f.weight", 1, H, 0, SY_LN_WEIGHT);
-    ADD("ln_f.bias", 1, H, 0, SY_LN_BIAS);
-#undef ADD
+    free(plan);
     PLN_ASSERT(k == nt);
     /* Shards in module order, each at most shard_size (a bigger tensor gets a file of its own). */
     int n_files = 0;

@@ -2,7 +2,7 @@
  *
  * Without --source: the manifest, its config block, the tokenizer and config.json against their
  * recorded checksums (manifest version 2) and config.json against the manifest, every rank file's
- * size and header checksum, the tensor table against the "bloom-tp-v1" plan, every tensor's XXH3
+ * size and header checksum, the tensor table against its family's plan (formats/family.h), every tensor's XXH3
  * (a bad one is named), that all padding bytes are zero and every int8/int4 scale finite and
  * positive. With --source: every source tensor is rebuilt from its slices on all ranks (int8 and
  * int4 dequantized)
@@ -13,6 +13,7 @@
  * max-abs errors the manifest records; vocabulary pad rows must be zero. Streaming, row chunks
  * at a time, so a set of any size verifies in bounded memory. */
 #include "formats/common.h"
+#include "formats/family.h"
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "formats/tp.h"
@@ -62,7 +63,8 @@ typedef struct {
     pln_tp_qerr qerr;
 } vf_cmp;
 
-static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const uint8_t *d, const uint16_t *sc, vf_cmp *out) {
+static void compare_slice(const pln_tp_entry *e, const pln_tp_src *srcs, const uint8_t *d, const uint16_t *sc, vf_cmp *out) {
+    const pln_tensor *src = srcs->t[0];
     bool quant = pln_tp_is_quant(e), i4 = e->transform == PLN_TP_QUANT_I4;
     int64_t cols = e->cols, src_cols = e->src_shape[1], ng = quant ? cols / e->group : 0;
     size_t esz = pln_dtype_size(src->dtype), orow = pln_tp_row_bytes(e);
@@ -87,7 +89,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
                     for (size_t b = 0; b < orow; b++) padnz += o[b] != (i4 ? 0x88 : 0);   /* int4 zero: nibbles 8 */
                     continue;
                 }
-                const uint8_t *s = src->data + ((size_t)(e->row0 + lr) * (size_t)src_cols + (size_t)e->col0) * esz;
+                const uint8_t *s = pln_tp_src_row(e, srcs, lr);
                 uint64_t nf = 0;
                 pln_tp_to_f32(src->dtype, s, w, (size_t)cols, &nf);
                 if (!quant) {
@@ -129,7 +131,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
         out->pad_nonzero += padnz;
         out->max_abs = mx;
         int64_t real_end = r0 + nr < e->rows ? r0 + nr : e->rows;
-        if (real_end > r0) release(src->data + (size_t)(e->row0 + r0) * (size_t)src_cols * esz, (size_t)(real_end - r0) * (size_t)src_cols * esz);
+        if (real_end > r0 && !e->n_segs) release(src->data + (size_t)(e->row0 + r0) * (size_t)src_cols * esz, (size_t)(real_end - r0) * (size_t)src_cols * esz);
         release(d + (size_t)r0 * orow, (size_t)nr * orow);
     }
     free(row_err);
@@ -182,12 +184,12 @@ int cmd_verify(int argc, char **argv) {
     size_t n = 0;
     int64_t n_checked = 0;
     for (int r = 0; r < tp; r++) {
-        if (pln_tp_plan(&m, &o, r, &plans[r], &n)) { fail(&res, "%s: %s", dir, pln_error()); continue; }
+        if (pln_family_of(&set->config)->tp_plan(&set->config, &o, r, &plans[r], &n)) { fail(&res, "%s: %s", dir, pln_error()); continue; }
         shards[r] = pln_shardset_open_rank(set, r);
         if (!shards[r]) { fail(&res, "%s", pln_error()); continue; }
         const pln_shard *s = shards[r];
         /* the table must be the plan (reshard and the loader share one definition, checked here) */
-        if (s->n_tensors != n) fail(&res, "%s: %llu tensors, the %s plan has %zu", s->path, (unsigned long long)s->n_tensors, PLN_TP_LAYOUT, n);
+        if (s->n_tensors != n) fail(&res, "%s: %llu tensors, the %s plan has %zu", s->path, (unsigned long long)s->n_tensors, set->layout, n);
         for (size_t i = 0; i < n && i < s->n_tensors; i++) {
             const pln_shard_tensor *t = &s->tensors[i];
             const pln_tp_entry *e = &plans[r][i];
@@ -220,7 +222,15 @@ int cmd_verify(int argc, char **argv) {
                 fail(&res, "%s: config (vocab %lld, hidden %lld, n_head %lld, n_layer %lld) differs from the manifest's (%lld, %lld, %lld, %lld)",
                      source, (long long)sm.vocab_size, (long long)sm.hidden, (long long)sm.n_head, (long long)sm.n_layer,
                      (long long)m.vocab_size, (long long)m.hidden, (long long)m.n_head, (long long)m.n_layer);
-            const pln_tensor **srcs = pln_xcalloc(n, sizeof *srcs);
+            /* the family's own fields too (rotary, KV heads, end ids): weights alone do not show them */
+            if (ck.has_config && !res.n_fail) {
+                if (pln_family_of(&ck.config) != pln_family_of(&set->config))
+                    fail(&res, "%s: config.json's model_type \"%s\" is not the set's \"%s\"", source, ck.config.model_type,
+                         set->config.model_type);
+                else if (pln_family_of(&set->config)->config_agrees(&set->config, &ck.config, source, dir))
+                    fail(&res, "%s", pln_error());
+            }
+            pln_tp_src *srcs = pln_xcalloc(n, sizeof *srcs);
             if (!res.n_fail && pln_tp_find_sources(&ck, plans[0], n, srcs)) fail(&res, "%s", pln_error());
             json_t *rec = json_object_get(set->json, "tensors");
             if (!res.n_fail) {
@@ -234,7 +244,7 @@ int cmd_verify(int argc, char **argv) {
                     for (int r = 0; r < tp; r++) {
                         const pln_shard_tensor *t = &shards[r]->tensors[i];
                         const uint16_t *sc = quant ? pln_shard_data(shards[r], &shards[r]->tensors[i + 1]) : NULL;
-                        compare_slice(&plans[r][i], srcs[i], pln_shard_data(shards[r], t), sc, &c);
+                        compare_slice(&plans[r][i], &srcs[i], pln_shard_data(shards[r], t), sc, &c);
                     }
                     double rel = pln_tp_qerr_rel_rms(&c.qerr), rec_rel = NAN, rec_max = NAN;
                     json_t *rt = json_object_get(rec, e0->source);
@@ -257,9 +267,9 @@ int cmd_verify(int argc, char **argv) {
                         snprintf(rel_s, sizeof rel_s, "%.4e", rel);
                         snprintf(rec_s, sizeof rec_s, "%.4e", rec_rel);
                     }
-                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i]->dtype), as,
+                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i].t[0]->dtype), as,
                            c.max_abs, rel_s, rec_s,
-                           why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
+                           why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i].t[0]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
                            why[0] ? ": " : "", why);
                     if (why[0]) fail(&res, "%s: %s", e0->source, why);
                 }

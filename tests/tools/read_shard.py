@@ -298,10 +298,56 @@ def bloom_tp_v1(m):
     return out
 
 
+# ---- the llama-tp-v1 list (FORMAT.md "Layout llama-tp-v1") ----------------------------------------
+def llama_tp_v1(m):
+    c, tp = m["config"], m["tp"]
+    H, L, D, nh, nkv, I = (c["hidden_size"], c["n_layer"], c["head_dim"], c["n_head"], c["num_key_value_heads"],
+                           c["intermediate_size"])
+    if nh % tp or I % tp or (nkv % tp and tp % nkv):
+        raise Bad(f"heads {nh}/{nkv} or intermediate_size {I} do not split over tp {tp}")
+    hl, kvl, Fl, Vr = nh // tp, (nkv // tp if nkv % tp == 0 else 1), I // tp, m["vocab_padded"] // tp
+    Q = (hl + 2 * kvl) * D
+    q = m["dtype"] if m["dtype"] != "fp16" else False
+    emb = "int8" if q and m["quantize_embedding"] else False
+    G = m["group_size"]
+    out = []
+
+    def lin(name, rows, cols, qq):
+        if qq == "int4":
+            out.append((name, "U8", [rows, cols // 2]))
+            out.append((name + "_scale", "F16", [rows, cols // G]))
+        elif qq:
+            out.append((name, "I8", [rows, cols]))
+            out.append((name + "_scale", "F16", [rows, cols // (G or cols)]))
+        else:
+            out.append((name, "F16", [rows, cols]))
+
+    lin("model.embed_tokens.weight", Vr, H, emb)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", "F16", [H]))
+        lin(p + "self_attn.qkv_proj.weight", Q, H, q)
+        if c["qkv_bias"]:
+            out.append((p + "self_attn.qkv_proj.bias", "F16", [Q]))
+        lin(p + "self_attn.o_proj.weight", H, hl * D, q)
+        if c["o_bias"]:
+            out.append((p + "self_attn.o_proj.bias", "F16", [H]))
+        out.append((p + "post_attention_layernorm.weight", "F16", [H]))
+        lin(p + "mlp.gate_up_proj.weight", 2 * Fl, H, q)
+        lin(p + "mlp.down_proj.weight", H, Fl, q)
+    out.append(("model.norm.weight", "F16", [H]))
+    if not c["tie_word_embeddings"]:
+        lin("lm_head.weight", Vr, H, emb)
+    return out
+
+
+LAYOUTS = {"bloom-tp-v1": bloom_tp_v1, "llama-tp-v1": llama_tp_v1}
+
+
 def read_set(d):
     with open(os.path.join(d, "manifest.json"), "rb") as f:
         m = json.loads(f.read().decode("utf-8"), object_pairs_hook=no_dups)
-    if m.get("format") != "pollen-shards" or m.get("version") not in (1, 2) or m.get("layout") != "bloom-tp-v1":
+    if m.get("format") != "pollen-shards" or m.get("version") not in (1, 2) or m.get("layout") not in LAYOUTS:
         raise Bad(f"{d}: unknown format/version/layout")
     if m["version"] >= 2:
         check_small_files(d, m)
@@ -310,7 +356,7 @@ def read_set(d):
         raise Bad(f"{d}: vocab_padded or n_head inconsistent with tp {tp}")
     if len(m["files"]) != tp:
         raise Bad(f"{d}: {len(m['files'])} files for tp {tp}")
-    want = bloom_tp_v1(m)
+    want = LAYOUTS[m["layout"]](m)
     ranks = []
     for r, fe in enumerate(m["files"]):
         if fe["rank"] != r or fe["name"] != f"rank-{r}-of-{tp}.pln":
@@ -323,7 +369,7 @@ def read_set(d):
             raise Bad(f"{path}: preamble disagrees with the manifest")
         got = [(t["name"], t["dtype"], t["shape"]) for t in rf["tensors"]]
         if got != want:
-            raise Bad(f"{path}: tensor list differs from bloom-tp-v1")
+            raise Bad(f"{path}: tensor list differs from {m['layout']}")
         ranks.append(rf)
     return m, ranks
 
@@ -334,7 +380,23 @@ def canonical_config(c):
     return (f"vocab_size={c['vocab_size']}\nhidden_size={c['hidden_size']}\nn_head={c['n_head']}\n"
             f"n_layer={c['n_layer']}\nlayer_norm_epsilon={eps:016x}\nbos_token_id={c['bos_token_id']}\n"
             f"eos_token_id={c['eos_token_id']}\npad_token_id={c['pad_token_id']}\n"
-            f"torch_dtype={c.get('torch_dtype', '')}\n").encode("utf-8")
+            f"torch_dtype={c.get('torch_dtype', '')}\n" + llama_canonical(c)).encode("utf-8")
+
+
+def llama_canonical(c):
+    """The Llama family's lines after torch_dtype (FORMAT.md "Layout llama-tp-v1"); none for BLOOM."""
+    if "model_type" not in c:
+        return ""
+    bits = lambda x: f"{struct.unpack('<Q', struct.pack('<d', float(x)))[0]:016x}"
+    rs = c["rope_scaling"]
+    return (f"model_type={c['model_type']}\nnum_key_value_heads={c['num_key_value_heads']}\nhead_dim={c['head_dim']}\n"
+            f"intermediate_size={c['intermediate_size']}\nmax_position_embeddings={c['max_position_embeddings']}\n"
+            f"sliding_window={c['sliding_window']}\nrope_theta={bits(c['rope_theta'])}\nrope_type={rs['rope_type']}\n"
+            f"rope_factor={bits(rs['factor'])}\nrope_low_freq_factor={bits(rs['low_freq_factor'])}\n"
+            f"rope_high_freq_factor={bits(rs['high_freq_factor'])}\n"
+            f"rope_original_max_position_embeddings={rs['original_max_position_embeddings']}\n"
+            f"tie_word_embeddings={int(c['tie_word_embeddings'])}\nqkv_bias={int(c['qkv_bias'])}\no_bias={int(c['o_bias'])}\n"
+            f"eos_token_ids={','.join(str(i) for i in c['eos_token_ids'])}\n")
 
 
 def check_small_files(d, m):
