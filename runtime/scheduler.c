@@ -277,6 +277,17 @@ int pln_sched_submit(pln_sched *s, pln_job *j, pln_req_error *err) {
                                 "prompt + max new tokens need %lld KV blocks of %d tokens; the cache holds %lld",
                                 (long long)need, s->info.block_size, (long long)s->info.kv_blocks_total);
     }
+    /* More sequences than may ever be in flight at once: no wait makes room, so this is the
+     * client's request to change, not a retryable 429. */
+    if (j->n_seqs > s->lim.max_concurrent_requests) {
+        const char *bo = api == PLN_API_TGI || j->best_of > j->n_answer ? "best_of" : "n";
+        const char *field = j->best_of > 1 ? bo : api == PLN_API_TGI ? "inputs" : "prompt";
+        return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, field,
+                            "the request needs %d sequences (%d prompt%s x `%s` %d), more than the %d the server runs at "
+                            "once (--max-concurrent-requests %d): send fewer prompts or a smaller `%s`",
+                            j->n_seqs, j->n_prompts, j->n_prompts == 1 ? "" : "s", bo, j->best_of,
+                            s->lim.max_concurrent_requests, s->lim.max_concurrent_requests, j->best_of > 1 ? bo : "prompt");
+    }
     pthread_mutex_lock(&s->mu);
     int rc = 0;
     if (s->unhealthy) {

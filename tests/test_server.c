@@ -470,6 +470,51 @@ static void test_chat(const pln_serve_limits *lim) {
     inst_stop(&C);
 }
 
+/* A request with more sequences (prompts x n/best_of) than --max-concurrent-requests can never
+ * be admitted, whatever else is running: a 4xx naming both numbers and the field, on every route
+ * that takes n or best_of, never the retryable 429 (which says "wait and retry"). */
+static void test_never_admitted(const pln_serve_limits *base) {
+    static char empty[] = "", u[] = "U:", nl[] = "|", gp[] = "A:";
+    static const pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp};
+    pln_serve_limits lim = *base;
+    lim.max_concurrent_requests = 2;
+    g_chat = &tpl;
+    inst I;
+    inst_start(&I, &lim, 0, 0);
+    g_chat = NULL;
+    static const struct { const char *route, *body; int status; const char *field, *need; } t[] = {
+        {"/generate", "{\"inputs\":\"a\",\"parameters\":{\"best_of\":3,\"do_sample\":true}}", 422, "best_of", "3 sequences"},
+        {"/", "{\"inputs\":\"a\",\"parameters\":{\"best_of\":4,\"do_sample\":true}}", 422, "best_of", "4 sequences"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"n\":3}", 400, "n", "3 sequences"},
+        {"/v1/completions", "{\"prompt\":\"a\",\"n\":1,\"best_of\":3}", 400, "best_of", "3 sequences"},
+        {"/v1/completions", "{\"prompt\":[\"a\",\"b\"],\"n\":2}", 400, "n", "4 sequences (2 prompts x `n` 2)"},
+        {"/v1/completions", "{\"prompt\":[\"a\",\"b\",\"c\"]}", 400, "prompt", "3 sequences (3 prompts x `n` 1)"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":3}", 400, "n", "3 sequences"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        resp r = http(I.port, "POST", t[i].route, t[i].body);
+        json_t *o = jparse(r.body);
+        json_t *e = t[i].status == 400 ? json_object_get(o, "error") : o;
+        const char *msg = jstr(e, t[i].status == 400 ? "message" : "error");
+        bool shape = t[i].status == 400 ? jstr(e, "param") && !strcmp(jstr(e, "param"), t[i].field)
+                                         : jstr(e, "error_type") && !strcmp(jstr(e, "error_type"), "validation");
+        CHECK(r.status == t[i].status && shape && msg && strstr(msg, t[i].need) && strstr(msg, "--max-concurrent-requests 2") &&
+                  strstr(msg, t[i].field),
+              "%s %s over --max-concurrent-requests 2: %d naming `%s`, both numbers (%d %s)", t[i].route, t[i].body,
+              t[i].status, t[i].field, r.status, r.body);
+        json_decref(o);
+        free(r.body);
+    }
+    CHECK(metric(I.port, "pln_requests_total{route=\"generate\",outcome=\"overloaded\"}") == 0 &&
+              metric(I.port, "pln_requests_total{route=\"generate\",outcome=\"validation_error\"}") == 1,
+          "counted as a validation error, not as overload");
+    /* at the limit it is admitted */
+    resp r = http(I.port, "POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\"],\"max_tokens\":2}");
+    CHECK(r.status == 200, "2 prompts x n 1 at --max-concurrent-requests 2: admitted (%d %s)", r.status, r.body);
+    free(r.body);
+    inst_stop(&I);
+}
+
 int main(void) {
     test_begin("test_server");
     signal(SIGPIPE, SIG_IGN);
@@ -508,6 +553,7 @@ int main(void) {
     free(r.body);
     test_compat(port);
     test_chat(&lim);
+    test_never_admitted(&lim);
 
     /* ---- validation over the wire: status, error shape, message ---- */
     static const struct { const char *path, *body; int status; const char *msg; } bad[] = {
