@@ -833,6 +833,9 @@ typedef struct guard_conn {
     bool busy;              /* the current request arrived whole: being answered, no deadline */
     bool answered;          /* a response was queued before the body: libmicrohttpd writes it */
     bool shut;              /* already shut down by the watchdog */
+    int target_ctl;         /* the current request target's first control byte, -1: none */
+    const char *target;     /* the current request target as guard_on_uri saw it, and its length */
+    size_t target_len;
 } guard_conn;
 
 static guard_conn *guard_of(struct MHD_Connection *con) {
@@ -848,6 +851,7 @@ static void guard_on_connection(void *cls, struct MHD_Connection *con, void **so
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
         g->fd = ci ? ci->connect_fd : -1;
         g->ready_at = pln_now();
+        g->target_ctl = -1;
         pthread_mutex_lock(&s->guard_mu);
         g->next = s->guard_head;
         if (g->next) g->next->prev = g;
@@ -867,17 +871,40 @@ static void guard_on_connection(void *cls, struct MHD_Connection *con, void **so
     }
 }
 
-/* MHD_OPTION_URI_LOG_CALLBACK: the first line of a request has arrived. Returns the initial
+/* MHD_OPTION_URI_LOG_CALLBACK: the first line of a request has arrived; uri is the target as sent,
+ * before libmicrohttpd decodes it (the only place a "%00" can still be seen). Returns the initial
  * request context, which must stay NULL (on_request allocates its own). */
 static void *guard_on_uri(void *cls, const char *uri, struct MHD_Connection *con) {
     pln_server *s = cls;
     guard_conn *g = guard_of(con);
     if (g) {
+        int ctl = pln_http_target_control(uri);
         pthread_mutex_lock(&s->guard_mu);
         g->started = true;
+        g->target_ctl = ctl;
+        g->target = uri;
+        g->target_len = strlen(uri);
         pthread_mutex_unlock(&s->guard_mu);
     }
     return NULL;
+}
+
+/* The control byte guard_on_uri found in this request's target; -1: none. A raw NUL ends the C
+ * string libmicrohttpd hands over, so it is found by position instead: libmicrohttpd parses the
+ * request line in place, the target running up to the last space, which it overwrites with the
+ * NUL that ends the target, and the version right after it. A version further on than the end of
+ * the target seen means the target had a NUL of its own. (tests/test_http_hostile.c holds this:
+ * a raw NUL is refused, a query string is not.) */
+static int guard_target_control(pln_server *s, struct MHD_Connection *con, const char *version) {
+    guard_conn *g = guard_of(con);
+    if (!g) return -1;
+    pthread_mutex_lock(&s->guard_mu);
+    int ctl = g->target_ctl;
+    const char *t = g->target;
+    size_t tl = g->target_len;
+    pthread_mutex_unlock(&s->guard_mu);
+    if (ctl < 0 && t && version > t + tl + 1 && version - t < 65536 && !memcmp(version, "HTTP/", 5)) ctl = 0;
+    return ctl;
 }
 
 typedef enum { GUARD_ARRIVED, GUARD_ANSWERED_EARLY, GUARD_DONE } guard_event;
@@ -889,7 +916,7 @@ static void guard_note(pln_server *s, struct MHD_Connection *con, guard_event ev
     switch (ev) {
     case GUARD_ARRIVED: g->busy = true; break;
     case GUARD_ANSWERED_EARLY: g->answered = true; break;
-    case GUARD_DONE: g->busy = g->started = g->answered = false; g->ready_at = pln_now(); break;
+    case GUARD_DONE: g->busy = g->started = g->answered = false; g->target_ctl = -1; g->target = NULL; g->ready_at = pln_now(); break;
     }
     pthread_mutex_unlock(&s->guard_mu);
 }
@@ -1064,6 +1091,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         if (frame_check(c, con, &fret)) return fret;
         pln_req_error err;
         bool body_left = c->frame != PLN_FRAME_NONE;
+        /* A decoded NUL would cut "/generate%00x" down to "/generate": no route is chosen from a
+         * target with a control byte in it. */
+        int ctl = guard_target_control(s, con, version);
+        if (ctl >= 0)
+            return send_early_error(c, con, (pln_req_fail(&err, c->api, 400, NULL,
+                                                          "the request target has a control byte (0x%02x, raw or "
+                                                          "percent-encoded): refused", ctl), &err), true);
         if (!known)
             return send_early_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err),
                                     body_left);

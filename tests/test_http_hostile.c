@@ -268,6 +268,19 @@ static void test_framing_table(void) {
     }
 }
 
+/* The control-byte scan of a raw target, as a table. */
+static void test_target_table(void) {
+    static const struct { const char *t; int want; } t[] = {
+        {"/generate", -1}, {"/generate%00x", 0}, {"/metrics%00.css", 0}, {"/a?b=%0a", 0x0a}, {"/a?b=%0A", 0x0a},
+        {"/%7f", 0x7f}, {"/%7F", 0x7f}, {"/%1F", 0x1f}, {"/%20%41%7e", -1}, {"/a\x01", 1}, {"/a\t", 9},
+        {"/%", -1}, {"/%0", -1}, {"/%zz%00", 0}, {"/%%00", 0}, {"/%250", -1}, {"/\x7f", 0x7f}, {"/\xc3\xa9", -1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        int got = pln_http_target_control(t[i].t);
+        CHECK(got == t[i].want, "control byte of target %zu: %d, want %d", i, got, t[i].want);
+    }
+}
+
 static void test_framing(int port) {
     static const struct { const char *what, *req; int status; bool must_close; } cases[] = {
         {"two different Content-Length",
@@ -379,6 +392,74 @@ static void test_framing(int port) {
     /* The server still serves after all of it. */
     r = http_from(port, NULL, "POST", "/tokenize", "{\"inputs\":\"ok\"}");
     CHECK(r.status == 200, "served after the hostile requests (%d)", r.status);
+    free(r.data);
+}
+
+/* ---- control bytes in the request target ------------------------------------------------
+ * libmicrohttpd decodes the target into a C string: "%00" would end it, and "/generate%00x" or
+ * "/metrics%00.css" would be served as the real routes (a path rule in a proxy in front bypassed).
+ * Every control byte, percent-encoded (either case of hex) or raw, in the path or the query, on
+ * every route and both methods, is a 400 naming it, and the connection is closed. */
+static void test_target_control(int port) {
+    static const char *const routes[] = {"/generate", "/generate_stream", "/tokenize", "/health", "/info", "/metrics",
+                                         "/v1/completions", "/v1/models", "/", "/v1/chat/completions", "/nowhere"};
+    static const char *const methods[] = {"GET", "POST"};
+    int n = 0, bad = 0;
+    char first_bad[256] = "";
+    for (size_t ri = 0; ri < sizeof routes / sizeof routes[0]; ri++)
+        for (size_t mi = 0; mi < 2; mi++)
+            for (int b = 0; b <= 0x20; b++) {
+                int byte = b == 0x20 ? 0x7f : b;
+                for (int where = 0; where < 3; where++) {   /* %XX in the path, %xx in the query, %XX then more path */
+                    char target[128];
+                    if (where == 0) snprintf(target, sizeof target, "%s%%%02X", routes[ri], byte);
+                    else if (where == 1) snprintf(target, sizeof target, "%s?a=%%%02x", routes[ri], byte);
+                    else snprintf(target, sizeof target, "%s%%%02X.css", routes[ri], byte);
+                    char *req = pln_xasprintf("%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", methods[mi], target);
+                    raw_result r = raw_str(port, req, 5.0);
+                    n++;
+                    bool ok = r.status == 400 && r.closed && strstr(body_of(&r), "control byte");
+                    if (!ok && !bad++)
+                        snprintf(first_bad, sizeof first_bad, "%s %s: %d closed %d %.80s", methods[mi], target, r.status,
+                                 r.closed, body_of(&r));
+                    free(r.data);
+                    free(req);
+                }
+            }
+    CHECK(bad == 0, "percent-encoded control bytes in %d targets: each a 400 naming it, then closed (%d not; first: %s)", n, bad,
+          first_bad);
+    /* raw control bytes (CR and LF end the line: not part of a target) */
+    n = bad = 0;
+    for (size_t ri = 0; ri < sizeof routes / sizeof routes[0]; ri++)
+        for (int b = 0; b <= 0x20; b++) {
+            int byte = b == 0x20 ? 0x7f : b;
+            if (byte == '\r' || byte == '\n') continue;
+            char req[256];
+            int len = snprintf(req, sizeof req, "POST %s", routes[ri]);
+            req[len++] = (char)byte;
+            len += snprintf(req + len, sizeof req - (size_t)len, "x HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}");
+            raw_result r = raw(port, NULL, req, (size_t)len, 5.0);
+            n++;
+            /* refused by libmicrohttpd's own parser (400, or a close) or by the server (400) */
+            bool ok = r.closed && (r.status == 400 || r.status == 0);
+            if (!ok && !bad++)
+                snprintf(first_bad, sizeof first_bad, "0x%02x after %s: %d closed %d %.80s", byte, routes[ri], r.status, r.closed,
+                         r.data);
+            free(r.data);
+        }
+    CHECK(bad == 0, "raw control bytes in %d targets: a 400 or a close, never served (%d not; first: %s)", n, bad, first_bad);
+    /* a percent-encoded ordinary byte is still decoded and routed */
+    raw_result r = raw_str(port, "GET /he%61lth HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 5.0);
+    CHECK(r.status == 200, "GET /he%%61lth is /health (%d)", r.status);
+    free(r.data);
+    r = raw_str(port, "GET /health?probe=1&b=%41 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 5.0);
+    CHECK(r.status == 200, "GET /health?probe=1&b=%%41: a query string is no control byte (%d)", r.status);
+    free(r.data);
+    r = raw_str(port, "GET  /health  HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 5.0);
+    CHECK(r.status != 400 || !strstr(r.data, "control byte"), "extra spaces around the target are no control byte (%d)", r.status);
+    free(r.data);
+    r = http_from(port, NULL, "POST", "/tokenize", "{\"inputs\":\"ok\"}");
+    CHECK(r.status == 200, "served after the control bytes (%d)", r.status);
     free(r.data);
 }
 
@@ -574,9 +655,11 @@ int main(void) {
     lim.request_timeout_s = 2;
 
     test_framing_table();
+    test_target_table();
     inst A;
     inst_start(&A, &lim, 0);
     test_framing(A.port);
+    test_target_control(A.port);
     test_caps(A.port);
     inst_stop(&A, 5.0);
 
