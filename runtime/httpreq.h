@@ -74,6 +74,10 @@ typedef struct {
     bool echo;               /* OpenAI: the text starts with the prompt */
     int32_t truncate;        /* TGI: keep only the last `truncate` prompt tokens (0 = off) */
     bool chat;               /* OpenAI chat: answered as chat.completion(.chunk) */
+    /* The names the client used, for errors found after parsing (static strings): the prompt
+     * ("inputs", "prompt", "messages") and the new-token limit ("max_new_tokens", "max_tokens",
+     * "max_completion_tokens"). */
+    const char *prompt_field, *max_tokens_field;
 } pln_gen_request;
 
 /* TGI body {"inputs": str, "parameters": {...}, "stream": bool}. Unknown parameters are ignored
@@ -122,9 +126,10 @@ int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits 
 void pln_gen_request_free(pln_gen_request *r);
 
 /* The token-count checks done once the prompt is tokenized: empty prompt, over max_input_tokens,
- * prompt + max_new_tokens over max_total_tokens. */
-int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens,
-                          const pln_serve_limits *lim, pln_req_error *err);
+ * prompt + max_new_tokens over max_total_tokens. The errors name prompt_field and max_field, the
+ * fields the client sent (pln_gen_request's; NULL: the api's usual ones). */
+int pln_req_check_lengths(pln_api api, const char *prompt_field, const char *max_field, int32_t n_input,
+                          int32_t max_new_tokens, const pln_serve_limits *lim, pln_req_error *err);
 
 /* Serializes an error body: TGI {"error","error_type"}; OpenAI {"error":{message,type,param,code}}.
  * Returns a malloc'd string. */

@@ -577,7 +577,7 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
             memmove(ids[i], ids[i] + (n_ids[i] - req.truncate), sizeof(int32_t) * (size_t)req.truncate);
             n_ids[i] = req.truncate;
         }
-        rc = pln_req_check_lengths(req.api, n_ids[i], req.max_new_tokens, &s->lim, &err);
+        rc = pln_req_check_lengths(req.api, req.prompt_field, req.max_tokens_field, n_ids[i], req.max_new_tokens, &s->lim, &err);
     }
     pln_job *job = NULL;
     if (!rc) {
@@ -639,7 +639,7 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
     free(text);
     /* The same cap as /generate: the reply (an object per token) and the memory to build it
      * grow with the token count, so they stay bounded by --max-input-tokens. */
-    if (pln_req_check_lengths(PLN_API_TGI, n, 0, &s->lim, &err)) {
+    if (pln_req_check_lengths(PLN_API_TGI, NULL, NULL, n, 0, &s->lim, &err)) {
         free(ids);
         return send_error(c, con, &err);
     }
