@@ -498,8 +498,14 @@ static int tpl_string(const char *path, json_t *o, const char *key, const char *
 
 int pln_chat_template_load(const char *path, pln_chat_template *t) {
     memset(t, 0, sizeof *t);
+    /* Through the one checked open: a FIFO, a directory or a device given as --chat-template is
+     * named at once, never waited on or read without end. */
+    size_t len;
+    char *text = pln_read_small_file(path, PLN_CHAT_TEMPLATE_MAX_BYTES, &len);
+    if (!text) return -1;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!root) return pln_errorf("%s: not a chat template: %s (line %d)", path, je.text, je.line);
     int rc = 0;
     const char *key;

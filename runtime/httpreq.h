@@ -108,7 +108,10 @@ typedef struct {
     char **stop;
     int32_t n_stop;
 } pln_chat_template;
-/* Loads and checks path; -1 + error naming the file and the field. */
+/* The largest chat template file read (a template is a few hundred bytes). */
+#define PLN_CHAT_TEMPLATE_MAX_BYTES (1u << 20)
+/* Loads and checks path, a regular file of at most PLN_CHAT_TEMPLATE_MAX_BYTES (opened with
+ * pln_open_file); -1 + error naming the file and the field. */
 int pln_chat_template_load(const char *path, pln_chat_template *t);
 void pln_chat_template_free(pln_chat_template *t);
 
