@@ -54,6 +54,7 @@ struct pln_server {
     bool guard_running, guard_stop;
     atomic_int in_flight;                         /* requests received whole, not yet answered */
     atomic_ullong deadline_closed;                /* connections shut by --request-timeout */
+    atomic_int tcp_open;                          /* client connections accepted, not yet closed */
 };
 
 typedef struct {
@@ -800,6 +801,8 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
               st.healthy && !st.draining);
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",
               atomic_load(&s->open));
+    sb_printf(&b, "# HELP pln_client_connections TCP connections accepted and not yet closed (this one included), whatever "
+                  "they have sent.\n# TYPE pln_client_connections gauge\npln_client_connections %d\n", atomic_load(&s->tcp_open));
     sb_printf(&b, "# HELP pln_request_timeouts_total Connections closed because a request did not arrive whole within --request-timeout.\n"
                   "# TYPE pln_request_timeouts_total counter\npln_request_timeouts_total %llu\n",
               (unsigned long long)atomic_load(&s->deadline_closed));
@@ -858,6 +861,7 @@ static void guard_on_connection(void *cls, struct MHD_Connection *con, void **so
         s->guard_head = g;
         pthread_mutex_unlock(&s->guard_mu);
         *socket_context = g;
+        atomic_fetch_add(&s->tcp_open, 1);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         guard_conn *g = *socket_context;
         if (!g) return;
@@ -868,6 +872,7 @@ static void guard_on_connection(void *cls, struct MHD_Connection *con, void **so
         pthread_mutex_unlock(&s->guard_mu);
         free(g);
         *socket_context = NULL;
+        atomic_fetch_sub(&s->tcp_open, 1);
     }
 }
 
