@@ -1201,6 +1201,7 @@ fail:
 
 int pln_server_port(const pln_server *s) { return s->port; }
 int pln_server_open_responses(pln_server *s) { return atomic_load(&s->in_flight); }
+int pln_server_client_connections(pln_server *s) { return atomic_load(&s->tcp_open); }
 
 void pln_server_stop(pln_server *s, double grace_s) {
     if (!s) return;

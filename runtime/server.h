@@ -26,6 +26,8 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
 int pln_server_port(const pln_server *s);
 /* Responses still being written (streams included). */
 int pln_server_open_responses(pln_server *s);
+/* TCP connections accepted and not yet closed, whatever they have sent (pln_client_connections). */
+int pln_server_client_connections(pln_server *s);
 /* Waits up to grace_s for open responses to finish, then closes every connection and frees. */
 void pln_server_stop(pln_server *s, double grace_s);
 

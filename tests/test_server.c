@@ -346,7 +346,10 @@ static int open_stream(int port, const char *body) {
     return -1;
 }
 
+/* Waits for a state the server reports; secs is what a quiet machine needs, and at least 30 s are
+ * allowed (a hang guard: a loaded machine is slow, not wrong). */
 static bool wait_metric(int port, const char *name, double want, double secs) {
+    if (secs < 30) secs = 30;
     double t0 = pln_now();
     while (pln_now() - t0 < secs) {
         if (metric(port, name) == want) return true;
@@ -748,11 +751,13 @@ int main(void) {
     for (int i = 0; i < 4; i++) free(pa[i].text);
     CHECK(A.fe.max_batch_seen >= 2, "requests were batched together (max batch %d)", A.fe.max_batch_seen);
 
-    /* ---- a short request behind long ones finishes in about its own time ---- */
+    /* ---- a short request behind long ones finishes before them ---- */
     int lfd[2];
     for (int i = 0; i < 2; i++) lfd[i] = open_stream(port, "{\"inputs\":\"long\",\"parameters\":{\"max_new_tokens\":180}}");
     r = http(port, "POST", "/generate", "{\"inputs\":\"short\",\"parameters\":{\"max_new_tokens\":5}}");
-    CHECK(r.status == 200 && r.secs < 0.3, "short request behind long ones took %.3f s", r.secs);
+    /* answered while both long ones still run: it did not wait for them (steps, not seconds) */
+    double still = metric(port, "pln_running_sequences");
+    CHECK(r.status == 200 && still == 2, "short request behind long ones finished while they run (%g running; %.3f s)", still, r.secs);
     free(r.body);
 
     /* ---- client disconnect mid-stream: slot and KV blocks come back ---- */
@@ -775,7 +780,7 @@ int main(void) {
         send_req(sfd[i], "POST", "/generate_stream", busy, strlen(busy));
     }
     double nrun = 0, nq = 0;
-    for (double t1 = pln_now(); pln_now() - t1 < 3.0; usleep(10000)) {
+    for (double t1 = pln_now(); pln_now() - t1 < 30.0; usleep(10000)) {
         nq = metric(port, "pln_queue_size");
         nrun = metric(port, "pln_running_sequences");
         if (nq == 4 && nrun == 2) break;
@@ -784,8 +789,10 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
         r = http(port, "POST", "/generate", "{\"inputs\":\"extra\"}");
         o = jparse(r.body);
-        CHECK(r.status == 429 && !strcmp(jstr(o, "error_type"), "overloaded") && r.secs < 0.5, "extra %d -> %d in %.3f s: %s", i,
-              r.status, r.secs, r.body);
+        /* at once: answered while the six still hold every place (not queued until one ends) */
+        double q = metric(port, "pln_queue_size"), run = metric(port, "pln_running_sequences");
+        CHECK(r.status == 429 && !strcmp(jstr(o, "error_type"), "overloaded") && q == 4 && run == 2,
+              "extra %d -> %d while 2 run and 4 wait (%g, %g; %.3f s): %s", i, r.status, run, q, r.secs, r.body);
         json_decref(o);
         free(r.body);
     }
@@ -811,7 +818,7 @@ int main(void) {
     pthread_t dth;
     pthread_create(&dth, NULL, par_generate, &dr);
     double t0 = pln_now();
-    while (metric(port, "pln_running_sequences") < 1 && pln_now() - t0 < 3) usleep(5000);
+    while (metric(port, "pln_running_sequences") < 1 && pln_now() - t0 < 30) usleep(5000);
     pln_sched_stop(A.sched);
     r = http(port, "POST", "/generate", "{\"inputs\":\"late\"}");
     CHECK(r.status == 503, "new request while draining -> %d", r.status);
@@ -896,20 +903,21 @@ int main(void) {
     inst C;
     inst_start(&C, &lc, 0, 0);
     int idle[2] = {connect_to(C.port), connect_to(C.port)};
-    usleep(100000);
+    for (t0 = pln_now(); pln_server_client_connections(C.srv) < 2 && pln_now() - t0 < 30;) usleep(5000);   /* both accepted */
     r = http(C.port, "GET", "/health", NULL);
     CHECK(r.status == 0, "a third connection over --max-connections 2 gets no answer (%d)", r.status);
     free(r.body);
     char byte;
-    struct timeval tv1 = {3, 0};
+    struct timeval tv1 = {30, 0};   /* a hang guard: the server's close ends the read (0), not this (-1) */
     setsockopt(idle[0], SOL_SOCKET, SO_RCVTIMEO, &tv1, sizeof tv1);
     t0 = pln_now();
     ssize_t got = read(idle[0], &byte, 1);
     double idle_s = pln_now() - t0;
-    CHECK(got == 0 && idle_s < 2.5, "idle connection closed by --timeout 1 (read %zd after %.2f s)", got, idle_s);
+    CHECK(got == 0 && idle_s >= 0.9, "idle connection closed by --timeout 1, not before (read %zd after %.2f s)", got, idle_s);
     close(idle[0]);
     close(idle[1]);
-    usleep(1200000);   /* the second idle one has timed out as well */
+    /* the second idle one has timed out as well: the server has let both go */
+    for (t0 = pln_now(); pln_server_client_connections(C.srv) > 0 && pln_now() - t0 < 30;) usleep(10000);
     r = http(C.port, "GET", "/health", NULL);
     CHECK(r.status == 200, "served again once idle connections are gone (%d)", r.status);
     free(r.body);
