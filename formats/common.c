@@ -552,9 +552,24 @@ static void set_handler(int sig, void (*h)(int)) {
     sigaction(sig, &sa, NULL);
 }
 
-/* Every terminating signal to h; SIGXFSZ ignored (see g_term_signals). */
+static void exit_signal_handler(int sig);
+
+/* Every terminating signal to h; SIGXFSZ ignored (see g_term_signals). SIGINT, SIGTERM and SIGHUP
+ * are always taken (a background job starts with SIGINT ignored, and must still stop on it). The
+ * others only where they would terminate: a signal the launcher set to be ignored (nohup, a
+ * shell's background job) does not end the process, and a handler someone else installed (a
+ * profiler's SIGPROF) is theirs. */
+static void outdir_signal_handler(int sig);
 static void set_term_handlers(void (*h)(int)) {
-    for (int i = 0; i < N_TERM_SIGNALS; i++) set_handler(g_term_signals[i], h);
+    for (int i = 0; i < N_TERM_SIGNALS; i++) {
+        int sig = g_term_signals[i];
+        struct sigaction old;
+        bool always = sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
+        if (!always && sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_DFL &&
+            old.sa_handler != exit_signal_handler && old.sa_handler != outdir_signal_handler)
+            continue;
+        set_handler(sig, h);
+    }
     signal(SIGXFSZ, SIG_IGN);
 }
 
@@ -566,6 +581,7 @@ void pln_outdir_cleanup_on_signal(const char *tmp_path) {
 static char g_exit_who[64];
 static void exit_signal_handler(int sig) {
     if (g_committing) { g_pending_sig = sig; return; }
+    if (sig == SIGPIPE) { remove_tmp_signal_safe(); die_of(sig); }   /* `pollen inspect | head`: quietly, as before */
     sig_puts("\npollen");
     if (g_exit_who[0]) { sig_puts(" "); sig_puts(g_exit_who); }
     sig_puts(": interrupted by ");

@@ -649,6 +649,7 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     }
     /* the max_tokens the completions parser sees is max_completion_tokens when that was sent */
     const char *max_field = !rc && mc && !json_object_get(root, "max_tokens") ? "max_completion_tokens" : "max_tokens";
+    const bool top_lp_sent = tl != NULL;   /* root (and tl with it) is released below */
     free(prompt);
     json_decref(root);
     if (rc) { json_decref(c); return -1; }
@@ -663,7 +664,7 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
         /* errors say what the chat client sent, not the completions request it became */
         rename_param(err, "prompt", "messages");
         rename_param(err, "max_tokens", max_field);
-        if (tl) rename_param(err, "logprobs", "top_logprobs");
+        if (top_lp_sent) rename_param(err, "logprobs", "top_logprobs");
         return rc;
     }
     r->chat = true;

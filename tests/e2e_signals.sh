@@ -83,8 +83,12 @@ wait_writing() {
 # interrupt_write LABEL SIG OUT LAUNCH...: signals LAUNCH once it is writing its temporary output.
 interrupt_write() {
   local label=$1 sig=$2 out=$3; shift 3
+  # job control on: a background job of a script otherwise starts with SIGINT and SIGQUIT
+  # ignored, and pollen leaves an ignored signal ignored (SIGINT, SIGTERM, SIGHUP excepted)
+  set -m
   PLN_FAULT_DELAY_MS=100 "$@" >"$TMP/w.out" 2>"$TMP/w.err" &
   local pid=$!
+  set +m
   check "$label: temporary output being written" wait_writing "$out" $pid
   kill -$sig $pid
   wait_exit $pid 60
@@ -112,6 +116,16 @@ kill -XFSZ $pid
 wait_exit $pid 120
 check "reshard, SIGXFSZ sent: ignored, the run finishes (exit $RC)" test "$RC" = 0
 check "reshard, SIGXFSZ sent: the output verifies" "$POLLEN" verify "$TMP/xf" --source $FIX
+
+# a signal its launcher set to be ignored (nohup does so for SIGHUP; here SIGUSR1) stays ignored
+PLN_FAULT_DELAY_MS=20 bash -c 'trap "" USR1; exec "$@"' _ "$POLLEN" reshard $FIX -o "$TMP/ig" --tp 1 --dtype fp16 --quiet \
+  >/dev/null 2>"$TMP/ig.err" &
+pid=$!
+check "reshard, SIGUSR1 ignored by its launcher: temporary output being written" wait_writing "$TMP/ig" $pid
+kill -USR1 $pid
+wait_exit $pid 120
+check "reshard, SIGUSR1 ignored by its launcher: still ignored, the run finishes (exit $RC)" test "$RC" = 0
+check "reshard, SIGUSR1 ignored by its launcher: the output verifies" "$POLLEN" verify "$TMP/ig" --source $FIX
 
 # ---- a temporary sibling left by a process that no longer exists (SIGKILL) ----
 PLN_FAULT_DELAY_MS=100 "$POLLEN" reshard $FIX -o "$TMP/k" --tp 2 --dtype int8 --quiet >/dev/null 2>&1 &
