@@ -844,11 +844,13 @@ static long tmp_name_pid(const char *name, const char *base) {
     if (strncmp(name, base, bl) || strncmp(name + bl, ".tmp-", 5)) return -1;
     const char *p = name + bl + 5;
     char *e;
+    if (*p < '0' || *p > '9') return -1;   /* digits only: strtol would take spaces and signs */
     long pid = strtol(p, &e, 10);
-    if (e == p || *e != '-' || pid <= 0) return -1;
+    if (*e != '-' || pid <= 0) return -1;
     const char *q = e + 1;
+    if (*q < '0' || *q > '9') return -1;
     strtol(q, &e, 10);
-    if (e == q || *e) return -1;
+    if (*e) return -1;
     return pid;
 }
 
