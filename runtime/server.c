@@ -908,7 +908,7 @@ static int guard_target_control(pln_server *s, struct MHD_Connection *con, const
     const char *t = g->target;
     size_t tl = g->target_len;
     pthread_mutex_unlock(&s->guard_mu);
-    if (ctl < 0 && t && version > t + tl + 1 && version - t < 65536 && !memcmp(version, "HTTP/", 5)) ctl = 0;
+    if (ctl < 0 && t && version && version > t + tl + 1 && version - t < 65536 && !strncmp(version, "HTTP/", 5)) ctl = 0;
     return ctl;
 }
 
