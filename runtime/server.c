@@ -7,6 +7,7 @@
 #include "runtime/server.h"
 #include "formats/common.h"
 #include "runtime/httpframe.h"
+#include "runtime/httprelay.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { R_GENERATE, R_GENERATE_STREAM, R_TOKENIZE, R_HEALTH, R_INFO, R_METRICS, R_COMPLETIONS, R_MODELS,
        R_ROOT, R_CHAT, R_NOT_FOUND, R_COUNT };
@@ -55,6 +58,10 @@ struct pln_server {
     atomic_int in_flight;                         /* requests received whole, not yet answered */
     atomic_ullong deadline_closed;                /* connections shut by --request-timeout */
     atomic_int tcp_open;                          /* client connections accepted, not yet closed */
+    /* the listening socket and the thread that accepts on it (see httprelay.h) */
+    int listen_fd;
+    pthread_t acc_thr;
+    bool acc_running;
 };
 
 typedef struct {
@@ -1151,6 +1158,33 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
     ctx_unref(c);
 }
 
+/* Accepts client connections and hands each to libmicrohttpd through a relay (httprelay.h),
+ * with the client's address, so its per-address limit counts clients. Ends when the listening
+ * socket is shut down. */
+static void *accept_thread(void *arg) {
+    pln_server *s = arg;
+    for (;;) {
+        struct sockaddr_storage ca;
+        socklen_t cl = sizeof ca;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&ca, &cl, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                struct timespec ts = {0, 10 * 1000000L};   /* out of descriptors: let some close */
+                nanosleep(&ts, NULL);
+                continue;
+            }
+            return NULL;   /* shut down (EINVAL) */
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   /* token events go out at once */
+        int sp[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp)) { close(fd); continue; }
+        if (pln_relay_start(fd, sp[1])) { close(sp[0]); continue; }
+        MHD_add_connection(s->d, sp[0], (struct sockaddr *)&ca, cl);   /* on refusal it closes sp[0] */
+    }
+}
+
 pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const pln_sched_tok *tok) {
     pln_server *s = pln_xcalloc(1, sizeof *s);
     s->sched = sched;
@@ -1169,12 +1203,25 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
         pln_errorf("--host %s: not an IPv4 address (use 127.0.0.1 or 0.0.0.0)", s->host);
         goto fail;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD;
+    /* The server listens itself and gives libmicrohttpd one end of a socket pair per connection,
+     * the other end relayed to the client (httprelay.h: the chunk-size lines libmicrohttpd 0.9.x
+     * would answer with a 500). */
+    s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (s->listen_fd < 0 || setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(s->listen_fd, (struct sockaddr *)&addr, sizeof addr) || listen(s->listen_fd, 256)) {
+        pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
+        if (s->listen_fd >= 0) close(s->listen_fd);
+        goto fail;
+    }
+    struct sockaddr_in bound;
+    socklen_t bl = sizeof bound;
+    s->port = getsockname(s->listen_fd, (struct sockaddr *)&bound, &bl) == 0 ? ntohs(bound.sin_port) : o->port;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     guard_start(s);
     /* Heads are bounded by libmicrohttpd's per-connection memory pool (its default 32 KiB: a
      * longer line or head gets 414/431 and a close); bodies by --max-body-bytes (frame_body). */
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->lim.max_connections > 0 ? o->lim.max_connections : 256),
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)(o->lim.max_connections_per_client > 0 ? o->lim.max_connections_per_client : 0),
@@ -1182,15 +1229,21 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, guard_on_connection, s,
                             MHD_OPTION_URI_LOG_CALLBACK, guard_on_uri, s,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     if (!s->d) {
-        pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
+        pln_errorf("%s:%d: cannot start the HTTP server (%s)", s->host, o->port, strerror(errno));
         guard_stop(s);
+        close(s->listen_fd);
         goto fail;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : o->port;
+    s->acc_running = !pthread_create(&s->acc_thr, NULL, accept_thread, s);
+    if (!s->acc_running) {
+        pln_errorf("%s:%d: cannot start the accepting thread", s->host, o->port);
+        MHD_stop_daemon(s->d);
+        guard_stop(s);
+        close(s->listen_fd);
+        goto fail;
+    }
     return s;
 fail:
     free(s->model_id);
@@ -1212,8 +1265,16 @@ void pln_server_stop(pln_server *s, double grace_s) {
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    shutdown(s->listen_fd, SHUT_RDWR);   /* accept() returns: no new connections */
+    if (s->acc_running) pthread_join(s->acc_thr, NULL);
+    close(s->listen_fd);
     guard_stop(s);
     MHD_stop_daemon(s->d);
+    /* libmicrohttpd has closed its ends: the relays end (bounded, as they are) */
+    for (double t1 = pln_now(); pln_relay_live() > 0 && pln_now() - t1 < 15;) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_destroy(&s->guard_mu);
     pthread_cond_destroy(&s->guard_cv);
     free(s->model_id);
