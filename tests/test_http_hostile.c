@@ -5,6 +5,9 @@
  *     smuggled behind them is never answered; over-limit bodies get 413 however they are framed
  *     (Content-Length, chunked, a 2^64-1 chunk followed by 8 MB, an overflowing chunk size,
  *     chunk extensions); garbage request lines get 400 or a prompt close;
+ *   - every malformed chunked body (bad sizes, data without CRLF, over-long trailers, a chunk-size
+ *     line over 4 KiB: the relay's 413) is a 4xx and a close, and the next request is served;
+ *   - a control byte in the request target, percent-encoded or raw, on every route: 400;
  *   - /tokenize is capped by --max-input-tokens (422, TGI error shape) and every body by
  *     --max-body-bytes (413, TGI error shape);
  *   - slow clients: 60 connections sending a header byte every 200 ms, from one address and from
@@ -13,7 +16,8 @@
  *   - draining: with an idle keep-alive connection and a half-sent request the server stops at
  *     once; a request in flight completes first.
  * A small deterministic engine stands in for the model (token = byte). Ports are chosen by the
- * kernel; every wait is bounded. */
+ * kernel; every wait is for a state the server reports, bounded only as a hang guard: nothing
+ * here depends on how fast the machine is. */
 #include "runtime/httpframe.h"
 #include "runtime/httprelay.h"
 #include "runtime/scheduler.h"
