@@ -809,7 +809,7 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",
               atomic_load(&s->open));
     sb_printf(&b, "# HELP pln_client_connections TCP connections accepted and not yet closed (this one included), whatever "
-                  "they have sent.\n# TYPE pln_client_connections gauge\npln_client_connections %d\n", atomic_load(&s->tcp_open));
+                  "they have sent.\n# TYPE pln_client_connections gauge\npln_client_connections %d\n", pln_server_client_connections(s));
     sb_printf(&b, "# HELP pln_request_timeouts_total Connections closed because a request did not arrive whole within --request-timeout.\n"
                   "# TYPE pln_request_timeouts_total counter\npln_request_timeouts_total %llu\n",
               (unsigned long long)atomic_load(&s->deadline_closed));
@@ -1254,7 +1254,13 @@ fail:
 
 int pln_server_port(const pln_server *s) { return s->port; }
 int pln_server_open_responses(pln_server *s) { return atomic_load(&s->in_flight); }
-int pln_server_client_connections(pln_server *s) { return atomic_load(&s->tcp_open); }
+/* libmicrohttpd's own count: it drops a connection from it only after releasing the connection's
+ * place under the per-client limit (the CLOSED notification comes just before that), so a caller
+ * that saw it fall may count on the place being free. */
+int pln_server_client_connections(pln_server *s) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return di ? (int)di->num_connections : atomic_load(&s->tcp_open);
+}
 
 void pln_server_stop(pln_server *s, double grace_s) {
     if (!s) return;

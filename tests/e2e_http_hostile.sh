@@ -89,13 +89,23 @@ head -c $(( 2 * 1024 * 1024 )) /dev/zero | tr '\0' ' ' >"$TMP/huge"
 check "a 2 MB body: 413" test "$(status_of -X POST --data-binary @"$TMP/huge" "http://127.0.0.1:$PORT/tokenize")" = 413
 check "a 2 MB chunked body: 413" \
   test "$(status_of -X POST -H 'Transfer-Encoding: chunked' --data-binary @"$TMP/huge" "http://127.0.0.1:$PORT/tokenize")" = 413
+# a chunk extension of 40 KB (past libmicrohttpd's buffer, which alone answered 500): the relay's 413
+exec 9<>/dev/tcp/127.0.0.1/$PORT
+{ printf 'POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5;'; head -c 40000 /dev/zero | tr '\0' e
+  printf '\r\n{"inp\r\n0\r\n\r\n'; } >&9 2>/dev/null
+read -r -t 30 LINE <&9
+exec 9>&-
+check "a 40 KB chunk extension: 413 ($LINE)" grep -q '^HTTP/1.1 413' <<<"$LINE"
+check "and the server still serves" test "$(status_of "http://127.0.0.1:$PORT/health")" = 200
 
 # ---- per-client limit and request deadline on the real server ---------------------------------
 check "/info shows the limits" grep -q '"request_timeout_s":2,"max_connections_per_client":6' <<<"$($CURL http://127.0.0.1:$PORT/info)"
+# scrapes from now on come from another address: 127.0.0.1 is to hold exactly its six
+metric() { $CURL --interface 127.0.0.2 "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
+# (libmicrohttpd's own count: a connection leaves it only once its place under the per-client
+# limit is free again)
 check "the connections above are gone" wait_metric pln_client_connections 1
 for fd in 3 4 5 6 7 8; do eval "exec $fd<>/dev/tcp/127.0.0.1/$PORT"; printf 'GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: a' >&$fd; done
-# the scrape comes from another address: 127.0.0.1 has its six
-metric() { $CURL --interface 127.0.0.2 "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1 //p"; }
 check "the six dribbling connections are accepted" wait_metric pln_client_connections 7
 check "a seventh connection from 127.0.0.1 is refused" test "$(status_of "http://127.0.0.1:$PORT/health")" = 000
 check "another address is served meanwhile" test "$(status_of --interface 127.0.0.2 "http://127.0.0.1:$PORT/health")" = 200
