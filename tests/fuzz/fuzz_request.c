@@ -99,7 +99,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp,
                              .stop = stops, .n_stop = 1};
     if (pln_req_parse_chat(body, size, &lim, &tpl, &r, &err) == 0) {
-        check_request(&r, &lim);
+        /* the template's stop sequences come on top of the client's (they are not the client's) */
+        pln_serve_limits chat_lim = lim;
+        chat_lim.max_stop_sequences += tpl.n_stop;
+        check_request(&r, &chat_lim);
+        if (r.n_stop < tpl.n_stop || strcmp(r.stop[r.n_stop - 1], nl)) __builtin_trap();
         if (!r.chat || r.n_prompts != 1) __builtin_trap();
         pln_gen_request_free(&r);
     } else {
