@@ -19,6 +19,8 @@ DEBIAN_PKGS := build-essential pkg-config libjansson-dev libarchive-dev zlib1g-d
 DEBIAN_PKGS += iproute2
 # clang++ compiles the CUDA kernels for the CPU execution harness (kernels/cuda/emu) that make test runs
 DEBIAN_PKGS += clang
+# GNU time: tests count a process's page faults (what it touched), not its seconds
+DEBIAN_PKGS += time
 
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)

@@ -167,9 +167,29 @@ static const char *sig_name(int sig) {
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
     case SIGBUS: return "SIGBUS";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGALRM: return "SIGALRM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGVTALRM: return "SIGVTALRM";
+    case SIGPROF: return "SIGPROF";
+    case SIGIO: return "SIGIO";
+    case SIGPWR: return "SIGPWR";
+    case SIGSYS: return "SIGSYS";
+    case SIGSTKFLT: return "SIGSTKFLT";
     default: return "a signal";
     }
 }
+
+/* Every signal whose default action ends the process and that comes from outside it (kill,
+ * a terminal, a closed pipe, a timer, a CPU limit). The synchronous faults (SIGSEGV, SIGBUS,
+ * SIGILL, SIGFPE, SIGABRT, SIGTRAP) are a bug's or the mapping handler's, not these; SIGXFSZ is
+ * ignored instead, so an over-limit write fails with EFBIG and the ordinary error path cleans up. */
+static const int g_term_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM,
+                                     SIGXCPU, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSYS, SIGSTKFLT};
+#define N_TERM_SIGNALS (int)(sizeof g_term_signals / sizeof g_term_signals[0])
 
 /* ---- opening files ---- */
 const char *pln_file_type_name(unsigned mode) {
@@ -458,7 +478,20 @@ static char *trimmed(const char *path) {
  * It retries because a thread that did not take the signal may create a file meanwhile. */
 static volatile sig_atomic_t g_committing, g_pending_sig;
 
+/* A temporary file (pln_write_file_atomic, the safetensors writer) being written, for the same
+ * handlers: its path, published by g_cleanup_file_set. */
+static char g_cleanup_file[PATH_MAX];
+static volatile sig_atomic_t g_cleanup_file_set;
+
+void pln_tmpfile_cleanup_on_signal(const char *tmp_file) {
+    g_cleanup_file_set = 0;
+    if (!tmp_file) return;
+    snprintf(g_cleanup_file, sizeof g_cleanup_file, "%s", tmp_file);
+    g_cleanup_file_set = 1;
+}
+
 static void remove_tmp_signal_safe(void) {
+    if (g_cleanup_file_set) unlink(g_cleanup_file);
     if (!g_cleanup_path[0]) return;
     for (int attempt = 0; attempt < 5; attempt++) {
         int dfd = open(g_cleanup_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -504,8 +537,8 @@ static void outdir_signal_handler(int sig) {
         sig_puts("; removing the temporary output ");
         sig_puts(g_cleanup_path);
         sig_puts("\n");
-        remove_tmp_signal_safe();
     }
+    remove_tmp_signal_safe();
     die_of(sig);
 }
 
@@ -515,35 +548,52 @@ static void set_handler(int sig, void (*h)(int)) {
     sa.sa_handler = h;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    sigaddset(&sa.sa_mask, SIGINT);
-    sigaddset(&sa.sa_mask, SIGTERM);
-    sigaddset(&sa.sa_mask, SIGHUP);
+    for (int i = 0; i < N_TERM_SIGNALS; i++) sigaddset(&sa.sa_mask, g_term_signals[i]);
     sigaction(sig, &sa, NULL);
+}
+
+static void exit_signal_handler(int sig);
+
+/* Every terminating signal to h; SIGXFSZ ignored (see g_term_signals). SIGINT, SIGTERM and SIGHUP
+ * are always taken (a background job starts with SIGINT ignored, and must still stop on it). The
+ * others only where they would terminate: a signal the launcher set to be ignored (nohup, a
+ * shell's background job) does not end the process, and a handler someone else installed (a
+ * profiler's SIGPROF) is theirs. */
+static void outdir_signal_handler(int sig);
+static void set_term_handlers(void (*h)(int)) {
+    for (int i = 0; i < N_TERM_SIGNALS; i++) {
+        int sig = g_term_signals[i];
+        struct sigaction old;
+        bool always = sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
+        if (!always && sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_DFL &&
+            old.sa_handler != exit_signal_handler && old.sa_handler != outdir_signal_handler)
+            continue;
+        set_handler(sig, h);
+    }
+    signal(SIGXFSZ, SIG_IGN);
 }
 
 void pln_outdir_cleanup_on_signal(const char *tmp_path) {
     snprintf(g_cleanup_path, sizeof g_cleanup_path, "%s", tmp_path ? tmp_path : "");
-    if (tmp_path) {
-        set_handler(SIGINT, outdir_signal_handler);
-        set_handler(SIGTERM, outdir_signal_handler);
-        set_handler(SIGHUP, outdir_signal_handler);
-    }
+    if (tmp_path) set_term_handlers(outdir_signal_handler);
 }
 
 static char g_exit_who[64];
 static void exit_signal_handler(int sig) {
+    if (g_committing) { g_pending_sig = sig; return; }
+    if (sig == SIGPIPE) { remove_tmp_signal_safe(); die_of(sig); }   /* `pollen inspect | head`: quietly, as before */
     sig_puts("\npollen");
     if (g_exit_who[0]) { sig_puts(" "); sig_puts(g_exit_who); }
     sig_puts(": interrupted by ");
     sig_puts(sig_name(sig));
     sig_puts("\n");
+    remove_tmp_signal_safe();
     die_of(sig);
 }
 
 void pln_exit_on_signal(const char *who) {
     snprintf(g_exit_who, sizeof g_exit_who, "%s", who ? who : "");
-    set_handler(SIGINT, exit_signal_handler);
-    set_handler(SIGTERM, exit_signal_handler);
+    set_term_handlers(exit_signal_handler);
 }
 
 /* ---- what is in a directory, and whether it is an earlier pollen output ---- */
@@ -766,6 +816,105 @@ char *pln_outdir_begin(const char *final_path, bool force) {
     return tmp;
 }
 
+/* ---- temporary siblings: marked as pollen's, removed when their process is gone ----
+ * Each temporary directory FINAL.tmp-PID-N holds PLN_TMP_MARKER ("pollen-tmp PID HOST") until the
+ * commit. A later run for the same FINAL removes a sibling only when all of these hold: its name
+ * has that form, it is a directory (not a link) of this user, its marker names the same PID and
+ * this host, no process with that PID exists here, and it holds only plain files (what pollen
+ * writes into it). Anything else is left alone. */
+#define PLN_TMP_MARKER ".pollen-tmp"
+
+static int write_tmp_marker(const char *tmp) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    char *path = pln_xasprintf("%s/%s", tmp, PLN_TMP_MARKER);
+    char *text = pln_xasprintf("pollen-tmp %d %s\n", (int)getpid(), host);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int rc = 0;
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) rc = pln_errorf("%s: cannot write: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(text);
+    free(path);
+    return rc;
+}
+
+/* The PID in a "BASE.tmp-PID-N" name, or -1. */
+static long tmp_name_pid(const char *name, const char *base) {
+    size_t bl = strlen(base);
+    if (strncmp(name, base, bl) || strncmp(name + bl, ".tmp-", 5)) return -1;
+    const char *p = name + bl + 5;
+    char *e;
+    if (*p < '0' || *p > '9') return -1;   /* digits only: strtol would take spaces and signs */
+    long pid = strtol(p, &e, 10);
+    if (*e != '-' || pid <= 0) return -1;
+    const char *q = e + 1;
+    if (*q < '0' || *q > '9') return -1;
+    strtol(q, &e, 10);
+    if (*e) return -1;
+    return pid;
+}
+
+/* Removes dir if it is a stale temporary sibling (see above). 1 when removed, 0 when left. */
+static int remove_if_stale(const char *dir, long pid) {
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) return 0;
+    char *mp = pln_xasprintf("%s/%s", dir, PLN_TMP_MARKER);
+    char *text = pln_read_small_file(mp, 512, NULL);
+    free(mp);
+    if (!text) return 0;
+    char host[256] = "", mhost[256] = "";
+    gethostname(host, sizeof host - 1);
+    long mpid = -1;
+    bool ok = sscanf(text, "pollen-tmp %ld %255s", &mpid, mhost) == 2 && mpid == pid && !strcmp(mhost, host);
+    free(text);
+    if (!ok || kill((pid_t)pid, 0) == 0 || errno != ESRCH) return 0;
+    /* only plain files inside: a subdirectory or anything else means it is not (only) ours */
+    name_list l;
+    if (list_dir(dir, &l)) return 0;
+    for (size_t i = 0; i < l.n && ok; i++) {
+        char *p = pln_xasprintf("%s/%s", dir, l.v[i]);
+        ok = lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+        free(p);
+    }
+    for (size_t i = 0; i < l.n && ok; i++) {   /* the marker last: a run stopped half-way is found again */
+        if (!strcmp(l.v[i], PLN_TMP_MARKER)) continue;
+        char *p = pln_xasprintf("%s/%s", dir, l.v[i]);
+        ok = unlink(p) == 0;
+        free(p);
+    }
+    names_free(&l);
+    if (!ok) return 0;
+    char *marker = pln_xasprintf("%s/%s", dir, PLN_TMP_MARKER);
+    unlink(marker);
+    free(marker);
+    return rmdir(dir) == 0;
+}
+
+static void remove_stale_siblings(const char *final_path) {
+    char *parent = parent_dir(final_path), *base = base_of(final_path);
+    DIR *d = opendir(parent);
+    name_list found = {0};
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (tmp_name_pid(e->d_name, base) > 0) {
+                found.v = pln_xrealloc(found.v, (found.n + 1) * sizeof *found.v);
+                found.v[found.n++] = pln_xstrdup(e->d_name);
+            }
+        closedir(d);
+    }
+    for (size_t i = 0; i < found.n; i++) {
+        long pid = tmp_name_pid(found.v[i], base);
+        char *p = pln_xasprintf("%s/%s", parent, found.v[i]);
+        if (pid != (long)getpid() && remove_if_stale(p, pid))
+            fprintf(stderr, "pollen: removed %s, a temporary output left by process %ld, which no longer runs\n", p, pid);
+        free(p);
+    }
+    names_free(&found);
+    free(parent);
+    free(base);
+}
+
 static char *outdir_begin(const char *final_path, bool force) {
     struct stat st;
     if (lstat(final_path, &st) == 0) {
@@ -791,11 +940,13 @@ static char *outdir_begin(const char *final_path, bool force) {
         names_free(&l);
         if (!ok) return NULL;
     }
+    remove_stale_siblings(final_path);
     char *tmp = NULL;
     for (int attempt = 0; attempt < 100; attempt++) {
         tmp = pln_xasprintf("%s.tmp-%d-%d", final_path, (int)getpid(), attempt);
         if (mkdir(tmp, 0755) == 0) {
             pln_outdir_cleanup_on_signal(tmp);
+            if (write_tmp_marker(tmp)) { pln_outdir_abort(tmp); free(tmp); return NULL; }
             return tmp;
         }
         int e = errno;
@@ -817,6 +968,9 @@ int pln_fsync_path(const char *path) {
 }
 
 static int commit_renames(const char *tmp_path, const char *final_path) {
+    char *marker = pln_xasprintf("%s/%s", tmp_path, PLN_TMP_MARKER);
+    unlink(marker);   /* the output is whole: it is no longer a temporary one */
+    free(marker);
     DIR *d = opendir(tmp_path);
     if (!d) return pln_errorf("%s: cannot open: %s", tmp_path, strerror(errno));
     struct dirent *e;
@@ -873,8 +1027,9 @@ void pln_outdir_abort(const char *tmp_path) {
 
 int pln_write_file_atomic(const char *path, const void *data, size_t n) {
     char *tmp = pln_xasprintf("%s.tmp-%d", path, (int)getpid());
+    pln_tmpfile_cleanup_on_signal(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { int e = errno; free(tmp); return pln_errorf("%s: cannot create: %s", path, strerror(e)); }
+    if (fd < 0) { int e = errno; pln_tmpfile_cleanup_on_signal(NULL); free(tmp); return pln_errorf("%s: cannot create: %s", path, strerror(e)); }
     const uint8_t *p = data;
     size_t left = n;
     while (left) {
@@ -882,14 +1037,14 @@ int pln_write_file_atomic(const char *path, const void *data, size_t n) {
         if (w < 0) {
             if (errno == EINTR) continue;
             int e = errno;
-            close(fd); unlink(tmp); free(tmp);
+            close(fd); unlink(tmp); pln_tmpfile_cleanup_on_signal(NULL); free(tmp);
             return pln_errorf("%s: write failed: %s", path, strerror(e));
         }
         p += w; left -= (size_t)w;
     }
-    if (fsync(fd) != 0 || close(fd) != 0) { int e = errno; unlink(tmp); free(tmp); return pln_errorf("%s: fsync/close failed: %s", path, strerror(e)); }
-    if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); free(tmp); return pln_errorf("%s: rename failed: %s", path, strerror(e)); }
-    free(tmp);
+    if (fsync(fd) != 0 || close(fd) != 0) { int e = errno; unlink(tmp); pln_tmpfile_cleanup_on_signal(NULL); free(tmp); return pln_errorf("%s: fsync/close failed: %s", path, strerror(e)); }
+    if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); pln_tmpfile_cleanup_on_signal(NULL); free(tmp); return pln_errorf("%s: rename failed: %s", path, strerror(e)); }
+    pln_tmpfile_cleanup_on_signal(NULL); free(tmp);
     return 0;
 }
 

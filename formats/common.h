@@ -129,8 +129,11 @@ uint64_t pln_xxh3(const void *data, size_t n);
  * that do not exist, or are NULL, are skipped. An out that is itself a symbolic link is refused
  * (replacing it would replace the link, not what it points to). Call before writing anything. */
 int pln_path_guard(const char *out, const char *const *protect, int n);
-/* Creates a temporary sibling "FINAL.tmp-PID-XXXX" to write into and registers it for removal on
- * SIGINT/SIGTERM/SIGHUP/SIGBUS. An existing FINAL must be a directory; a non-empty one is refused
+/* Creates a temporary sibling "FINAL.tmp-PID-N" to write into (holding the marker ".pollen-tmp"
+ * until the commit) and registers it for removal on every terminating signal and SIGBUS (SIGXFSZ
+ * is ignored so an over-limit write fails instead). First removes the temporary siblings of FINAL
+ * that a process no longer running on this host left (its marker says so; only plain files in
+ * it), saying so on stderr. An existing FINAL must be a directory; a non-empty one is refused
  * unless force, and even with force only an earlier pollen output is replaced: a shard set (its
  * manifest.json says "pollen-shards") or a `pollen synth` checkpoint (PLN_SYNTH_MARKER), holding
  * only the files pollen writes. Anything else is refused with what it holds (a few names and a
@@ -144,12 +147,17 @@ char *pln_outdir_begin(const char *final_path, bool force);
 int pln_outdir_commit(const char *tmp_path, const char *final_path);
 /* Removes the temporary directory and everything in it. Never fails. */
 void pln_outdir_abort(const char *tmp_path);
-/* Registers tmp_path (or, NULL, nothing) for removal if the process gets SIGINT/SIGTERM/SIGHUP
- * before commit/abort: the handler writes why, removes it with async-signal-safe calls and dies
- * of the signal. pln_outdir_begin already does this. */
+/* Registers tmp_path (or, NULL, nothing) for removal if the process gets a terminating signal
+ * (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1/2, SIGALRM, SIGXCPU, ...) before
+ * commit/abort: the handler writes why, removes it with async-signal-safe calls and dies of the
+ * signal. pln_outdir_begin already does this. */
 void pln_outdir_cleanup_on_signal(const char *tmp_path);
-/* For commands with no output to clean up: SIGINT/SIGTERM print "pollen WHO: interrupted by
- * SIGTERM" and end the process by that signal at any phase. who is copied. */
+/* Registers one temporary file (or, NULL, none) for removal by the same handlers: a single-file
+ * writer's "PATH.tmp-PID" while it is written (pln_write_file_atomic does this itself). */
+void pln_tmpfile_cleanup_on_signal(const char *tmp_file);
+/* For commands with no output directory: every terminating signal prints "pollen WHO: interrupted
+ * by SIGTERM", removes a registered temporary file and ends the process by that signal at any
+ * phase; SIGXFSZ is ignored. who is copied. */
 void pln_exit_on_signal(const char *who);
 /* fsync a path (file or directory). */
 int pln_fsync_path(const char *path);

@@ -231,8 +231,9 @@ int pln_safetensors_write(const char *path, const pln_tensor *tensors, int64_t n
     if (!hdr) return pln_errorf("%s: cannot encode the header (tensor names must be valid UTF-8)", path);
     size_t hl = strlen(hdr), padded = (size_t)pln_align_up(hl, 8);   /* the reference pads to 8 with spaces */
     char *tmp = pln_xasprintf("%s.tmp-%d", path, (int)getpid());
+    pln_tmpfile_cleanup_on_signal(tmp);   /* a signal meanwhile removes it (pollen's handlers) */
     FILE *f = fopen(tmp, "wb");
-    if (!f) { free(hdr); int e = errno; free(tmp); return pln_errorf("%s: cannot create: %s", path, strerror(e)); }
+    if (!f) { free(hdr); int e = errno; pln_tmpfile_cleanup_on_signal(NULL); free(tmp); return pln_errorf("%s: cannot create: %s", path, strerror(e)); }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
@@ -246,9 +247,11 @@ int pln_safetensors_write(const char *path, const pln_tensor *tensors, int64_t n
     if (!ok || rename(tmp, path) != 0) {
         if (ok) e = errno;
         unlink(tmp);
+        pln_tmpfile_cleanup_on_signal(NULL);
         free(tmp);
         return pln_errorf("%s: write failed: %s", path, strerror(e));
     }
+    pln_tmpfile_cleanup_on_signal(NULL);
     free(tmp);
     return 0;
 }

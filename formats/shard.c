@@ -1100,7 +1100,10 @@ pln_shardset *pln_shardset_open(const char *dir) {
     char *text = pln_read_small_file(path, 64u << 20, &len);
     if (!text) {
         struct stat st;
-        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && stat(path, &st) != 0)
+        if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+            pln_errorf("%s: is %s, not a directory (a shard set is the directory `pollen reshard` writes)", dir,
+                       pln_file_type_name(st.st_mode));
+        else if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && stat(path, &st) != 0)
             pln_errorf("%s: no %s: not a pollen shard set (make one with `pollen reshard`)", dir, PLN_MANIFEST_NAME);
         goto fail;
     }

@@ -156,6 +156,7 @@ static int node_peer_gone(pln_comm *c, int *pid_out) {
         if (!gone) {
             char path[64], st[256];
             snprintf(path, sizeof path, "/proc/%d/stat", pid);
+            /* procfs, not a user's file: its size reads 0, so pln_read_small_file cannot read it */
             FILE *f = fopen(path, "r");
             if (f) {
                 size_t n = fread(st, 1, sizeof st - 1, f);

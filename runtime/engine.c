@@ -134,8 +134,9 @@ static void device_error_context(const pln_engine_opts *o, int rank, int local, 
     pln_errorf("CUDA device %d for MPI rank %d (local rank %d on its node, from %s): %s", device, rank, local, how, old);
 }
 
-/* Every rank reports its status; returns the first failing rank, or -1 when all are fine (or the
- * exchange itself failed: then -2). */
+/* Every rank reports its status; returns the first failing rank, or -1 when all are fine, or -2
+ * when the exchange itself failed (the comm has recorded why, a rank gone or stopped: callers keep
+ * that message). */
 static int agree(pln_comm *c, int rc) {
     int n = pln_comm_size(c);
     int32_t mine = rc ? 1 : 0, all[1024];
@@ -546,7 +547,7 @@ static int sample_rows(pln_engine *e, const pln_step_plan *p, const int32_t *sro
     /* Agree on success before the exchange so every rank makes the same collective calls. */
     int bad = agree(e->comm, rc);
     if (bad != -1) {
-        if (!rc) pln_errorf("sampling failed on rank %d (its message is on its stderr)", bad);
+        if (!rc && bad >= 0) pln_errorf("sampling failed on rank %d (its message is on its stderr)", bad);
         return -1;
     }
     uint8_t *all = grow(&e->gath, pk * (size_t)tp);
@@ -719,7 +720,7 @@ static int prompt_rows(pln_engine *e, const pln_step_plan *p, float *logits, int
     free(vals); free(mx); free(sm); free(ids);
     int bad = agree(e->comm, rc);
     if (bad != -1) {
-        if (!rc) pln_errorf("prompt scoring failed on rank %d (its message is on its stderr)", bad);
+        if (!rc && bad >= 0) pln_errorf("prompt scoring failed on rank %d (its message is on its stderr)", bad);
         return -1;
     }
     uint8_t *all = grow(&e->gath, pk * (size_t)tp);
@@ -855,7 +856,7 @@ static int run_step(pln_engine *e, const pln_step_plan *p, pln_step_out *out) {
         rc = pln_model_forward(m, &e->kv, ids, (int32_t)T, seq, pos, S, bt, rows, nrows, &logits);
     int bad = agree(e->comm, rc);
     if (bad != -1) {
-        if (!rc) pln_errorf("forward pass failed on rank %d (its message is on its stderr)", bad);
+        if (!rc && bad >= 0) pln_errorf("forward pass failed on rank %d (its message is on its stderr)", bad);
         goto fail;
     }
     for (int32_t i = 0; i < p->n_seqs; i++) {

@@ -96,3 +96,22 @@ int pln_http_check_framing(const pln_http_field *f, size_t n, int64_t max_body, 
     out->length = cl;
     return 0;
 }
+
+static int hex_val(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+int pln_http_target_control(const char *target) {
+    for (const unsigned char *p = (const unsigned char *)(target ? target : ""); *p; p++) {
+        unsigned c = *p;
+        if (c == '%' && hex_val(p[1]) >= 0 && hex_val(p[2]) >= 0) {
+            c = (unsigned)(hex_val(p[1]) * 16 + hex_val(p[2]));
+            p += 2;
+        }
+        if (c < 0x20 || c == 0x7f) return (int)c;
+    }
+    return -1;
+}

@@ -42,4 +42,10 @@ typedef struct {
 int pln_http_check_framing(const pln_http_field *f, size_t n, int64_t max_body, pln_api api, pln_frame *out,
                            pln_req_error *err);
 
+/* The first control byte (0x00-0x1f, 0x7f) in a raw request target, raw or percent-encoded
+ * ("%00", "%0a", "%7F"), as 0..127; -1 when there is none. libmicrohttpd decodes the target into
+ * a C string, so "/generate%00x" would reach the routes as "/generate": the server refuses any
+ * target with a control byte (400) before it routes it. */
+int pln_http_target_control(const char *target);
+
 #endif

@@ -275,6 +275,8 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
     sample_defaults(&r->sample);
     r->max_new_tokens = lim->default_max_new_tokens;
     r->n = r->best_of = 1;
+    r->prompt_field = "inputs";
+    r->max_tokens_field = "max_new_tokens";
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
     if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
@@ -401,6 +403,8 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     sample_defaults(&r->sample);
     r->max_new_tokens = 16;
     r->n = r->best_of = 1;
+    r->prompt_field = "prompt";
+    r->max_tokens_field = "max_tokens";
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
     if (openai_unknown_field(root, err)) goto fail;
@@ -495,8 +499,14 @@ static int tpl_string(const char *path, json_t *o, const char *key, const char *
 
 int pln_chat_template_load(const char *path, pln_chat_template *t) {
     memset(t, 0, sizeof *t);
+    /* Through the one checked open: a FIFO, a directory or a device given as --chat-template is
+     * named at once, never waited on or read without end. */
+    size_t len;
+    char *text = pln_read_small_file(path, PLN_CHAT_TEMPLATE_MAX_BYTES, &len);
+    if (!text) return -1;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!root) return pln_errorf("%s: not a chat template: %s (line %d)", path, je.text, je.line);
     int rc = 0;
     const char *key;
@@ -542,6 +552,23 @@ int pln_chat_template_load(const char *path, pln_chat_template *t) {
     json_decref(root);
     if (rc) pln_chat_template_free(t);
     return rc;
+}
+
+/* An error about field `from` becomes one about `to`: the param, and each `from` quoted in the
+ * message. */
+static void rename_param(pln_req_error *err, const char *from, const char *to) {
+    if (!strcmp(from, to)) return;
+    char qf[72], qt[72], out[sizeof err->message];
+    snprintf(qf, sizeof qf, "`%s`", from);
+    snprintf(qt, sizeof qt, "`%s`", to);
+    size_t o = 0, lf = strlen(qf), lt = strlen(qt);
+    for (const char *p = err->message; *p && o + 1 < sizeof out;) {
+        if (!strncmp(p, qf, lf) && o + lt < sizeof out) { memcpy(out + o, qt, lt); o += lt; p += lf; }
+        else out[o++] = *p++;
+    }
+    out[o] = 0;
+    memcpy(err->message, out, o + 1);
+    if (!strcmp(err->param, from)) snprintf(err->param, sizeof err->param, "%s", to);
 }
 
 /* Appends s to the growing buffer *b (length *n). */
@@ -706,13 +733,10 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     if (!rc) {
         if (!tpl->jinja) cat(&prompt, &pn, tpl->generation_prompt);
         json_object_set_new(c, "prompt", json_string(prompt));
-        /* the template's stop sequences join the request's */
-        json_t *st = json_object_get(c, "stop");
-        json_t *all = json_is_array(st) ? json_copy(st) : json_array();
-        if (json_is_string(st)) json_array_append(all, st);
-        for (int32_t i = 0; i < tpl->n_stop; i++) json_array_append_new(all, json_string(tpl->stop[i]));
-        if (json_array_size(all)) json_object_set_new(c, "stop", all); else json_decref(all);
     }
+    /* the max_tokens the completions parser sees is max_completion_tokens when that was sent */
+    const char *max_field = !rc && mc && !json_object_get(root, "max_tokens") ? "max_completion_tokens" : "max_tokens";
+    const bool top_lp_sent = tl != NULL;   /* root (and tl with it) is released below */
     free(prompt);
     json_decref(root);
     if (rc) { json_decref(c); return -1; }
@@ -723,23 +747,38 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     l2.max_body_bytes = 0;   /* the rendered prompt may exceed the body limit the original met */
     rc = pln_req_parse_completions(cb, strlen(cb), &l2, r, err);
     free(cb);
-    if (!rc) r->chat = true;
-    return rc;
+    if (rc) {
+        /* errors say what the chat client sent, not the completions request it became */
+        rename_param(err, "prompt", "messages");
+        rename_param(err, "max_tokens", max_field);
+        if (top_lp_sent) rename_param(err, "logprobs", "top_logprobs");
+        return rc;
+    }
+    r->chat = true;
+    r->prompt_field = "messages";
+    r->max_tokens_field = max_field;
+    /* The template's stop sequences join the client's after the client's were checked: they are
+     * the operator's, not counted against the client's limit of stop sequences. */
+    if (tpl->n_stop) {
+        r->stop = pln_xrealloc(r->stop, sizeof *r->stop * (size_t)(r->n_stop + tpl->n_stop));
+        for (int32_t i = 0; i < tpl->n_stop; i++) r->stop[r->n_stop++] = pln_xstrdup(tpl->stop[i]);
+    }
+    return 0;
 }
 
-int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens, const pln_serve_limits *lim,
-                          pln_req_error *err) {
+int pln_req_check_lengths(pln_api api, const char *prompt_field, const char *max_field, int32_t n_input,
+                          int32_t max_new_tokens, const pln_serve_limits *lim, pln_req_error *err) {
     int bad = api == PLN_API_TGI ? 422 : 400;
-    const char *param = api == PLN_API_TGI ? "inputs" : "prompt";
+    const char *param = prompt_field ? prompt_field : api == PLN_API_TGI ? "inputs" : "prompt";
+    const char *mx = max_field ? max_field : api == PLN_API_TGI ? "max_new_tokens" : "max_tokens";
     if (n_input <= 0) return pln_req_fail(err, api, bad, param, "`%s` cannot be empty", param);
     if (n_input > lim->max_input_tokens)
         return pln_req_fail(err, api, bad, param, "`%s` must have less than %d tokens. Given: %d (--max-input-tokens)",
                             param, lim->max_input_tokens + 1, n_input);
     if ((int64_t)n_input + max_new_tokens > lim->max_total_tokens)
-        return pln_req_fail(err, api, bad, api == PLN_API_TGI ? "max_new_tokens" : "max_tokens",
-                            "`inputs` tokens + `%s` must be <= %d. Given: %d `inputs` tokens and %d `%s` (--max-total-tokens)",
-                            api == PLN_API_TGI ? "max_new_tokens" : "max_tokens", lim->max_total_tokens, n_input,
-                            max_new_tokens, api == PLN_API_TGI ? "max_new_tokens" : "max_tokens");
+        return pln_req_fail(err, api, bad, mx,
+                            "`%s` tokens + `%s` must be <= %d. Given: %d `%s` tokens and %d `%s` (--max-total-tokens)",
+                            param, mx, lim->max_total_tokens, n_input, param, max_new_tokens, mx);
     return 0;
 }
 

@@ -74,6 +74,10 @@ typedef struct {
     bool echo;               /* OpenAI: the text starts with the prompt */
     int32_t truncate;        /* TGI: keep only the last `truncate` prompt tokens (0 = off) */
     bool chat;               /* OpenAI chat: answered as chat.completion(.chunk) */
+    /* The names the client used, for errors found after parsing (static strings): the prompt
+     * ("inputs", "prompt", "messages") and the new-token limit ("max_new_tokens", "max_tokens",
+     * "max_completion_tokens"). */
+    const char *prompt_field, *max_tokens_field;
 } pln_gen_request;
 
 /* TGI body {"inputs": str, "parameters": {...}, "stream": bool}. Unknown parameters are ignored
@@ -108,7 +112,10 @@ typedef struct {
      * unused and the conversation is rendered as transformers' apply_chat_template does. */
     const struct pln_chat *jinja;
 } pln_chat_template;
-/* Loads and checks path; -1 + error naming the file and the field. */
+/* The largest chat template file read (a template is a few hundred bytes). */
+#define PLN_CHAT_TEMPLATE_MAX_BYTES (1u << 20)
+/* Loads and checks path, a regular file of at most PLN_CHAT_TEMPLATE_MAX_BYTES (opened with
+ * pln_open_file); -1 + error naming the file and the field. */
 int pln_chat_template_load(const char *path, pln_chat_template *t);
 void pln_chat_template_free(pln_chat_template *t);
 
@@ -136,9 +143,10 @@ int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits 
 void pln_gen_request_free(pln_gen_request *r);
 
 /* The token-count checks done once the prompt is tokenized: empty prompt, over max_input_tokens,
- * prompt + max_new_tokens over max_total_tokens. */
-int pln_req_check_lengths(pln_api api, int32_t n_input, int32_t max_new_tokens,
-                          const pln_serve_limits *lim, pln_req_error *err);
+ * prompt + max_new_tokens over max_total_tokens. The errors name prompt_field and max_field, the
+ * fields the client sent (pln_gen_request's; NULL: the api's usual ones). */
+int pln_req_check_lengths(pln_api api, const char *prompt_field, const char *max_field, int32_t n_input,
+                          int32_t max_new_tokens, const pln_serve_limits *lim, pln_req_error *err);
 
 /* Serializes an error body: TGI {"error","error_type"}; OpenAI {"error":{message,type,param,code}}.
  * Returns a malloc'd string. */

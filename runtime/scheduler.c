@@ -71,6 +71,7 @@ pln_job *pln_job_create(const pln_gen_request *req, int32_t *const *prompt_ids, 
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->api = req->api;
+    j->max_tokens_field = req->max_tokens_field ? req->max_tokens_field : req->api == PLN_API_TGI ? "max_new_tokens" : "max_tokens";
     j->n_prompts = req->n_prompts;
     j->best_of = req->best_of > 0 ? req->best_of : 1;
     j->n_answer = req->n > 0 && req->n <= j->best_of ? req->n : j->best_of;
@@ -273,9 +274,20 @@ int pln_sched_submit(pln_sched *s, pln_job *j, pln_req_error *err) {
     for (int32_t i = 0; i < j->n_seqs; i++) {
         int64_t need = blocks_for(s, (int64_t)j->seqs[i].n_prompt + j->max_new_tokens);
         if (need > s->info.kv_blocks_total)
-            return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, api == PLN_API_TGI ? "max_new_tokens" : "max_tokens",
-                                "prompt + max new tokens need %lld KV blocks of %d tokens; the cache holds %lld",
+            return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, j->max_tokens_field,
+                                "the prompt + `%s` need %lld KV blocks of %d tokens; the cache holds %lld", j->max_tokens_field,
                                 (long long)need, s->info.block_size, (long long)s->info.kv_blocks_total);
+    }
+    /* More sequences than may ever be in flight at once: no wait makes room, so this is the
+     * client's request to change, not a retryable 429. */
+    if (j->n_seqs > s->lim.max_concurrent_requests) {
+        const char *bo = api == PLN_API_TGI || j->best_of > j->n_answer ? "best_of" : "n";
+        const char *field = j->best_of > 1 ? bo : api == PLN_API_TGI ? "inputs" : "prompt";
+        return pln_req_fail(err, api, api == PLN_API_TGI ? 422 : 400, field,
+                            "the request needs %d sequences (%d prompt%s x `%s` %d), more than the %d the server runs at "
+                            "once (--max-concurrent-requests %d): send fewer prompts or a smaller `%s`",
+                            j->n_seqs, j->n_prompts, j->n_prompts == 1 ? "" : "s", bo, j->best_of,
+                            s->lim.max_concurrent_requests, s->lim.max_concurrent_requests, j->best_of > 1 ? bo : "prompt");
     }
     pthread_mutex_lock(&s->mu);
     int rc = 0;

@@ -113,6 +113,7 @@ typedef struct pln_job {
     char **stop;                  /* owned copies */
     int32_t n_stop;
     bool stop_excluded;           /* OpenAI: text ends before the stop sequence; TGI keeps it */
+    const char *max_tokens_field; /* the request's name for max_new_tokens (static; for errors) */
     bool cancelled;               /* set by the HTTP side (client gone) */
     int32_t n_finished;
     struct pln_job *next;         /* scheduler's list */

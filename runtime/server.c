@@ -7,6 +7,7 @@
 #include "runtime/server.h"
 #include "formats/common.h"
 #include "runtime/httpframe.h"
+#include "runtime/httprelay.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { R_GENERATE, R_GENERATE_STREAM, R_TOKENIZE, R_HEALTH, R_INFO, R_METRICS, R_COMPLETIONS, R_MODELS,
        R_ROOT, R_CHAT, R_NOT_FOUND, R_COUNT };
@@ -56,6 +59,11 @@ struct pln_server {
     bool guard_running, guard_stop;
     atomic_int in_flight;                         /* requests received whole, not yet answered */
     atomic_ullong deadline_closed;                /* connections shut by --request-timeout */
+    atomic_int tcp_open;                          /* client connections accepted, not yet closed */
+    /* the listening socket and the thread that accepts on it (see httprelay.h) */
+    int listen_fd;
+    pthread_t acc_thr;
+    bool acc_running;
 };
 
 typedef struct {
@@ -595,7 +603,7 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
             memmove(ids[i], ids[i] + (n_ids[i] - req.truncate), sizeof(int32_t) * (size_t)req.truncate);
             n_ids[i] = req.truncate;
         }
-        rc = pln_req_check_lengths(req.api, n_ids[i], req.max_new_tokens, &s->lim, &err);
+        rc = pln_req_check_lengths(req.api, req.prompt_field, req.max_tokens_field, n_ids[i], req.max_new_tokens, &s->lim, &err);
     }
     pln_job *job = NULL;
     if (!rc) {
@@ -657,7 +665,7 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
     free(text);
     /* The same cap as /generate: the reply (an object per token) and the memory to build it
      * grow with the token count, so they stay bounded by --max-input-tokens. */
-    if (pln_req_check_lengths(PLN_API_TGI, n, 0, &s->lim, &err)) {
+    if (pln_req_check_lengths(PLN_API_TGI, NULL, NULL, n, 0, &s->lim, &err)) {
         free(ids);
         return send_error(c, con, &err);
     }
@@ -840,6 +848,8 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
               st.healthy && !st.draining);
     sb_printf(&b, "# HELP pln_open_connections Connections being served.\n# TYPE pln_open_connections gauge\npln_open_connections %d\n",
               atomic_load(&s->open));
+    sb_printf(&b, "# HELP pln_client_connections TCP connections accepted and not yet closed (this one included), whatever "
+                  "they have sent.\n# TYPE pln_client_connections gauge\npln_client_connections %d\n", pln_server_client_connections(s));
     sb_printf(&b, "# HELP pln_request_timeouts_total Connections closed because a request did not arrive whole within --request-timeout.\n"
                   "# TYPE pln_request_timeouts_total counter\npln_request_timeouts_total %llu\n",
               (unsigned long long)atomic_load(&s->deadline_closed));
@@ -873,6 +883,9 @@ typedef struct guard_conn {
     bool busy;              /* the current request arrived whole: being answered, no deadline */
     bool answered;          /* a response was queued before the body: libmicrohttpd writes it */
     bool shut;              /* already shut down by the watchdog */
+    int target_ctl;         /* the current request target's first control byte, -1: none */
+    const char *target;     /* the current request target as guard_on_uri saw it, and its length */
+    size_t target_len;
 } guard_conn;
 
 static guard_conn *guard_of(struct MHD_Connection *con) {
@@ -888,12 +901,14 @@ static void guard_on_connection(void *cls, struct MHD_Connection *con, void **so
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
         g->fd = ci ? ci->connect_fd : -1;
         g->ready_at = pln_now();
+        g->target_ctl = -1;
         pthread_mutex_lock(&s->guard_mu);
         g->next = s->guard_head;
         if (g->next) g->next->prev = g;
         s->guard_head = g;
         pthread_mutex_unlock(&s->guard_mu);
         *socket_context = g;
+        atomic_fetch_add(&s->tcp_open, 1);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         guard_conn *g = *socket_context;
         if (!g) return;
@@ -904,20 +919,44 @@ static void guard_on_connection(void *cls, struct MHD_Connection *con, void **so
         pthread_mutex_unlock(&s->guard_mu);
         free(g);
         *socket_context = NULL;
+        atomic_fetch_sub(&s->tcp_open, 1);
     }
 }
 
-/* MHD_OPTION_URI_LOG_CALLBACK: the first line of a request has arrived. Returns the initial
+/* MHD_OPTION_URI_LOG_CALLBACK: the first line of a request has arrived; uri is the target as sent,
+ * before libmicrohttpd decodes it (the only place a "%00" can still be seen). Returns the initial
  * request context, which must stay NULL (on_request allocates its own). */
 static void *guard_on_uri(void *cls, const char *uri, struct MHD_Connection *con) {
     pln_server *s = cls;
     guard_conn *g = guard_of(con);
     if (g) {
+        int ctl = pln_http_target_control(uri);
         pthread_mutex_lock(&s->guard_mu);
         g->started = true;
+        g->target_ctl = ctl;
+        g->target = uri;
+        g->target_len = strlen(uri);
         pthread_mutex_unlock(&s->guard_mu);
     }
     return NULL;
+}
+
+/* The control byte guard_on_uri found in this request's target; -1: none. A raw NUL ends the C
+ * string libmicrohttpd hands over, so it is found by position instead: libmicrohttpd parses the
+ * request line in place, the target running up to the last space, which it overwrites with the
+ * NUL that ends the target, and the version right after it. A version further on than the end of
+ * the target seen means the target had a NUL of its own. (tests/test_http_hostile.c holds this:
+ * a raw NUL is refused, a query string is not.) */
+static int guard_target_control(pln_server *s, struct MHD_Connection *con, const char *version) {
+    guard_conn *g = guard_of(con);
+    if (!g) return -1;
+    pthread_mutex_lock(&s->guard_mu);
+    int ctl = g->target_ctl;
+    const char *t = g->target;
+    size_t tl = g->target_len;
+    pthread_mutex_unlock(&s->guard_mu);
+    if (ctl < 0 && t && version && version > t + tl + 1 && version - t < 65536 && !strncmp(version, "HTTP/", 5)) ctl = 0;
+    return ctl;
 }
 
 typedef enum { GUARD_ARRIVED, GUARD_ANSWERED_EARLY, GUARD_DONE } guard_event;
@@ -929,7 +968,7 @@ static void guard_note(pln_server *s, struct MHD_Connection *con, guard_event ev
     switch (ev) {
     case GUARD_ARRIVED: g->busy = true; break;
     case GUARD_ANSWERED_EARLY: g->answered = true; break;
-    case GUARD_DONE: g->busy = g->started = g->answered = false; g->ready_at = pln_now(); break;
+    case GUARD_DONE: g->busy = g->started = g->answered = false; g->target_ctl = -1; g->target = NULL; g->ready_at = pln_now(); break;
     }
     pthread_mutex_unlock(&s->guard_mu);
 }
@@ -1106,6 +1145,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         if (frame_check(c, con, &fret)) return fret;
         pln_req_error err;
         bool body_left = c->frame != PLN_FRAME_NONE;
+        /* A decoded NUL would cut "/generate%00x" down to "/generate": no route is chosen from a
+         * target with a control byte in it. */
+        int ctl = guard_target_control(s, con, version);
+        if (ctl >= 0)
+            return send_early_error(c, con, (pln_req_fail(&err, c->api, 400, NULL,
+                                                          "the request target has a control byte (0x%02x, raw or "
+                                                          "percent-encoded): refused", ctl), &err), true);
         if (!known)
             return send_early_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err),
                                     body_left);
@@ -1154,6 +1200,33 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
     ctx_unref(c);
 }
 
+/* Accepts client connections and hands each to libmicrohttpd through a relay (httprelay.h),
+ * with the client's address, so its per-address limit counts clients. Ends when the listening
+ * socket is shut down. */
+static void *accept_thread(void *arg) {
+    pln_server *s = arg;
+    for (;;) {
+        struct sockaddr_storage ca;
+        socklen_t cl = sizeof ca;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&ca, &cl, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                struct timespec ts = {0, 10 * 1000000L};   /* out of descriptors: let some close */
+                nanosleep(&ts, NULL);
+                continue;
+            }
+            return NULL;   /* shut down (EINVAL) */
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   /* token events go out at once */
+        int sp[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp)) { close(fd); continue; }
+        if (pln_relay_start(fd, sp[1])) { close(sp[0]); continue; }
+        MHD_add_connection(s->d, sp[0], (struct sockaddr *)&ca, cl);   /* on refusal it closes sp[0] */
+    }
+}
+
 pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const pln_sched_tok *tok) {
     pln_server *s = pln_xcalloc(1, sizeof *s);
     s->sched = sched;
@@ -1177,12 +1250,25 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
         pln_errorf("--host %s: not an IPv4 address (use 127.0.0.1 or 0.0.0.0)", s->host);
         goto fail;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD;
+    /* The server listens itself and gives libmicrohttpd one end of a socket pair per connection,
+     * the other end relayed to the client (httprelay.h: the chunk-size lines libmicrohttpd 0.9.x
+     * would answer with a 500). */
+    s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (s->listen_fd < 0 || setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(s->listen_fd, (struct sockaddr *)&addr, sizeof addr) || listen(s->listen_fd, 256)) {
+        pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
+        if (s->listen_fd >= 0) close(s->listen_fd);
+        goto fail;
+    }
+    struct sockaddr_in bound;
+    socklen_t bl = sizeof bound;
+    s->port = getsockname(s->listen_fd, (struct sockaddr *)&bound, &bl) == 0 ? ntohs(bound.sin_port) : o->port;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     guard_start(s);
     /* Heads are bounded by libmicrohttpd's per-connection memory pool (its default 32 KiB: a
      * longer line or head gets 414/431 and a close); bodies by --max-body-bytes (frame_body). */
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->lim.max_connections > 0 ? o->lim.max_connections : 256),
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)(o->lim.max_connections_per_client > 0 ? o->lim.max_connections_per_client : 0),
@@ -1190,15 +1276,21 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, guard_on_connection, s,
                             MHD_OPTION_URI_LOG_CALLBACK, guard_on_uri, s,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     if (!s->d) {
-        pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
+        pln_errorf("%s:%d: cannot start the HTTP server (%s)", s->host, o->port, strerror(errno));
         guard_stop(s);
+        close(s->listen_fd);
         goto fail;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : o->port;
+    s->acc_running = !pthread_create(&s->acc_thr, NULL, accept_thread, s);
+    if (!s->acc_running) {
+        pln_errorf("%s:%d: cannot start the accepting thread", s->host, o->port);
+        MHD_stop_daemon(s->d);
+        guard_stop(s);
+        close(s->listen_fd);
+        goto fail;
+    }
     return s;
 fail:
     free(s->model_id);
@@ -1211,6 +1303,13 @@ fail:
 
 int pln_server_port(const pln_server *s) { return s->port; }
 int pln_server_open_responses(pln_server *s) { return atomic_load(&s->in_flight); }
+/* libmicrohttpd's own count: it drops a connection from it only after releasing the connection's
+ * place under the per-client limit (the CLOSED notification comes just before that), so a caller
+ * that saw it fall may count on the place being free. */
+int pln_server_client_connections(pln_server *s) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return di ? (int)di->num_connections : atomic_load(&s->tcp_open);
+}
 
 void pln_server_stop(pln_server *s, double grace_s) {
     if (!s) return;
@@ -1221,8 +1320,16 @@ void pln_server_stop(pln_server *s, double grace_s) {
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    shutdown(s->listen_fd, SHUT_RDWR);   /* accept() returns: no new connections */
+    if (s->acc_running) pthread_join(s->acc_thr, NULL);
+    close(s->listen_fd);
     guard_stop(s);
     MHD_stop_daemon(s->d);
+    /* libmicrohttpd has closed its ends: the relays end (bounded, as they are) */
+    for (double t1 = pln_now(); pln_relay_live() > 0 && pln_now() - t1 < 15;) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_destroy(&s->guard_mu);
     pthread_cond_destroy(&s->guard_cv);
     free(s->model_id);

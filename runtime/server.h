@@ -29,6 +29,9 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
 int pln_server_port(const pln_server *s);
 /* Responses still being written (streams included). */
 int pln_server_open_responses(pln_server *s);
+/* Connections libmicrohttpd holds, whatever they have sent (pln_client_connections); a closed one
+ * leaves the count only after its place under the per-client limit is free. */
+int pln_server_client_connections(pln_server *s);
 /* Waits up to grace_s for open responses to finish, then closes every connection and frees. */
 void pln_server_stop(pln_server *s, double grace_s);
 

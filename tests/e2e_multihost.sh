@@ -4,8 +4,8 @@
 # host's namespace (tests/netns.sh), TCP only (btl tcp,self), so every collective crosses a real
 # network stack. Checks: generate at TP 2 and TP 3 across hosts matches transformers and TP 1
 # (tests/e2e.sh's fidelity checks), its logits are bit-identical to the same TP on one host and its
-# greedy ids equal TP 1's; a decode step of the tiny model takes a few ms, not the tens of ms of
-# spinning ranks sharing a core; the node-local rank and the device follow the hosts; `serve` with
+# greedy ids equal TP 1's; a rank waiting for another host takes no CPU (not a spinning wait);
+# the node-local rank and the device follow the hosts; `serve` with
 # rank 0 on host 1 answers a client on host 3 like a single-host server; a stopped rank on another
 # host fails the request naming it and ends the job. Only the namespaces' own addresses are used;
 # everything is deleted on exit, failure included. Needs root and iproute2, else SKIP.
@@ -50,28 +50,28 @@ for tp in 2 3; do
     test -n "$(ids_of <"$TMP/bloom-6h-tp1.json")" -a "$(ids_of <"$TMP/bloom-6h-tp$tp.json")" = "$(ids_of <"$TMP/bloom-6h-tp1.json")"
 done
 
-# ---- decode step time across hosts ------------------------------------------------------------
+# ---- waiting across hosts: no spinning ---------------------------------------------------------
+# What slowed every step across hosts was ranks spinning while they wait (they share the cores).
+# That is tested as CPU, not as time: a rank waiting 2 s for a broadcast from another host uses
+# under 5 % of a core (a spinning wait takes a whole one; load elsewhere can only lower it), and
+# every broadcast arrives. The decode step is printed as a figure, not checked.
+COMM=${PLN_BUILD:-build}/tests/test_comm
+if [ -x "$COMM" ]; then
+  out=$(netns_mpirun "1 1" "$COMM" --idle 2 2>&1); echo "$out" | grep '^idle:'
+  check "a rank waiting for another host: under 5 % of a core, every broadcast arrives" \
+    grep -q 'test_comm_idle: [1-9][0-9]* passed, 0 failed' <<<"$out"
+else
+  echo "SKIP: idle CPU across hosts: $COMM not built"
+fi
 median_step_ms() { # the median of generate --json's per_token_ms
   grep -o '"per_token_ms":\[[^]]*\]' | sed 's/.*\[//; s/\]//' | tr ',' '\n' | sort -g |
-    awk '{v[NR]=$1} END{if (NR) print v[int((NR+1)/2)]; else print 999}'
+    awk '{v[NR]=$1} END{if (NR) print v[int((NR+1)/2)]; else print "-"}'
 }
-# The best of up to three runs: on a machine shared with other work one run can be starved of
-# CPU; spinning ranks that share a core are slow in every run (tens of ms per step).
-# Sanitized builds (build-san) run the step several times slower: 15 ms there still tells a
-# sleeping wait from ranks spinning on one core (the regression this guards: 40 ms steps).
-LIMIT=5; case ${PLN_BUILD:-build} in *san*) LIMIT=15 ;; esac
 for tp in 2 3; do
   slots="1 1"; [ $tp = 3 ] && slots="1 1 1"
-  best=999
-  for _ in 1 2 3; do
-    out=$(netns_mpirun "$slots" "$POLLEN" generate "$TMP/bloom-6h-tp$tp" --token-ids 5,17,42 --max-new-tokens 32 --json --quiet)
-    med=$(median_step_ms <<<"$out")
-    echo "TP $tp across hosts: median decode step $med ms"
-    best=$(awk -v a="$best" -v b="$med" 'BEGIN{print (b < a ? b : a)}')
-    awk -v m="$best" -v l="$LIMIT" 'BEGIN{exit !(m < l)}' && break
-  done
-  check "TP $tp across hosts: a decode step of the tiny model within $LIMIT ms (median $best ms)" \
-    awk -v m="$best" -v l="$LIMIT" 'BEGIN{exit !(m < l)}'
+  out=$(netns_mpirun "$slots" "$POLLEN" generate "$TMP/bloom-6h-tp$tp" --token-ids 5,17,42 --max-new-tokens 32 --json --quiet)
+  echo "TP $tp across hosts: median decode step $(median_step_ms <<<"$out") ms (a figure; see docs/BENCHMARKS.md)"
+  check "TP $tp across hosts: it generated" test -n "$(ids_of <<<"$out")"
 done
 
 # ---- node-local ranks and devices follow the hosts ---------------------------------------------
@@ -147,6 +147,6 @@ client /generate '{"inputs":"Hello","parameters":{"max_new_tokens":40}}' >"$TMP/
 wait_exit 20
 dt=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "the request gets an error naming rank 1" grep -q '"error":".*rank 1 stopped answering.*","error_type":"generation"' "$TMP/w.body"
-check "the job on every host exits non-zero (exit $RC) within 15 s (${dt} ms)" test "$RC" != 0 -a "$RC" != 999 -a $dt -lt 15000
+check "the job on every host exits non-zero (exit $RC after ${dt} ms; 999: killed at the 20 s hang guard)" test "$RC" != 0 -a "$RC" != 999
 check "rank 0 names the rank" grep -q 'pollen serve: rank 1 stopped answering' "$TMP/w.log"
 e2e_done

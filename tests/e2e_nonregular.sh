@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # e2e_nonregular.sh — a FIFO, a socket, a directory or a character device (/dev/zero's node)
 # in place of each kind of file pollen reads (checkpoint weights, index, config.json,
-# tokenizer.json, a shard set's manifest.json, config.json, tokenizer.json and rank files, synth's --model and --tokenizer)
-# gives every command (reshard, inspect, verify, generate, serve, synth) a clear error naming
-# the file and what it is, a non-zero exit, and never a hang: each run has 20 s.
+# tokenizer.json, a shard set's manifest.json, config.json, tokenizer.json and rank files, synth's
+# --model and --tokenizer, serve's --chat-template, perplexity's --file and --kl-base set), and a
+# FIFO or /dev/zero itself as every path-taking positional and flag (SET of generate, serve,
+# verify, inspect, bench and perplexity; reshard's SRC; verify --source) gives every command a
+# clear error naming the file and what it is, a non-zero exit, and never a hang: each run has 20 s.
 source "$(dirname "$0")/e2e.sh"
 HELPER=${PLN_BUILD:-build}/tests/test_shard
 [ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
@@ -64,6 +66,46 @@ done
 # verify --source whose config.json is not a file
 d=$TMP/ck-src; rm -rf "$d"; cp -r $FIX "$d"; make_kind fifo "$d/config.json"
 check_fails "verify --source, config.json is a FIFO" "config.json: is a FIFO" bounded "$POLLEN" verify "$S" --source "$d"
+
+# ---- files named by a flag or a positional of their own: a FIFO, a directory, /dev/zero itself ----
+# (each must fail at once with a message naming the path: a FIFO with no writer would block an
+# open(2) without O_NONBLOCK for ever, /dev/zero would be read without end)
+echo "hello world, the quick brown fox jumps over the lazy dog" >"$TMP/text.txt"
+echo '{"user": {"prefix": "U: ", "suffix": "\n"}, "generation_prompt": "A:"}' >"$TMP/chat.json"
+check "serve with a regular --chat-template starts" start_server chat "$POLLEN" serve "$S" --chat-template "$TMP/chat.json"
+stop_server
+for kind in fifo dir devzero; do
+  if [ $kind = devzero ]; then P=/dev/zero; re="/dev/zero: is a character device"
+  else P=$TMP/flag-$kind; make_kind $kind "$P"; re="flag-$kind: $(what_of $kind)"; fi
+  # a set, a checkpoint: a directory is what these take, and anything else is named as not one
+  set_re="$P: is (a FIFO|a character device).*(not a directory|not a regular file)"
+  check_fails "serve --chat-template $kind" "chat-template .*$re" bounded "$POLLEN" serve "$S" --port 0 --quiet --chat-template "$P"
+  check_fails "perplexity --file $kind" "file: .*$re" bounded "$POLLEN" perplexity "$S" --file "$P"
+  check_fails "synth --model $kind (the path itself)" "$re" bounded "$POLLEN" synth --model "$P" -o "$TMP/sy" --quiet
+  check_fails "synth --tokenizer $kind (the path itself)" "$re" bounded "$POLLEN" synth --model $FIX/config.json --tokenizer "$P" -o "$TMP/sy" --quiet
+  check "synth --tokenizer $kind: nothing written" test ! -e "$TMP/sy"
+  [ $kind = dir ] && continue   # a directory is what these take
+  for cmd in generate serve verify inspect bench perplexity; do
+    case $cmd in
+      generate) args=(--prompt hi --max-new-tokens 2 --quiet) ;; serve) args=(--port 0 --quiet) ;;
+      bench) args=(--steps 1 --batch 1 --prompt-len 2 --context 4) ;; perplexity) args=(--file "$TMP/text.txt") ;;
+      *) args=() ;;
+    esac
+    check_fails "$cmd SET: $kind" "$set_re" bounded "$POLLEN" $cmd "$P" "${args[@]}"
+  done
+  check_fails "reshard SRC: $kind" "$set_re" bounded "$POLLEN" reshard "$P" -o "$TMP/o-flag" --tp 1 --dtype fp16 --quiet
+  check_fails "verify --source $kind" "$set_re" bounded "$POLLEN" verify "$S" --source "$P"
+  check_fails "perplexity --kl-base $kind" "kl-base: $set_re" bounded "$POLLEN" perplexity "$S" --file "$TMP/text.txt" --kl-base "$P"
+done
+rm -rf "$TMP/flag-fifo" "$TMP/flag-dir"
+# perplexity --kl-base: each file of the base set not a regular file
+for kind in fifo dir; do
+  re=$(what_of $kind)
+  for f in manifest.json rank-0-of-1.pln config.json tokenizer.json; do
+    d=$TMP/base-$kind; rm -rf "$d"; cp -r "$S" "$d"; make_kind $kind "$d/$f"
+    check_fails "perplexity --kl-base, its $f $re" "$f: $re" bounded "$POLLEN" perplexity "$S" --file "$TMP/text.txt" --kl-base "$d"
+  done
+done
 
 # ---- synth: --model and --tokenizer ----
 for kind in $KINDS; do

@@ -187,9 +187,12 @@ EOF
 check "synth a 270 MB checkpoint" "$POLLEN" synth --model $TMP/mid.json -o $TMP/mid --quiet --shard-size 100000000
 PLN_FAULT_DELAY_MS=40 "$POLLEN" reshard $TMP/mid -o $TMP/int --tp 2 --dtype int8 --quiet 2>$TMP/int.err &
 pid=$!
-for i in $(seq 1 50); do ls -d $TMP/int.tmp-* >/dev/null 2>&1 && break; sleep 0.05; done
-sleep 0.5
-check "temporary output exists mid-way" bash -c "ls -d $TMP/int.tmp-* >/dev/null 2>&1"
+# mid-way: a file besides the marker is being written in the temporary output (bounded: 60 s)
+for i in $(seq 1 1200); do
+  ls -A $TMP/int.tmp-* 2>/dev/null | grep -qv -e '^\.pollen-tmp$' -e '^$' -e ':$' && break
+  kill -0 $pid 2>/dev/null || break; sleep 0.05
+done
+check "temporary output being written mid-way" bash -c "ls -A $TMP/int.tmp-* 2>/dev/null | grep -qv -e '^\.pollen-tmp\$' -e '^\$' -e ':\$'"
 kill -INT $pid; wait $pid; rc=$?
 check "interrupted reshard exits non-zero ($rc)" test $rc -ne 0
 check "interrupted reshard says why" grep -q "interrupted" $TMP/int.err

@@ -11,8 +11,9 @@ command -v curl >/dev/null || { echo "SKIP: curl not installed (make deps)"; e2e
 [ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
 CURL="curl -s --max-time 30"
 
-wait_metric() { # name value seconds
-  for _ in $(seq $(( $3 * 20 ))); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.05; done
+wait_metric() { # name value seconds (what a quiet machine needs; at least 30 s is allowed: a hang guard)
+  local n=$(( $3 * 20 )); [ $n -lt 600 ] && n=600
+  for _ in $(seq $n); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.05; done
   echo "metric $1 = $(metric "$1"), want $2" >&2; return 1
 }
 ids_of() { grep -o '"id":[0-9]*' | sed 's/"id"://' | tr '\n' ',' ; }
@@ -104,7 +105,11 @@ check "SIGTERM: clean exit (TP 1)" stop_server
 # ---- slow steps: disconnect, overload, drain ---------------------------------------------------
 check "server starts (slow steps)" start_server b "$POLLEN" serve "$S1" --max-concurrent-requests 2 --step-delay-ms 20
 TOTAL=$(metric pln_kv_blocks_total)
-curl -s -N --max-time 0.5 -X POST "http://127.0.0.1:$PORT/generate_stream" -d '{"inputs":"x","parameters":{"max_new_tokens":500}}' >"$TMP/cut" 2>/dev/null
+# the client goes away after three events (not after a time: on a loaded machine three may take long)
+curl -s -N --max-time 60 -X POST "http://127.0.0.1:$PORT/generate_stream" -d '{"inputs":"x","parameters":{"max_new_tokens":500}}' >"$TMP/cut" 2>/dev/null &
+CUT=$!
+for _ in $(seq 1200); do [ "$(grep -c '^data:' "$TMP/cut")" -ge 3 ] && break; kill -0 $CUT 2>/dev/null || break; sleep 0.05; done
+kill $CUT 2>/dev/null; wait $CUT 2>/dev/null
 check "stream was cut mid-way" test "$(grep -c '^data:' "$TMP/cut")" -ge 3 -a "$(grep -c generated_text\":\" "$TMP/cut")" = 0
 check "disconnected sequence left the batch" wait_metric pln_running_sequences 0 2
 check "its KV blocks are free ($TOTAL)" wait_metric pln_kv_blocks_free "$TOTAL" 2
@@ -113,11 +118,13 @@ pids=()
 for i in 1 2; do post /generate_stream '{"inputs":"busy","parameters":{"max_new_tokens":200}}' >"$TMP/busy$i" & pids+=($!); done
 check "two in flight" wait_metric pln_running_sequences 2 3
 for i in 1 2 3; do
-  t0=$(date +%s%N); c=$(code /generate '{"inputs":"extra"}'); t1=$(date +%s%N)
-  check "extra request $i -> 429 at once ($c, $(( (t1 - t0) / 1000000 )) ms)" test "$c" = 429 -a $(( (t1 - t0) / 1000000 )) -lt 1000
+  c=$(code /generate '{"inputs":"extra"}')
+  # answered while both busy streams still run: refused at once, not queued behind them
+  check "extra request $i -> 429 while the two still run ($c)" test "$c" = 429 -a "$(metric pln_running_sequences)" = 2
 done
 check "429 body is TGI overloaded" grep -q '"error_type":"overloaded"' "$TMP/body"
-kill -TERM "$RANK0"; sleep 0.3
+kill -TERM "$RANK0"
+check "draining: /health turns 503" bash -c 'for _ in $(seq 600); do [ "$('"$CURL"' -o /dev/null -w "%{http_code}" http://127.0.0.1:'"$PORT"'/health)" = 503 ] && exit 0; sleep 0.05; done; exit 1'
 check "new request while draining -> 503" test "$(code /generate '{"inputs":"late"}')" = 503
 wait "${pids[@]}"
 check "in-flight streams ran to the end while draining" bash -c "grep -q 'generated_tokens\":200' $TMP/busy1 && grep -q 'generated_tokens\":200' $TMP/busy2"

@@ -5,6 +5,9 @@
  *     smuggled behind them is never answered; over-limit bodies get 413 however they are framed
  *     (Content-Length, chunked, a 2^64-1 chunk followed by 8 MB, an overflowing chunk size,
  *     chunk extensions); garbage request lines get 400 or a prompt close;
+ *   - every malformed chunked body (bad sizes, data without CRLF, over-long trailers, a chunk-size
+ *     line over 4 KiB: the relay's 413) is a 4xx and a close, and the next request is served;
+ *   - a control byte in the request target, percent-encoded or raw, on every route: 400;
  *   - /tokenize is capped by --max-input-tokens (422, TGI error shape) and every body by
  *     --max-body-bytes (413, TGI error shape);
  *   - slow clients: 60 connections sending a header byte every 200 ms, from one address and from
@@ -13,8 +16,10 @@
  *   - draining: with an idle keep-alive connection and a half-sent request the server stops at
  *     once; a request in flight completes first.
  * A small deterministic engine stands in for the model (token = byte). Ports are chosen by the
- * kernel; every wait is bounded. */
+ * kernel; every wait is for a state the server reports, bounded only as a hang guard: nothing
+ * here depends on how fast the machine is. */
 #include "runtime/httpframe.h"
+#include "runtime/httprelay.h"
 #include "runtime/scheduler.h"
 #include "runtime/server.h"
 #include "tests/test.h"
@@ -202,8 +207,10 @@ static raw_result http_from(int port, const char *src, const char *method, const
     return r;
 }
 
+/* A /metrics value, scraped from an address of its own (127.0.0.3: never counted against a
+ * client's per-address limit in the tests); -1 when absent. */
 static double metric(int port, const char *name) {
-    raw_result r = http_from(port, NULL, "GET", "/metrics", NULL);
+    raw_result r = http_from(port, "127.0.0.3", "GET", "/metrics", NULL);
     double v = -1;
     size_t nl = strlen(name);
     for (const char *p = body_of(&r); p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
@@ -268,6 +275,61 @@ static void test_framing_table(void) {
     }
 }
 
+/* The relay's framing follower (httprelay.h), fed in pieces of every size: a long chunk-size line
+ * is caught wherever it falls; chunk data, Content-Length bodies and heads, however long their
+ * lines, are not chunk-size lines. */
+static void test_scan_table(void) {
+    char *ext = malloc(6000), *data = malloc(12000), *bigcl = malloc(12000);
+    int k = sprintf(ext, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2;");
+    memset(ext + k, 'x', 5000);
+    strcpy(ext + k + 5000, "\r\nab\r\n0\r\n\r\n");
+    k = sprintf(data, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2710\r\n");   /* 10000 bytes, no line end */
+    memset(data + k, 'd', 10000);
+    strcpy(data + k + 10000, "\r\n0\r\n\r\n");
+    k = sprintf(bigcl, "POST / HTTP/1.1\r\nContent-Length: 10000\r\n\r\n");
+    memset(bigcl + k, 'c', 10000);
+    strcpy(bigcl + k + 10000, "GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n0\r\nX-T: 1\r\n\r\n");
+    static const char pipelined[] = "GET /health HTTP/1.1\r\nHost: t\r\n\r\nPOST / HTTP/1.1\r\ntransfer-encoding: CHUNKED\r\n\r\n"
+                                    "3;a=b\r\nabc\r\n0\r\n\r\n";
+    const struct { const char *what, *bytes; int want; pln_scan_state end; } t[] = {
+        {"a 5000-byte extension", ext, 1, PLN_SCAN_CHUNK_LINE},
+        {"10000 bytes of chunk data", data, 0, PLN_SCAN_HEAD},
+        {"a Content-Length body, then a chunked request", bigcl, 0, PLN_SCAN_HEAD},
+        {"a pipelined GET then chunked POST", pipelined, 0, PLN_SCAN_HEAD},
+        {"a bad chunk size (left to libmicrohttpd)", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 0, PLN_SCAN_PASS},
+        {"chunked with Content-Length (left to httpframe)", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+         0, PLN_SCAN_PASS},
+    };
+    static const size_t pieces[] = {1, 7, 4096, 1 << 20};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        for (size_t pi = 0; pi < sizeof pieces / sizeof pieces[0]; pi++) {
+            pln_scan s;
+            pln_scan_init(&s);
+            size_t n = strlen(t[i].bytes);
+            int got = 0;
+            for (size_t off = 0; off < n && !got; off += pieces[pi])
+                got = pln_scan_feed(&s, t[i].bytes + off, n - off < pieces[pi] ? n - off : pieces[pi]);
+            CHECK(got == t[i].want && (got || s.st == t[i].end), "scan %s in pieces of %zu: %d (want %d), state %d (want %d)", t[i].what,
+                  pieces[pi], got, t[i].want, (int)s.st, (int)t[i].end);
+        }
+    free(ext);
+    free(data);
+    free(bigcl);
+}
+
+/* The control-byte scan of a raw target, as a table. */
+static void test_target_table(void) {
+    static const struct { const char *t; int want; } t[] = {
+        {"/generate", -1}, {"/generate%00x", 0}, {"/metrics%00.css", 0}, {"/a?b=%0a", 0x0a}, {"/a?b=%0A", 0x0a},
+        {"/%7f", 0x7f}, {"/%7F", 0x7f}, {"/%1F", 0x1f}, {"/%20%41%7e", -1}, {"/a\x01", 1}, {"/a\t", 9},
+        {"/%", -1}, {"/%0", -1}, {"/%zz%00", 0}, {"/%%00", 0}, {"/%250", -1}, {"/\x7f", 0x7f}, {"/\xc3\xa9", -1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        int got = pln_http_target_control(t[i].t);
+        CHECK(got == t[i].want, "control byte of target %zu: %d, want %d", i, got, t[i].want);
+    }
+}
+
 static void test_framing(int port) {
     static const struct { const char *what, *req; int status; bool must_close; } cases[] = {
         {"two different Content-Length",
@@ -299,28 +361,32 @@ static void test_framing(int port) {
          "POST /tokenize HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: Chunked\r\n\r\n"
          "f\r\n{\"inputs\":\"hi\"}\r\n0\r\n\r\n", 200, true},
     };
+    /* "At once" is told by what closed the connection, not by a time: the server's own decision
+     * leaves pln_request_timeouts_total alone, the 2 s request deadline counts each close. */
+    double timeouts0 = metric(port, "pln_request_timeouts_total");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        raw_result r = raw_str(port, cases[i].req, 5.0);
+        raw_result r = raw_str(port, cases[i].req, 30.0);
         CHECK(r.status == cases[i].status, "%s: status %d, want %d (%.80s)", cases[i].what, r.status, cases[i].status, r.data);
-        CHECK(!cases[i].must_close || (r.closed && r.secs < 3.0), "%s: connection closed at once (closed %d after %.2f s)",
-              cases[i].what, r.closed, r.secs);
+        CHECK(!cases[i].must_close || r.closed, "%s: connection closed (closed %d after %.2f s)", cases[i].what, r.closed, r.secs);
         if (cases[i].status >= 400 && strstr(r.data, "application/json"))
             CHECK(tgi_error(body_of(&r), "validation", NULL), "%s: TGI error body: %s", cases[i].what, body_of(&r));
         free(r.data);
     }
+    CHECK(metric(port, "pln_request_timeouts_total") == timeouts0, "each was closed by the server's answer, not by the deadline "
+          "(%g timeouts, were %g)", metric(port, "pln_request_timeouts_total"), timeouts0);
 
     /* Heads past libmicrohttpd's 32 KiB buffer: refused, not grown. */
     char *longh = malloc(40100);
     int m = sprintf(longh, "GET /health HTTP/1.1\r\nHost: t\r\nX-A: ");
     memset(longh + m, 'a', 40000);
     strcpy(longh + m + 40000, "\r\n\r\n");
-    raw_result lr = raw_str(port, longh, 5.0);
+    raw_result lr = raw_str(port, longh, 30.0);
     CHECK(lr.status == 431 && lr.closed, "a 40 KB header field: 431 and closed (%d, closed %d)", lr.status, lr.closed);
     free(lr.data);
     m = sprintf(longh, "GET /");
     memset(longh + m, 'a', 40000);
     strcpy(longh + m + 40000, " HTTP/1.1\r\nHost: t\r\n\r\n");
-    lr = raw_str(port, longh, 5.0);
+    lr = raw_str(port, longh, 30.0);
     CHECK(lr.status == 414 && lr.closed, "a 40 KB URI: 414 and closed (%d, closed %d)", lr.status, lr.closed);
     free(lr.data);
     free(longh);
@@ -330,13 +396,13 @@ static void test_framing(int port) {
      * request to a server that believed it. */
     const char *smuggle = "POST /tokenize HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 43\r\n\r\n"
                           "{\"a\":GET /health HTTP/1.1\r\nHost: t\r\n\r\n";
-    raw_result r = raw_str(port, smuggle, 3.0);
+    raw_result r = raw_str(port, smuggle, 30.0);
     CHECK(r.status == 400 && r.n_responses == 1 && r.closed, "smuggled request not answered (status %d, %d responses, closed %d)",
           r.status, r.n_responses, r.closed);
     free(r.data);
     smuggle = "POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n"
               "0\r\n\r\nGET /health HTTP/1.1\r\nHost: t\r\n\r\n";
-    r = raw_str(port, smuggle, 3.0);
+    r = raw_str(port, smuggle, 30.0);
     CHECK(r.status == 400 && r.n_responses == 1 && r.closed, "TE+CL smuggle: status %d, %d responses, closed %d", r.status,
           r.n_responses, r.closed);
     free(r.data);
@@ -347,8 +413,8 @@ static void test_framing(int port) {
     char *buf = malloc(strlen(head) + 64 + big);
     int n = sprintf(buf, "%sffffffffffffffff\r\n", head);
     memset(buf + n, 'a', big);
-    r = raw(port, NULL, buf, (size_t)n + big, 8.0);
-    CHECK(r.status == 413 && r.closed && r.secs < 5.0, "chunk of 2^64-1 then 8 MB: 413 and closed (status %d, closed %d, %.2f s)",
+    r = raw(port, NULL, buf, (size_t)n + big, 30.0);
+    CHECK(r.status == 413 && r.closed, "chunk of 2^64-1 then 8 MB: 413 and closed (status %d, closed %d, %.2f s)",
           r.status, r.closed, r.secs);
     CHECK(tgi_error(body_of(&r), "validation", "--max-body-bytes"), "413 body in TGI shape: %s", body_of(&r));
     free(r.data);
@@ -360,25 +426,176 @@ static void test_framing(int port) {
         n += sprintf(buf + n, "\r\n");
     }
     n += sprintf(buf + n, "0\r\n\r\n");
-    r = raw(port, NULL, buf, (size_t)n, 8.0);
+    r = raw(port, NULL, buf, (size_t)n, 30.0);
     CHECK(r.status == 413 && r.closed, "160 KiB in small chunks with extensions: 413 and closed (status %d, closed %d)", r.status, r.closed);
     free(r.data);
     free(buf);
 
     /* Garbage: answered 400 or closed at once when a line ends; a line that never ends is closed
      * by the request deadline (2 s here), not held for the 60 s idle timeout. */
-    r = raw_str(port, "GARBAGE\r\n\r\n", 5.0);
-    CHECK(r.closed && r.secs < 1.5 && (r.status == 0 || r.status == 400), "garbage word: closed at once (%.2f s, status %d)",
-          r.secs, r.status);
+    double t0 = metric(port, "pln_request_timeouts_total");
+    r = raw_str(port, "GARBAGE\r\n\r\n", 30.0);
+    CHECK(r.closed && (r.status == 0 || r.status == 400) && metric(port, "pln_request_timeouts_total") == t0,
+          "garbage word: closed by the server, not the deadline (%.2f s, status %d)", r.secs, r.status);
     free(r.data);
-    r = raw_str(port, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 8.0);
-    CHECK(r.closed && r.secs < 4.0, "binary garbage without a line end: closed by the deadline (closed %d after %.2f s)", r.closed,
-          r.secs);
+    r = raw_str(port, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 30.0);
+    CHECK(r.closed && metric(port, "pln_request_timeouts_total") == t0 + 1,
+          "binary garbage without a line end: closed by the deadline (closed %d after %.2f s)", r.closed, r.secs);
     free(r.data);
+
+    /* Malformed chunked bodies, the class: each a 4xx and a close (where the end of the body
+     * cannot be found, nothing after it may be read as a request), and the server serves the
+     * next client. Some are answered by libmicrohttpd itself (its HTML body), some by pollen. */
+    static const struct { const char *what, *body; int lo, hi; } chunked[] = {
+        {"a chunk size that is not hex", "zz\r\n", 400, 400},
+        {"a negative chunk size", "-5\r\naaaaa\r\n0\r\n\r\n", 400, 400},
+        {"a space after the chunk size", "5 \r\n{\"inp\r\n0\r\n\r\n", 400, 400},
+        {"a chunk size of 17 hex digits", "1ffffffffffffffff\r\naaaa", 413, 413},
+        {"chunk data not ended by CRLF", "3\r\nabcXY0\r\n\r\n", 400, 400},
+        {"an empty chunk size line", "\r\n5\r\nabcde\r\n0\r\n\r\n", 400, 400},
+        {"an extension with no size", ";ext\r\n5\r\nabcde\r\n0\r\n\r\n", 400, 400},
+        {"a trailer over the head buffer", NULL, 400, 431},
+    };
+    char *tb = malloc(50000);
+    for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) {
+        const char *body = chunked[i].body;
+        if (!body) {   /* a 40 KB trailer field after the last chunk */
+            int k = sprintf(tb, "0\r\nX-T: ");
+            memset(tb + k, 'a', 40000);
+            strcpy(tb + k + 40000, "\r\n\r\n");
+            body = tb;
+        }
+        char *req = pln_xasprintf("POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n%s", body);
+        r = raw_str(port, req, 30.0);
+        CHECK(r.status >= chunked[i].lo && r.status <= chunked[i].hi && r.closed, "%s: %d (want %d..%d) and closed (%d)",
+              chunked[i].what, r.status, chunked[i].lo, chunked[i].hi, r.closed);
+        free(r.data);
+        free(req);
+        raw_result ok = http_from(port, NULL, "POST", "/tokenize", "{\"inputs\":\"ok\"}");
+        CHECK(ok.status == 200, "%s: the next request is served (%d)", chunked[i].what, ok.status);
+        free(ok.data);
+    }
+    free(tb);
+    /* Chunk-size lines over PLN_RELAY_MAX_CHUNK_LINE (4 KiB): 413 in the route's error shape and a
+     * close (libmicrohttpd 0.9.75 alone answered a line past its buffer with 500), on the first
+     * chunk or a later one, an extension just over the bound or far over the buffer; one under
+     * the bound is served. */
+    {
+        static const struct { const char *route; int ext; int at; int status; } ex[] = {
+            {"/tokenize", 40000, 0, 413}, {"/tokenize", 5000, 0, 413}, {"/tokenize", 5000, 1, 413},
+            {"/v1/completions", 40000, 0, 413}, {"/tokenize", 3000, 1, 200},
+        };
+        char *req = malloc(50000);
+        for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
+            int k = sprintf(req, "POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+                            ex[i].route);
+            const char *body = !strcmp(ex[i].route, "/tokenize") ? "{\"inputs\":\"hi\"}" : "{\"prompt\":\"hi\",\"max_tokens\":1}";
+            size_t bl = strlen(body), half = bl / 2;
+            for (int c = 0; c < 2; c++) {   /* two chunks; the extension on chunk ex[i].at */
+                k += sprintf(req + k, "%zx", c ? bl - half : half);
+                if (c == ex[i].at) { req[k++] = ';'; memset(req + k, 'e', (size_t)ex[i].ext); k += ex[i].ext; }
+                k += sprintf(req + k, "\r\n%.*s\r\n", (int)(c ? bl - half : half), body + (c ? half : 0));
+            }
+            k += sprintf(req + k, "0\r\n\r\n");
+            r = raw(port, NULL, req, (size_t)k, 30.0);
+            bool shape = ex[i].status != 413 ||
+                         (!strcmp(ex[i].route, "/tokenize") ? tgi_error(body_of(&r), "validation", "chunk-size line")
+                                                            : strstr(body_of(&r), "\"invalid_request_error\"") != NULL);
+            CHECK(r.status == ex[i].status && r.closed && shape, "%s, a %d-byte chunk extension on chunk %d: %d (want %d), closed %d: %.120s",
+                  ex[i].route, ex[i].ext, ex[i].at, r.status, ex[i].status, r.closed, body_of(&r));
+            free(r.data);
+            raw_result ok = http_from(port, NULL, "POST", "/tokenize", "{\"inputs\":\"ok\"}");
+            CHECK(ok.status == 200, "after a %d-byte chunk extension the next request is served (%d)", ex[i].ext, ok.status);
+            free(ok.data);
+        }
+        free(req);
+    }
+    /* A chunked body cut short, then the client's write side closed: the server closes too (no
+     * answer is owed to a request that never ended) and keeps serving. */
+    {
+        int fd = dial(port, NULL);
+        const char *cut = "POST /tokenize HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc";
+        ssize_t w = send(fd, cut, strlen(cut), MSG_NOSIGNAL);
+        (void)w;
+        shutdown(fd, SHUT_WR);
+        raw_result rc = raw_on(fd, "", 0, 30.0);
+        CHECK(rc.closed && (rc.status == 0 || (rc.status >= 400 && rc.status < 500)),
+              "a truncated chunk then EOF: closed, with no answer or a 4xx (%d)", rc.status);
+        free(rc.data);
+        close(fd);
+    }
 
     /* The server still serves after all of it. */
     r = http_from(port, NULL, "POST", "/tokenize", "{\"inputs\":\"ok\"}");
     CHECK(r.status == 200, "served after the hostile requests (%d)", r.status);
+    free(r.data);
+}
+
+/* ---- control bytes in the request target ------------------------------------------------
+ * libmicrohttpd decodes the target into a C string: "%00" would end it, and "/generate%00x" or
+ * "/metrics%00.css" would be served as the real routes (a path rule in a proxy in front bypassed).
+ * Every control byte, percent-encoded (either case of hex) or raw, in the path or the query, on
+ * every route and both methods, is a 400 naming it, and the connection is closed. */
+static void test_target_control(int port) {
+    static const char *const routes[] = {"/generate", "/generate_stream", "/tokenize", "/health", "/info", "/metrics",
+                                         "/v1/completions", "/v1/models", "/", "/v1/chat/completions", "/nowhere"};
+    static const char *const methods[] = {"GET", "POST"};
+    int n = 0, bad = 0;
+    char first_bad[256] = "";
+    for (size_t ri = 0; ri < sizeof routes / sizeof routes[0]; ri++)
+        for (size_t mi = 0; mi < 2; mi++)
+            for (int b = 0; b <= 0x20; b++) {
+                int byte = b == 0x20 ? 0x7f : b;
+                for (int where = 0; where < 3; where++) {   /* %XX in the path, %xx in the query, %XX then more path */
+                    char target[128];
+                    if (where == 0) snprintf(target, sizeof target, "%s%%%02X", routes[ri], byte);
+                    else if (where == 1) snprintf(target, sizeof target, "%s?a=%%%02x", routes[ri], byte);
+                    else snprintf(target, sizeof target, "%s%%%02X.css", routes[ri], byte);
+                    char *req = pln_xasprintf("%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", methods[mi], target);
+                    raw_result r = raw_str(port, req, 30.0);
+                    n++;
+                    bool ok = r.status == 400 && r.closed && strstr(body_of(&r), "control byte");
+                    if (!ok && !bad++)
+                        snprintf(first_bad, sizeof first_bad, "%s %s: %d closed %d %.80s", methods[mi], target, r.status,
+                                 r.closed, body_of(&r));
+                    free(r.data);
+                    free(req);
+                }
+            }
+    CHECK(bad == 0, "percent-encoded control bytes in %d targets: each a 400 naming it, then closed (%d not; first: %s)", n, bad,
+          first_bad);
+    /* raw control bytes (CR and LF end the line: not part of a target) */
+    n = bad = 0;
+    for (size_t ri = 0; ri < sizeof routes / sizeof routes[0]; ri++)
+        for (int b = 0; b <= 0x20; b++) {
+            int byte = b == 0x20 ? 0x7f : b;
+            if (byte == '\r' || byte == '\n') continue;
+            char req[256];
+            int len = snprintf(req, sizeof req, "POST %s", routes[ri]);
+            req[len++] = (char)byte;
+            len += snprintf(req + len, sizeof req - (size_t)len, "x HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}");
+            raw_result r = raw(port, NULL, req, (size_t)len, 30.0);
+            n++;
+            /* refused by libmicrohttpd's own parser (400, or a close) or by the server (400) */
+            bool ok = r.closed && (r.status == 400 || r.status == 0);
+            if (!ok && !bad++)
+                snprintf(first_bad, sizeof first_bad, "0x%02x after %s: %d closed %d %.80s", byte, routes[ri], r.status, r.closed,
+                         r.data);
+            free(r.data);
+        }
+    CHECK(bad == 0, "raw control bytes in %d targets: a 400 or a close, never served (%d not; first: %s)", n, bad, first_bad);
+    /* a percent-encoded ordinary byte is still decoded and routed */
+    raw_result r = raw_str(port, "GET /he%61lth HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 30.0);
+    CHECK(r.status == 200, "GET /he%%61lth is /health (%d)", r.status);
+    free(r.data);
+    r = raw_str(port, "GET /health?probe=1&b=%41 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 30.0);
+    CHECK(r.status == 200, "GET /health?probe=1&b=%%41: a query string is no control byte (%d)", r.status);
+    free(r.data);
+    r = raw_str(port, "GET  /health  HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 30.0);
+    CHECK(r.status != 400 || !strstr(r.data, "control byte"), "extra spaces around the target are no control byte (%d)", r.status);
+    free(r.data);
+    r = http_from(port, NULL, "POST", "/tokenize", "{\"inputs\":\"ok\"}");
+    CHECK(r.status == 200, "served after the control bytes (%d)", r.status);
     free(r.data);
 }
 
@@ -441,7 +658,9 @@ static void *slow_thread(void *arg) {
         else s->closed_at[i] = s->opened[i];
     }
     double t0 = pln_now();
-    while (pln_now() - t0 < s->run_s) {
+    int open = N_SLOW;
+    while (open > 0 && pln_now() - t0 < s->run_s) {   /* until every one is closed; run_s: a hang guard */
+        open = 0;
         for (int i = 0; i < N_SLOW; i++) {
             if (s->closed_at[i]) continue;
             char buf[512];
@@ -451,6 +670,7 @@ static void *slow_thread(void *arg) {
                 s->closed_at[i] = pln_now();
                 continue;
             }
+            open++;
         }
         usleep(200000);
     }
@@ -472,7 +692,7 @@ static void test_slow_clients(const pln_serve_limits *base) {
     inst S;
     inst_start(&S, &lim, 1000);
     static char addrs[20][16];
-    slow_ctx sc = {.port = S.port, .run_s = 4.5};
+    slow_ctx sc = {.port = S.port, .run_s = 60};
     /* 40 from one address (12 allowed), 20 from addresses of their own */
     for (int i = 0; i < N_SLOW; i++) {
         if (i < 40) sc.src[i] = "127.0.0.1";
@@ -480,12 +700,14 @@ static void test_slow_clients(const pln_serve_limits *base) {
     }
     pthread_t th;
     pthread_create(&th, NULL, slow_thread, &sc);
-    usleep(300000);
-    /* Meanwhile a normal client elsewhere keeps being answered. */
+    /* Meanwhile a normal client elsewhere keeps being answered: from when the attack holds its
+     * connections (12 + 20, seen by the server) until the deadline has closed them. */
+    double t0 = pln_now();
+    while (metric(S.port, "pln_client_connections") < 12 + 20 + 1 && pln_now() - t0 < 30) usleep(10000);
     int health_ok = 0, gen_ok = 0, rounds = 0;
     double worst = 0;
-    double t0 = pln_now();
-    while (pln_now() - t0 < 3.5) {
+    t0 = pln_now();
+    while (rounds < 4 || (metric(S.port, "pln_request_timeouts_total") < 12 + 20 && pln_now() - t0 < 30)) {
         raw_result h = http_from(S.port, "127.0.0.2", "GET", "/health", NULL);
         raw_result g = http_from(S.port, "127.0.0.2", "POST", "/generate", "{\"inputs\":\"x\",\"parameters\":{\"max_new_tokens\":4}}");
         health_ok += h.status == 200;
@@ -498,23 +720,24 @@ static void test_slow_clients(const pln_serve_limits *base) {
         usleep(200000);
     }
     pthread_join(th, NULL);
+    printf("slowest normal answer during the attack: %.2f s\n", worst);
     CHECK(rounds >= 4 && health_ok == rounds && gen_ok == rounds,
           "during the attack /health and /generate answered every time (%d/%d, %d/%d rounds)", health_ok, rounds, gen_ok, rounds);
-    CHECK(worst < 2.0, "slowest normal answer during the attack %.2f s (< 2 s)", worst);
-    int refused = 0, held = 0, held_ok = 0, with_408 = 0, still_open = 0;
+    /* Told apart by what the server did, not by how long it took: a connection over the
+     * per-client limit is closed without a word; a held one gets the deadline's 408, and never
+     * before the deadline (2 s). */
+    int refused = 0, held = 0, held_ok = 0, still_open = 0;
     for (int i = 0; i < N_SLOW; i++) {
         if (!sc.closed_at[i]) { still_open++; continue; }
-        double life = sc.closed_at[i] - sc.opened[i];
-        if (life < 1.0) { refused += i < 40; continue; }
+        if (!sc.got_408[i]) { refused += i < 40; continue; }
         held++;
-        held_ok += life >= 1.5 && life < 3.5;
-        with_408 += sc.got_408[i];
+        held_ok += sc.closed_at[i] - sc.opened[i] >= 1.5;
     }
-    CHECK(still_open == 0, "every slow connection was closed (%d still open after %.1f s)", still_open, sc.run_s);
-    CHECK(refused == 40 - 12, "the per-client limit (12) refused %d of the 40 from one address at once (want 28)", refused);
-    CHECK(held == 12 + 20 && held_ok == held, "the %d held ones were closed by the 2 s deadline (%d in [1.5, 3.5) s; want 32)", held,
+    CHECK(still_open == 0, "every slow connection was closed (%d still open)", still_open);
+    CHECK(refused == 40 - 12 && refused + held == N_SLOW, "the per-client limit (12) refused %d of the 40 from one address (want 28; "
+          "%d refused or held of %d)", refused, refused + held, N_SLOW);
+    CHECK(held == 12 + 20 && held_ok == held, "the %d held ones got a 408 from the 2 s deadline, none before it (%d; want 32)", held,
           held_ok);
-    CHECK(with_408 == held, "each got a 408 first (%d of %d)", with_408, held);
     CHECK(metric(S.port, "pln_request_timeouts_total") == held, "pln_request_timeouts_total == %d (%g)", held,
           metric(S.port, "pln_request_timeouts_total"));
     inst_stop(&S, 5.0);
@@ -537,15 +760,21 @@ static void test_drain(const pln_serve_limits *base) {
     /* an idle keep-alive connection (one request answered) and a request half sent */
     int ka = dial(D.port, NULL);
     raw_result r = raw_on(ka, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n", 33, 1.0);
+    for (int k = 0; r.status == 0 && !r.closed && k < 30; k++) { free(r.data); r = raw_on(ka, "", 0, 1.0); }   /* until answered */
     CHECK(r.status == 200 && !r.closed, "keep-alive connection answered and left open (%d, closed %d)", r.status, r.closed);
     free(r.data);
     int half = dial(D.port, NULL);
     const char *part = "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"inputs\"";
     ssize_t w = send(half, part, strlen(part), MSG_NOSIGNAL);
     (void)w;
-    usleep(200000);
-    double dt = inst_stop(&D, 10.0);
-    CHECK(dt < 1.0, "stop with an idle keep-alive and a half-sent request took %.2f s (grace 10 s)", dt);
+    /* the server holds the half-sent request (its head arrived) and both connections */
+    double t0 = pln_now();
+    while ((metric(D.port, "pln_open_connections") != 2 || metric(D.port, "pln_client_connections") != 3) && pln_now() - t0 < 30)
+        usleep(10000);
+    CHECK(metric(D.port, "pln_open_connections") == 2, "the half-sent request reached the server");
+    /* a grace far longer than any run: stopping before it shows neither connection was waited for */
+    double dt = inst_stop(&D, 120.0);
+    CHECK(dt < 60.0, "stop with an idle keep-alive and a half-sent request took %.2f s (grace 120 s)", dt);
     close(ka);
     close(half);
 
@@ -554,12 +783,14 @@ static void test_drain(const pln_serve_limits *base) {
     gen_arg g = {D.port, {0}};
     pthread_t th;
     pthread_create(&th, NULL, gen_thread, &g);
-    usleep(150000);
-    dt = inst_stop(&D, 10.0);
+    t0 = pln_now();   /* the request is in flight: the server runs its sequence */
+    while (metric(D.port, "pln_running_sequences") != 1 && pln_now() - t0 < 30) usleep(5000);
+    CHECK(metric(D.port, "pln_running_sequences") == 1, "the request is in flight before the stop");
+    dt = inst_stop(&D, 120.0);
     pthread_join(th, NULL);
     CHECK(g.r.status == 200 && strstr(g.r.data, "\"generated_text\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\""),
           "the request in flight completed while draining (%d)", g.r.status);
-    CHECK(dt < 2.0, "and the server stopped right after it (%.2f s)", dt);
+    CHECK(dt < 60.0, "and the server stopped after it, without waiting out the 120 s grace (%.2f s)", dt);
     free(g.r.data);
 }
 
@@ -574,9 +805,12 @@ int main(void) {
     lim.request_timeout_s = 2;
 
     test_framing_table();
+    test_target_table();
+    test_scan_table();
     inst A;
     inst_start(&A, &lim, 0);
     test_framing(A.port);
+    test_target_control(A.port);
     test_caps(A.port);
     inst_stop(&A, 5.0);
 

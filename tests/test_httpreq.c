@@ -235,13 +235,15 @@ int main(void) {
     /* token-count limits */
     lim.max_input_tokens = 10;
     lim.max_total_tokens = 20;
-    CHECK(pln_req_check_lengths(PLN_API_TGI, 10, 10, &lim, &err) == 0, "at both limits ok");
-    CHECK(pln_req_check_lengths(PLN_API_TGI, 0, 10, &lim, &err) == -1 && err.status == 422 && strstr(err.message, "cannot be empty"),
+    CHECK(pln_req_check_lengths(PLN_API_TGI, NULL, NULL, 10, 10, &lim, &err) == 0, "at both limits ok");
+    CHECK(pln_req_check_lengths(PLN_API_TGI, NULL, NULL, 0, 10, &lim, &err) == -1 && err.status == 422 && strstr(err.message, "cannot be empty"),
           "0 tokens");
-    CHECK(pln_req_check_lengths(PLN_API_TGI, 11, 1, &lim, &err) == -1 && err.status == 422 && strstr(err.message, "--max-input-tokens"),
+    CHECK(pln_req_check_lengths(PLN_API_TGI, NULL, NULL, 11, 1, &lim, &err) == -1 && err.status == 422 && strstr(err.message, "--max-input-tokens"),
           "over max_input_tokens: %s", err.message);
-    CHECK(pln_req_check_lengths(PLN_API_OPENAI, 10, 11, &lim, &err) == -1 && err.status == 400 &&
+    CHECK(pln_req_check_lengths(PLN_API_OPENAI, NULL, NULL, 10, 11, &lim, &err) == -1 && err.status == 400 &&
               !strcmp(err.param, "max_tokens") && strstr(err.message, "--max-total-tokens"), "over max_total_tokens: %s", err.message);
+    CHECK(pln_req_check_lengths(PLN_API_OPENAI, NULL, NULL, 10, 11, &lim, &err) == -1 && !strstr(err.message, "inputs") &&
+              strstr(err.message, "`prompt` tokens + `max_tokens`"), "OpenAI words, not TGI's: %s", err.message);
 
     /* error bodies */
     pln_req_fail(&err, PLN_API_TGI, 429, NULL, "busy");
@@ -338,6 +340,48 @@ int main(void) {
                   err.status, err.message);
             if (!rc) pln_gen_request_free(&r);
         }
+        /* the client's four stop sequences are allowed beside the template's; a fifth is not */
+        const char *four = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\"]}";
+        CHECK(pln_req_parse_chat(four, strlen(four), &lim, &t, &r, &err) == 0 && r.n_stop == 5 && !strcmp(r.stop[4], "\nU:"),
+              "four client stop sequences + the template's one: accepted, five in all (%s)", err.message);
+        if (r.prompts) pln_gen_request_free(&r);
+        /* errors name the field the chat client sent, never the completions field it became */
+        static const struct { const char *body, *param, *msg, *not_in; } named[] = {
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop",
+             "`stop` has 5 sequences; at most 4", "has 6"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", "max_completion_tokens",
+             "`max_completion_tokens`", "`max_tokens`"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":\"7\"}", "max_completion_tokens",
+             "`max_completion_tokens`", "`max_tokens`"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", "max_tokens", "`max_tokens`",
+             "max_completion_tokens"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":99}", "top_logprobs",
+             "`top_logprobs`", "`logprobs`"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs", "`logprobs` must be true or false",
+             "top_logprobs"},
+        };
+        for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+            int rc = pln_req_parse_chat(named[i].body, strlen(named[i].body), &lim, &t, &r, &err);
+            CHECK(rc == -1 && err.status == 400 && !strcmp(err.param, named[i].param) && strstr(err.message, named[i].msg) &&
+                      !strstr(err.message, named[i].not_in),
+                  "chat %s: param '%s' (want %s), '%s' names %s", named[i].body, err.param, named[i].param, err.message, named[i].msg);
+            if (!rc) pln_gen_request_free(&r);
+        }
+        /* after tokenizing: the names the request carries */
+        const char *mct = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5}";
+        CHECK(pln_req_parse_chat(mct, strlen(mct), &lim, &t, &r, &err) == 0 && !strcmp(r.prompt_field, "messages") &&
+                  !strcmp(r.max_tokens_field, "max_completion_tokens"), "chat request carries its field names");
+        pln_serve_limits l3 = lim;
+        l3.max_total_tokens = 8;
+        l3.max_input_tokens = 6;
+        CHECK(pln_req_check_lengths(r.api, r.prompt_field, r.max_tokens_field, 6, 5, &l3, &err) == -1 &&
+                  !strcmp(err.param, "max_completion_tokens") && strstr(err.message, "`messages` tokens + `max_completion_tokens`") &&
+                  !strstr(err.message, "`max_tokens`") && !strstr(err.message, "inputs"),
+              "total tokens: %s", err.message);
+        CHECK(pln_req_check_lengths(r.api, r.prompt_field, r.max_tokens_field, 7, 1, &l3, &err) == -1 &&
+                  !strcmp(err.param, "messages") && strstr(err.message, "`messages` must have less than 7 tokens"),
+              "input tokens: %s", err.message);
+        pln_gen_request_free(&r);
         pln_chat_template_free(&t);
         unlink(path);
         rmdir(dir);

@@ -182,7 +182,9 @@ int main(void) {
         double t0 = pln_now();
         CHECK(pln_stream_file(fifo, 0, 10, &o, NULL) != 0 && strstr(pln_error(), "fifo.pln: is a FIFO (named pipe)"),
               "a FIFO is refused and named: %s", pln_error());
-        CHECK(pln_now() - t0 < 5.0, "... without waiting for a writer (%.1f s)", pln_now() - t0);
+        /* returning at all is the proof (a blocking open waits for a writer for ever); 60 s only
+         * tells a hang from a loaded machine */
+        CHECK(pln_now() - t0 < 60.0, "... without waiting for a writer (%.1f s)", pln_now() - t0);
         unlink(fifo);
         CHECK(pln_stream_file(test_tmpdir(), 0, 10, &o, NULL) != 0 && strstr(pln_error(), ": is a directory"),
               "a directory is refused and named: %s", pln_error());

@@ -3,8 +3,11 @@
  * helpers on the same bytes. Accepted requests must satisfy the ranges the scheduler relies on;
  * rejected ones must carry a 4xx status and serialize to JSON. The same bytes, read as a request
  * head ("name: value" lines), go through the body-framing check (httpframe.h): it must decide
- * one framing or refuse with 400/413, and never accept a length over the limit. */
+ * one framing or refuse with 400/413, and never accept a length over the limit. The relay's
+ * framing follower (httprelay.h) reads them, bare and behind a chunked head, whole and in pieces:
+ * the same verdict either way. */
 #include "runtime/httpframe.h"
+#include "runtime/httprelay.h"
 #include "runtime/httpreq.h"
 
 #include <jansson.h>
@@ -73,6 +76,32 @@ static void check_framing_of(const uint8_t *data, size_t size) {
     free(head);
 }
 
+/* The relay's framing follower (httprelay.h) on the bytes as they come and behind a chunked head:
+ * its verdict and state do not depend on how the bytes are split (a TCP stream splits anywhere). */
+static void scan_in(const uint8_t *data, size_t size, size_t piece, pln_scan *s, int *got) {
+    pln_scan_init(s);
+    *got = 0;
+    for (size_t off = 0; off < size && !*got; off += piece)
+        *got = pln_scan_feed(s, (const char *)data + off, size - off < piece ? size - off : piece);
+}
+
+static void check_relay_scan(const uint8_t *data, size_t size) {
+    static const char head[] = "POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    uint8_t *buf = malloc(sizeof head + size);
+    memcpy(buf, head, sizeof head - 1);
+    if (size) memcpy(buf + sizeof head - 1, data, size);
+    for (int with_head = 0; with_head < 2; with_head++) {
+        const uint8_t *b = with_head ? buf : data;
+        size_t n = with_head ? sizeof head - 1 + size : size;
+        pln_scan whole, split;
+        int g1, g2;
+        scan_in(b, n, n ? n : 1, &whole, &g1);
+        scan_in(b, n, 1 + (size ? data[0] % 13 : 0), &split, &g2);
+        if (g1 != g2 || (!g1 && whole.st != split.st)) __builtin_trap();
+    }
+    free(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pln_serve_limits lim;
     pln_serve_limits_default(&lim);
@@ -99,7 +128,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pln_chat_template tpl = {.prefix = {empty, u, empty}, .suffix = {nl, nl, nl}, .generation_prompt = gp,
                              .stop = stops, .n_stop = 1};
     if (pln_req_parse_chat(body, size, &lim, &tpl, &r, &err) == 0) {
-        check_request(&r, &lim);
+        /* the template's stop sequences come on top of the client's (they are not the client's) */
+        pln_serve_limits chat_lim = lim;
+        chat_lim.max_stop_sequences += tpl.n_stop;
+        check_request(&r, &chat_lim);
+        if (r.n_stop < tpl.n_stop || strcmp(r.stop[r.n_stop - 1], nl)) __builtin_trap();
         if (!r.chat || r.n_prompts != 1) __builtin_trap();
         pln_gen_request_free(&r);
     } else {
@@ -119,5 +152,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(s);
     if (pln_utf8_complete_len(body, size) > size) __builtin_trap();
     check_framing_of(data, size);
+    check_relay_scan(data, size);
     return 0;
 }
