@@ -341,6 +341,9 @@ int cmd_serve(int argc, char **argv) {
     }
     /* Before anything loads, so a template pollen cannot render fails at once, naming the file,
      * line and construct: --chat-template FILE, else the set's own (none: BLOOM sets). */
+    /* --chat-template names a file (a .jinja, a tokenizer_config.json, pollen's JSON form): a
+     * directory, a FIFO or a device is named at once, before anything reads it. */
+    if (chat_path && pln_check_file(chat_path)) pln_die("--chat-template %s", pln_error());
     if (chat_path && is_pollen_json_template(chat_path)) {
         if (pln_chat_template_load(chat_path, &chat_tpl)) pln_die("--chat-template %s", pln_error());
         so.chat_template = &chat_tpl;

@@ -34,9 +34,10 @@ static void usage(FILE *f) {
             "  --skip-special  with --decode: leave special tokens out (skip_special_tokens=True)\n");
 }
 
-static bool tz_is_file(const char *p) {
+/* Something is at p (a FIFO or a device too: the checked open that reads it names what it is). */
+static bool tz_exists(const char *p) {
     struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    return lstat(p, &st) == 0;
 }
 
 /* The tokenizer.json PATH stands for (malloc'd); dies naming PATH and what to give instead. */
@@ -44,10 +45,11 @@ static char *tz_resolve(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0)
         pln_die("%s: %s (give a tokenizer.json, a Hugging Face model directory or a shard set)", path, strerror(errno));
-    if (S_ISREG(st.st_mode)) return pln_xstrdup(path);
-    if (!S_ISDIR(st.st_mode)) pln_die("%s: not a file or a directory", path);
+    /* Not a directory: pln_tok_load reads it through the checked open, which names a FIFO, a
+     * socket or a device for what it is (and never blocks on one). */
+    if (!S_ISDIR(st.st_mode)) return pln_xstrdup(path);
     char *manifest = pln_xasprintf("%s/%s", path, PLN_MANIFEST_NAME);
-    bool is_set = tz_is_file(manifest);
+    bool is_set = tz_exists(manifest);   /* pln_shardset_open names a manifest.json that is not a file */
     free(manifest);
     if (is_set) {
         pln_shardset *set = pln_shardset_open(path);
@@ -60,7 +62,7 @@ static char *tz_resolve(const char *path) {
         return p;
     }
     char *tj = pln_xasprintf("%s/tokenizer.json", path);
-    if (tz_is_file(tj)) return tj;
+    if (tz_exists(tj)) return tj;   /* pln_tok_load reads it through the checked open */
     pln_die("%s: no tokenizer.json in this directory (a Hugging Face model directory holds one, a shard set "
             "holds manifest.json); give the tokenizer.json's path", path);
 }
