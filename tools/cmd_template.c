@@ -95,6 +95,8 @@ int cmd_template(int argc, char **argv) {
     }
     if (tools && !json_is_array(tools)) pln_die("--messages %s: \"tools\" must be an array", msg_path);
 
+    /* --tokens is read by pln_chat_load, after PATH: named here with its flag, as --messages is. */
+    if (tokens && pln_check_file(tokens)) pln_die("--tokens %s", pln_error());
     /* A shard set's chat files are checksummed in its manifest: check them as serve's load does. */
     char *manifest = pln_xasprintf("%s/manifest.json", path);
     struct stat mst;
