@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# e2e_nonregular.sh — a FIFO, a socket, a directory or a character device (/dev/zero's node)
-# in place of each kind of file pollen reads (checkpoint weights, index, config.json,
-# tokenizer.json, a shard set's manifest.json, config.json, tokenizer.json and rank files, synth's
-# --model and --tokenizer, serve's --chat-template, perplexity's --file and --kl-base set), and a
-# FIFO or /dev/zero itself as every path-taking positional and flag (SET of generate, serve,
-# verify, inspect, bench and perplexity; reshard's SRC; verify --source) gives every command a
-# clear error naming the file and what it is, a non-zero exit, and never a hang: each run has 20 s.
+# e2e_nonregular.sh — a FIFO, a socket, a directory or a character device (/dev/zero's node) in
+# place of each kind of file pollen reads (checkpoint weights, index, config.json and tokenizer.json
+# of a BLOOM and a Llama-family checkpoint, and the tokenizer_config.json and chat_template.jinja
+# reshard carries into a set; a shard set's manifest.json, config.json, tokenizer.json, rank files
+# and its copies of tokenizer_config.json and chat_template.jinja; a Hugging Face directory's
+# tokenizer.json, tokenizer_config.json and chat_template.jinja for tokenize and template; the
+# tokenizer_config.json beside a .jinja; synth's --model and --tokenizer; serve's --chat-template as
+# a .jinja or a tokenizer_config.json; template's PATH, --messages, --tools and --tokens; tokenize's
+# PATH; perplexity's --file and --kl-base set), and a FIFO or /dev/zero itself as every path-taking
+# positional and flag (SET of generate, serve, verify, inspect, bench and perplexity; reshard's SRC;
+# verify --source) gives every command (reshard, inspect, verify, generate, serve, bench,
+# perplexity, synth, tokenize, template) a clear error naming the file and what it is, a non-zero
+# exit, and never a hang: each run has 20 s. tokenize's stdin is no file pollen opens: a pipe there
+# is read as ever.
 source "$(dirname "$0")/e2e.sh"
 HELPER=${PLN_BUILD:-build}/tests/test_shard
 [ -x "$HELPER" ] || { echo "SKIP: $HELPER not built"; e2e_done; exit; }
@@ -47,8 +54,22 @@ for kind in $KINDS; do
     check_fails "inspect PATH $re" "src-$kind: $re" bounded "$POLLEN" inspect "$TMP/src-$kind"; }
 done
 
-# ---- a shard set: verify, inspect, generate, serve ----
+# ---- a Llama-family checkpoint: the same readers, and the family's own config.json parse ----
+LFIX=tests/fixtures/models/llama-gqa/bf16-st
+for kind in $KINDS; do
+  re=$(what_of $kind)
+  for f in config.json tokenizer.json model.safetensors.index.json model-00003-of-00006.safetensors; do
+    d=$TMP/lck-$kind; rm -rf "$d"; cp -r $LFIX "$d"; make_kind $kind "$d/$f"
+    check_fails "reshard llama-gqa, $f $re" "$f: $re" bounded "$POLLEN" reshard "$d" -o "$TMP/o-$kind" --tp 1 --dtype fp16 --quiet
+    check "reshard llama-gqa, $f $re: no output" test ! -e "$TMP/o-$kind"
+    check_fails "inspect llama-gqa, $f $re" "$f: $re" bounded "$POLLEN" inspect "$d"
+  done
+done
+
+# ---- a shard set: verify, inspect, generate, serve, tokenize, template ----
 S=$TMP/set
+MSG=$TMP/messages.json
+echo '[{"role": "user", "content": "Hi"}]' >"$MSG"
 check "sample TP-1 set" "$HELPER" --write-sample "$S" --tp 1
 for kind in $KINDS; do
   re=$(what_of $kind)
@@ -61,11 +82,71 @@ for kind in $KINDS; do
     fi
     check_fails "generate, $f $re" "$f: $re" bounded "$POLLEN" generate "$d" --prompt hi --max-new-tokens 2 --quiet
     check_fails "serve, $f $re" "$f: $re" bounded "$POLLEN" serve "$d" --port 0 --quiet
+    check_fails "tokenize set, $f $re" "$f: $re" bounded "$POLLEN" tokenize "$d" --text hi
+    check_fails "template set, $f $re" "$f: $re" bounded "$POLLEN" template "$d" --messages "$MSG"
   done
 done
 # verify --source whose config.json is not a file
 d=$TMP/ck-src; rm -rf "$d"; cp -r $FIX "$d"; make_kind fifo "$d/config.json"
 check_fails "verify --source, config.json is a FIFO" "config.json: is a FIFO" bounded "$POLLEN" verify "$S" --source "$d"
+
+# ---- chat files: reshard carries a checkpoint's tokenizer_config.json and chat_template.jinja into
+# the set; template and serve read them from a Hugging Face directory, a set, or a path given ----
+CK=$TMP/ck-chat; rm -rf "$CK"; cp -r $FIX "$CK"
+echo '{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}' >"$CK/tokenizer_config.json"
+printf '%s' '{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}' >"$CK/chat_template.jinja"
+echo '[]' >"$TMP/tools.json"
+CS=$TMP/chat-set
+check "reshard a checkpoint with chat files" "$POLLEN" reshard "$CK" -o "$CS" --tp 1 --dtype fp16 --quiet
+check "the set carries tokenizer_config.json" test -f "$CS/tokenizer_config.json"
+check "the set carries chat_template.jinja" test -f "$CS/chat_template.jinja"
+check "template of the chat set renders" "$POLLEN" template "$CS" --messages "$MSG" --tools "$TMP/tools.json" --tokens "$CK/tokenizer_config.json" >/dev/null
+check "template of a .jinja renders" "$POLLEN" template "$CK/chat_template.jinja" --messages "$MSG" >/dev/null
+check "serve with the chat set's template starts" start_server chatset "$POLLEN" serve "$CS"
+stop_server
+for kind in $KINDS; do
+  re=$(what_of $kind)
+  for f in tokenizer_config.json chat_template.jinja; do
+    d=$TMP/ckc-$kind; rm -rf "$d"; cp -r "$CK" "$d"; make_kind $kind "$d/$f"
+    check_fails "reshard, source $f $re" "$f: $re" bounded "$POLLEN" reshard "$d" -o "$TMP/o-$kind" --tp 1 --dtype fp16 --quiet
+    check "reshard, source $f $re: no output" test ! -e "$TMP/o-$kind"
+    check_fails "template HF directory, $f $re" "$f: $re" bounded "$POLLEN" template "$d" --messages "$MSG"
+    check_fails "serve --chat-template HF directory's $f $re" "$f: $re" bounded "$POLLEN" serve "$S" --port 0 --quiet --chat-template "$d/$f"
+    d=$TMP/cset-$kind; rm -rf "$d"; cp -r "$CS" "$d"; make_kind $kind "$d/$f"
+    check_fails "template set, its $f $re" "$f: $re" bounded "$POLLEN" template "$d" --messages "$MSG"
+    check_fails "serve set, its $f $re" "$f: $re" bounded "$POLLEN" serve "$d" --port 0 --quiet
+  done
+  # a .jinja given as the path: the tokenizer_config.json beside it gives the special tokens
+  d=$TMP/jsib-$kind; rm -rf "$d"; mkdir "$d"; cp "$CK/chat_template.jinja" "$d/"; make_kind $kind "$d/tokenizer_config.json"
+  check_fails "template FILE.jinja, tokenizer_config.json beside it $re" "tokenizer_config.json: $re" bounded "$POLLEN" template "$d/chat_template.jinja" --messages "$MSG"
+  check_fails "serve --chat-template FILE.jinja, tokenizer_config.json beside it $re" "tokenizer_config.json: $re" bounded "$POLLEN" serve "$S" --port 0 --quiet --chat-template "$d/chat_template.jinja"
+  # the files of template's flags (a directory included: each takes a file)
+  make_kind $kind "$TMP/tflag-$kind"
+  check_fails "template --messages $re" "messages .*tflag-$kind: $re" bounded "$POLLEN" template "$CK" --messages "$TMP/tflag-$kind"
+  check_fails "template --tools $re" "tools .*tflag-$kind: $re" bounded "$POLLEN" template "$CK" --messages "$MSG" --tools "$TMP/tflag-$kind"
+  check_fails "template --tokens $re" "tokens .*tflag-$kind: $re" bounded "$POLLEN" template "$CK" --messages "$MSG" --tokens "$TMP/tflag-$kind"
+  # serve --chat-template: a .jinja, a tokenizer_config.json (a directory too: it takes a file)
+  for f in chat.jinja tokenizer_config.json; do
+    d=$TMP/ctf-$kind; rm -rf "$d"; mkdir "$d"; make_kind $kind "$d/$f"
+    check_fails "serve --chat-template $f $re" "chat-template .*$f: $re" bounded "$POLLEN" serve "$S" --port 0 --quiet --chat-template "$d/$f"
+    [ $kind = dir ] && continue   # a directory is a model directory to template's PATH
+    check_fails "template PATH $f $re" "$f: $re" bounded "$POLLEN" template "$d/$f" --messages "$MSG"
+  done
+done
+
+# ---- tokenize: PATH a tokenizer.json, a Hugging Face directory's, a set's (stdin is no file) ----
+TOK=tests/fixtures/tokenizer/tokenizer.json
+check "tokenize reads its text from a pipe on stdin" bash -c "printf 'Hello world' | \"\$1\" tokenize $TOK" _ "$POLLEN" >/dev/null
+for kind in $KINDS; do
+  re=$(what_of $kind)
+  d=$TMP/hf-$kind; rm -rf "$d"; mkdir "$d"; make_kind $kind "$d/tokenizer.json"
+  check_fails "tokenize HF directory, tokenizer.json $re" "tokenizer.json: $re" bounded "$POLLEN" tokenize "$d" --text hi
+  check_fails "tokenize HF directory, tokenizer.json $re (stdin)" "tokenizer.json: $re" bounded "$POLLEN" tokenize "$d" </dev/null
+  [ $kind = dir ] && continue   # a directory is what PATH may be
+  make_kind $kind "$TMP/tokpath-$kind"
+  check_fails "tokenize PATH $re" "tokpath-$kind: $re" bounded "$POLLEN" tokenize "$TMP/tokpath-$kind" --text hi
+  check_fails "tokenize PATH $re --decode" "tokpath-$kind: $re" bounded "$POLLEN" tokenize "$TMP/tokpath-$kind" --decode --text 1
+done
 
 # ---- files named by a flag or a positional of their own: a FIFO, a directory, /dev/zero itself ----
 # (each must fail at once with a message naming the path: a FIFO with no writer would block an
