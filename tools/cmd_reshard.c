@@ -525,7 +525,9 @@ static void usage(FILE *f) {
             "  --quantize-embedding   int8 word embeddings too (with int8 or int4)\n"
             "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at OUT\n"
             "  --threads N            conversion threads (default: all cores)\n"
-            "  --quiet                no progress bar, no summary\n");
+            "  --stats                print the per-tensor table (clamped values; int8/int4: quantization error)\n"
+            "                         on stdout\n"
+            "  --quiet                no progress bar, no summary (warnings that change the set still show)\n");
 }
 
 int cmd_reshard(int argc, char **argv) {
@@ -534,10 +536,10 @@ int cmd_reshard(int argc, char **argv) {
         {"dtype", required_argument, 0, 'd'}, {"group-size", required_argument, 0, 'g'},
         {"quantize-embedding", no_argument, 0, 'e'}, {"force", no_argument, 0, 'f'},
         {"threads", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"stats", no_argument, 0, 's'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *out = NULL, *dtype = NULL;
     pln_tp_opts o = {.tp = 0};
-    bool force = false, quiet = false;
+    bool force = false, quiet = false, stats = false;
     int threads = 0, ch;
     pln_cli_restart_with_passive_omp(argc, argv);
     optind = 1;
@@ -552,6 +554,7 @@ int cmd_reshard(int argc, char **argv) {
         case 'f': force = true; break;
         case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) pln_die("--threads %s: expected a positive integer", optarg); break;
         case 'q': quiet = true; break;
+        case 's': stats = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -673,8 +676,11 @@ int cmd_reshard(int argc, char **argv) {
         char *tok_dst = pln_xasprintf("%s/tokenizer.json", tmp);
         if (pln_copy_file(ck.tokenizer_path, tok_dst)) rc = -1;
         free(tok_dst);
-    } else if (!rc && !quiet) {
-        fprintf(stderr, "pollen: warning: %s has no tokenizer.json; the shard set will have none\n", src_path);
+    } else if (!rc) {
+        /* Even under --quiet: the set it makes cannot serve text. */
+        fprintf(stderr, "pollen: warning: %s has no tokenizer.json; the shard set will have none, so it cannot "
+                "serve or take text prompts (only --token-ids): put the model's tokenizer.json beside the "
+                "checkpoint and reshard again\n", src_path);
     }
     free(cfg_src);
     free(cfg_dst);
@@ -709,17 +715,23 @@ int cmd_reshard(int argc, char **argv) {
     double dt = pln_now() - t0;
     uint64_t total_out = 0;
     for (int r = 0; r < o.tp; r++) total_out += files[r].size;
-    if (!quiet) {
+    /* The per-tensor table is a result asked for (stdout); the summary is chatter (stderr). */
+    if (stats || !quiet) {
         char a[32], b[32], rate[32];
         uint64_t clamped = 0;
-        for (size_t i = 0; i < c.n; i++) clamped += c.stats[i].clamped;
+        const rs_stat *worst = NULL;
+        for (size_t i = 0; i < c.n; i++) {
+            const rs_stat *s = &c.stats[i];
+            clamped += s->clamped;
+            if (s->e0 && s->quant && (!worst || pln_tp_qerr_rel_rms(&s->qerr) > pln_tp_qerr_rel_rms(&worst->qerr))) worst = s;
+        }
         bool q = o.int8 || o.int4 || o.quantize_embedding;
-        if (q || clamped) {
+        if (stats && (q || clamped)) {
             printf("%-48s %-5s %-14s %9s", "tensor", "src", "shape", "clamped");
             if (q) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
             printf("\n");
         }
-        for (size_t i = 0; i < c.n; i++) {
+        for (size_t i = 0; i < c.n && stats; i++) {
             const rs_stat *s = &c.stats[i];
             if (!s->e0 || (!s->quant && !s->clamped)) continue;
             char sh[64];
@@ -728,10 +740,20 @@ int cmd_reshard(int argc, char **argv) {
             if (s->quant) printf(" %12.4e %12.4e %6lld", pln_tp_qerr_rel_rms(&s->qerr), s->qerr.max_abs, (long long)s->e0->group);
             printf("\n");
         }
-        if (!clamped) printf("(no value needed clamping to fp16's range)\n");
-        printf("wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp, o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp,
-               pln_human_bytes((double)total_out, a, sizeof a), pln_human_bytes((double)total_in, b, sizeof b), dt,
-               pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
+        if (stats && !clamped) printf("(no value needed clamping to fp16's range)\n");
+        if (!quiet) {
+            fprintf(stderr, "wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp,
+                    o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp, pln_human_bytes((double)total_out, a, sizeof a),
+                    pln_human_bytes((double)total_in, b, sizeof b), dt,
+                    pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
+            if (worst)
+                fprintf(stderr, "largest quantization error: rel_rms %.4e (%s); %llu value(s) clamped to fp16's range%s\n",
+                        pln_tp_qerr_rel_rms(&worst->qerr), worst->e0->source, (unsigned long long)clamped,
+                        stats ? "" : "; --stats prints every tensor");
+            else if (clamped)
+                fprintf(stderr, "%llu value(s) clamped to fp16's range%s\n", (unsigned long long)clamped,
+                        stats ? "" : "; --stats prints every tensor");
+        }
     }
     free(tmp);
     free(writers);

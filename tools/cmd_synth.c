@@ -367,8 +367,8 @@ int cmd_synth(int argc, char **argv) {
     }
     if (!quiet) {
         char a[32];
-        printf("wrote %s: %s, %lld layers, %s %s in %d file%s\n", out, model, (long long)bc.n_layer,
-               pln_human_bytes((double)total, a, sizeof a), bf16 ? "bf16" : "fp16", n_files, n_files == 1 ? "" : "s");
+        fprintf(stderr, "wrote %s: %s, %lld layers, %s %s in %d file%s\n", out, model, (long long)bc.n_layer,
+                pln_human_bytes((double)total, a, sizeof a), bf16 ? "bf16" : "fp16", n_files, n_files == 1 ? "" : "s");
     }
     free(buf);
     free(group);
