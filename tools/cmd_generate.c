@@ -32,11 +32,11 @@ typedef struct {
     const char *finish;
 } gen_seq;
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: [mpirun -np N] pollen generate SHARDS --prompt TEXT [--prompt TEXT ...] [options]\n"
+static void usage(FILE *f) {
+    pln_cli_help(f,
+            "usage: [mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]\n"
             "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
-            "  --temperature T         sampling temperature (default 1; 0 = greedy)\n"
+            "  --temperature T         sampling temperature; T > 0 samples (default: greedy, as T = 0)\n"
             "  --top-k K  --top-p P    sampling filters (default off)\n"
             "  --repetition-penalty R  HF repetition penalty (default 1)\n"
             "  --do-sample             sample (implied by --temperature/--top-k/--top-p/--seed)\n"
@@ -130,15 +130,15 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
-        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(); } pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
+        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(stderr); } pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
         else if (!dir) dir = a;
         else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
 #undef ARG
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir || (n_prompts + n_idlists) == 0) {
-        if (rank == 0) usage();
+        if (rank == 0) usage(stderr);
         pln_comm_free(comm); free(prompts); free(idlists); free(stops);
         return 2;
     }

@@ -514,16 +514,16 @@ static json_t *tensors_json(const rs_ctx *c) {
 
 /* ---- command ---- */
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4 [options]\n"
-            "  SRC                    a Hugging Face BLOOM checkpoint (dir, .safetensors, .bin or index .json)\n"
-            "  -o, --output OUT       shard set directory to create (appears atomically)\n"
+    pln_cli_help(f,
+            "usage: pollen reshard CHECKPOINT -o SET --tp N --dtype fp16|int8|int4 [options]\n"
+            "  CHECKPOINT             a Hugging Face BLOOM checkpoint (dir, .safetensors, .bin or index .json)\n"
+            "  -o, --output SET       shard set directory to create (appears atomically)\n"
             "  --tp N                 tensor-parallel size (must divide n_head)\n"
-            "  --dtype fp16|int8|int4 int8/int4: weight-only for the four linear weights of every layer\n"
+            "  --dtype fp16|int8|int4  int8/int4: weight-only for the four linear weights of every layer\n"
             "  --group-size G         one scale per G input columns; int8: default per output channel;\n"
             "                         int4: 32, 64 or 128 (default 128)\n"
             "  --quantize-embedding   int8 word embeddings too (with int8 or int4)\n"
-            "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at OUT\n"
+            "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at SET\n"
             "  --threads N            conversion threads (default: all cores)\n"
             "  --stats                print the per-tensor table (clamped values; int8/int4: quantization error)\n"
             "                         on stdout\n"

@@ -17,6 +17,7 @@
 #include "formats/shard.h"
 #include "formats/tp.h"
 #include "kernels/pln_math.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <getopt.h>
@@ -142,7 +143,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tensor *src, const ui
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: pollen verify SET [--source CHECKPOINT] [--strict] [--quiet | --json]\n"
+    pln_cli_help(f, "usage: pollen verify SET [--source CHECKPOINT] [--strict] [--quiet | --json]\n"
                "  SET                  a shard set directory (manifest.json + rank files)\n"
                "  --source CHECKPOINT  also rebuild every tensor and compare it with the checkpoint it came from\n"
                "  --strict             also fail a set whose manifest (version 1) records no checksums of its small files\n"
