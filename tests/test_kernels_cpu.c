@@ -699,8 +699,8 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     float *out = malloc((size_t)(T2 * ow) * 4);
     FOR_EACH_ISA(isa) {
         for (size_t i = 0; i < pool; i++) { kc[i] = NAN; vc[i] = NAN; }   /* unwritten rows must never be read */
-        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
-        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
+        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
         CHECK(g_be->kv_append(g_be, qkv1, kc, vc, &m1, n_head, head_dim) == 0, "kv_append 1: %s", pln_error());
         CHECK(g_be->kv_append(g_be, qkv2, kc, vc, &m2, n_head, head_dim) == 0, "kv_append 2: %s", pln_error());
         /* the cache layout exactly as backend.h defines it */
@@ -721,7 +721,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     /* a bad block table is an error, not a wild write */
     int32_t saved = table[1 * max_blocks + 0];
     table[1 * max_blocks + 0] = -1;
-    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
     CHECK(g_be->attention(g_be, out, qkv2, kc, vc, &mb, slopes, n_head, head_dim) == -1 && strstr(pln_error(), "block"),
           "attention with an unassigned block: want an error, got \"%s\"", pln_error());
     table[1 * max_blocks + 0] = saved;
@@ -783,8 +783,8 @@ static void test_attention_f16_case(int n_head, int head_dim, int block_size, bo
     for (int s = 0; s < S; s++) for (int j = 0; j < prior[s]; j++, t++) { seq1[t] = s; pos1[t] = j; }
     t = 0;
     for (int s = S - 1; s >= 0; s--) for (int j = prior[s]; j < prior[s] + fed[s]; j++, t++) { seq2[t] = s; pos2[t] = j; }
-    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
-    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
+    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
     size_t pool = (size_t)n_blocks * n_head * block_size * head_dim;
     float *kc = malloc(pool * 4), *vc = malloc(pool * 4);
     uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
@@ -1057,7 +1057,7 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
         int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
         float *qkv = rnd_vec((size_t)T * n_head * 3 * hd, -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
-        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table};
+        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, 0};
         g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
         double best = 1e30;
         for (int r = 0; r < 5; r++) {
