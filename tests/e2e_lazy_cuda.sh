@@ -12,10 +12,17 @@ check "reshard a set for the CPU checks" "$POLLEN" reshard tests/fixtures/models
   --dtype fp16 --quiet
 out=$(env LD_LIBRARY_PATH=/nonexistent "$POLLEN" generate "$TMP/s" --token-ids 5,17,42 --max-new-tokens 3 --json --quiet)
 check "a CPU generate without any library path (3 ids)" bash -c "echo '$out' | grep -Eq '\"ids\":\[[0-9]+,[0-9]+,[0-9]+\]'"
+# what the dynamic loader really opens at run time (ldd shows only the link): no CUDA library, and
+# not libpollen-cuda.so either, on the CPU path
+LD_DEBUG=files "$POLLEN" generate "$TMP/s" --token-ids 5,17 --max-new-tokens 1 --quiet >/dev/null 2>"$TMP/ld.log"
+check "a CPU generate opens no CUDA library at run time" bash -c "grep -q 'file=' '$TMP/ld.log' && ! grep -Eq 'file=[^ ]*(libcudart|libcublas|libnccl|libpollen-cuda)' '$TMP/ld.log'"
 if [ ! -e "$SO" ]; then
   echo "SKIP: $SO not built (CUDA=0 build): the loader's checks need it"; e2e_done; exit 0
 fi
 check "libpollen-cuda.so links the CUDA runtime" bash -c "ldd '$SO' | grep -q libcudart"
+LD_DEBUG=files "$POLLEN" generate "$TMP/s" --token-ids 5,17 --max-new-tokens 1 --backend cuda >/dev/null 2>"$TMP/ldc.log"
+check "--backend cuda does open libpollen-cuda.so and cudart (the check above can see them)" \
+  bash -c "grep -q 'file=[^ ]*libpollen-cuda.so' '$TMP/ldc.log' && grep -q 'file=[^ ]*libcudart' '$TMP/ldc.log'"
 # --backend cuda: the library loads; without a GPU the backend says so (as before the split).
 if [ ! -e /dev/nvidiactl ]; then
   check_fails "--backend cuda without a GPU: the backend's clear error" 'no NVIDIA GPU or driver on this machine' \
