@@ -26,6 +26,18 @@ check "reshard --quiet without tokenizer.json: exit 0" test $? = 0
 check "reshard --quiet without tokenizer.json: still warns that the set cannot serve" \
   grep -q "has no tokenizer.json.*cannot serve" "$TMP/nt.err"
 check "reshard --quiet: stdout empty" test ! -s "$TMP/nt.out"
+# a source tensor the layout does not use changes the set too: its warning also survives --quiet
+mkdir -p "$TMP/extra"
+cp $F/config.json $F/tokenizer.json $F/*.safetensors "$TMP/extra/"
+hdr='{"extra.weight":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}'
+{ printf "\\x$(printf %02x ${#hdr})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"; printf '%s' "$hdr"; printf '\x00\x3c\x00\x3c'; } \
+  >"$TMP/extra/model-extra.safetensors"
+sed 's|"weight_map": {|"weight_map": {\n    "extra.weight": "model-extra.safetensors",|' $F/model.safetensors.index.json \
+  >"$TMP/extra/model.safetensors.index.json"
+"$POLLEN" reshard "$TMP/extra" -o "$TMP/ex" --tp 1 --dtype fp16 --quiet >"$TMP/ex.out" 2>"$TMP/ex.err"
+check "reshard --quiet with an unused source tensor: exit 0" test $? = 0
+check "reshard --quiet: still warns that the unused tensor is ignored" \
+  grep -q "source tensor extra.weight is not part of the BLOOM layout; ignored" "$TMP/ex.err"
 # ---- generate
 "$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 --quiet
 "$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 >"$TMP/g.out" 2>"$TMP/g.err"

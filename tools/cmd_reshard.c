@@ -592,7 +592,7 @@ int cmd_reshard(int argc, char **argv) {
         if (!strcmp(nm, "lm_head.weight")) continue;
         bool used = false;
         for (size_t j = 0; j < c.n && !used; j++) used = c.srcs[j] == &ck.tensors[i];
-        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the BLOOM layout; ignored\n", nm);
+        if (!used) fprintf(stderr, "pollen: warning: source tensor %s is not part of the BLOOM layout; ignored\n", nm);
     }
 
     /* Nothing is written until the output is known not to touch any file the conversion reads:
