@@ -1,5 +1,6 @@
 # pollen — a plain Makefile that probes the toolchain.
-#   make            build build/pollen (CPU backend; CUDA backend too where nvcc exists, CUDA=0 turns it off)
+#   make            build build/pollen (CPU backend; the CUDA backend too where nvcc exists, as
+#                   build/libpollen-cuda.so beside it, loaded on --backend cuda; CUDA=0 turns it off)
 #   make test       build and run every test (GPU-free), ends with "N passed, N failed"
 #   make demo       reshard a small built-in model to TP 2 int8 and generate under mpirun
 #   make deps       install the Debian packages pollen needs (idempotent)
@@ -47,7 +48,7 @@ endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCHS ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
 NVCCFLAGS ?= -O3 -g -std=c++17 $(CUDA_ARCHS) -Werror all-warnings \
-             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -I. -DPLN_HAVE_CUDA=1
+             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -I. -DPLN_HAVE_CUDA=1
 
 LIB_SRCS  := $(sort $(wildcard formats/*.c runtime/*.c kernels/*.c kernels/cpu/*.c))
 TOOL_SRCS := $(sort $(wildcard tools/*.c))
@@ -56,13 +57,22 @@ FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 CU_SRCS   := $(sort $(wildcard kernels/cuda/*.cu))
 CUC_SRCS  := $(sort $(wildcard kernels/cuda/*.c))
 
+# The CUDA backend (kernels/cuda/*.cu + NCCL) is built into $(BUILD)/libpollen-cuda.so, the only
+# thing that links cudart/cuBLASLt/NCCL: pollen opens it beside itself on --backend cuda
+# (kernels/backend.c), so the CPU path never loads them and runs where they are absent. pollen is
+# linked with every libpollen object and exports them (-rdynamic) for the library's references.
+# The GPU test binaries link the CUDA objects directly.
 ifeq ($(CUDA),1)
   CFLAGS   += -DPLN_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+  CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
   CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/%.cu.o) $(CUC_SRCS:%.c=$(BUILD)/%.o)
+  CUDA_SO  := $(BUILD)/libpollen-cuda.so
+  POLLEN_LIB := -rdynamic -Wl,--whole-archive $(BUILD)/libpollen.a -Wl,--no-whole-archive
 endif
+LDLIBS    += -ldl
+POLLEN_LIB ?= $(BUILD)/libpollen.a
 
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_OBJS)
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 GPU_TEST_SRCS := $(sort $(wildcard tests/gpu/*.c))
@@ -84,8 +94,14 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/pollen: $(TOOL_OBJS) $(LIB)
-	$(CC) $(LDFLAGS) $(TOOL_OBJS) $(LIB) $(LDLIBS) -o $@
+$(BUILD)/pollen: $(TOOL_OBJS) $(LIB) $(CUDA_SO)
+	$(CC) $(LDFLAGS) $(TOOL_OBJS) $(POLLEN_LIB) $(LDLIBS) -o $@
+
+# Position-independent: nccl.c goes into the shared object (nvcc gets -fPIC in NVCCFLAGS).
+$(CUC_SRCS:%.c=$(BUILD)/%.o): CFLAGS += -fPIC
+
+$(BUILD)/libpollen-cuda.so: $(CU_OBJS)
+	$(CC) -shared $(LDFLAGS) $(CU_OBJS) $(CUDA_LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
@@ -94,9 +110,9 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 # test_fuzz_regress compiles the fuzz targets in: rebuild it when one changes.
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_SRCS)
 
-$(BUILD)/tests-gpu/%: tests/gpu/%.c $(LIB) $(wildcard tests/*.h)
+$(BUILD)/tests-gpu/%: tests/gpu/%.c $(LIB) $(CU_OBJS) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(CU_OBJS) $(LIB) $(LDLIBS) $(CUDA_LDLIBS) -o $@
 
 # Install missing Debian packages (idempotent: asks apt only when something is missing).
 deps:
@@ -211,4 +227,4 @@ $(EMU_DIR)/tests-gpu/test_cuda_emu: tests/gpu/test_cuda_emu.cu $(EMU_DIR)/libpol
 
 -include $(EMU_OBJS:.o=.d)
 
--include $(LIB_OBJS:.o=.d) $(TOOL_OBJS:.o=.d)
+-include $(LIB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TOOL_OBJS:.o=.d)

@@ -3,6 +3,7 @@
 #include "formats/hf.h"
 #include "formats/family.h"
 #include "formats/safetensors.h"
+#include "formats/shard.h"
 #include "formats/torchzip.h"
 
 #include <dirent.h>
@@ -179,6 +180,30 @@ static bool looks_like_zip(const char *path) {
     return n == 4 && !memcmp(b, "PK\x03\x04", 4);
 }
 
+/* A pollen shard set (or one of its files) given where a Hugging Face checkpoint belongs: say so,
+ * rather than "no weight file" or a bad safetensors header. -1 with that error, else 0. */
+static int shard_set_given(const char *path, const char *dir) {
+    char magic[sizeof PLN_SHARD_MAGIC - 1] = {0};
+    bool rank_file = false;
+    if (is_file(path)) {
+        FILE *f = fopen(path, "rb");
+        rank_file = f && fread(magic, 1, sizeof magic, f) == sizeof magic && !memcmp(magic, PLN_SHARD_MAGIC, sizeof magic);
+        if (f) fclose(f);
+    }
+    char *manifest = pln_xasprintf("%s/%s", dir, PLN_MANIFEST_NAME);
+    bool set = is_file(manifest) && (rank_file || is_dir(path) || !strcmp(path, manifest));
+    char src[1024] = "";
+    json_t *m = set ? json_load_file(manifest, 0, NULL) : NULL;
+    const char *sp = json_string_value(json_object_get(json_object_get(m, "source"), "path"));
+    if (sp) snprintf(src, sizeof src, " (%s, as its manifest records)", sp);
+    json_decref(m);
+    free(manifest);
+    if (!rank_file && !set) return 0;
+    return pln_errorf("%s is already a pollen shard set%s, not a Hugging Face checkpoint: give the checkpoint it was "
+                      "made from%s; a set is used as it is, not resharded again", path,
+                      rank_file && !is_dir(path) ? " file" : "", src);
+}
+
 int pln_ckpt_open(pln_ckpt *ck, const char *path) {
     memset(ck, 0, sizeof *ck);
     ck->path = pln_xstrdup(path);
@@ -198,9 +223,11 @@ int pln_ckpt_open(pln_ckpt *ck, const char *path) {
             }
             free(p);
         }
+        if (!index && !ck->n_files && shard_set_given(path, path)) goto fail;
         if (!index && !ck->n_files && find_single(ck, path)) goto fail;
     } else if (is_file(path)) {
         ck->dir = dirname_of(path);
+        if (shard_set_given(path, ck->dir)) goto fail;
         if (ends_with(path, ".json")) index = pln_xstrdup(path);
         else add_file(ck, path);
     } else if (exists(path)) {

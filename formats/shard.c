@@ -1092,6 +1092,26 @@ static int shardset_parse(pln_shardset *set, const char *path) {
     return shardset_small_files(set, path);
 }
 
+/* A file where the set's directory belongs (a rank file, the manifest itself): say which
+ * directory to give instead of "manifest.json: Not a directory". */
+static void shardset_file_given(const char *file) {
+    char magic[sizeof PLN_SHARD_MAGIC - 1] = {0};
+    FILE *f = fopen(file, "rb");
+    bool rank_file = f && fread(magic, 1, sizeof magic, f) == sizeof magic && !memcmp(magic, PLN_SHARD_MAGIC, sizeof magic);
+    if (f) fclose(f);
+    const char *slash = strrchr(file, '/');
+    const char *base = slash ? slash + 1 : file;
+    char *parent = slash ? pln_xasprintf("%.*s", (int)(slash == file ? 1 : slash - file), file) : pln_xstrdup(".");
+    if (rank_file)
+        pln_errorf("%s is a rank file of a shard set; give the set's directory (%s)", file, parent);
+    else if (!strcmp(base, PLN_MANIFEST_NAME))
+        pln_errorf("%s is the manifest of a shard set; give the set's directory (%s)", file, parent);
+    else
+        pln_errorf("%s is a file, not a pollen shard set: give the directory that holds %s and the rank files "
+                   "(make one with `pollen reshard`)", file, PLN_MANIFEST_NAME);
+    free(parent);
+}
+
 pln_shardset *pln_shardset_open(const char *dir) {
     pln_shardset *set = pln_xcalloc(1, sizeof *set);
     set->dir = pln_xstrdup(dir);
@@ -1105,6 +1125,8 @@ pln_shardset *pln_shardset_open(const char *dir) {
                        pln_file_type_name(st.st_mode));
         else if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && stat(path, &st) != 0)
             pln_errorf("%s: no %s: not a pollen shard set (make one with `pollen reshard`)", dir, PLN_MANIFEST_NAME);
+        else if (stat(dir, &st) == 0 && S_ISREG(st.st_mode))
+            shardset_file_given(dir);
         goto fail;
     }
     json_error_t jerr;

@@ -239,5 +239,14 @@ double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes);
 #ifdef PLN_HAVE_CUDA
 pln_backend *pln_backend_cuda_create(int device);
 #endif
+#if defined(PLN_HAVE_CUDA) && !defined(PLN_CUDA_EMU)
+/* The shared object that holds the CUDA backend (kernels/cuda/ and NCCL), looked for in the
+ * directory of the running executable; it alone links cudart, cuBLASLt and NCCL. */
+#define PLN_CUDA_LIB_NAME "libpollen-cuda.so"
+#define PLN_CUDA_LIB_DEPS "libcudart, libcublasLt, libcublas, libnccl"
+/* A symbol of that library, opened on first use (once per process). NULL with an error naming
+ * the library, the missing file and what to do when it or a CUDA library cannot be loaded. */
+void *pln_cuda_lib_sym(const char *name);
+#endif
 
 #endif

@@ -34,6 +34,38 @@
 #endif
 #if defined(PLN_HAVE_CUDA) && defined(PLN_NCCL_ID_BYTES) && !defined(PLN_CUDA_EMU)   /* the CPU harness: MPI */
 #define PLN_HAVE_NCCL 1
+/* NCCL lives in libpollen-cuda.so with the CUDA backend (kernels/backend.c): weak references,
+ * set where the CUDA objects are linked in (tests/gpu), else looked up in the library, which the
+ * CUDA backend attached here has opened already. */
+#pragma weak pln_nccl_get_unique_id
+#pragma weak pln_nccl_create
+#pragma weak pln_nccl_allreduce
+#pragma weak pln_nccl_destroy
+static struct {
+    int (*get_unique_id)(void *, size_t);
+    pln_nccl *(*create)(int, int, const void *, size_t, pln_backend *);
+    int (*allreduce)(pln_nccl *, void *, size_t, pln_dtype);
+    void (*destroy)(pln_nccl *);
+} g_nccl;
+
+static int nccl_resolve(void) {
+    if (g_nccl.destroy) return 0;
+    if (pln_nccl_destroy) {
+        g_nccl.get_unique_id = pln_nccl_get_unique_id;
+        g_nccl.create = pln_nccl_create;
+        g_nccl.allreduce = pln_nccl_allreduce;
+        g_nccl.destroy = pln_nccl_destroy;
+        return 0;
+    }
+    void *a = pln_cuda_lib_sym("pln_nccl_get_unique_id"), *b = a ? pln_cuda_lib_sym("pln_nccl_create") : NULL;
+    void *d = b ? pln_cuda_lib_sym("pln_nccl_allreduce") : NULL, *e = d ? pln_cuda_lib_sym("pln_nccl_destroy") : NULL;
+    if (!e) return -1;
+    *(void **)&g_nccl.get_unique_id = a;
+    *(void **)&g_nccl.create = b;
+    *(void **)&g_nccl.allreduce = d;
+    *(void **)&g_nccl.destroy = e;
+    return 0;
+}
 #endif
 
 struct pln_comm {
@@ -356,14 +388,15 @@ int pln_comm_attach_backend(pln_comm *c, pln_backend *be) {
     if (nccl_env && !strcmp(nccl_env, "0")) return 0;
 #ifdef PLN_HAVE_NCCL
     uint8_t id[PLN_NCCL_ID_BYTES] = {0};
-    int rc = 0;
-    if (c->rank == 0 && pln_nccl_get_unique_id(id, sizeof id) < 0) rc = -1;
+    int rc = nccl_resolve();
+    if (rc == 0 && c->rank == 0 && g_nccl.get_unique_id(id, sizeof id) < 0) rc = -1;
     /* Rank 0 sends the id (or a failure flag) so no rank waits forever in NCCL init. */
     int32_t ok = rc == 0;
     if (pln_comm_bcast(c, &ok, sizeof ok, 0) != 0) return -1;
     if (!ok) return c->rank == 0 ? -1 : pln_errorf("NCCL unique id failed on rank 0");
     if (pln_comm_bcast(c, id, sizeof id, 0) != 0) return -1;
-    c->nccl = pln_nccl_create(c->rank, c->size, id, sizeof id, be);
+    if (rc) return -1;
+    c->nccl = g_nccl.create(c->rank, c->size, id, sizeof id, be);
     if (!c->nccl) return pln_error_context("NCCL init on rank %d of %d", c->rank, c->size);
     return 0;
 #else
@@ -406,7 +439,7 @@ int pln_comm_allreduce(pln_comm *c, void *buf, size_t n, pln_dtype dtype) {
     if (c->size == 1 || n == 0) return 0;
     if (c->broken) return broken_error(c);
 #ifdef PLN_HAVE_NCCL
-    if (c->nccl) return pln_nccl_allreduce(c->nccl, buf, n, dtype);
+    if (c->nccl) return g_nccl.allreduce(c->nccl, buf, n, dtype);
 #endif
 #ifdef PLN_HAVE_MPI
     if (c->be && !c->be->host_memory) {
@@ -471,7 +504,7 @@ int pln_comm_barrier(pln_comm *c) {
 void pln_comm_free(pln_comm *c) {
     if (!c) return;
 #ifdef PLN_HAVE_NCCL
-    if (c->nccl) pln_nccl_destroy(c->nccl);
+    if (c->nccl) g_nccl.destroy(c->nccl);
 #endif
     free(c->host_buf);
 #ifdef PLN_HAVE_MPI

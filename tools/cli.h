@@ -40,6 +40,11 @@ void pln_cli_batch_invariant(const char *backend, bool on);
     "  --batch-invariant       cpu: every token's results the same bits whatever shares its step (a\n" \
     "                          prefix-cache hit, a batch); slower batches and prefill (docs/ARCHITECTURE.md)\n"
 
+/* Prints a command's help (printf-formatted) with every option's description in one column, so
+ * the shared lines (PLN_CLI_INT_DOT_HELP) line up with each command's own. Never fails. */
+#include <stdio.h>
+void pln_cli_help(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks
  * launched on it (OMPI_COMM_WORLD_LOCAL_SIZE, else `ranks`: pass pln_comm_local_size, the ranks on

@@ -88,11 +88,22 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank == 0)
-                printf("usage: [mpirun -np N] pollen bench SHARDS [--prompt-len 512] [--batch 1,8,32] [--context 32]\n"
-                       "       [--steps 16] [--threads N] [--stream-mib 512] [--mbu steps|start|off] [--backend cpu|cuda]\n"
-                       "       [--device D] [--gpus-per-node N] [--kv-dtype f32|f16] [--int-dot on|off|auto] [--batch-invariant] [--no-mmap] [--json]\n"
+                pln_cli_help(stdout,
+                       "usage: [mpirun -np N] pollen bench SET [options]\n"
+                       "  --prompt-len N          prefill: one prompt of N random tokens (default 512)\n"
+                       "  --batch B,B,...         decode batch sizes, each measured in turn (default 1,8,32)\n"
+                       "  --context N             tokens of context of every decode sequence (default 32)\n"
+                       "  --steps N               decode steps timed per batch size (default 16)\n"
+                       "  --threads N             threads per rank (default: cores / ranks on the node)\n"
+                       "  --stream-mib N          MiB of the STREAM copy that measures the memory ceiling (default 512)\n"
+                       "  --mbu steps|start|off   when that copy runs (default steps; see below)\n"
+                       "  --json                  print the results as one JSON object\n"
+                       "  --backend cpu|cuda      (default cpu)\n"
+                       "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
+                       "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
+                       "  --kv-dtype f32|f16      KV-cache dtype (default: the backend's own)\n"
                        PLN_CLI_INT_DOT_HELP
-                       "  --no-mmap: read the rank file into memory instead of mapping it.\n"
+                       "  --no-mmap               read the rank file into memory instead of mapping it\n"
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
                        "  measured here. --mbu steps (default): at TP 1 the median over the steps of each step's\n"
@@ -109,7 +120,7 @@ int cmd_bench(int argc, char **argv) {
 #undef ARG
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
-    if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SHARDS [options] (--help)\n"); pln_comm_free(comm); return 2; }
+    if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SET [options] (--help)\n"); pln_comm_free(comm); return 2; }
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];

@@ -32,11 +32,11 @@ typedef struct {
     const char *finish;
 } gen_seq;
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: [mpirun -np N] pollen generate SHARDS --prompt TEXT [--prompt TEXT ...] [options]\n"
+static void usage(FILE *f) {
+    pln_cli_help(f,
+            "usage: [mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]\n"
             "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
-            "  --temperature T         sampling temperature (default 1; 0 = greedy)\n"
+            "  --temperature T         sampling temperature; T > 0 samples (default: greedy, as T = 0)\n"
             "  --top-k K  --top-p P    sampling filters (default off)\n"
             "  --repetition-penalty R  HF repetition penalty (default 1)\n"
             "  --do-sample             sample (implied by --temperature/--top-k/--top-p/--seed)\n"
@@ -57,7 +57,7 @@ static void usage(void) {
             "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
             "  --no-mmap               read the rank file into memory instead of mapping it (for file\n"
             "                          systems where a mapping is fragile; needs RAM for the whole file)\n"
-            "  --quiet                 no progress, no streaming\n");
+            "  --quiet                 no progress, no streaming, no timings: only the results (text or JSON)\n");
 }
 
 static int32_t *parse_ids(const char *s, size_t *n) {
@@ -130,15 +130,15 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--quiet")) quiet = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
-        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(); } pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
+        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(stderr); } pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
         else if (!dir) dir = a;
         else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
 #undef ARG
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir || (n_prompts + n_idlists) == 0) {
-        if (rank == 0) usage();
+        if (rank == 0) usage(stderr);
         pln_comm_free(comm); free(prompts); free(idlists); free(stops);
         return 2;
     }
@@ -364,16 +364,27 @@ int cmd_generate(int argc, char **argv) {
         free(s);
         json_decref(root);
     } else if (rc == 0) {
-        if (!stream && !quiet)
+        /* The results go to stdout, --quiet or not; the timings are chatter (stderr). */
+        if (!stream && tok)
             for (int i = 0; i < n_seq; i++) printf("[%d] %s%s\n", i + 1, g[i].text ? g[i].text : "", g[i].gen ? g[i].gen : "");
+        else if (!stream) {
+            /* No tokenizer: the ids are the result (never an empty "[1] "). */
+            for (int i = 0; i < n_seq; i++) {
+                printf("[%d]", i + 1);
+                for (int32_t j = 0; j < g[i].n_out; j++) printf(" %d", (int)g[i].out[j]);
+                printf("\n");
+            }
+            fprintf(stderr, "pollen: %s records no tokenizer, so the results above are token ids, not text (--json "
+                    "adds log-probs); for text, reshard with the model's tokenizer.json beside the checkpoint\n", dir);
+        }
+        fflush(stdout);
         if (!quiet) {
             int64_t ptoks = 0;
             for (int i = 0; i < n_seq; i++) ptoks += (int64_t)g[i].n_ids;
-            /* stdout: under mpirun, stderr and stdout are forwarded separately and would reorder. */
             if (info.load_bytes_per_s > 0)
-                printf("weights: %.2f GB per rank streamed to the device at %.2f GB/s\n", info.weight_bytes / 1e9,
-                       info.load_bytes_per_s / 1e9);
-            printf("load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
+                fprintf(stderr, "weights: %.2f GB per rank streamed to the device at %.2f GB/s\n", info.weight_bytes / 1e9,
+                        info.load_bytes_per_s / 1e9);
+            fprintf(stderr, "load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
                     "(batch %d, TP %d %s, %d threads/rank)\n", t_load, (long long)ptoks, t_prefill * 1e3,
                     t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps ? decode_ms / n_steps : 0.0, n_seq,
                     info.tp, info.dtype, threads);

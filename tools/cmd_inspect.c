@@ -9,6 +9,7 @@
 #include "formats/hf.h"
 #include "formats/shard.h"
 #include "kernels/pln_math.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <getopt.h>
@@ -69,10 +70,10 @@ typedef struct {
 } source;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pollen inspect PATH [--stats] [--tensor NAME [--head K]] [--json]\n\n"
-            "PATH: a Hugging Face checkpoint directory, a .safetensors or .bin file, an index .json,\n"
-            "      a pollen shard set directory (manifest.json) or a single rank file (.pln).\n"
+    pln_cli_help(f,
+            "usage: pollen inspect SET|CHECKPOINT [--stats] [--tensor NAME [--head K]] [--json]\n\n"
+            "SET|CHECKPOINT: a pollen shard set directory (manifest.json) or a single rank file (.pln); a\n"
+            "Hugging Face checkpoint directory, a .safetensors or .bin file, or an index .json.\n"
             "  --stats        per tensor: min, max, mean, std, absmax, NaN and Inf counts (int8/int4: of the\n"
             "                 dequantized values, with the scale range); reads all data\n"
             "  --tensor NAME  show only tensor NAME (every rank of a shard set) and its first values\n"

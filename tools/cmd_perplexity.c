@@ -51,8 +51,8 @@ typedef struct {
     bool quiet;
 } ppl_run;
 
-static void usage(void) {
-    fprintf(stderr,
+static void usage(FILE *f) {
+    pln_cli_help(f,
             "usage: [mpirun -np N] pollen perplexity SET --file TEXT [options]\n"
             "  --file TEXT          UTF-8 text to score (tokenized with the set's tokenizer)\n"
             "  --ctx N              window length in tokens (default 512; the whole text if shorter)\n"
@@ -278,13 +278,13 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--populate")) r.eo.populate = true;
         else if (!strcmp(a, "--verify")) r.eo.verify = true;
         else if (!strcmp(a, "--quiet")) quiet = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(); pln_comm_free(comm); return 0; }
-        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen perplexity: unknown option %s\n", a); usage(); } pln_comm_free(comm); return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); return 0; }
+        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen perplexity: unknown option %s\n", a); usage(stderr); } pln_comm_free(comm); return 2; }
         else if (!dir) dir = a;
         else { if (rank == 0) fprintf(stderr, "pollen perplexity: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
 #undef ARG
     }
-    if (!dir || !file) { if (rank == 0) usage(); pln_comm_free(comm); return 2; }
+    if (!dir || !file) { if (rank == 0) usage(stderr); pln_comm_free(comm); return 2; }
     if (per_token && !json) pln_die("--per-token needs --json");
     if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);

@@ -521,18 +521,20 @@ static json_t *tensors_json(const rs_ctx *c) {
 
 /* ---- command ---- */
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pollen reshard SRC -o OUT --tp N --dtype fp16|int8|int4 [options]\n"
-            "  SRC                    a Hugging Face checkpoint of a supported family (dir, .safetensors, .bin or index .json)\n"
-            "  -o, --output OUT       shard set directory to create (appears atomically)\n"
+    pln_cli_help(f,
+            "usage: pollen reshard CHECKPOINT -o SET --tp N --dtype fp16|int8|int4 [options]\n"
+            "  CHECKPOINT             a Hugging Face checkpoint of a supported family (dir, .safetensors, .bin or index .json)\n"
+            "  -o, --output SET       shard set directory to create (appears atomically)\n"
             "  --tp N                 tensor-parallel size (must divide n_head)\n"
-            "  --dtype fp16|int8|int4 int8/int4: weight-only for the four linear weights of every layer\n"
+            "  --dtype fp16|int8|int4  int8/int4: weight-only for the four linear weights of every layer\n"
             "  --group-size G         one scale per G input columns; int8: default per output channel;\n"
             "                         int4: 32, 64 or 128 (default 128)\n"
             "  --quantize-embedding   int8 word embeddings too (with int8 or int4)\n"
-            "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at OUT\n"
+            "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at SET\n"
             "  --threads N            conversion threads (default: all cores)\n"
-            "  --quiet                no progress bar, no summary\n");
+            "  --stats                print the per-tensor table (clamped values; int8/int4: quantization error)\n"
+            "                         on stdout\n"
+            "  --quiet                no progress bar, no summary (warnings that change the set still show)\n");
 }
 
 int cmd_reshard(int argc, char **argv) {
@@ -541,10 +543,10 @@ int cmd_reshard(int argc, char **argv) {
         {"dtype", required_argument, 0, 'd'}, {"group-size", required_argument, 0, 'g'},
         {"quantize-embedding", no_argument, 0, 'e'}, {"force", no_argument, 0, 'f'},
         {"threads", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"stats", no_argument, 0, 's'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *out = NULL, *dtype = NULL;
     pln_tp_opts o = {.tp = 0};
-    bool force = false, quiet = false;
+    bool force = false, quiet = false, stats = false;
     int threads = 0, ch;
     pln_cli_restart_with_passive_omp(argc, argv);
     optind = 1;
@@ -559,6 +561,7 @@ int cmd_reshard(int argc, char **argv) {
         case 'f': force = true; break;
         case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) pln_die("--threads %s: expected a positive integer", optarg); break;
         case 'q': quiet = true; break;
+        case 's': stats = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -598,7 +601,7 @@ int cmd_reshard(int argc, char **argv) {
         bool used = false;
         for (size_t j = 0; j < c.n && !used; j++)
             for (int k = 0; k < PLN_TP_MAX_SEGS; k++) used |= c.srcs[j].t[k] == &ck.tensors[i];
-        if (!used && !quiet) fprintf(stderr, "pollen: warning: source tensor %s is not part of the %s layout; ignored\n", nm, fam->layout);
+        if (!used) fprintf(stderr, "pollen: warning: source tensor %s is not part of the %s layout; ignored\n", nm, fam->layout);
     }
 
     /* Nothing is written until the output is known not to touch any file the conversion reads:
@@ -688,8 +691,11 @@ int cmd_reshard(int argc, char **argv) {
         char *tok_dst = pln_xasprintf("%s/tokenizer.json", tmp);
         if (pln_copy_file(ck.tokenizer_path, tok_dst)) rc = -1;
         free(tok_dst);
-    } else if (!rc && !quiet) {
-        fprintf(stderr, "pollen: warning: %s has no tokenizer.json; the shard set will have none\n", src_path);
+    } else if (!rc) {
+        /* Even under --quiet: the set it makes cannot serve text. */
+        fprintf(stderr, "pollen: warning: %s has no tokenizer.json; the shard set will have none, so it cannot "
+                "serve or take text prompts (only --token-ids): put the model's tokenizer.json beside the "
+                "checkpoint and reshard again\n", src_path);
     }
     free(cfg_src);
     free(cfg_dst);
@@ -740,17 +746,23 @@ int cmd_reshard(int argc, char **argv) {
     double dt = pln_now() - t0;
     uint64_t total_out = 0;
     for (int r = 0; r < o.tp; r++) total_out += files[r].size;
-    if (!quiet) {
+    /* The per-tensor table is a result asked for (stdout); the summary is chatter (stderr). */
+    if (stats || !quiet) {
         char a[32], b[32], rate[32];
         uint64_t clamped = 0;
-        for (size_t i = 0; i < c.n; i++) clamped += c.stats[i].clamped;
+        const rs_stat *worst = NULL;
+        for (size_t i = 0; i < c.n; i++) {
+            const rs_stat *s = &c.stats[i];
+            clamped += s->clamped;
+            if (s->e0 && s->quant && (!worst || pln_tp_qerr_rel_rms(&s->qerr) > pln_tp_qerr_rel_rms(&worst->qerr))) worst = s;
+        }
         bool q = o.int8 || o.int4 || o.quantize_embedding;
-        if (q || clamped) {
+        if (stats && (q || clamped)) {
             printf("%-48s %-5s %-14s %9s", "tensor", "src", "shape", "clamped");
             if (q) printf(" %12s %12s %6s", "rel_rms", "max_abs", "group");
             printf("\n");
         }
-        for (size_t i = 0; i < c.n; i++) {
+        for (size_t i = 0; i < c.n && stats; i++) {
             const rs_stat *s = &c.stats[i];
             if (!s->e0 || (!s->quant && !s->clamped)) continue;
             char sh[64];
@@ -759,10 +771,20 @@ int cmd_reshard(int argc, char **argv) {
             if (s->quant) printf(" %12.4e %12.4e %6lld", pln_tp_qerr_rel_rms(&s->qerr), s->qerr.max_abs, (long long)s->e0->group);
             printf("\n");
         }
-        if (!clamped) printf("(no value needed clamping to fp16's range)\n");
-        printf("wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp, o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp,
-               pln_human_bytes((double)total_out, a, sizeof a), pln_human_bytes((double)total_in, b, sizeof b), dt,
-               pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
+        if (stats && !clamped) printf("(no value needed clamping to fp16's range)\n");
+        if (!quiet) {
+            fprintf(stderr, "wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp,
+                    o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp, pln_human_bytes((double)total_out, a, sizeof a),
+                    pln_human_bytes((double)total_in, b, sizeof b), dt,
+                    pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
+            if (worst)
+                fprintf(stderr, "largest quantization error: rel_rms %.4e (%s); %llu value(s) clamped to fp16's range%s\n",
+                        pln_tp_qerr_rel_rms(&worst->qerr), worst->e0->source, (unsigned long long)clamped,
+                        stats ? "" : "; --stats prints every tensor");
+            else if (clamped)
+                fprintf(stderr, "%llu value(s) clamped to fp16's range%s\n", (unsigned long long)clamped,
+                        stats ? "" : "; --stats prints every tensor");
+        }
     }
     free(tmp);
     free(writers);

@@ -42,8 +42,8 @@ static void free_chat(pln_chat_template *t, pln_chat *jinja, char **names, int n
 static void usage(FILE *f) {
     pln_serve_limits l;
     pln_serve_limits_default(&l);
-    fprintf(f,
-            "usage: pollen serve SHARD_DIR [options]          (mpirun -np N pollen serve ... for TP=N)\n"
+    pln_cli_help(f,
+            "usage: pollen serve SET [options]          (mpirun -np N pollen serve ... for TP=N)\n"
             "  --host ADDR                    address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N                       TCP port (default 8080; 0 = any free port, see --port-file)\n"
             "  --port-file PATH               write the bound port there once listening\n"
@@ -70,7 +70,7 @@ static void usage(FILE *f) {
             "  --timeout S                    idle connection timeout in seconds (default %d)\n"
             "  --request-timeout S            each request's head and body must arrive within S seconds of the\n"
             "                                 connection being ready for it; also bounds keep-alive idling (default %d)\n"
-            "  --max-connections-per-client N open connections from one client address (default %d; 0 = no limit;\n"
+            "  --max-connections-per-client N  open connections from one client address (default %d; 0 = no limit;\n"
             "                                 behind a reverse proxy every request comes from its address)\n"
             "  --max-batch-tokens N           tokens per engine step (default %d)\n"
             "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
@@ -81,10 +81,7 @@ static void usage(FILE *f) {
             "                                 a step that never returns (any TP) ends the process after 2 S + 5 s\n"
             "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate, --verify, --quiet  as for generate\n"
-            "  --no-mmap                      read the rank file into memory instead of mapping it\n"
-            "  --fail-at-step N               test only: make the Nth forward pass fail\n"
-            "  --step-delay-ms N              test only: sleep N ms before every engine step\n"
-            "  --no-block-sharing             test only: no KV block sharing at all (prefix cache and n/best_of forks)\n",
+            "  --no-mmap                      read the rank file into memory instead of mapping it\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
             l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
 }

@@ -227,16 +227,16 @@ static const char *find_tokenizer(const char *given) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pollen synth --model NAME|CONFIG.json -o DIR [options]\n"
+    pln_cli_help(f,
+            "usage: pollen synth --model NAME|CONFIG.json -o CHECKPOINT [options]\n"
             "  --model NAME           " SY_KNOWN ", or a config.json\n"
-            "  -o, --output DIR       checkpoint directory to create (appears atomically)\n"
+            "  -o, --output CHECKPOINT  checkpoint directory to create (appears atomically)\n"
             "  --seed S               random seed (default 0)\n"
             "  --layers K             keep only K layers (config.json says K)\n"
             "  --dtype fp16|bf16      stored dtype (default fp16)\n"
             "  --shard-size BYTES     split the weights into files of at most this size (default 1e9)\n"
             "  --tokenizer PATH       tokenizer.json to copy (default: the test fixture's)\n"
-            "  --force                replace an earlier pollen output (a synth checkpoint or a shard set) at DIR\n"
+            "  --force                replace an earlier pollen output (a synth checkpoint or a shard set) at CHECKPOINT\n"
             "  --quiet                no progress bar\n");
 }
 
@@ -420,8 +420,8 @@ int cmd_synth(int argc, char **argv) {
     }
     if (!quiet) {
         char a[32];
-        printf("wrote %s: %s, %lld layers, %s %s in %d file%s\n", out, model, (long long)bc.n_layer,
-               pln_human_bytes((double)total, a, sizeof a), bf16 ? "bf16" : "fp16", n_files, n_files == 1 ? "" : "s");
+        fprintf(stderr, "wrote %s: %s, %lld layers, %s %s in %d file%s\n", out, model, (long long)bc.n_layer,
+                pln_human_bytes((double)total, a, sizeof a), bf16 ? "bf16" : "fp16", n_files, n_files == 1 ? "" : "s");
     }
     free(buf);
     free(group);

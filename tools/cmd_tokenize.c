@@ -5,6 +5,7 @@
 #include "formats/common.h"
 #include "formats/shard.h"
 #include "runtime/tokenizer.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <errno.h>
@@ -19,11 +20,11 @@
 #define TZ_MAX_INPUT ((size_t)256 << 20)
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pollen tokenize PATH [--text TEXT] [--add-special] [--json]\n"
-            "       pollen tokenize PATH --decode [--skip-special] [--text IDS]\n\n"
-            "PATH: a tokenizer.json, a Hugging Face model directory (its tokenizer.json) or a pollen\n"
-            "      shard set directory (manifest.json; the tokenizer it carries).\n"
+    pln_cli_help(f,
+            "usage: pollen tokenize SET|CHECKPOINT|TOKENIZER.json [--text TEXT] [--add-special] [--json]\n"
+            "       pollen tokenize SET|CHECKPOINT|TOKENIZER.json --decode [--skip-special] [--text IDS]\n\n"
+            "SET|CHECKPOINT|TOKENIZER.json: a pollen shard set directory (the tokenizer it carries), a\n"
+            "Hugging Face model directory (its tokenizer.json) or a tokenizer.json.\n"
             "Encodes the text read from stdin (every byte, trailing newline included) and prints the\n"
             "ids space-separated on one line, as Hugging Face tokenizers' encode(text).ids.\n"
             "  --text TEXT     encode TEXT instead of stdin\n"

@@ -18,6 +18,7 @@
 #include "formats/shard.h"
 #include "formats/tp.h"
 #include "kernels/pln_math.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <getopt.h>
@@ -35,7 +36,12 @@
 typedef struct {
     int n_fail;
     char first[1024];
+    json_t *problems;   /* --json: every problem's message */
 } vf_result;
+
+/* --quiet: only problems (stderr) and the verdict; --json: one JSON object on stdout instead of
+ * the text (problems still on stderr as they come). */
+static bool g_quiet, g_json;
 
 static void fail(vf_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(vf_result *r, const char *fmt, ...) {
@@ -45,6 +51,7 @@ static void fail(vf_result *r, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fprintf(stderr, "FAIL  %s\n", msg);
+    if (r->problems) json_array_append_new(r->problems, json_string(msg));
     if (!r->n_fail++) snprintf(r->first, sizeof r->first, "%s", msg);
 }
 
@@ -138,16 +145,44 @@ static void compare_slice(const pln_tp_entry *e, const pln_tp_src *srcs, const u
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: pollen verify OUT [--source SRC] [--strict]\n"
-               "  OUT            a shard set directory (manifest.json + rank files)\n"
-               "  --source SRC   also rebuild every tensor and compare it with the checkpoint it came from\n"
-               "  --strict       also fail a set whose manifest (version 1) records no checksums of its small files\n"
-               "  --threads N    threads (default: all cores)\n");
+    pln_cli_help(f, "usage: pollen verify SET [--source CHECKPOINT] [--strict] [--quiet | --json]\n"
+               "  SET                  a shard set directory (manifest.json + rank files)\n"
+               "  --source CHECKPOINT  also rebuild every tensor and compare it with the checkpoint it came from\n"
+               "  --strict             also fail a set whose manifest (version 1) records no checksums of its small files\n"
+               "  --quiet              print only the problems (stderr) and the verdict line\n"
+               "  --json               print the result as one JSON object on stdout (problems also on stderr)\n"
+               "  --threads N          threads (default: all cores)\n");
+}
+
+/* --json: {"ok", "set", "tp", "dtype", "tensors_checked", "small_files_checked", "source",
+ * "problems": [...], "tensors": [per tensor against the source], "seconds"} on stdout; the exit
+ * status as without it (0 ok, 1 problems). Frees the arrays. */
+static int verdict_json(const char *dir, vf_result *res, const char *dtype, int tp, const int64_t *n_checked,
+                        const char *source, json_t *tensors, bool small_checked, double dt) {
+    json_t *o = json_object();
+    json_object_set_new(o, "ok", json_boolean(res->n_fail == 0));
+    json_object_set_new(o, "set", json_string(dir));
+    if (dtype) {
+        json_object_set_new(o, "tp", json_integer(tp));
+        json_object_set_new(o, "dtype", json_string(dtype));
+        json_object_set_new(o, "tensors_checked", json_integer(n_checked ? *n_checked : 0));
+        json_object_set_new(o, "small_files_checked", json_boolean(small_checked));
+    }
+    json_object_set_new(o, "source", source ? json_string(source) : json_null());
+    json_object_set_new(o, "problems", res->problems);
+    json_object_set_new(o, "tensors", tensors);
+    json_object_set_new(o, "seconds", json_real(dt));
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    puts(txt);
+    free(txt);
+    json_decref(o);
+    return res->n_fail ? 1 : 0;
 }
 
 int cmd_verify(int argc, char **argv) {
     static const struct option opts[] = {{"source", required_argument, 0, 's'}, {"threads", required_argument, 0, 'j'},
-                                         {"strict", no_argument, 0, 'S'},
+                                         {"strict", no_argument, 0, 'S'}, {"quiet", no_argument, 0, 'q'},
+                                         {"json", no_argument, 0, 'J'},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *source = NULL;
     bool strict = false;
@@ -157,6 +192,8 @@ int cmd_verify(int argc, char **argv) {
         switch (ch) {
         case 's': source = optarg; break;
         case 'S': strict = true; break;
+        case 'q': g_quiet = true; break;
+        case 'J': g_json = true; break;
         case 'j': omp_set_num_threads(atoi(optarg) > 0 ? atoi(optarg) : 1); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -165,11 +202,14 @@ int cmd_verify(int argc, char **argv) {
     if (optind != argc - 1) { usage(stderr); return 2; }
     const char *dir = argv[optind];
     vf_result res = {0};
+    json_t *jtensors = NULL;
+    if (g_json) { res.problems = json_array(); jtensors = json_array(); }
     double t0 = pln_now();
 
     pln_shardset *set = pln_shardset_open(dir);
     if (!set) {
         fail(&res, "%s", pln_error());
+        if (g_json) return verdict_json(dir, &res, NULL, 0, NULL, source, jtensors, false, pln_now() - t0);
         printf("verify: FAILED — %s\n", res.first);
         return 1;
     }
@@ -210,7 +250,7 @@ int cmd_verify(int argc, char **argv) {
         free(bad);
         n_checked += (int64_t)s->n_tensors;
     }
-    printf("checksums: %d rank file%s, %lld tensors checked, %d bad\n", tp, tp == 1 ? "" : "s", (long long)n_checked, res.n_fail);
+    if (!g_quiet && !g_json) printf("checksums: %d rank file%s, %lld tensors checked, %d bad\n", tp, tp == 1 ? "" : "s", (long long)n_checked, res.n_fail);
 
     if (source && res.n_fail == 0) {
         pln_ckpt ck;
@@ -234,7 +274,8 @@ int cmd_verify(int argc, char **argv) {
             if (!res.n_fail && pln_tp_find_sources(&ck, plans[0], n, srcs)) fail(&res, "%s", pln_error());
             json_t *rec = json_object_get(set->json, "tensors");
             if (!res.n_fail) {
-                printf("%-48s %-5s %-6s %12s %12s %12s  %s\n", "tensor", "src", "as", "max_abs", "rel_rms", "recorded", "result");
+                if (!g_quiet && !g_json)
+                    printf("%-48s %-5s %-6s %12s %12s %12s  %s\n", "tensor", "src", "as", "max_abs", "rel_rms", "recorded", "result");
                 for (size_t i = 0; i < n; i++) {
                     const pln_tp_entry *e0 = &plans[0][i];
                     if (e0->transform == PLN_TP_QUANT_SCALE) continue;
@@ -267,10 +308,23 @@ int cmd_verify(int argc, char **argv) {
                         snprintf(rel_s, sizeof rel_s, "%.4e", rel);
                         snprintf(rec_s, sizeof rec_s, "%.4e", rec_rel);
                     }
-                    printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i].t[0]->dtype), as,
-                           c.max_abs, rel_s, rec_s,
-                           why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i].t[0]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
-                           why[0] ? ": " : "", why);
+                    if (jtensors) {
+                        json_t *jt = json_object();
+                        json_object_set_new(jt, "tensor", json_string(e0->source));
+                        json_object_set_new(jt, "src", json_string(pln_dtype_name(srcs[i].t[0]->dtype)));
+                        json_object_set_new(jt, "as", json_string(as));
+                        json_object_set_new(jt, "max_abs", json_real(c.max_abs));
+                        if (quant) json_object_set_new(jt, "rel_rms", json_real(rel));
+                        if (quant && rt) json_object_set_new(jt, "recorded_rel_rms", json_real(rec_rel));
+                        json_object_set_new(jt, "ok", json_boolean(!why[0]));
+                        if (why[0]) json_object_set_new(jt, "problem", json_string(why));
+                        json_array_append_new(jtensors, jt);
+                    }
+                    if (!g_quiet && !g_json)
+                        printf("%-48s %-5s %-6s %12.4e %12s %12s  %s%s%s\n", e0->source, pln_dtype_name(srcs[i].t[0]->dtype), as,
+                               c.max_abs, rel_s, rec_s,
+                               why[0] ? "FAIL" : quant ? "ok (within recorded error)" : srcs[i].t[0]->dtype == PLN_DTYPE_F16 ? "ok (bit-exact)" : "ok (= fp16 RNE of source)",
+                               why[0] ? ": " : "", why);
                     if (why[0]) fail(&res, "%s: %s", e0->source, why);
                 }
             }
@@ -286,6 +340,13 @@ int cmd_verify(int argc, char **argv) {
     free(plans);
     pln_shardset_close(set);
     double dt = pln_now() - t0;
+    const char *dtn = o.int4 ? "int4" : o.int8 ? "int8" : "fp16";
+    if (g_json) {
+        if (!res.n_fail && !small_checked && strict)
+            fail(&res, "%s: manifest version %u records no checksums of its config block, tokenizer and config.json "
+                 "(--strict); re-run reshard to write a version %d manifest", dir, set_version, PLN_MANIFEST_VERSION);
+        return verdict_json(dir, &res, dtn, tp, &n_checked, source, jtensors, small_checked, dt);
+    }
     if (res.n_fail) {
         printf("verify: FAILED — %d problem%s; first: %s\n", res.n_fail, res.n_fail == 1 ? "" : "s", res.first);
         return 1;
@@ -296,10 +357,10 @@ int cmd_verify(int argc, char **argv) {
         return 1;
     }
     if (!small_checked)
-        printf("note: manifest version 1 records no checksums of its config block, tokenizer and config.json (config.json "
+        fprintf(stderr, "note: manifest version 1 records no checksums of its config block, tokenizer and config.json (config.json "
                "was checked against the manifest); re-run reshard to add them\n");
     printf("verify: OK — %s: TP %d %s, manifest, %s, sizes, checksums, padding, scales%s (%.2f s)\n", dir, tp,
-           o.int4 ? "int4" : o.int8 ? "int8" : "fp16", small_checked ? "config/tokenizer checksums" : "config/tokenizer NOT checksummed (v1)",
+           dtn, small_checked ? "config/tokenizer checksums" : "config/tokenizer NOT checksummed (v1)",
            source ? ", and every tensor against the source" : "", dt);
     return 0;
 }

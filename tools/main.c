@@ -13,7 +13,7 @@ PLN_COMMANDS(CMD)
 
 static const struct { const char *name; int (*fn)(int, char **); const char *help; } g_cmds[] = {
     {"inspect", cmd_inspect, "show the config and tensors of a checkpoint or shard set"},
-    {"reshard", cmd_reshard, "convert a Hugging Face BLOOM checkpoint into TP shards (fp16/int8)"},
+    {"reshard", cmd_reshard, "convert a Hugging Face BLOOM checkpoint into TP shards (fp16/int8/int4)"},
     {"verify", cmd_verify, "check a shard set's checksums, and against its source with --source"},
     {"synth", cmd_synth, "write a random BLOOM checkpoint of a given size (for tests and benchmarks)"},
     {"generate", cmd_generate, "generate text from a shard set (mpirun -np N for TP=N)"},
