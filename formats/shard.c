@@ -1095,10 +1095,14 @@ static int shardset_parse(pln_shardset *set, const char *path) {
 /* A file where the set's directory belongs (a rank file, the manifest itself): say which
  * directory to give instead of "manifest.json: Not a directory". */
 static void shardset_file_given(const char *file) {
+    /* Only the magic is read, without blocking: the path was a regular file a moment ago, but it may
+     * have been swapped for a FIFO since. */
     char magic[sizeof PLN_SHARD_MAGIC - 1] = {0};
-    FILE *f = fopen(file, "rb");
-    bool rank_file = f && fread(magic, 1, sizeof magic, f) == sizeof magic && !memcmp(magic, PLN_SHARD_MAGIC, sizeof magic);
-    if (f) fclose(f);
+    int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat fst;
+    bool rank_file = fd >= 0 && fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) &&
+                     read(fd, magic, sizeof magic) == (ssize_t)sizeof magic && !memcmp(magic, PLN_SHARD_MAGIC, sizeof magic);
+    if (fd >= 0) close(fd);
     const char *slash = strrchr(file, '/');
     const char *base = slash ? slash + 1 : file;
     char *parent = slash ? pln_xasprintf("%.*s", (int)(slash == file ? 1 : slash - file), file) : pln_xstrdup(".");
@@ -1120,13 +1124,13 @@ pln_shardset *pln_shardset_open(const char *dir) {
     char *text = pln_read_small_file(path, 64u << 20, &len);
     if (!text) {
         struct stat st;
-        if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        if (stat(dir, &st) == 0 && S_ISREG(st.st_mode))
+            shardset_file_given(dir);
+        else if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
             pln_errorf("%s: is %s, not a directory (a shard set is the directory `pollen reshard` writes)", dir,
                        pln_file_type_name(st.st_mode));
         else if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && stat(path, &st) != 0)
             pln_errorf("%s: no %s: not a pollen shard set (make one with `pollen reshard`)", dir, PLN_MANIFEST_NAME);
-        else if (stat(dir, &st) == 0 && S_ISREG(st.st_mode))
-            shardset_file_given(dir);
         goto fail;
     }
     json_error_t jerr;

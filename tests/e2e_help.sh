@@ -5,7 +5,7 @@
 # bench documents its flags; the command list and --temperature say what is true.
 source "$(dirname "$0")/e2e.sh"
 cmds=$("$POLLEN" --help | awk '/^commands:/ {f = 1; next} f && /^$/ {f = 0} f {print $1}')
-check "the command list names the nine commands" test "$(echo "$cmds" | wc -w)" = 9
+check "the command list names the ten commands" test "$(echo "$cmds" | wc -w)" = 10
 check "the command list: reshard does int4 too" bash -c "'$POLLEN' --help | grep -q 'reshard .*(fp16/int8/int4)'"
 for c in $cmds; do
   out=$("$POLLEN" "$c" --help 2>"$TMP/$c.err"); rc=$?

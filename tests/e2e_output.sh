@@ -37,7 +37,7 @@ sed 's|"weight_map": {|"weight_map": {\n    "extra.weight": "model-extra.safeten
 "$POLLEN" reshard "$TMP/extra" -o "$TMP/ex" --tp 1 --dtype fp16 --quiet >"$TMP/ex.out" 2>"$TMP/ex.err"
 check "reshard --quiet with an unused source tensor: exit 0" test $? = 0
 check "reshard --quiet: still warns that the unused tensor is ignored" \
-  grep -q "source tensor extra.weight is not part of the BLOOM layout; ignored" "$TMP/ex.err"
+  grep -q "source tensor extra.weight is not part of the bloom-tp-v1 layout; ignored" "$TMP/ex.err"
 # ---- generate
 "$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 --quiet
 "$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 >"$TMP/g.out" 2>"$TMP/g.err"

@@ -15,10 +15,10 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: pollen template PATH --messages FILE.json [--tools FILE.json] [--no-generation-prompt] [--kwargs JSON]\n\n"
-            "Prints the prompt PATH's chat template makes of a conversation, byte for byte as transformers'\n"
+            "usage: pollen template SET|CHECKPOINT|TEMPLATE.jinja|TOKENIZER_CONFIG.json --messages FILE.json [--tools FILE.json] [--no-generation-prompt] [--kwargs JSON]\n\n"
+            "Prints the prompt the chat template makes of a conversation, byte for byte as transformers'\n"
             "apply_chat_template (no newline is added).\n"
-            "PATH: a .jinja file, a tokenizer_config.json, a Hugging Face model directory or a shard set.\n"
+            "The template: a shard set's, a Hugging Face model directory's, a .jinja file or a tokenizer_config.json.\n"
             "  --messages FILE          a JSON array of messages ([{\"role\": \"user\", \"content\": \"Hi\"}]),\n"
             "                           or an object {\"messages\": [...], \"tools\": [...]}\n"
             "  --tools FILE             a JSON array of tools (OpenAI's function format) the template sees\n"
