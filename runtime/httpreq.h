@@ -74,6 +74,9 @@ typedef struct {
     bool echo;               /* OpenAI: the text starts with the prompt */
     int32_t truncate;        /* TGI: keep only the last `truncate` prompt tokens (0 = off) */
     bool chat;               /* OpenAI chat: answered as chat.completion(.chunk) */
+    bool add_special;        /* tokenize the prompt with the post-processor (BOS for Llama): true for
+                                TGI and completions (add_special_tokens, default true), false for
+                                chat (the template writes bos_token; add_special_tokens default false) */
 } pln_gen_request;
 
 /* TGI body {"inputs": str, "parameters": {...}, "stream": bool}. Unknown parameters are ignored

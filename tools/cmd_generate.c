@@ -181,7 +181,9 @@ int cmd_generate(int argc, char **argv) {
         pln_shardset_close(set);
         for (int i = 0; i < n_prompts; i++) {
             g[i].text = prompts[i];
-            if (pln_tok_encode(tok, prompts[i], strlen(prompts[i]), &g[i].ids, &g[i].n_ids))
+            /* with the post-processor, as transformers' tokenizer(text) and the server's routes
+             * (Llama's BOS; BLOOM's adds nothing); --token-ids stay exactly as given */
+            if (pln_tok_encode_special(tok, prompts[i], strlen(prompts[i]), true, &g[i].ids, &g[i].n_ids))
                 pln_die("prompt %d: %s", i + 1, pln_error());
             if (g[i].n_ids == 0) pln_die("prompt %d encodes to no tokens", i + 1);
         }

@@ -310,7 +310,10 @@ int cmd_perplexity(int argc, char **argv) {
         size_t len = 0, n = 0;
         char *text = pln_read_small_file(file, PPL_MAX_FILE, &len);
         if (!text) pln_die("--file: %s", pln_error());
-        if (pln_tok_encode(tok, text, len, &ids, &n)) pln_die("--file %s: %s", file, pln_error());
+        /* The whole text with the post-processor, as transformers' perplexity recipe encodes it
+         * (tokenizer(text)): Llama's BOS once at the start, never scored; BLOOM's adds nothing.
+         * Later windows start mid-text without a BOS (llama.cpp instead puts BOS at each window's start). */
+        if (pln_tok_encode_special(tok, text, len, true, &ids, &n)) pln_die("--file %s: %s", file, pln_error());
         free(text);
         pln_tok_free(tok);
         if (max_tokens && (int64_t)n > max_tokens) n = (size_t)max_tokens;
