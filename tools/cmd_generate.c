@@ -35,6 +35,7 @@ typedef struct {
 static void usage(void) {
     fprintf(stderr,
             "usage: [mpirun -np N] pollen generate SHARDS --prompt TEXT [--prompt TEXT ...] [options]\n"
+            "  (TEXT is tokenized with the tokenizer's post-processor, as tokenizer(text) does: Llama's BOS first)\n"
             "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
             "  --temperature T         sampling temperature (default 1; 0 = greedy)\n"
             "  --top-k K  --top-p P    sampling filters (default off)\n"
@@ -42,7 +43,7 @@ static void usage(void) {
             "  --do-sample             sample (implied by --temperature/--top-k/--top-p/--seed)\n"
             "  --seed S                random seed (default 0)\n"
             "  --stop STR              stop when the text contains STR (repeatable)\n"
-            "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer)\n"
+            "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer, nothing added)\n"
             "  --json                  print ids, text, log-probs and timings as JSON\n"
             "  --backend cpu|cuda      (default cpu)\n"
             "  --kv-dtype f32|f16      KV-cache dtype (default: f32 on cpu, the exact reference; f16 on\n"

@@ -54,7 +54,8 @@ typedef struct {
 static void usage(void) {
     fprintf(stderr,
             "usage: [mpirun -np N] pollen perplexity SET --file TEXT [options]\n"
-            "  --file TEXT          UTF-8 text to score (tokenized with the set's tokenizer)\n"
+            "  --file TEXT          UTF-8 text to score (tokenized once with the set's tokenizer and its\n"
+            "                       post-processor: a Llama set's BOS comes first, never scored)\n"
             "  --ctx N              window length in tokens (default 512; the whole text if shorter)\n"
             "  --stride S           a new window every S tokens; each scores its last S (default ctx/2)\n"
             "  --max-tokens N       score only the first N tokens of the text\n"
