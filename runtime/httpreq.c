@@ -277,6 +277,7 @@ int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits 
     r->n = r->best_of = 1;
     r->prompt_field = "inputs";
     r->max_tokens_field = "max_new_tokens";
+    r->add_special = true;   /* TGI encodes inputs with add_special_tokens=true */
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
     if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
@@ -345,7 +346,7 @@ static int openai_unknown_field(json_t *root, pln_req_error *err) {
     static const char *const known[] = {
         "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
         "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user",
-        "seed", "top_k", "repetition_penalty", "typical_p"};
+        "seed", "top_k", "repetition_penalty", "typical_p", "add_special_tokens"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
@@ -405,6 +406,7 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     r->n = r->best_of = 1;
     r->prompt_field = "prompt";
     r->max_tokens_field = "max_tokens";
+    r->add_special = true;   /* vLLM's default */
     json_t *root = load_object(api, body, len, lim, err);
     if (!root) return -1;
     if (openai_unknown_field(root, err)) goto fail;
@@ -461,6 +463,7 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     if (get_int(api, root, "seed", 0, INT64_MAX, &iv, &have, err)) goto fail;
     if (have) { r->sample.seed = (uint64_t)iv; r->seed_set = true; }
     if (get_bool(api, root, "stream", &r->stream, NULL, err)) goto fail;
+    if (get_bool(api, root, "add_special_tokens", &r->add_special, NULL, err)) goto fail;
     json_t *so = opt(root, "stream_options");
     if (so) {
         if (!json_is_object(so)) { pln_req_fail(err, api, 400, "stream_options", "`stream_options` must be an object"); goto fail; }
@@ -650,7 +653,7 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     static const char *const known[] = {
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
         "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-        "user", "logit_bias", "top_k", "repetition_penalty", "typical_p"};
+        "user", "logit_bias", "top_k", "repetition_penalty", "typical_p", "add_special_tokens"};
     const char *key;
     json_t *v;
     int rc = 0;
@@ -733,6 +736,9 @@ int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim
     if (!rc) {
         if (!tpl->jinja) cat(&prompt, &pn, tpl->generation_prompt);
         json_object_set_new(c, "prompt", json_string(prompt));
+        /* the template writes bos_token itself: vLLM's chat default is add_special_tokens false
+         * (transformers' apply_chat_template(tokenize=True) encodes without specials) */
+        if (!opt(c, "add_special_tokens")) json_object_set_new(c, "add_special_tokens", json_false());
     }
     /* the max_tokens the completions parser sees is max_completion_tokens when that was sent */
     const char *max_field = !rc && mc && !json_object_get(root, "max_tokens") ? "max_completion_tokens" : "max_tokens";

@@ -78,6 +78,9 @@ typedef struct {
      * ("inputs", "prompt", "messages") and the new-token limit ("max_new_tokens", "max_tokens",
      * "max_completion_tokens"). */
     const char *prompt_field, *max_tokens_field;
+    bool add_special;        /* tokenize the prompt with the post-processor (BOS for Llama): true for
+                                TGI and completions (add_special_tokens, default true), false for
+                                chat (the template writes bos_token; add_special_tokens default false) */
 } pln_gen_request;
 
 /* TGI body {"inputs": str, "parameters": {...}, "stream": bool}. Unknown parameters are ignored

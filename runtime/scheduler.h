@@ -29,8 +29,10 @@ typedef struct {
 
 typedef struct {
     void *ctx;
-    /* Encodes text; *ids is malloc'd. -1 + pln_errorf on failure. Must be thread-safe. */
-    int (*encode)(void *ctx, const char *text, int32_t **ids, int32_t *n);
+    /* Encodes text; *ids is malloc'd. add_special applies the tokenizer's post-processor (Llama's
+     * BOS; add_special_tokens=True), as text prompts are; a rendered chat template, which writes
+     * its own specials, is encoded without. -1 + pln_errorf on failure. Must be thread-safe. */
+    int (*encode)(void *ctx, const char *text, bool add_special, int32_t **ids, int32_t *n);
     /* Raw bytes of ids concatenated (special tokens as their text when !skip_special); malloc'd,
      * NUL-terminated, may end inside a UTF-8 sequence. NULL on failure. Thread-safe. */
     char *(*decode)(void *ctx, const int32_t *ids, int32_t n, bool skip_special, size_t *len);

@@ -593,7 +593,7 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     int32_t *n_ids = pln_xcalloc((size_t)req.n_prompts, sizeof *n_ids);
     rc = 0;
     for (int32_t i = 0; i < req.n_prompts && !rc; i++) {
-        if (s->tok.encode(s->tok.ctx, req.prompts[i], &ids[i], &n_ids[i])) {
+        if (s->tok.encode(s->tok.ctx, req.prompts[i], req.add_special, &ids[i], &n_ids[i])) {
             rc = pln_req_fail(&err, c->api, c->api == PLN_API_TGI ? 422 : 400, c->api == PLN_API_TGI ? "inputs" : "prompt",
                               "could not tokenize the prompt: %s", pln_error());
             break;
@@ -657,7 +657,8 @@ static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) 
     char *text = NULL;
     if (pln_req_parse_tokenize(c->body, c->len, &s->lim, &text, &err)) return send_error(c, con, &err);
     int32_t *ids = NULL, n = 0;
-    if (s->tok.encode(s->tok.ctx, text, &ids, &n)) {
+    /* as /generate encodes `inputs` (TGI's /tokenize: add_special_tokens=true) */
+    if (s->tok.encode(s->tok.ctx, text, true, &ids, &n)) {
         free(text);
         pln_req_fail(&err, PLN_API_TGI, 422, "inputs", "could not tokenize: %s", pln_error());
         return send_error(c, con, &err);

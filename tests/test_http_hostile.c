@@ -65,7 +65,8 @@ static void te_info(void *ctx, pln_engine_info *in) {
     in->max_seq_len = 1024;
 }
 
-static int tt_encode(void *ctx, const char *text, int32_t **ids, int32_t *n) {
+static int tt_encode(void *ctx, const char *text, bool add_special, int32_t **ids, int32_t *n) {
+    (void)add_special;
     size_t l = strlen(text);
     *ids = malloc(sizeof(int32_t) * (l ? l : 1));
     for (size_t i = 0; i < l; i++) (*ids)[i] = (unsigned char)text[i] + 4;

@@ -215,6 +215,21 @@ int main(void) {
     CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.sample.do_sample && r.sample.temperature == 1.0f,
           "OpenAI default temperature 1 samples");
     pln_gen_request_free(&r);
+    /* text prompts get the tokenizer's post-processor (TGI, vLLM's completions default);
+     * add_special_tokens turns it off on /v1/completions, and must be a bool */
+    b = "{\"inputs\":\"hello\"}";
+    CHECK(pln_req_parse_generate(b, strlen(b), &lim, &r, &err) == 0 && r.add_special, "TGI: add_special");
+    pln_gen_request_free(&r);
+    b = "{\"prompt\":\"a\"}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.add_special,
+          "completions: add_special_tokens defaults to true");
+    pln_gen_request_free(&r);
+    b = "{\"prompt\":\"a\",\"add_special_tokens\":false}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && !r.add_special, "completions: add_special_tokens false");
+    pln_gen_request_free(&r);
+    b = "{\"prompt\":\"a\",\"add_special_tokens\":\"no\"}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == -1 && err.status == 400 &&
+              strstr(err.message, "`add_special_tokens` must be true or false"), "add_special_tokens not a bool: %s", err.message);
 
     /* oversized body: 413 before parsing; exactly at the limit is parsed */
     pln_serve_limits small = lim;
@@ -324,6 +339,15 @@ int main(void) {
               r.n_prompts ? r.prompts[0] : "");
         CHECK(r.max_new_tokens == 7 && r.logprobs && r.top_n == 3, "max_completion_tokens, logprobs + top_logprobs");
         CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "X") && !strcmp(r.stop[1], "\nU:"), "request stop + the template's");
+        /* a rendered template writes its own specials (bos_token): encoded without the
+         * post-processor, unless add_special_tokens asks (vLLM's chat default is false) */
+        CHECK(!r.add_special, "chat: add_special_tokens defaults to false");
+        pln_gen_request_free(&r);
+        const char *cs = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_special_tokens\":true}";
+        CHECK(pln_req_parse_chat(cs, strlen(cs), &lim, &t, &r, &err) == 0 && r.add_special, "chat: add_special_tokens true");
+        pln_gen_request_free(&r);
+        cs = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_special_tokens\":null}";
+        CHECK(pln_req_parse_chat(cs, strlen(cs), &lim, &t, &r, &err) == 0 && !r.add_special, "chat: add_special_tokens null");
         pln_gen_request_free(&r);
         static const row chat_bad[] = {
             {"{\"messages\":[]}", 400, "`messages` must be a non-empty list"},

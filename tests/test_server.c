@@ -120,7 +120,8 @@ static void fe_info(void *ctx, pln_engine_info *in) {
 }
 
 static const char *const g_specials[4] = {"<unk>", "<s>", "</s>", "<pad>"};
-static int ft_encode(void *ctx, const char *text, int32_t **ids, int32_t *n) {
+static int ft_encode(void *ctx, const char *text, bool add_special, int32_t **ids, int32_t *n) {
+    (void)add_special;
     size_t l = strlen(text);
     *ids = malloc(sizeof(int32_t) * (l ? l : 1));
     for (size_t i = 0; i < l; i++) (*ids)[i] = (unsigned char)text[i] + 4;

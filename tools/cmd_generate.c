@@ -35,6 +35,7 @@ typedef struct {
 static void usage(FILE *f) {
     pln_cli_help(f,
             "usage: [mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]\n"
+            "  (TEXT is tokenized with the tokenizer's post-processor, as tokenizer(text) does: Llama's BOS first)\n"
             "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
             "  --temperature T         sampling temperature; T > 0 samples (default: greedy, as T = 0)\n"
             "  --top-k K  --top-p P    sampling filters (default off)\n"
@@ -42,7 +43,7 @@ static void usage(FILE *f) {
             "  --do-sample             sample (implied by --temperature/--top-k/--top-p/--seed)\n"
             "  --seed S                random seed (default 0)\n"
             "  --stop STR              stop when the text contains STR (repeatable)\n"
-            "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer)\n"
+            "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer, nothing added)\n"
             "  --json                  print ids, text, log-probs and timings as JSON\n"
             "  --backend cpu|cuda      (default cpu)\n"
             "  --kv-dtype f32|f16      KV-cache dtype (default: f32 on cpu, the exact reference; f16 on\n"
@@ -181,7 +182,9 @@ int cmd_generate(int argc, char **argv) {
         pln_shardset_close(set);
         for (int i = 0; i < n_prompts; i++) {
             g[i].text = prompts[i];
-            if (pln_tok_encode(tok, prompts[i], strlen(prompts[i]), &g[i].ids, &g[i].n_ids))
+            /* with the post-processor, as transformers' tokenizer(text) and the server's routes
+             * (Llama's BOS; BLOOM's adds nothing); --token-ids stay exactly as given */
+            if (pln_tok_encode_special(tok, prompts[i], strlen(prompts[i]), true, &g[i].ids, &g[i].n_ids))
                 pln_die("prompt %d: %s", i + 1, pln_error());
             if (g[i].n_ids == 0) pln_die("prompt %d encodes to no tokens", i + 1);
         }

@@ -54,7 +54,8 @@ typedef struct {
 static void usage(FILE *f) {
     pln_cli_help(f,
             "usage: [mpirun -np N] pollen perplexity SET --file TEXT [options]\n"
-            "  --file TEXT          UTF-8 text to score (tokenized with the set's tokenizer)\n"
+            "  --file TEXT          UTF-8 text to score (tokenized once with the set's tokenizer and its\n"
+            "                       post-processor: a Llama set's BOS comes first, never scored)\n"
             "  --ctx N              window length in tokens (default 512; the whole text if shorter)\n"
             "  --stride S           a new window every S tokens; each scores its last S (default ctx/2)\n"
             "  --max-tokens N       score only the first N tokens of the text\n"
@@ -310,7 +311,10 @@ int cmd_perplexity(int argc, char **argv) {
         size_t len = 0, n = 0;
         char *text = pln_read_small_file(file, PPL_MAX_FILE, &len);
         if (!text) pln_die("--file: %s", pln_error());
-        if (pln_tok_encode(tok, text, len, &ids, &n)) pln_die("--file %s: %s", file, pln_error());
+        /* The whole text with the post-processor, as transformers' perplexity recipe encodes it
+         * (tokenizer(text)): Llama's BOS once at the start, never scored; BLOOM's adds nothing.
+         * Later windows start mid-text without a BOS (llama.cpp instead puts BOS at each window's start). */
+        if (pln_tok_encode_special(tok, text, len, true, &ids, &n)) pln_die("--file %s: %s", file, pln_error());
         free(text);
         pln_tok_free(tok);
         if (max_tokens && (int64_t)n > max_tokens) n = (size_t)max_tokens;

@@ -92,9 +92,9 @@ static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) 
 
 /* ---- the tokenizer as the scheduler and server see it -------------------------------------- */
 
-static int tok_encode(void *ctx, const char *text, int32_t **ids, int32_t *n) {
+static int tok_encode(void *ctx, const char *text, bool add_special, int32_t **ids, int32_t *n) {
     size_t nn = 0;
-    if (pln_tok_encode(ctx, text, strlen(text), ids, &nn)) return -1;
+    if (pln_tok_encode_special(ctx, text, strlen(text), add_special, ids, &nn)) return -1;
     *n = (int32_t)nn;
     return 0;
 }
