@@ -721,7 +721,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     /* a bad block table is an error, not a wild write */
     int32_t saved = table[1 * max_blocks + 0];
     table[1 * max_blocks + 0] = -1;
-    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
     CHECK(g_be->attention(g_be, out, qkv2, kc, vc, &mb, slopes, n_head, head_dim) == -1 && strstr(pln_error(), "block"),
           "attention with an unassigned block: want an error, got \"%s\"", pln_error());
     table[1 * max_blocks + 0] = saved;
@@ -1057,7 +1057,7 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd) {
         int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
         float *qkv = rnd_vec((size_t)T * n_head * 3 * hd, -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
-        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table};
+        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, 0};
         g_be->attention(g_be, out, qkv, kp, vp, &m, slopes, n_head, hd);
         double best = 1e30;
         for (int r = 0; r < 5; r++) {

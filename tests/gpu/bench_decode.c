@@ -225,7 +225,7 @@ static void state_make(state_t *s, int32_t T, int32_t S, int32_t ctx, bool prefi
         fill(s->k[i], pool / 2, PLN_DTYPE_F16, -1, 1);
         fill(s->v[i], pool / 2, PLN_DTYPE_F16, -1, 1);
     }
-    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt};
+    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt, 0};
     s->meta = m;
     /* keys + values read by one decode step over all layers */
     s->kv_bytes_read = prefill ? 0 : (uint64_t)S * (ctx + 1) * NHL * HD * 2 * 2 * NL;

@@ -556,8 +556,8 @@ static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, in
         void *dbt = up(be, bt, (size_t)S * max_blocks * 4), *dsl = up(be, slopes, (size_t)nh * 4);
         void *dps = up(be, ps, (size_t)T * 4), *dpp = up(be, pp, (size_t)T * 4);
         void *dds = up(be, ds, (size_t)S * 4), *ddp = up(be, dp, (size_t)S * 4);
-        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt};
-        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt};
+        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt, 0};
+        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt, 0};
         void *qp = up_act(be, qkv_p, (size_t)T * W), *qd = up_act(be, qkv_d, (size_t)S * W);
         void *op = poisoned(be, np * be->act_size), *od = poisoned(be, nd * be->act_size);
         CHECK(be->kv_append(be, qp, kc, vc, &mp, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
