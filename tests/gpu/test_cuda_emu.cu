@@ -8,8 +8,11 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/emu/emu.h"
+#include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <sys/wait.h>
+#include <vector>
 
 #define FULL 0xffffffffu
 #if defined(__SANITIZE_ADDRESS__)
@@ -235,6 +238,67 @@ __global__ void pdl_cp_async_kernel(int *out, const int *x, const int *w, int mo
     for (int j = 0; j < 4; j++) out[4 * i + j] = a[j] + b[j];
 }
 
+/* ---- global memory between blocks ---------------------------------------------------------------- */
+/* Each block stores its 32 slots; with overlap, block b starts at 31 b: its slot 0 is the previous
+ * block's slot 31 (two blocks store the same int). */
+__global__ void block_slots_kernel(int *out, int overlap)
+{
+    out[blockIdx.x * (overlap ? 31 : 32) + threadIdx.x] = (int)(blockIdx.x * 100 + threadIdx.x);
+}
+
+/* The split-K merge of the decode attention and the GEMV, reduced: each block stores its 64
+ * partials, fences them (fence = 1), then thread 0 counts the block in; the last block to arrive
+ * sums every block's partials. Without the fence the last block may read partials not yet visible. */
+__global__ void split_merge_kernel(float *part, unsigned *cnt, float *out, int fence)
+{
+    __shared__ bool last;
+    part[blockIdx.x * 64 + threadIdx.x] = (float)(blockIdx.x + 1) * (float)threadIdx.x;
+    if (fence) __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+        if (last) atomicExch(cnt, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float v = 0.0f;
+    for (unsigned b = 0; b < gridDim.x; b++) v += __ldcg(part + b * 64 + threadIdx.x);
+    out[threadIdx.x] = v;
+}
+
+/* A top-k in the backend's layout (sample.cu: one block per row, the row's k candidate ids in
+ * global scratch at cand + row * k, the scratch request ending with the last row's). Thread 0
+ * picks the k largest by repeated selection (ties: the lower id), then the block writes each
+ * candidate's value. broken = 1 also stores the end marker -1 after the k ids: one int into the
+ * next row's candidates, and 4 bytes past the request for the last row. */
+__global__ void scratch_topk_kernel(const float *x, int n, int k, int32_t *cand, float *vals, int broken)
+{
+    const float *r = x + (int64_t)blockIdx.x * n;
+    int32_t *c = cand + (int64_t)blockIdx.x * k;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < k; i++) {
+            int best = -1;
+            for (int j = 0; j < n; j++) {
+                bool taken = false;
+                for (int p = 0; p < i; p++) taken |= c[p] == j;
+                if (!taken && (best < 0 || r[j] > r[best])) best = j;
+            }
+            c[i] = best;
+        }
+        if (broken) c[k] = -1;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < k; i += blockDim.x) vals[(int64_t)blockIdx.x * k + i] = r[c[i]];
+}
+
+/* Threads below n store out[threadIdx.x]; before: thread 0 also stores out[-1]. */
+__global__ void global_edge_kernel(int *out, int n, int before)
+{
+    if (before && threadIdx.x == 0) out[-1] = 0;
+    if ((int)threadIdx.x < n) out[threadIdx.x] = 1;
+}
+
 /* ---- checks -------------------------------------------------------------------------------------- */
 /* Expects the last launch to have failed with a report containing `what` (NULL: to have passed). */
 static void expect(const char *name, const char *what)
@@ -259,6 +323,105 @@ template <typename T> static T *dev(size_t n)
     if (cudaMalloc(&p, n * sizeof(T)) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); exit(2); }
     cudaMemset(p, 0, n * sizeof(T));
     return (T *)p;
+}
+
+/* The backend's flash-decoding attention (attention.cu, 4 key splits, one sequence of 70 keys, two
+ * heads of 64) with the harness dropping every __threadfence(): the last split reads the others'
+ * partial states unfenced. With the fences: no report, and the output equals the unsplit kernel's. */
+static void check_decode_attention_fence(void)
+{
+    const int pdl = pln_cuda_pdl;   /* the backend turns programmatic dependent launch on (sm_90) */
+    pln_backend *be = pln_backend_cuda_create(0);
+    CHECK(be != NULL, "cuda backend on the harness: %s", pln_error());
+    if (!be) return;
+    const int nh = 2, D = 64, bs = 16, ctx = 70, nblk = (ctx + bs) / bs;
+    const size_t cache = (size_t)nblk * nh * bs * D;
+    std::vector<__half> hk(cache), hv(cache), hq((size_t)nh * 3 * D);
+    uint32_t r = 12345;
+    auto rnd = [&r]() { r = r * 1664525u + 1013904223u; return (float)((r >> 9) & 0x3fff) / 8192.0f - 1.0f; };
+    for (size_t i = 0; i < cache; i++) { hk[i] = __float2half(rnd()); hv[i] = __float2half(rnd()); }
+    for (auto &q : hq) q = __float2half(rnd());
+    int32_t bt[8], seq = 0, pos = ctx;
+    for (int i = 0; i < nblk; i++) bt[i] = nblk - 1 - i;   /* scattered */
+    float slopes[2] = {0.5f, 0.25f};
+    auto upl = [be](const void *h, size_t n) { void *d = be->alloc(be, n); be->upload(be, d, h, n); return d; };
+    void *kc = upl(hk.data(), cache * 2), *vc = upl(hv.data(), cache * 2), *qkv = upl(hq.data(), hq.size() * 2);
+    void *dbt = upl(bt, sizeof bt), *dseq = upl(&seq, 4), *dpos = upl(&pos, 4), *dsl = upl(slopes, sizeof slopes);
+    void *o1 = be->alloc(be, (size_t)nh * D * 2), *o4 = be->alloc(be, (size_t)nh * D * 2);
+    pln_attn_meta m = {1, 1, bs, nblk, ctx + 1, (const int32_t *)dseq, (const int32_t *)dpos, (const int32_t *)dbt, 0};
+    int old = pln_cuda_set_attn_splits(be, 1);
+    CHECK(be->attention(be, o1, qkv, kc, vc, &m, (const float *)dsl, nh, D) == 0, "decode attention, 1 split: %s", pln_error());
+    pln_cuda_set_attn_splits(be, 4);
+    CHECK(be->attention(be, o4, qkv, kc, vc, &m, (const float *)dsl, nh, D) == 0, "decode attention, 4 splits: %s", pln_error());
+    expect("decode attention, 4 splits, fenced", NULL);
+    std::vector<__half> h1((size_t)nh * D), h4((size_t)nh * D);
+    be->download(be, h1.data(), o1, h1.size() * 2);
+    be->download(be, h4.data(), o4, h4.size() * 2);
+    int bad = 0;
+    for (size_t i = 0; i < h1.size(); i++) bad += fabsf(__half2float(h1[i]) - __half2float(h4[i])) > 2e-3f;
+    CHECK(bad == 0, "decode attention: 4 splits differ from 1 in %d of %zu outputs", bad, h1.size());
+    pln_emu_drop_fences(1);
+    const int rc = be->attention(be, o4, qkv, kc, vc, &m, (const float *)dsl, nh, D);
+    pln_emu_drop_fences(0);
+    /* the op returns -1 and has taken the launch error: the report is the proof */
+    const bool caught = rc != 0 && strstr(pln_emu_last_report(), "attn_decode_kernel") &&
+                        strstr(pln_emu_last_report(), "no __threadfence() after the store");
+    CHECK(caught, "decode attention without its fences: rc %d, report: %s", rc, pln_emu_last_report());
+    printf("%-36s %s\n", "decode attention, fences removed", caught ? "OK" : "NOT OK");
+    pln_emu_report_reset();
+    pln_cuda_set_attn_splits(be, old);
+    for (void *p : {kc, vc, qkv, dbt, dseq, dpos, dsl, o1, o4}) be->free(be, p);
+    be->destroy(be);
+    pln_cuda_pdl = pdl;
+}
+
+/* The top-k kernel's candidates in the backend's scratch, laid out as pln_cuda_topk does: the
+ * request ends with the last row's candidates. */
+static void check_scratch_topk(void)
+{
+    const int pdl = pln_cuda_pdl;
+    pln_backend *be = pln_backend_cuda_create(0);
+    CHECK(be != NULL, "cuda backend on the harness: %s", pln_error());
+    if (!be) return;
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    const int n = 50, k = 5;
+    for (int S = 3; S >= 1; S -= 2) {
+        std::vector<float> hx((size_t)S * n);
+        for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((i * 37) % 101);
+        float *x = (float *)be->alloc(be, hx.size() * 4), *vals = (float *)be->alloc(be, (size_t)S * k * 4);
+        be->upload(be, x, hx.data(), hx.size() * 4);
+        for (int broken = 0; broken < 2; broken++) {
+            const size_t packed = (size_t)S * k * 8 + (size_t)S * 8;   /* what precedes the candidates in sample.cu */
+            char *w = (char *)pln_cuda_scratch(c, pln_align_up(packed, 256) + (size_t)S * k * 4);
+            CHECK(w != NULL, "scratch: %s", pln_error());
+            int32_t *cand = (int32_t *)(w + pln_align_up(packed, 256));
+            PLN_LAUNCH(S, 32, 0, (cudaStream_t)pln_cuda_stream(be), scratch_topk_kernel)(x, n, k, cand, vals, broken);
+            char name[96];
+            snprintf(name, sizeof name, "top-k in scratch, %d row%s%s", S, S > 1 ? "s" : "", broken ? ", k+1 ids" : "");
+            /* several rows: row 0's extra id lands on row 1's first (two blocks store it); one row:
+             * past the end of the scratch request, inside the allocation (it holds more) */
+            expect(name, !broken ? NULL : S > 1 ? "cross-block write race" : "of a 276-byte scratch request");
+            if (broken && S == 1)
+                CHECK(c->scratch_size > pln_align_up(packed, 256) + (size_t)S * k * 4,
+                      "the overflow stays inside the scratch allocation (%zu bytes): only the request's bounds catch it",
+                      c->scratch_size);
+            if (!broken) {
+                std::vector<float> hv((size_t)S * k);
+                be->download(be, hv.data(), vals, hv.size() * 4);
+                int bad = 0;
+                for (int s = 0; s < S; s++) {
+                    std::vector<float> row(hx.begin() + (size_t)s * n, hx.begin() + (size_t)(s + 1) * n);
+                    std::sort(row.begin(), row.end(), [](float a, float b) { return a > b; });
+                    for (int i = 0; i < k; i++) bad += hv[(size_t)s * k + i] != row[i];
+                }
+                CHECK(bad == 0, "top-k in scratch: %d of %d values wrong", bad, S * k);
+            }
+        }
+        be->free(be, x);
+        be->free(be, vals);
+    }
+    be->destroy(be);
+    pln_cuda_pdl = pdl;
 }
 
 int main(void)
@@ -315,6 +478,49 @@ int main(void)
         for (int i = 0; i < 64; i++) bad += h[i] != 1000 + i;
         CHECK(bad == 0, "cp.async wait<1> values: %d wrong", bad);
         cudaFree(src);
+    }
+
+    /* global memory between blocks: one int stored by two blocks; a split-K merge with and
+     * without its fence; the backend's decode attention with its fences removed */
+    {
+        int *g = dev<int>(256);
+        PLN_LAUNCH(4, 32, 0, st, block_slots_kernel)(g, 0);
+        expect("blocks store disjoint slots", NULL);
+        cudaMemcpy(h, g, 128 * 4, cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int i = 0; i < 128; i++) bad += h[i] != (i / 32) * 100 + i % 32;
+        CHECK(bad == 0, "block slots: %d wrong", bad);
+        PLN_LAUNCH(4, 32, 0, st, block_slots_kernel)(g, 1);
+        CHECK(strstr(pln_emu_last_report(), "byte 124 of a 1024-byte device buffer that block (0,0,0)") != NULL,
+              "the race names the byte and the other block: %s", pln_emu_last_report());
+        expect("two blocks store one int", "cross-block write race");
+        float *part = dev<float>(8 * 64), *mo = dev<float>(64);
+        unsigned *cnt = dev<unsigned>(1);
+        PLN_LAUNCH(8, 64, 0, st, split_merge_kernel)(part, cnt, mo, 1);
+        expect("split-K merge, fenced", NULL);
+        float hm[64];
+        cudaMemcpy(hm, mo, sizeof hm, cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int i = 0; i < 64; i++) bad += hm[i] != 36.0f * (float)i;   /* (1 + .. + 8) i */
+        CHECK(bad == 0, "split-K merge values: %d wrong (out[1] %g, want 36)", bad, hm[1]);
+        PLN_LAUNCH(8, 64, 0, st, split_merge_kernel)(part, cnt, mo, 0);
+        expect("split-K merge without its fence", "no __threadfence() after the store");
+        cudaMemset(cnt, 0, 4);   /* the failed launch's last block still zeroed it; be explicit */
+        pln_emu_drop_fences(1);
+        PLN_LAUNCH(8, 64, 0, st, split_merge_kernel)(part, cnt, mo, 1);
+        pln_emu_drop_fences(0);
+        expect("split-K merge, fences dropped", "no __threadfence() after the store");
+        PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g + 192, 64, 0);
+        expect("global: up to the allocation's end", NULL);
+        PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g + 193, 64, 0);
+        CHECK(strstr(pln_emu_last_report(), "writes 4 bytes at offset 1024 of a 1024-byte device allocation") != NULL,
+              "the overflow names the offset and the size: %s", pln_emu_last_report());
+        expect("global: one int past the end", "out of bounds");
+        PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g, 10, 1);
+        expect("global: 4 bytes before the start", "at offset -4");
+        cudaFree(g); cudaFree(part); cudaFree(mo); cudaFree(cnt);
+        check_decode_attention_fence();
+        check_scratch_topk();
     }
 
     PLN_LAUNCH(1, 64, 0, st, war_kernel)(out, 0);

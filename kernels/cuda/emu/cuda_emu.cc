@@ -24,7 +24,11 @@
  *     visible. Every global store (and atomic) of a running kernel is kept (16-byte granules with
  *     a byte mask); a PDL launch's threads that have not passed griddepcontrol.wait (themselves,
  *     or through a __syncthreads after another thread of the block did) may not read or write a
- *     byte the previous kernel wrote: as on the GPU, that byte may not be there yet.
+ *     byte the previous kernel wrote: as on the GPU, that byte may not be there yet;
+ *   - global memory out of bounds: device buffers have red zones, and each scratch request of the
+ *     backend is its own exact region (pln_emu_scratch_request);
+ *   - global memory between blocks: a read of another block's store that no __threadfence has
+ *     published yet, and two blocks storing to one byte in a launch ("stores between blocks").
  * A report prints kernel, block, threads and offset on stderr, fails the launch
  * (cudaGetLastError() = cudaErrorLaunchFailure, whose message is the report) and is counted
  * (emu.h).
@@ -240,14 +244,16 @@ static void report(const char *fmt, ...)
     g_failed = true;
     g_report_count++;
     if (g_reports_this_launch++ >= 3) return;   /* the first few say it; the count keeps the rest */
-    char msg[900];
+    char msg[900], line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(g_last_report, sizeof g_last_report, "cuda harness: %s: block (%u,%u,%u): %s", g_cfg ? g_cfg->name : "?",
+    snprintf(line, sizeof line, "cuda harness: %s: block (%u,%u,%u): %s", g_cfg ? g_cfg->name : "?",
              pln_emu_block_idx.x, pln_emu_block_idx.y, pln_emu_block_idx.z, msg);
-    fprintf(stderr, "%s\n", g_last_report);
+    fprintf(stderr, "%s\n", line);
+    /* the launch's error is its first report: the cause, not what followed from it */
+    if (g_reports_this_launch == 1) memcpy(g_last_report, line, sizeof line);
 }
 
 static const char *where(void *pc, char *buf, size_t cap)
@@ -423,6 +429,239 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
     }
 }
 
+/* ---- global memory: exact bounds, and stores between blocks ------------------------------------------
+ * Bounds: every cudaMalloc block has a red zone of DEV_RZ bytes on each side (poisoned with 0xa5
+ * like the block), and the backend's scratch is exact too: each pln_cuda_scratch request narrows
+ * its allocation to the bytes asked for, for the launches made after it (a graph keeps what its
+ * launches saw at capture). Any access of a kernel from a red zone or past the narrowed end is
+ * reported, in every build (ASan adds use-after-free and host memory in the SANITIZE= build).
+ *
+ * Between blocks, the GPU's memory is weak: a block's plain stores may sit in its SM (L1, store
+ * buffers) until a __threadfence() orders them before what follows (PTX fence.sc/acq_rel.gpu,
+ * cumulative: it covers the thread's own stores and every store ordered before it by a
+ * __syncthreads), or the kernel ends. Here every plain global store of a block is kept as
+ * unpublished (per byte: the block and the store's sequence number) until then. Reported:
+ *   - a block reading a byte that another block of the launch stored and has not published: on a
+ *     GPU the read may return the old value (the split-K merge without its fence);
+ *   - two blocks storing to the same byte in one launch with plain stores (not atomics): which one
+ *     lands is a race, and one of them wrote into the other's part of a buffer.
+ * Atomics (CUDA's are relaxed) publish nothing and are not stores here; a block's own stores are
+ * always visible to itself. */
+#define DEV_RZ 256
+#define GPAGE 4096
+struct dev_alloc {
+    uintptr_t rz_lo, lo, hi, rz_hi;   /* [rz_lo, lo) red zone, [lo, hi) the n bytes asked for, then red zone */
+    uintptr_t hi_eff;                 /* hi, or the end of the latest scratch request the running launch saw */
+    size_t n;
+};
+static std::map<uintptr_t, dev_alloc> g_allocs;   /* rz_lo -> allocation */
+typedef std::vector<std::pair<uintptr_t, size_t>> requests;
+static std::map<uintptr_t, size_t> g_requests;    /* allocation start -> bytes of its latest scratch request */
+enum { G_LOAD, G_STORE, G_ATOMIC };
+
+struct gpage {                  /* the running launch's plain stores to one page of device memory */
+    uint32_t wblk[GPAGE];       /* 1 + linear index of the block that stored the byte, 0: none */
+    uint32_t pend[GPAGE];       /* that store's sequence number while unpublished, 0: published */
+};
+static std::unordered_map<uintptr_t, gpage *> g_gpages;   /* page number -> its shadow */
+static std::vector<gpage *> g_gpage_free;
+struct pcache { uintptr_t page; uint32_t gen; uint8_t kind; gpage *gp; };
+enum { PK_HOST, PK_INSIDE, PK_EDGE };   /* no device memory / inside one allocation / bounds to check */
+#define PCACHE 4096
+static pcache g_pcache[PCACHE];         /* direct-mapped: most accesses resolve with one compare */
+static uint32_t g_pcache_gen = 1;
+static uint32_t g_blk;                  /* 1 + linear index of the running block */
+static uint32_t g_store_seq;
+struct pstore { uintptr_t a; uint32_t n, seq; };
+static std::vector<pstore> g_pst[MAX_THREADS];   /* the running block's unpublished stores since its last barrier, per thread */
+static std::vector<pstore> g_pst_old;            /* ... and from before that barrier */
+static bool g_drop_fences;
+
+static void pcache_flush(void)
+{
+    if (++g_pcache_gen == 0) {
+        memset(g_pcache, 0, sizeof g_pcache);
+        g_pcache_gen = 1;
+    }
+}
+
+static pcache *page_info(uintptr_t page)
+{
+    pcache *e = &g_pcache[page & (PCACHE - 1)];
+    if (e->gen == g_pcache_gen && e->page == page) return e;
+    e->page = page;
+    e->gen = g_pcache_gen;
+    e->kind = PK_HOST;
+    e->gp = NULL;
+    const uintptr_t P = page * GPAGE, Q = P + GPAGE;
+    auto it = g_allocs.upper_bound(Q - 1);
+    if (it != g_allocs.begin()) {
+        const dev_alloc &d = (--it)->second;   /* the last allocation starting in or before the page */
+        if (d.lo <= P && Q <= d.hi_eff) e->kind = PK_INSIDE;
+        else if (d.rz_hi > P || d.rz_lo >= P) e->kind = PK_EDGE;
+    }
+    if (e->kind != PK_HOST) {
+        auto g = g_gpages.find(page);
+        if (g != g_gpages.end()) e->gp = g->second;
+    }
+    return e;
+}
+
+static const dev_alloc *alloc_of(uintptr_t x)
+{
+    auto it = g_allocs.upper_bound(x);
+    if (it == g_allocs.begin()) return NULL;
+    --it;
+    return x < it->second.rz_hi ? &it->second : NULL;
+}
+
+static gpage *gpage_get(uintptr_t page)
+{
+    auto g = g_gpages.find(page);
+    if (g != g_gpages.end()) return g->second;
+    gpage *gp;
+    if (!g_gpage_free.empty()) { gp = g_gpage_free.back(); g_gpage_free.pop_back(); }
+    else if (!(gp = (gpage *)malloc(sizeof *gp))) { fprintf(stderr, "pollen cuda harness: out of memory for the global shadow\n"); abort(); }
+    memset(gp, 0, sizeof *gp);
+    g_gpages[page] = gp;
+    return gp;
+}
+
+/* The launch ended: every store is visible; the shadow pages go back to the pool. */
+static void gpages_release(void)
+{
+    for (auto &g : g_gpages) g_gpage_free.push_back(g.second);
+    g_gpages.clear();
+    pcache_flush();
+}
+
+static const char *block_name(uint32_t blk, char *buf, size_t cap)
+{
+    const uint32_t l = blk - 1, gx = pln_emu_grid_dim.x, gy = pln_emu_grid_dim.y;
+    snprintf(buf, cap, "(%u,%u,%u)", l % gx, l / gx % gy, l / (gx * gy));
+    return buf;
+}
+
+static void blocks_access(pcache *e, uintptr_t page, uintptr_t a, size_t n, bool write, void *pc)
+{
+    const fiber *t = g_cur;
+    gpage *gp = e->gp;
+    if (!gp) {
+        if (!write) return;   /* no block stored to this page in this launch */
+        gp = e->gp = gpage_get(page);
+    }
+    const size_t off = a % GPAGE;
+    if (!write) {
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t w = gp->wblk[off + i];
+            if (w && w != g_blk && gp->pend[off + i]) {
+                char b[64], wh[256];
+                const dev_alloc *d = alloc_of(a + i);
+                report("global memory: thread %d reads byte %zu of a %zu-byte device buffer that block %s stored in this "
+                       "launch with no __threadfence() after the store: on a GPU it may not be visible to this block yet "
+                       "(the read may return the old value); at %s", t->lin, d ? (size_t)(a + i - d->lo) : 0,
+                       d ? d->n : 0, block_name(w, b, sizeof b), where(pc, wh, sizeof wh));
+                return;
+            }
+        }
+        return;
+    }
+    if (++g_store_seq == 0) g_store_seq = 1;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t w = gp->wblk[off + i];
+        if (w && w != g_blk) {
+            char b[64], wh[256];
+            const dev_alloc *d = alloc_of(a + i);
+            report("global memory: cross-block write race: thread %d stores to byte %zu of a %zu-byte device buffer that "
+                   "block %s also stored to in this launch (plain stores, no atomic: which one lands is undefined, and one "
+                   "block writes into another's part); at %s", t->lin, d ? (size_t)(a + i - d->lo) : 0, d ? d->n : 0,
+                   block_name(w, b, sizeof b), where(pc, wh, sizeof wh));
+            return;
+        }
+        gp->wblk[off + i] = g_blk;
+        gp->pend[off + i] = g_store_seq;
+    }
+    g_pst[t->lin].push_back(pstore{a, (uint32_t)n, g_store_seq});
+}
+
+static void pdl_access(uintptr_t a, size_t n, bool write, void *pc);
+
+/* Every global access of a running block: bounds, then the checks between blocks and PDL's. */
+static void global_access(uintptr_t a, size_t n, int kind, void *pc)
+{
+    if (!g_cur || !n) return;
+    const uintptr_t page = a / GPAGE;
+    if ((a % GPAGE) + n > GPAGE) {   /* straddles two pages */
+        const size_t first = GPAGE - a % GPAGE;
+        global_access(a, first, kind, pc);
+        global_access(a + first, n - first, kind, pc);
+        return;
+    }
+    pcache *e = page_info(page);
+    if (e->kind == PK_HOST) return;   /* a fiber's stack, host memory */
+    if (e->kind == PK_EDGE) {
+        const dev_alloc *d = alloc_of(a);
+        if (!d) return;
+        if (a < d->lo || a + n > d->hi_eff) {
+            char wh[256];
+            const bool req = d->hi_eff != d->hi;
+            report("global memory out of bounds: thread %d %s %zu bytes at offset %lld of a %zu-byte %s%s; at %s",
+                   g_cur->lin, kind == G_LOAD ? "reads" : kind == G_STORE ? "writes" : "updates atomically", n,
+                   (long long)(a - d->lo), (size_t)(d->hi_eff - d->lo), req ? "scratch request" : "device allocation",
+                   req ? " (pln_cuda_scratch: each request is its own region)" : "", where(pc, wh, sizeof wh));
+            return;
+        }
+    }
+    pdl_access(a, n, kind != G_LOAD, pc);
+    if (kind != G_ATOMIC) blocks_access(e, page, a, n, kind == G_STORE, pc);
+}
+
+static void publish(const pstore &s)
+{
+    for (uintptr_t x = s.a; x < s.a + s.n; x++) {
+        auto g = g_gpages.find(x / GPAGE);
+        if (g == g_gpages.end()) continue;
+        gpage *gp = g->second;
+        if (gp->wblk[x % GPAGE] == g_blk && gp->pend[x % GPAGE] == s.seq) gp->pend[x % GPAGE] = 0;
+    }
+}
+
+/* __threadfence(): this thread's stores, and every store of its block before its last
+ * __syncthreads, become visible to the other blocks. */
+extern "C" void pln_emu_threadfence(void)
+{
+    fiber *t = g_cur;
+    if (!t || g_drop_fences) return;
+    for (const pstore &s : g_pst[t->lin]) publish(s);
+    g_pst[t->lin].clear();
+    for (const pstore &s : g_pst_old) publish(s);
+    g_pst_old.clear();
+}
+
+extern "C" void pln_emu_drop_fences(int on) { g_drop_fences = on != 0; }
+
+extern "C" void pln_emu_scratch_request(const void *p, size_t n)
+{
+    pthread_mutex_lock(&g_lock);
+    g_requests[(uintptr_t)p] = n;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* A barrier released: what each thread stored before it is ordered before every thread's fence. */
+static void pst_barrier(void)
+{
+    for (int i = 0; i < g_nthreads; i++) {
+        g_pst_old.insert(g_pst_old.end(), g_pst[i].begin(), g_pst[i].end());
+        g_pst[i].clear();
+    }
+}
+
+static void pst_clear(void)
+{
+    for (int i = 0; i < g_nthreads; i++) g_pst[i].clear();
+    g_pst_old.clear();
+}
+
 /* ---- programmatic dependent launch ------------------------------------------------------------ */
 /* Global bytes written: 16-byte granule address -> mask of its bytes and the kernel that wrote them last. */
 struct written { uint16_t mask; const char *by; };
@@ -438,17 +677,6 @@ static bool g_pdl_blk_triggered;      /* ... called griddepcontrol.launch_depend
  * dependent may overlap the predecessor too. */
 static bool g_pdl_ordered;
 static bool g_pdl_reported;
-/* Device memory (cudaMalloc): the only memory the rule is about. A fiber's own stack (locals the
- * compiler did not keep in registers; stacks are reused by the next kernel's threads) is not. */
-static std::map<uintptr_t, uintptr_t> g_dev_ranges;   /* start -> end */
-
-static bool device_memory(uintptr_t a)
-{
-    auto it = g_dev_ranges.upper_bound(a);
-    if (it == g_dev_ranges.begin()) return false;
-    --it;
-    return a < it->second;
-}
 
 static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
 {
@@ -459,7 +687,7 @@ static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
 static void pdl_access(uintptr_t a, size_t n, bool write, void *pc)
 {
     fiber *t = g_cur;
-    if (!t || !n || !(write || (g_pdl_check && !t->waited)) || !device_memory(a)) return;
+    if (!t || !n || !(write || (g_pdl_check && !t->waited))) return;   /* a is device memory (global_access) */
     for (uintptr_t g = a & ~(uintptr_t)15; g < a + n; g += 16) {
         const uint16_t m = granule_mask(g, a, n);
         if (g_pdl_check && !t->waited && !g_pdl_reported) {
@@ -507,7 +735,7 @@ static inline __attribute__((always_inline)) void access(const void *p, size_t n
     uintptr_t a = (uintptr_t)p;
     if (a - g_sh_lo < g_sh_span) shared_access(a - g_sh_lo, n, write, false, pc);
     else if (a - g_dyn_lo < g_dyn_span) shared_access(a - g_dyn_lo, n, write, true, pc);
-    else if (g_pdl_in_block) pdl_access(a, n, write, pc);
+    else if (g_pdl_in_block) global_access(a, n, write ? G_STORE : G_LOAD, pc);
 }
 
 #define TRACE(n, T)                                                                                              \
@@ -744,7 +972,7 @@ extern "C" void pln_emu_cp_async16(void *dst, const void *src, int src_bytes)
     /* the source is read at the issue (the data may be fetched at any time from now on): under
      * programmatic dependent launch, before griddepcontrol.wait it may not be the previous
      * kernel's output */
-    if (src_bytes && g_pdl_in_block) pdl_access((uintptr_t)src, 16, false, pc);
+    if (src_bytes && g_pdl_in_block) global_access((uintptr_t)src, 16, G_LOAD, pc);
     cp_copy c;
     c.off = (dyn ? g_static_size : 0) + off;
     if (src_bytes) memcpy(c.data, src, 16);
@@ -789,7 +1017,7 @@ extern "C" void pln_emu_cp_async_wait(int n)
 /* ---- atomics ---------------------------------------------------------------------------------- */
 extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
 {
-    if (g_pdl_in_block) pdl_access((uintptr_t)p, 4, true, __builtin_return_address(0));
+    if (g_pdl_in_block) global_access((uintptr_t)p, 4, G_ATOMIC, __builtin_return_address(0));
     int *q = (int *)p, old = *q;
     unsigned uo = (unsigned)old, uv = (unsigned)v;
     switch (op) {
@@ -809,14 +1037,14 @@ extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
 }
 extern "C" float pln_emu_atomic_add_f32(float *p, float v)
 {
-    if (g_pdl_in_block) pdl_access((uintptr_t)p, 4, true, __builtin_return_address(0));
+    if (g_pdl_in_block) global_access((uintptr_t)p, 4, G_ATOMIC, __builtin_return_address(0));
     float o = *p;
     *p = o + v;
     return o;
 }
 extern "C" unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v)
 {
-    if (g_pdl_in_block) pdl_access((uintptr_t)p, 8, true, __builtin_return_address(0));
+    if (g_pdl_in_block) global_access((uintptr_t)p, 8, G_ATOMIC, __builtin_return_address(0));
     unsigned long long o = *p;
     *p = o + v;
     return o;
@@ -843,6 +1071,7 @@ static bool run_block(void)
     }
     memset(g_wsync, 0, sizeof g_wsync);
     for (int i = 0; i < g_nthreads; i++) { g_cp[i].clear(); g_cp_commits[i] = 0; }
+    pst_clear();
     g_gen++;
     g_epoch++;
     if (g_gen == 0) {   /* wrapped: no stale shadow entry may look current */
@@ -861,7 +1090,7 @@ static bool run_block(void)
             else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
             else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
         }
-        if (ndone == g_nthreads) { cp_reset(); flush_early(); return true; }
+        if (ndone == g_nthreads) { cp_reset(); flush_early(); pst_clear(); return true; }
         if (nbar == g_nthreads) {
             flush_early();
             const char *site = g_fib[0].bar_site;
@@ -872,6 +1101,7 @@ static bool run_block(void)
                     return false;
                 }
             g_epoch++;
+            pst_barrier();
             for (int i = 0; i < g_nthreads; i++) {
                 g_fib[i].state = F_RUN;
                 /* a thread past the barrier is ordered after every wait before it */
@@ -897,6 +1127,7 @@ static bool run_block(void)
             report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
         cp_reset();
         g_early.clear();
+        pst_clear();
         return false;
     }
 }
@@ -905,6 +1136,7 @@ struct stream_st;
 struct node {   /* one captured operation */
     pln_emu_launch_cfg cfg;
     std::function<void()> body;   /* a kernel launch (cfg.name set) or a copy/memset */
+    requests req;                 /* the scratch requests the launch saw */
 };
 
 struct emu_log {
@@ -916,7 +1148,7 @@ static thread_local cudaError_t g_last_error = cudaSuccess;
 #define LOG_KEEP 65536
 
 /* Runs a kernel now. */
-static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &body)
+static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &body, const requests &req)
 {
     pthread_mutex_lock(&g_lock);
     pln_emu_launch_rec rec;
@@ -958,6 +1190,15 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         g_dyn_lo = (uintptr_t)g_dyn_buf;
         g_dyn_size = cfg.smem;
         g_pdl_writes.clear();
+        /* each scratch allocation as narrow as the latest request this launch saw */
+        std::vector<dev_alloc *> narrowed;
+        for (const auto &r : req) {
+            auto it = g_allocs.find(r.first - DEV_RZ);
+            if (it == g_allocs.end() || it->second.lo != r.first) continue;   /* freed since the capture */
+            it->second.hi_eff = it->second.lo + (r.second < it->second.n ? r.second : it->second.n);
+            narrowed.push_back(&it->second);
+        }
+        pcache_flush();
         g_pdl_check = cfg.pdl && !g_pdl_pred.empty();
         g_pdl_ordered = false;
         g_pdl_reported = false;
@@ -965,6 +1206,7 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
             for (unsigned y = 0; y < cfg.grid.y && !g_failed; y++)
                 for (unsigned x = 0; x < cfg.grid.x && !g_failed; x++) {
                     pln_emu_block_idx = make_uint3(x, y, z);
+                    g_blk = 1 + (z * cfg.grid.y + y) * cfg.grid.x + x;
                     g_sh_span = st;
                     g_dyn_span = cfg.smem + RED_ZONE;
                     g_pdl_in_block = true;
@@ -984,6 +1226,9 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
             p.by = w.second.by;
         }
         g_pdl_writes.clear();
+        gpages_release();
+        for (dev_alloc *d : narrowed) d->hi_eff = d->hi;
+        pcache_flush();
         if (g_failed) {
             g_last_error = cudaErrorLaunchFailure;
             rec.failed = 1;
@@ -1017,11 +1262,23 @@ static cudaError_t enqueue(cudaStream_t s, const pln_emu_launch_cfg *cfg, std::f
         if (cfg) n.cfg = *cfg;
         else memset(&n.cfg, 0, sizeof n.cfg);
         n.body = std::move(op);
+        if (cfg) n.req.assign(g_requests.begin(), g_requests.end());
         st->capture->push_back(std::move(n));
         return cudaSuccess;
     }
-    if (cfg) execute(*cfg, op);
+    requests req(g_requests.begin(), g_requests.end());
+    if (cfg) execute(*cfg, op, req);
     else { pdl_barrier(); op(); }
+    return cudaSuccess;
+}
+
+/* A recorded node: its launch with the scratch requests it saw at capture. */
+static cudaError_t replay(cudaStream_t s, const node &n)
+{
+    if (!n.cfg.name) return enqueue(s, NULL, n.body);
+    CUstream_st *st = stream_of(s);
+    if (st->capturing) { st->capture->push_back(n); return cudaSuccess; }
+    execute(n.cfg, n.body, n.req);
     return cudaSuccess;
 }
 
@@ -1091,16 +1348,25 @@ cudaError_t cudaMalloc(void **p, size_t n)
 {
     *p = NULL;
     if (n > DEVICE_MEMORY - g_allocated) return g_last_error = cudaErrorMemoryAllocation;
-    size_t want = (n + 255) & ~(size_t)255;
-    void *m = NULL;
-    if (posix_memalign(&m, 256, want ? want : 256) != 0) return g_last_error = cudaErrorMemoryAllocation;
-    /* fresh device memory is not zero on a GPU: make a kernel that relies on it fail here too */
-    memset(m, 0xa5, want ? want : 256);
+    size_t want = n ? (n + 255) & ~(size_t)255 : 256;
+    char *b = NULL;
+    if (posix_memalign((void **)&b, 256, want + 2 * DEV_RZ) != 0) return g_last_error = cudaErrorMemoryAllocation;
+    /* fresh device memory is not zero on a GPU: make a kernel that relies on it fail here too;
+     * the red zones on both sides are checked (global_access) */
+    memset(b, 0xa5, want + 2 * DEV_RZ);
+    void *m = b + DEV_RZ;
     *p = m;
     pthread_mutex_lock(&g_lock);
     g_allocated += n;
     g_sizes[m] = n;
-    g_dev_ranges[(uintptr_t)m] = (uintptr_t)m + n;
+    dev_alloc d;
+    d.rz_lo = (uintptr_t)b;
+    d.lo = (uintptr_t)m;
+    d.hi = d.hi_eff = d.lo + n;
+    d.rz_hi = d.lo + want + DEV_RZ;
+    d.n = n;
+    g_allocs[d.rz_lo] = d;
+    pcache_flush();
     pthread_mutex_unlock(&g_lock);
     return cudaSuccess;
 }
@@ -1113,12 +1379,14 @@ cudaError_t cudaFree(void *p)
     if (known) {
         g_allocated -= it->second;
         g_sizes.erase(it);
-        g_dev_ranges.erase((uintptr_t)p);
+        g_allocs.erase((uintptr_t)p - DEV_RZ);
+        g_requests.erase((uintptr_t)p);
+        pcache_flush();
         pdl_barrier();   /* cudaFree waits for the device; the address may come back as another buffer */
     }
     pthread_mutex_unlock(&g_lock);
     if (!known) return g_last_error = cudaErrorInvalidValue;   /* not from cudaMalloc, or freed twice */
-    free(p);
+    free((char *)p - DEV_RZ);
     return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
@@ -1211,7 +1479,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
     cudaError_t before = g_last_error;
     g_last_error = cudaSuccess;
     for (const node &n : e->nodes) {
-        cudaError_t r = enqueue(s, n.cfg.name ? &n.cfg : NULL, n.body);
+        cudaError_t r = replay(s, n);
         if (r != cudaSuccess) return r;
         if (g_last_error != cudaSuccess) return cudaGetLastError();
     }

@@ -65,6 +65,7 @@ unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long l
 /* griddepcontrol.wait / .launch_dependents (programmatic dependent launch) */
 void pln_emu_griddep_wait(void);
 void pln_emu_griddep_launch(void);
+void pln_emu_threadfence(void);
 }
 
 #undef threadIdx
@@ -150,7 +151,10 @@ static inline int atomicExch(int *p, int v) { return pln_emu_atomic_i32(PLN_EMU_
 static inline unsigned atomicExch(unsigned *p, unsigned v) { return (unsigned)pln_emu_atomic_i32(PLN_EMU_AT_EXCH, p, (int)v, 0); }
 static inline int atomicCAS(int *p, int cmp, int v) { return pln_emu_atomic_i32(PLN_EMU_AT_CAS, p, v, cmp); }
 static inline unsigned atomicCAS(unsigned *p, unsigned cmp, unsigned v) { return (unsigned)pln_emu_atomic_i32(PLN_EMU_AT_CAS, p, (int)v, (int)cmp); }
-static inline void __threadfence(void) {}
+/* __threadfence publishes this thread's global stores (and those ordered before it by a
+ * __syncthreads) to the other blocks (cuda_emu.cc: "stores between blocks"); a block-scope fence
+ * orders nothing the harness does not already order. */
+static inline void __threadfence(void) { pln_emu_threadfence(); }
 static inline void __threadfence_block(void) {}
 
 /* Cache-hinted loads and stores are plain accesses on the host. */
