@@ -139,8 +139,15 @@ __global__ void shuffles_kernel(int *up, int *down, int *w8, unsigned *red, int 
     anyall[threadIdx.x] = __any_sync(FULL, lane == 7) * 2 + __all_sync(FULL, lane < 31);
 }
 
-/* D = A·B for one m16n8k16 tile, fragments loaded as the PTX ISA lays them out. */
-__global__ void mma_kernel(float *d, const __half *a, const __half *b)
+/* The mma's PTX text with a1 and a2 swapped in the A group (what nvcc would assemble if mma.cuh
+ * said so), with B's two registers where A's four belong, and another variant. */
+#define MMA_PTX_SWAPPED "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%6,%5,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#define MMA_PTX_AB "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%8,%9}, {%4,%5,%6,%7}, {%0,%1,%2,%3};\n"
+#define MMA_PTX_ROWROW "mma.sync.aligned.m16n8k16.row.row.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+
+/* D = A·B for one m16n8k16 tile, fragments loaded as the PTX ISA lays them out; variant 0 through
+ * mma.cuh's pln_mma16816, 1-3 with the texts above. */
+__global__ void mma_kernel(float *d, const __half *a, const __half *b, int variant)
 {
     const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
     auto pack = [](__half lo, __half hi) {
@@ -153,7 +160,11 @@ __global__ void mma_kernel(float *d, const __half *a, const __half *b)
     uint32_t b0 = pack(b[(2 * q) * 8 + g], b[(2 * q + 1) * 8 + g]);
     uint32_t b1 = pack(b[(2 * q + 8) * 8 + g], b[(2 * q + 9) * 8 + g]);
     float c[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    pln_mma16816(c, a0, a1, a2, a3, b0, b1);
+    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
+    if (variant == 0) pln_mma16816(c, a0, a1, a2, a3, b0, b1);
+    else if (variant == 1) PLN_MMA_EXEC(MMA_PTX_SWAPPED, c, in);
+    else if (variant == 2) PLN_MMA_EXEC(MMA_PTX_AB, c, in);
+    else PLN_MMA_EXEC(MMA_PTX_ROWROW, c, in);
     d[g * 8 + 2 * q] = c[0];
     d[g * 8 + 2 * q + 1] = c[1];
     d[(g + 8) * 8 + 2 * q] = c[2];
@@ -647,18 +658,33 @@ int main(void)
     float *dd = dev<float>(128);
     cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice);
     cudaMemcpy(db, hbm, sizeof hbm, cudaMemcpyHostToDevice);
-    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db);
+    auto mma_wrong = [&]() {
+        float D[128];
+        cudaMemcpy(D, dd, sizeof D, cudaMemcpyDeviceToHost);
+        int wrong = 0;
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 8; n++) {
+                float s = 1.0f;
+                for (int k = 0; k < 16; k++) s += A[r * 16 + k] * B[k * 8 + n];
+                wrong += fabsf(D[r * 8 + n] - s) > 1e-4f;
+            }
+        return wrong;
+    };
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 0);
     expect("mma.m16n8k16", NULL);
-    float D[128];
-    cudaMemcpy(D, dd, sizeof D, cudaMemcpyDeviceToHost);
-    int bm = 0;
-    for (int r = 0; r < 16; r++)
-        for (int n = 0; n < 8; n++) {
-            float s = 1.0f;
-            for (int k = 0; k < 16; k++) s += A[r * 16 + k] * B[k * 8 + n];
-            bm += fabsf(D[r * 8 + n] - s) > 1e-4f;
-        }
+    int bm = mma_wrong();
     CHECK(bm == 0, "mma: %d of 128 outputs differ from the plain product", bm);
+    /* the harness computes what the text says: a1/a2 swapped in the PTX gives another product,
+     * which the same check catches */
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 1);
+    expect("mma with a1, a2 swapped in the PTX", NULL);
+    bm = mma_wrong();
+    CHECK(bm >= 64, "mma with swapped A registers: only %d of 128 outputs differ from the plain product", bm);
+    printf("%-36s %s\n", "  ... and its product is wrong", bm >= 64 ? "OK" : "NOT OK");
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 2);
+    expect("mma with B's registers as A", "A has 2 registers");
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 3);
+    expect("mma .row.row (not implemented)", "unsupported instruction");
 
     /* graph capture: nothing runs while capturing; replays run the launches and copies in order */
     int *x = dev<int>(32);

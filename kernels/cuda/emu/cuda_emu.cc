@@ -146,6 +146,7 @@ struct fiber {
     uint64_t val, res;
     uint32_t ab[6];
     float *c;
+    const struct mma_desc *mma;   /* the parsed PTX of the lane's mma */
     void *asan_fake;
     bool waited;               /* past griddepcontrol.wait (its own, or a barrier after another thread's) */
 };
@@ -778,17 +779,92 @@ extern "C" void pln_emu_syncthreads(const char *site)
 
 static uint64_t lane_val(int w, int lane) { return g_fib[w * 32 + lane].val; }
 
+/* ---- mma: the PTX text of the instruction, parsed ------------------------------------------------
+ * mma.cuh hands the harness the very string nvcc assembles (PLN_MMA16816_PTX) with the asm
+ * operands in order: %0-%3 the fp32 accumulators, %4-%9 the b32 inputs. The opcode must be the one
+ * variant implemented here; the D, A, B and C groups say which operand holds which fragment
+ * register, so a swap in the text changes what the harness computes, as it would on the GPU. */
+struct mma_desc {
+    const char *ptx;
+    char err[240];          /* "" when the text is one the harness runs */
+    int d[4], a[4], b[2], c[4];
+};
+
+static const char *mma_group(const char *p, int *ops, int want, int lo, int hi, const char *name, char *err, size_t cap)
+{
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    if (*p++ != '{') { snprintf(err, cap, "expected '{' before the %s registers", name); return NULL; }
+    int n = 0;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == '}') { p++; break; }
+        if (*p == ',') { p++; continue; }
+        if (*p != '%' || p[1] < '0' || p[1] > '9') { snprintf(err, cap, "%s: expected %%N, got '%.12s'", name, p); return NULL; }
+        const int v = (int)strtol(p + 1, (char **)&p, 10);
+        if (n >= want) { snprintf(err, cap, "%s has more than %d registers (m16n8k16 .f16/.f32)", name, want); return NULL; }
+        if (v < lo || v > hi) {
+            snprintf(err, cap, "%s register %%%d is not one of the %s operands %%%d-%%%d", name, v,
+                     lo == 0 ? "fp32 accumulator" : "b32 input", lo, hi);
+            return NULL;
+        }
+        ops[n++] = v;
+    }
+    if (n != want) { snprintf(err, cap, "%s has %d registers, m16n8k16 with these types needs %d", name, n, want); return NULL; }
+    return p;
+}
+
+static const mma_desc *mma_parse(const char *ptx)
+{
+    static std::vector<mma_desc *> cache;   /* by the address of the text: parsed once */
+    for (const mma_desc *d : cache)
+        if (d->ptx == ptx) return d;
+    mma_desc *d = (mma_desc *)calloc(1, sizeof *d);
+    if (!d) abort();
+    d->ptx = ptx;
+    static const char op[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+    const char *p = ptx;
+    while (*p == ' ' || *p == '\t') p++;
+    size_t n = strcspn(p, " \t");
+    if (n != sizeof op - 1 || strncmp(p, op, n) != 0)
+        snprintf(d->err, sizeof d->err, "unsupported instruction '%.*s' (the harness runs %s)", (int)(n < 80 ? n : 80), p, op);
+    else {
+        p += n;
+        if ((p = mma_group(p, d->d, 4, 0, 3, "D", d->err, sizeof d->err)) &&
+            (p = mma_group(p, d->a, 4, 4, 9, "A", d->err, sizeof d->err)) &&
+            (p = mma_group(p, d->b, 2, 4, 9, "B", d->err, sizeof d->err)) &&
+            (p = mma_group(p, d->c, 4, 0, 3, "C", d->err, sizeof d->err))) {
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p != ';') snprintf(d->err, sizeof d->err, "expected ';' after the C registers");
+        }
+    }
+    cache.push_back(d);
+    return d;
+}
+
 static void mma_complete(int w)
 {
     float A[16][16], B[16][8];
+    const mma_desc *m = g_fib[w * 32].mma;
+    for (int l = 0; l < 32; l++) {
+        const fiber *f = &g_fib[w * 32 + l];
+        if (f->mma != m) {
+            report("warp %d: lanes 0 and %d run different mma instructions (%s | %s)", w, l, m->ptx, f->mma->ptx);
+            return;
+        }
+    }
+    if (m->err[0]) {
+        report("mma: %s, in \"%s\"", m->err, m->ptx);
+        return;
+    }
     for (int l = 0; l < 32; l++) {
         const fiber *f = &g_fib[w * 32 + l];
         const int g = l >> 2, q = l & 3;
         float h[12];
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 6; i++) {   /* the A then B registers the text names, from the asm inputs */
+            const uint32_t r = f->ab[i < 4 ? m->a[i] - 4 : m->b[i - 4] - 4];
             __half_raw lo, hi;
-            lo.x = (unsigned short)(f->ab[i] & 0xffff);
-            hi.x = (unsigned short)(f->ab[i] >> 16);
+            lo.x = (unsigned short)(r & 0xffff);
+            hi.x = (unsigned short)(r >> 16);
             h[2 * i] = __half2float(__half(lo));
             h[2 * i + 1] = __half2float(__half(hi));
         }
@@ -804,13 +880,16 @@ static void mma_complete(int w)
     for (int l = 0; l < 32; l++) {
         fiber *f = &g_fib[w * 32 + l];
         const int g = l >> 2, q = l & 3;
-        /* c0 (row g, col 2q), c1 (row g, col 2q+1), c2 (row g+8, col 2q), c3 (row g+8, col 2q+1) */
+        /* c0 (row g, col 2q), c1 (row g, col 2q+1), c2 (row g+8, col 2q), c3 (row g+8, col 2q+1):
+         * D = A·B + C, C read in full before D is written (they are usually the same registers) */
+        float d[4];
         for (int i = 0; i < 4; i++) {
             int r = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
             float s = 0.0f;
             for (int k = 0; k < 16; k++) s += A[r][k] * B[k][col];
-            f->c[i] += s;
+            d[i] = s + f->c[m->c[i]];
         }
+        for (int i = 0; i < 4; i++) f->c[m->d[i]] = d[i];
     }
 }
 
@@ -901,13 +980,14 @@ extern "C" uint64_t pln_emu_collective(int op, unsigned mask, uint64_t v, int ar
     return arrive(f);
 }
 
-extern "C" void pln_emu_mma16816(float c[4], const uint32_t ab[6])
+extern "C" void pln_emu_mma_ptx(const char *ptx, float c[4], const uint32_t in[6])
 {
     fiber *f = g_cur;
     if (!f) return;
     f->op = PLN_EMU_MMA; f->mask = 0xffffffffu; f->val = 0; f->arg = 0; f->width = 32;
-    memcpy(f->ab, ab, sizeof f->ab);
+    memcpy(f->ab, in, sizeof f->ab);
     f->c = c;
+    f->mma = mma_parse(ptx);
     arrive(f);
 }
 

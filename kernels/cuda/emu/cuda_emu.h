@@ -53,7 +53,8 @@ extern dim3 pln_emu_block_dim, pln_emu_grid_dim;
 void *pln_emu_dynamic_shared(void);
 void pln_emu_syncthreads(const char *site);
 uint64_t pln_emu_collective(int op, unsigned mask, uint64_t v, int arg, int width);
-void pln_emu_mma16816(float c[4], const uint32_t ab[6]);
+/* mma.cuh: the instruction's PTX text (PLN_MMA16816_PTX), the accumulators %0-%3 and the inputs %4-%9 */
+void pln_emu_mma_ptx(const char *ptx, float c[4], const uint32_t in[6]);
 /* cp.async: 16 bytes global -> shared (src_bytes 16, or 0: zero fill), landing only at the
  * wait_group that covers its commit group (common.cuh: pln_cp_async16 and friends). */
 void pln_emu_cp_async16(void *dst, const void *src, int src_bytes);
