@@ -282,7 +282,8 @@ __global__ void split_merge_kernel(float *part, unsigned *cnt, float *out, int f
  * global scratch at cand + row * k, the scratch request ending with the last row's). Thread 0
  * picks the k largest by repeated selection (ties: the lower id), then the block writes each
  * candidate's value. broken = 1 also stores the end marker -1 after the k ids: one int into the
- * next row's candidates, and 4 bytes past the request for the last row. */
+ * next row's candidates, and 4 bytes past the request for the last row; broken = 2 only the
+ * former (every row but the last). */
 __global__ void scratch_topk_kernel(const float *x, int n, int k, int32_t *cand, float *vals, int broken)
 {
     const float *r = x + (int64_t)blockIdx.x * n;
@@ -297,10 +298,19 @@ __global__ void scratch_topk_kernel(const float *x, int n, int k, int32_t *cand,
             }
             c[i] = best;
         }
-        if (broken) c[k] = -1;
+        if (broken == 1 || (broken == 2 && blockIdx.x + 1 < gridDim.x)) c[k] = -1;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < k; i += blockDim.x) vals[(int64_t)blockIdx.x * k + i] = r[c[i]];
+}
+
+/* Two blocks each count themselves in, pass a barrier, then read the other's count: whether the
+ * other block has started yet depends only on how the harness interleaves them. */
+__global__ void interleave_kernel(unsigned *flags, unsigned *seen)
+{
+    if (threadIdx.x == 0) atomicAdd(&flags[blockIdx.x], 1u);
+    __syncthreads();
+    if (threadIdx.x == 0) seen[blockIdx.x] = atomicAdd(&flags[1 - blockIdx.x], 0u);
 }
 
 /* Threads below n store out[threadIdx.x]; before: thread 0 also stores out[-1]. */
@@ -395,23 +405,28 @@ static void check_scratch_topk(void)
     CHECK(be != NULL, "cuda backend on the harness: %s", pln_error());
     if (!be) return;
     pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    pln_cuda_pdl = 0;   /* the kernel here has no griddepcontrol.wait: plain launches */
     const int n = 50, k = 5;
     for (int S = 3; S >= 1; S -= 2) {
         std::vector<float> hx((size_t)S * n);
         for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((i * 37) % 101);
         float *x = (float *)be->alloc(be, hx.size() * 4), *vals = (float *)be->alloc(be, (size_t)S * k * 4);
         be->upload(be, x, hx.data(), hx.size() * 4);
-        for (int broken = 0; broken < 2; broken++) {
+        for (int broken = 0; broken < (S > 1 ? 3 : 2); broken++) {
             const size_t packed = (size_t)S * k * 8 + (size_t)S * 8;   /* what precedes the candidates in sample.cu */
             char *w = (char *)pln_cuda_scratch(c, pln_align_up(packed, 256) + (size_t)S * k * 4);
             CHECK(w != NULL, "scratch: %s", pln_error());
             int32_t *cand = (int32_t *)(w + pln_align_up(packed, 256));
             PLN_LAUNCH(S, 32, 0, (cudaStream_t)pln_cuda_stream(be), scratch_topk_kernel)(x, n, k, cand, vals, broken);
             char name[96];
-            snprintf(name, sizeof name, "top-k in scratch, %d row%s%s", S, S > 1 ? "s" : "", broken ? ", k+1 ids" : "");
-            /* several rows: row 0's extra id lands on row 1's first (two blocks store it); one row:
-             * past the end of the scratch request, inside the allocation (it holds more) */
-            expect(name, !broken ? NULL : S > 1 ? "cross-block write race" : "of a 276-byte scratch request");
+            snprintf(name, sizeof name, "top-k in scratch, %d row%s%s", S, S > 1 ? "s" : "",
+                     broken == 1 ? ", k+1 ids" : broken == 2 ? ", k+1 ids but the last" : "");
+            /* one row: past the end of the scratch request, inside the allocation (it holds more);
+             * several rows: a row's extra id lands on the next row's first (two blocks store it),
+             * and the last row's past the request: which is seen first depends on the blocks' order */
+            const bool oob = S == 1 || strstr(pln_emu_last_report(), "scratch request");
+            expect(name, !broken ? NULL : broken == 2 || !oob ? "cross-block write race"
+                                                              : S == 1 ? "of a 276-byte scratch request" : "scratch request");
             if (broken && S == 1)
                 CHECK(c->scratch_size > pln_align_up(packed, 256) + (size_t)S * k * 4,
                       "the overflow stays inside the scratch allocation (%zu bytes): only the request's bounds catch it",
@@ -502,8 +517,11 @@ int main(void)
         for (int i = 0; i < 128; i++) bad += h[i] != (i / 32) * 100 + i % 32;
         CHECK(bad == 0, "block slots: %d wrong", bad);
         PLN_LAUNCH(4, 32, 0, st, block_slots_kernel)(g, 1);
-        CHECK(strstr(pln_emu_last_report(), "byte 124 of a 1024-byte device buffer that block (0,0,0)") != NULL,
-              "the race names the byte and the other block: %s", pln_emu_last_report());
+        CHECK(strstr(pln_emu_last_report(), "byte 124 of a 1024-byte device buffer that block (0,0,0)") ||
+                  strstr(pln_emu_last_report(), "byte 124 of a 1024-byte device buffer that block (1,0,0)") ||
+                  strstr(pln_emu_last_report(), "of a 1024-byte device buffer that block (2,0,0)") ||
+                  strstr(pln_emu_last_report(), "of a 1024-byte device buffer that block (3,0,0)"),
+              "the race names the buffer and the other block: %s", pln_emu_last_report());
         expect("two blocks store one int", "cross-block write race");
         float *part = dev<float>(8 * 64), *mo = dev<float>(64);
         unsigned *cnt = dev<unsigned>(1);
@@ -529,6 +547,35 @@ int main(void)
         expect("global: one int past the end", "out of bounds");
         PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g, 10, 1);
         expect("global: 4 bytes before the start", "at offset -4");
+        /* blocks run interleaved, in an order set by the seed: over a few seeds, each of two blocks
+         * is seen both before and after the other started; the same seed, the same order */
+        unsigned *fl = dev<unsigned>(2), *sn = dev<unsigned>(2);
+        int pattern[4] = {0, 0, 0, 0};
+        unsigned first[2] = {0, 0};
+        for (int seed = 1; seed <= 16; seed++) {
+            pln_emu_set_seed((uint64_t)seed);
+            cudaMemset(fl, 0, 8);
+            PLN_LAUNCH(2, 64, 0, st, interleave_kernel)(fl, sn);
+            unsigned hsn[2];
+            cudaMemcpy(hsn, sn, 8, cudaMemcpyDeviceToHost);
+            pattern[(hsn[0] & 1) * 2 + (hsn[1] & 1)]++;
+            if (seed == 1) { first[0] = hsn[0]; first[1] = hsn[1]; }
+        }
+        pln_emu_set_seed(1);
+        cudaMemset(fl, 0, 8);
+        PLN_LAUNCH(2, 64, 0, st, interleave_kernel)(fl, sn);
+        unsigned again[2];
+        cudaMemcpy(again, sn, 8, cudaMemcpyDeviceToHost);
+        const int kinds = (pattern[0] > 0) + (pattern[1] > 0) + (pattern[2] > 0) + (pattern[3] > 0);
+        CHECK(pattern[0] == 0, "a block saw the other not started while the other saw it not started either");
+        CHECK(kinds >= 2 && pattern[3] > 0, "16 seeds gave %d orders (before/after: %d %d %d): blocks not interleaved",
+              kinds, pattern[1], pattern[2], pattern[3]);
+        CHECK(again[0] == first[0] && again[1] == first[1], "seed 1 twice: %u %u then %u %u", first[0], first[1],
+              again[0], again[1]);
+        printf("%-36s %s (one first: %d, other first: %d, both at once: %d of 16)\n", "blocks interleaved by seed",
+               kinds >= 2 && pattern[3] > 0 ? "OK" : "NOT OK", pattern[1], pattern[2], pattern[3]);
+        pln_emu_report_reset();
+        cudaFree(fl); cudaFree(sn);
         cudaFree(g); cudaFree(part); cudaFree(mo); cudaFree(cnt);
         check_decode_attention_fence();
         check_scratch_topk();

@@ -2,9 +2,10 @@
  * cuda_emu.h. Compiled WITHOUT the sanitizer-coverage flags of the kernel files: the trace
  * callbacks below must not trace themselves.
  *
- * Execution model: a launch runs its blocks one after another; inside a block every thread is a
- * fiber (own stack, x86-64 register switch) that runs until it reaches __syncthreads, a warp
- * collective or its end, then yields to the scheduler here. A barrier releases when every thread
+ * Execution model: the blocks of a launch run interleaved, up to KMAX at once in a seeded order
+ * ("blocks of a launch, interleaved"); inside a block every thread is a fiber (own stack, x86-64
+ * register switch) that runs until it reaches __syncthreads, a warp collective or its end, then
+ * yields to the scheduler here. A barrier releases when every thread
  * of the block waits at it; a warp collective completes when every lane of its mask has arrived,
  * and then computes each lane's result from all lanes' inputs (a shuffle reads the partner's
  * value as it was at the collective, never a later one).
@@ -151,12 +152,12 @@ struct fiber {
     bool waited;               /* past griddepcontrol.wait (its own, or a barrier after another thread's) */
 };
 
-static fiber g_fib[MAX_THREADS];
+static fiber *g_fib;                     /* the active block's threads (blk_ctx) */
 static int g_nthreads;
 static fiber *g_cur;
 static void *g_sched_sp;
 static const std::function<void()> *g_body;
-static uint32_t g_wsync[MAX_THREADS / 32];
+static uint32_t *g_wsync;                /* per warp: collectives completed */
 #ifdef EMU_ASAN
 static void *g_sched_fake;
 static const void *g_sched_bottom;
@@ -321,10 +322,11 @@ static size_t g_dyn_cap;
 static shadow *g_shadow;
 static size_t g_shadow_cap;
 static uint32_t g_gen, g_epoch;
+static size_t g_dlo, g_dhi;               /* the static shared bytes the active block has touched */
 /* Bytes read before any write in this block. A write by another thread with no barrier between
  * makes it a race (the reader came first only by the harness's schedule); still unwritten at the
  * next barrier or the block's end, it was read uninitialised. */
-static std::vector<std::pair<size_t, void *>> g_early;
+static std::vector<std::pair<size_t, void *>> *g_early;
 static size_t g_static_size;
 
 static void shadow_reserve(size_t n)
@@ -363,6 +365,10 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
                t->lin, write ? "writes" : "reads", n, off, g_dyn_size, where(pc, w, sizeof w));
         return;
     }
+    if (!dyn) {
+        if (off < g_dlo) g_dlo = off;
+        if (off + n > g_dhi) g_dhi = off + n;
+    }
     const uint32_t mysync = g_wsync[t->warp];
     for (size_t i = 0; i < n; i++) {
         shadow *s = &g_shadow[base + off + i];
@@ -376,7 +382,7 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
         if (!write) {
             if (s->gen != g_gen) {
                 s->gen = g_gen; s->wtid = NONE; s->rtid = NONE; s->early = 1; s->pending = 0;
-                g_early.push_back(std::make_pair(base + off + i, pc));
+                g_early->push_back(std::make_pair(base + off + i, pc));
             }
             if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
                 !warp_ordered(t, s->wtid / 32, s->wsync)) {
@@ -474,8 +480,8 @@ static uint32_t g_pcache_gen = 1;
 static uint32_t g_blk;                  /* 1 + linear index of the running block */
 static uint32_t g_store_seq;
 struct pstore { uintptr_t a; uint32_t n, seq; };
-static std::vector<pstore> g_pst[MAX_THREADS];   /* the running block's unpublished stores since its last barrier, per thread */
-static std::vector<pstore> g_pst_old;            /* ... and from before that barrier */
+static std::vector<pstore> *g_pst;       /* the running block's unpublished stores since its last barrier, per thread */
+static std::vector<pstore> *g_pst_old;   /* ... and from before that barrier */
 static bool g_drop_fences;
 
 static void pcache_flush(void)
@@ -635,8 +641,8 @@ extern "C" void pln_emu_threadfence(void)
     if (!t || g_drop_fences) return;
     for (const pstore &s : g_pst[t->lin]) publish(s);
     g_pst[t->lin].clear();
-    for (const pstore &s : g_pst_old) publish(s);
-    g_pst_old.clear();
+    for (const pstore &s : *g_pst_old) publish(s);
+    g_pst_old->clear();
 }
 
 extern "C" void pln_emu_drop_fences(int on) { g_drop_fences = on != 0; }
@@ -652,7 +658,7 @@ extern "C" void pln_emu_scratch_request(const void *p, size_t n)
 static void pst_barrier(void)
 {
     for (int i = 0; i < g_nthreads; i++) {
-        g_pst_old.insert(g_pst_old.end(), g_pst[i].begin(), g_pst[i].end());
+        g_pst_old->insert(g_pst_old->end(), g_pst[i].begin(), g_pst[i].end());
         g_pst[i].clear();
     }
 }
@@ -660,7 +666,7 @@ static void pst_barrier(void)
 static void pst_clear(void)
 {
     for (int i = 0; i < g_nthreads; i++) g_pst[i].clear();
-    g_pst_old.clear();
+    g_pst_old->clear();
 }
 
 /* ---- programmatic dependent launch ------------------------------------------------------------ */
@@ -753,7 +759,7 @@ extern "C" void *pln_emu_dynamic_shared(void) { return g_dyn_buf; }
 /* Early reads still not written: read uninitialised. */
 static void flush_early(void)
 {
-    for (const auto &e : g_early) {
+    for (const auto &e : *g_early) {
         shadow *s = &g_shadow[e.first];
         if (s->gen != g_gen || !s->early) continue;
         s->early = 0;
@@ -764,7 +770,7 @@ static void flush_early(void)
                s->rtid == MANY ? "one of several, e.g. " : "", s->rtid == MANY ? -1 : s->rtid,
                where(e.second, w, sizeof w));
     }
-    g_early.clear();
+    g_early->clear();
 }
 
 /* ---- barriers and warp collectives ------------------------------------------------------------- */
@@ -1006,8 +1012,8 @@ struct cp_copy {
     uint32_t group;           /* the issuing thread's commit count at the issue */
     void *pc;
 };
-static std::vector<cp_copy> g_cp[MAX_THREADS];
-static uint32_t g_cp_commits[MAX_THREADS];
+static std::vector<cp_copy> *g_cp;
+static uint32_t *g_cp_commits;
 
 static void cp_reset(void)
 {
@@ -1136,9 +1142,89 @@ static const char *state_name(int s)
     return s == F_RUN ? "running" : s == F_BAR ? "at __syncthreads" : s == F_WARP ? "at a warp collective" : "exited";
 }
 
-/* Runs one block to its end; false when it cannot finish (divergent barrier, deadlock). */
-static bool run_block(void)
+/* ---- blocks of a launch, interleaved ----------------------------------------------------------------
+ * Up to KMAX blocks of a launch are resident at once, each with its own threads, warp state,
+ * cp.async copies, unpublished stores, shared-memory shadow, dynamic shared buffer and static
+ * shared bytes (the one .pln_shared section holds the active block's; the bytes a block touched
+ * are saved and restored when another block becomes active). The scheduler admits blocks in a
+ * shuffled order and runs a randomly chosen resident block for one round (each of its runnable
+ * threads until it blocks, or a barrier's release) at a time: the blocks' fibers are scheduled
+ * together, in an order fixed by the launch's seed (pln_emu_set_seed, PLN_EMU_SEED, and the
+ * launch's number), so every launch sees another order and a run can be repeated. */
+#define KMAX 4
+struct blk_ctx {
+    fiber fib[MAX_THREADS];
+    uint32_t wsync[MAX_THREADS / 32];
+    std::vector<cp_copy> cp[MAX_THREADS];
+    uint32_t cp_commits[MAX_THREADS];
+    std::vector<pstore> pst[MAX_THREADS];
+    std::vector<pstore> pst_old;
+    std::vector<std::pair<size_t, void *>> early;
+    shadow *sh;
+    size_t sh_cap;
+    uint32_t gen, epoch;
+    char *dyn;
+    size_t dyn_cap;
+    char *saved;             /* its static shared bytes while another block is active */
+    size_t dlo, dhi;
+    bool waited, triggered;
+    uint3 idx;
+    uint32_t blk;
+};
+static blk_ctx *g_ctxs[KMAX];
+static blk_ctx *g_active;           /* whose state the globals above hold */
+static blk_ctx *g_section_owner;    /* whose static shared bytes the section holds */
+static uint64_t g_seed = 0x9e3779b97f4a7c15ull, g_launch_no;
+static bool g_seed_read;
+
+extern "C" void pln_emu_set_seed(uint64_t seed) { g_seed = seed; g_seed_read = true; g_launch_no = 0; }
+
+static uint64_t rng_next(uint64_t *x)   /* splitmix64 */
 {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void ctx_leave(void)
+{
+    blk_ctx *c = g_active;
+    if (!c) return;
+    c->sh = g_shadow; c->sh_cap = g_shadow_cap; c->gen = g_gen; c->epoch = g_epoch;
+    c->dyn = g_dyn_buf; c->dyn_cap = g_dyn_cap; c->dlo = g_dlo; c->dhi = g_dhi;
+    c->waited = g_pdl_blk_waited; c->triggered = g_pdl_blk_triggered;
+    c->idx = pln_emu_block_idx; c->blk = g_blk;
+    g_active = NULL;
+}
+
+static void ctx_enter(blk_ctx *c)
+{
+    if (g_active == c) return;
+    ctx_leave();
+    g_fib = c->fib; g_wsync = c->wsync; g_cp = c->cp; g_cp_commits = c->cp_commits;
+    g_pst = c->pst; g_pst_old = &c->pst_old; g_early = &c->early;
+    g_shadow = c->sh; g_shadow_cap = c->sh_cap; g_gen = c->gen; g_epoch = c->epoch;
+    g_dyn_buf = c->dyn; g_dyn_cap = c->dyn_cap; g_dyn_lo = (uintptr_t)c->dyn; g_dlo = c->dlo; g_dhi = c->dhi;
+    g_pdl_blk_waited = c->waited; g_pdl_blk_triggered = c->triggered;
+    pln_emu_block_idx = c->idx; g_blk = c->blk;
+    if (g_section_owner != c && g_sh_lo) {
+        blk_ctx *o = g_section_owner;
+        if (o && o->dhi > o->dlo) memcpy(o->saved + o->dlo, (char *)g_sh_lo + o->dlo, o->dhi - o->dlo);
+        if (c->dhi > c->dlo) memcpy((char *)g_sh_lo + c->dlo, c->saved + c->dlo, c->dhi - c->dlo);
+        g_section_owner = c;
+    }
+    g_active = c;
+}
+
+/* Starts block idx in the active context. */
+static void block_begin(uint3 idx, uint32_t blk)
+{
+    pln_emu_block_idx = idx;
+    g_blk = blk;
+    g_pdl_blk_waited = g_pdl_blk_triggered = false;
+    g_dlo = SIZE_MAX;
+    g_dhi = 0;
     const dim3 b = pln_emu_block_dim;
     g_nthreads = (int)(b.x * b.y * b.z);
     for (int i = 0; i < g_nthreads; i++) {
@@ -1149,8 +1235,9 @@ static bool run_block(void)
         f->warp = i / 32;
         f->lane = i % 32;
     }
-    memset(g_wsync, 0, sizeof g_wsync);
+    memset(g_wsync, 0, MAX_THREADS / 32 * sizeof *g_wsync);
     for (int i = 0; i < g_nthreads; i++) { g_cp[i].clear(); g_cp_commits[i] = 0; }
+    g_early->clear();
     pst_clear();
     g_gen++;
     g_epoch++;
@@ -1158,58 +1245,125 @@ static bool run_block(void)
         memset(g_shadow, 0, g_shadow_cap * sizeof *g_shadow);
         g_gen = 1;
     }
-    for (;;) {
-        bool ran = false;
-        for (int i = 0; i < g_nthreads; i++)
-            if (g_fib[i].state == F_RUN) { run_fiber(&g_fib[i]); ran = true; }
-        if (ran) continue;
-        int nbar = 0, nwarp = 0, ndone = 0, first_bar = -1, first_done = -1, first_warp = -1;
-        for (int i = 0; i < g_nthreads; i++) {
-            int st = g_fib[i].state;
-            if (st == F_BAR) { nbar++; if (first_bar < 0) first_bar = i; }
-            else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
-            else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
-        }
-        if (ndone == g_nthreads) { cp_reset(); flush_early(); pst_clear(); return true; }
-        if (nbar == g_nthreads) {
-            flush_early();
-            const char *site = g_fib[0].bar_site;
-            for (int i = 1; i < g_nthreads; i++)
-                if (strcmp(g_fib[i].bar_site, site) != 0) {
-                    report("divergent barrier: thread 0 waits at __syncthreads %s, thread %d at __syncthreads %s",
-                           site, i, g_fib[i].bar_site);
-                    return false;
-                }
-            g_epoch++;
-            pst_barrier();
-            for (int i = 0; i < g_nthreads; i++) {
-                g_fib[i].state = F_RUN;
-                /* a thread past the barrier is ordered after every wait before it */
-                if (g_pdl_blk_waited) g_fib[i].waited = true;
-            }
-            continue;
-        }
-        /* nothing can run: a barrier some thread never reaches, or a collective that never completes */
-        if (nbar && ndone)
-            report("divergent barrier: thread %d exited while thread %d waits at __syncthreads %s (%d of %d threads wait)",
-                   first_done, first_bar, g_fib[first_bar].bar_site, nbar, g_nthreads);
-        else if (nwarp) {
-            const fiber *f = &g_fib[first_warp];
-            int other = -1;
-            for (int l = 0; l < 32 && other < 0; l++) {
-                int i = f->warp * 32 + l;
-                if ((f->mask >> l & 1) && (i >= g_nthreads || g_fib[i].state != F_WARP || g_fib[i].mask != f->mask))
-                    other = i;
-            }
-            report("deadlock: thread %d waits at a warp collective (mask 0x%08x) that lane %d never joins (%s)", f->lin,
-                   f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
-        } else
-            report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
-        cp_reset();
-        g_early.clear();
-        pst_clear();
-        return false;
+}
+
+enum { B_RUNNING, B_DONE, B_FAILED };
+/* One round of the active block: its runnable threads each until they block, or a barrier's
+ * release, or its end; B_FAILED when it cannot finish (divergent barrier, deadlock). */
+static int block_step(void)
+{
+    bool ran = false;
+    for (int i = 0; i < g_nthreads; i++)
+        if (g_fib[i].state == F_RUN) { run_fiber(&g_fib[i]); ran = true; }
+    if (ran) return B_RUNNING;
+    int nbar = 0, nwarp = 0, ndone = 0, first_bar = -1, first_done = -1, first_warp = -1;
+    for (int i = 0; i < g_nthreads; i++) {
+        int st = g_fib[i].state;
+        if (st == F_BAR) { nbar++; if (first_bar < 0) first_bar = i; }
+        else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
+        else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
     }
+    if (ndone == g_nthreads) { cp_reset(); flush_early(); pst_clear(); return B_DONE; }
+    if (nbar == g_nthreads) {
+        flush_early();
+        const char *site = g_fib[0].bar_site;
+        for (int i = 1; i < g_nthreads; i++)
+            if (strcmp(g_fib[i].bar_site, site) != 0) {
+                report("divergent barrier: thread 0 waits at __syncthreads %s, thread %d at __syncthreads %s",
+                       site, i, g_fib[i].bar_site);
+                return B_FAILED;
+            }
+        g_epoch++;
+        pst_barrier();
+        for (int i = 0; i < g_nthreads; i++) {
+            g_fib[i].state = F_RUN;
+            /* a thread past the barrier is ordered after every wait before it */
+            if (g_pdl_blk_waited) g_fib[i].waited = true;
+        }
+        return B_RUNNING;
+    }
+    /* nothing can run: a barrier some thread never reaches, or a collective that never completes */
+    if (nbar && ndone)
+        report("divergent barrier: thread %d exited while thread %d waits at __syncthreads %s (%d of %d threads wait)",
+               first_done, first_bar, g_fib[first_bar].bar_site, nbar, g_nthreads);
+    else if (nwarp) {
+        const fiber *f = &g_fib[first_warp];
+        int other = -1;
+        for (int l = 0; l < 32 && other < 0; l++) {
+            int i = f->warp * 32 + l;
+            if ((f->mask >> l & 1) && (i >= g_nthreads || g_fib[i].state != F_WARP || g_fib[i].mask != f->mask))
+                other = i;
+        }
+        report("deadlock: thread %d waits at a warp collective (mask 0x%08x) that lane %d never joins (%s)", f->lin,
+               f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
+    } else
+        report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
+    cp_reset();
+    g_early->clear();
+    pst_clear();
+    return B_FAILED;
+}
+
+/* Runs every block of the launch, interleaved (above). */
+static void run_blocks(const pln_emu_launch_cfg &cfg, size_t st)
+{
+    if (!g_seed_read) {
+        const char *e = getenv("PLN_EMU_SEED");
+        if (e && *e) g_seed = strtoull(e, NULL, 0);
+        g_seed_read = true;
+    }
+    uint64_t rng = g_seed ^ (0x100000001b3ull * ++g_launch_no);
+    const uint64_t nb = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;
+    std::vector<uint32_t> order(nb);
+    for (uint64_t i = 0; i < nb; i++) order[i] = (uint32_t)i;
+    for (uint64_t i = nb; i > 1; i--) std::swap(order[i - 1], order[rng_next(&rng) % i]);
+    const int k = nb < KMAX ? (int)nb : KMAX;
+    for (int i = 0; i < k; i++) {   /* each context sized for this launch */
+        if (!g_ctxs[i]) {
+            g_ctxs[i] = new blk_ctx();
+            if (st && !(g_ctxs[i]->saved = (char *)calloc(1, st))) abort();
+        }
+        ctx_enter(g_ctxs[i]);
+        shadow_reserve(st + cfg.smem + RED_ZONE);
+        if (g_dyn_cap < cfg.smem + RED_ZONE) {
+            free(g_dyn_buf);
+            g_dyn_cap = cfg.smem + RED_ZONE;
+            g_dyn_buf = (char *)aligned_alloc(256, (g_dyn_cap + 255) & ~(size_t)255);
+            g_dyn_lo = (uintptr_t)g_dyn_buf;
+        }
+        ctx_leave();
+    }
+    blk_ctx *res[KMAX];
+    bool busy[KMAX] = {false, false, false, false};
+    int nres = 0;
+    uint64_t next = 0;
+    g_sh_span = st;
+    g_dyn_span = cfg.smem + RED_ZONE;
+    g_pdl_in_block = true;
+    while (!g_failed && (next < nb || nres > 0)) {
+        while (nres < k && next < nb) {
+            int f = 0;
+            while (busy[f]) f++;
+            busy[f] = true;
+            blk_ctx *c = g_ctxs[f];
+            ctx_enter(c);
+            const uint32_t l = order[next++];
+            block_begin(make_uint3(l % cfg.grid.x, l / cfg.grid.x % cfg.grid.y, l / (cfg.grid.x * cfg.grid.y)), l + 1);
+            res[nres++] = c;
+        }
+        const int r = (int)(rng_next(&rng) % (uint64_t)nres);
+        ctx_enter(res[r]);
+        const int bs = block_step();
+        if (bs == B_RUNNING) continue;
+        if (!g_pdl_blk_triggered && g_pdl_blk_waited) g_pdl_ordered = true;   /* exit: an implicit trigger */
+        if (bs == B_FAILED) g_failed = true;
+        for (int f = 0; f < k; f++)
+            if (g_ctxs[f] == res[r]) busy[f] = false;
+        res[r] = res[--nres];
+    }
+    ctx_leave();
+    g_pdl_in_block = false;
+    g_sh_span = g_dyn_span = 0;
 }
 
 struct stream_st;
@@ -1260,14 +1414,7 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         static bool found;
         if (!found) { find_static_shared(&sh_lo, &st); found = true; }
         g_static_size = st;
-        if (g_dyn_cap < cfg.smem + RED_ZONE) {
-            free(g_dyn_buf);
-            g_dyn_cap = cfg.smem + RED_ZONE;
-            g_dyn_buf = (char *)aligned_alloc(256, (g_dyn_cap + 255) & ~(size_t)255);
-        }
-        shadow_reserve(st + cfg.smem + RED_ZONE);
         g_sh_lo = sh_lo;
-        g_dyn_lo = (uintptr_t)g_dyn_buf;
         g_dyn_size = cfg.smem;
         g_pdl_writes.clear();
         /* each scratch allocation as narrow as the latest request this launch saw */
@@ -1282,21 +1429,7 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         g_pdl_check = cfg.pdl && !g_pdl_pred.empty();
         g_pdl_ordered = false;
         g_pdl_reported = false;
-        for (unsigned z = 0; z < cfg.grid.z && !g_failed; z++)
-            for (unsigned y = 0; y < cfg.grid.y && !g_failed; y++)
-                for (unsigned x = 0; x < cfg.grid.x && !g_failed; x++) {
-                    pln_emu_block_idx = make_uint3(x, y, z);
-                    g_blk = 1 + (z * cfg.grid.y + y) * cfg.grid.x + x;
-                    g_sh_span = st;
-                    g_dyn_span = cfg.smem + RED_ZONE;
-                    g_pdl_in_block = true;
-                    g_pdl_blk_waited = g_pdl_blk_triggered = false;
-                    bool ok = run_block();
-                    g_pdl_in_block = false;
-                    if (!g_pdl_blk_triggered && g_pdl_blk_waited) g_pdl_ordered = true;   /* exit: an implicit trigger */
-                    g_sh_span = g_dyn_span = 0;
-                    if (!ok) g_failed = true;
-                }
+        run_blocks(cfg, st);
         /* what the next launch may overlap: this kernel's writes, and, when this one let its
          * dependents start before it had waited itself, its predecessor's too */
         if (!(cfg.pdl && !g_pdl_ordered)) g_pdl_pred.clear();

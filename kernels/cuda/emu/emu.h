@@ -35,6 +35,11 @@ void pln_emu_report_reset(void);
  * if its fences were removed), so a kernel that needs one is shown to be reported without it. */
 void pln_emu_drop_fences(int on);
 
+/* The order in which the blocks of each launch are admitted and interleaved comes from this seed
+ * (default: fixed, or PLN_EMU_SEED) and the launch's number since it was set: every launch runs
+ * another order, the same in every run with the same seed. */
+void pln_emu_set_seed(uint64_t seed);
+
 /* The backend's scratch (pln_cuda_scratch): a request of n bytes at p, the start of a cudaMalloc
  * block. Launches made after it (and graph replays of them) may touch only [p, p + n) of that
  * block: each request is its own exact region, whatever the allocation's size. */
