@@ -699,8 +699,8 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     float *out = malloc((size_t)(T2 * ow) * 4);
     FOR_EACH_ISA(isa) {
         for (size_t i = 0; i < pool; i++) { kc[i] = NAN; vc[i] = NAN; }   /* unwritten rows must never be read */
-        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
-        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
+        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
         CHECK(g_be->kv_append(g_be, qkv1, kc, vc, &m1, n_head, head_dim) == 0, "kv_append 1: %s", pln_error());
         CHECK(g_be->kv_append(g_be, qkv2, kc, vc, &m2, n_head, head_dim) == 0, "kv_append 2: %s", pln_error());
         /* the cache layout exactly as backend.h defines it */
@@ -783,8 +783,8 @@ static void test_attention_f16_case(int n_head, int head_dim, int block_size, bo
     for (int s = 0; s < S; s++) for (int j = 0; j < prior[s]; j++, t++) { seq1[t] = s; pos1[t] = j; }
     t = 0;
     for (int s = S - 1; s >= 0; s--) for (int j = prior[s]; j < prior[s] + fed[s]; j++, t++) { seq2[t] = s; pos2[t] = j; }
-    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table};
-    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table};
+    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
+    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
     size_t pool = (size_t)n_blocks * n_head * block_size * head_dim;
     float *kc = malloc(pool * 4), *vc = malloc(pool * 4);
     uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
