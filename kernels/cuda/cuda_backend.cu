@@ -114,7 +114,12 @@ static bool capturing(pln_cuda_ctx *c)
 
 void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n)
 {
+#ifdef PLN_CUDA_EMU
+    /* the CPU harness: the launches after this request may touch n bytes, not the whole buffer */
+    if (n <= c->scratch_size) { pln_emu_scratch_request(c->scratch, n); return c->scratch; }
+#else
     if (n <= c->scratch_size) return c->scratch;
+#endif
     if (capturing(c)) {
         pln_errorf("cuda scratch: %zu bytes needed during graph capture (have %zu). HINT: run the step once "
                    "uncaptured before capturing it", n, c->scratch_size);
@@ -128,6 +133,9 @@ void *pln_cuda_scratch(pln_cuda_ctx *c, size_t n)
     c->scratch = p;
     c->scratch_size = want;
     c->epoch++;
+#ifdef PLN_CUDA_EMU
+    pln_emu_scratch_request(p, n);
+#endif
     return p;
 }
 

@@ -38,7 +38,8 @@ residual_ln_kernel(__half *x, const __half *y, const __half *bias, const __half 
                 xr[i] = __float2half_rn(v);
             }
         }
-        __syncthreads();   /* the row is re-read by other threads below */
+        /* No barrier: below, each thread re-reads only the elements it has just written (the same
+         * index pattern), and the block sums that follow synchronize the block anyway. */
     }
     float s = 0.0f;
     if (VEC) {

@@ -13,20 +13,27 @@
 #include <stdint.h>
 
 #if defined(__CUDACC__) || defined(PLN_CUDA_EMU)
+/* The instruction, once for both builds: nvcc assembles this text; the CPU harness parses the
+ * same text (opcode, then the D, A, B, C register groups) and computes what it says, so the
+ * operand order and the fragment layout cannot differ between the GPU and the harness. Operands
+ * in asm order: %0-%3 the fp32 accumulators c[0..3] (read and written), %4-%9 the inputs in[0..5]. */
+#define PLN_MMA16816_PTX                                                                                     \
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#ifdef PLN_CUDA_EMU   /* the CPU harness: a warp collective that reads the PTX text */
+#define PLN_MMA_EXEC(ptx, c, in) pln_emu_mma_ptx(ptx, c, in)
+#else
+#define PLN_MMA_EXEC(ptx, c, in)                                                                             \
+    asm volatile(ptx : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                        \
+                 : "r"(in[0]), "r"(in[1]), "r"(in[2]), "r"(in[3]), "r"(in[4]), "r"(in[5]))
+#endif
+
 /* c += a · b for one 16x8x16 tile: a = {row g k0-1, row g+8 k0-1, row g k2-3, row g+8 k2-3},
  * b = {token g k0-1, token g k2-3} as half2 words; c = {row g tok 2q, 2q+1, row g+8 tok 2q, 2q+1}. */
 __device__ __forceinline__ void pln_mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                              uint32_t a3, uint32_t b0, uint32_t b1)
 {
-#ifdef PLN_CUDA_EMU   /* the CPU harness: a warp collective with the PTX fragment layouts */
-    const uint32_t ab[6] = {a0, a1, a2, a3, b0, b1};
-    pln_emu_mma16816(c, ab);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
+    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
+    PLN_MMA_EXEC(PLN_MMA16816_PTX, c, in);
 }
 
 __device__ __forceinline__ uint32_t pln_h2_bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }

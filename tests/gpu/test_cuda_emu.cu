@@ -8,8 +8,11 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/emu/emu.h"
+#include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <sys/wait.h>
+#include <vector>
 
 #define FULL 0xffffffffu
 #if defined(__SANITIZE_ADDRESS__)
@@ -136,8 +139,15 @@ __global__ void shuffles_kernel(int *up, int *down, int *w8, unsigned *red, int 
     anyall[threadIdx.x] = __any_sync(FULL, lane == 7) * 2 + __all_sync(FULL, lane < 31);
 }
 
-/* D = A·B for one m16n8k16 tile, fragments loaded as the PTX ISA lays them out. */
-__global__ void mma_kernel(float *d, const __half *a, const __half *b)
+/* The mma's PTX text with a1 and a2 swapped in the A group (what nvcc would assemble if mma.cuh
+ * said so), with B's two registers where A's four belong, and another variant. */
+#define MMA_PTX_SWAPPED "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%6,%5,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#define MMA_PTX_AB "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%8,%9}, {%4,%5,%6,%7}, {%0,%1,%2,%3};\n"
+#define MMA_PTX_ROWROW "mma.sync.aligned.m16n8k16.row.row.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+
+/* D = A·B for one m16n8k16 tile, fragments loaded as the PTX ISA lays them out; variant 0 through
+ * mma.cuh's pln_mma16816, 1-3 with the texts above. */
+__global__ void mma_kernel(float *d, const __half *a, const __half *b, int variant)
 {
     const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
     auto pack = [](__half lo, __half hi) {
@@ -150,7 +160,11 @@ __global__ void mma_kernel(float *d, const __half *a, const __half *b)
     uint32_t b0 = pack(b[(2 * q) * 8 + g], b[(2 * q + 1) * 8 + g]);
     uint32_t b1 = pack(b[(2 * q + 8) * 8 + g], b[(2 * q + 9) * 8 + g]);
     float c[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    pln_mma16816(c, a0, a1, a2, a3, b0, b1);
+    const uint32_t in[6] = {a0, a1, a2, a3, b0, b1};
+    if (variant == 0) pln_mma16816(c, a0, a1, a2, a3, b0, b1);
+    else if (variant == 1) PLN_MMA_EXEC(MMA_PTX_SWAPPED, c, in);
+    else if (variant == 2) PLN_MMA_EXEC(MMA_PTX_AB, c, in);
+    else PLN_MMA_EXEC(MMA_PTX_ROWROW, c, in);
     d[g * 8 + 2 * q] = c[0];
     d[g * 8 + 2 * q + 1] = c[1];
     d[(g + 8) * 8 + 2 * q] = c[2];
@@ -235,6 +249,77 @@ __global__ void pdl_cp_async_kernel(int *out, const int *x, const int *w, int mo
     for (int j = 0; j < 4; j++) out[4 * i + j] = a[j] + b[j];
 }
 
+/* ---- global memory between blocks ---------------------------------------------------------------- */
+/* Each block stores its 32 slots; with overlap, block b starts at 31 b: its slot 0 is the previous
+ * block's slot 31 (two blocks store the same int). */
+__global__ void block_slots_kernel(int *out, int overlap)
+{
+    out[blockIdx.x * (overlap ? 31 : 32) + threadIdx.x] = (int)(blockIdx.x * 100 + threadIdx.x);
+}
+
+/* The split-K merge of the decode attention and the GEMV, reduced: each block stores its 64
+ * partials, fences them (fence = 1), then thread 0 counts the block in; the last block to arrive
+ * sums every block's partials. Without the fence the last block may read partials not yet visible. */
+__global__ void split_merge_kernel(float *part, unsigned *cnt, float *out, int fence)
+{
+    __shared__ bool last;
+    part[blockIdx.x * 64 + threadIdx.x] = (float)(blockIdx.x + 1) * (float)threadIdx.x;
+    if (fence) __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+        if (last) atomicExch(cnt, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float v = 0.0f;
+    for (unsigned b = 0; b < gridDim.x; b++) v += __ldcg(part + b * 64 + threadIdx.x);
+    out[threadIdx.x] = v;
+}
+
+/* A top-k in the backend's layout (sample.cu: one block per row, the row's k candidate ids in
+ * global scratch at cand + row * k, the scratch request ending with the last row's). Thread 0
+ * picks the k largest by repeated selection (ties: the lower id), then the block writes each
+ * candidate's value. broken = 1 also stores the end marker -1 after the k ids: one int into the
+ * next row's candidates, and 4 bytes past the request for the last row; broken = 2 only the
+ * former (every row but the last). */
+__global__ void scratch_topk_kernel(const float *x, int n, int k, int32_t *cand, float *vals, int broken)
+{
+    const float *r = x + (int64_t)blockIdx.x * n;
+    int32_t *c = cand + (int64_t)blockIdx.x * k;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < k; i++) {
+            int best = -1;
+            for (int j = 0; j < n; j++) {
+                bool taken = false;
+                for (int p = 0; p < i; p++) taken |= c[p] == j;
+                if (!taken && (best < 0 || r[j] > r[best])) best = j;
+            }
+            c[i] = best;
+        }
+        if (broken == 1 || (broken == 2 && blockIdx.x + 1 < gridDim.x)) c[k] = -1;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < k; i += blockDim.x) vals[(int64_t)blockIdx.x * k + i] = r[c[i]];
+}
+
+/* Two blocks each count themselves in, pass a barrier, then read the other's count: whether the
+ * other block has started yet depends only on how the harness interleaves them. */
+__global__ void interleave_kernel(unsigned *flags, unsigned *seen)
+{
+    if (threadIdx.x == 0) atomicAdd(&flags[blockIdx.x], 1u);
+    __syncthreads();
+    if (threadIdx.x == 0) seen[blockIdx.x] = atomicAdd(&flags[1 - blockIdx.x], 0u);
+}
+
+/* Threads below n store out[threadIdx.x]; before: thread 0 also stores out[-1]. */
+__global__ void global_edge_kernel(int *out, int n, int before)
+{
+    if (before && threadIdx.x == 0) out[-1] = 0;
+    if ((int)threadIdx.x < n) out[threadIdx.x] = 1;
+}
+
 /* ---- checks -------------------------------------------------------------------------------------- */
 /* Expects the last launch to have failed with a report containing `what` (NULL: to have passed). */
 static void expect(const char *name, const char *what)
@@ -259,6 +344,110 @@ template <typename T> static T *dev(size_t n)
     if (cudaMalloc(&p, n * sizeof(T)) != cudaSuccess) { fprintf(stderr, "cudaMalloc failed\n"); exit(2); }
     cudaMemset(p, 0, n * sizeof(T));
     return (T *)p;
+}
+
+/* The backend's flash-decoding attention (attention.cu, 4 key splits, one sequence of 70 keys, two
+ * heads of 64) with the harness dropping every __threadfence(): the last split reads the others'
+ * partial states unfenced. With the fences: no report, and the output equals the unsplit kernel's. */
+static void check_decode_attention_fence(void)
+{
+    const int pdl = pln_cuda_pdl;   /* the backend turns programmatic dependent launch on (sm_90) */
+    pln_backend *be = pln_backend_cuda_create(0);
+    CHECK(be != NULL, "cuda backend on the harness: %s", pln_error());
+    if (!be) return;
+    const int nh = 2, D = 64, bs = 16, ctx = 70, nblk = (ctx + bs) / bs;
+    const size_t cache = (size_t)nblk * nh * bs * D;
+    std::vector<__half> hk(cache), hv(cache), hq((size_t)nh * 3 * D);
+    uint32_t r = 12345;
+    auto rnd = [&r]() { r = r * 1664525u + 1013904223u; return (float)((r >> 9) & 0x3fff) / 8192.0f - 1.0f; };
+    for (size_t i = 0; i < cache; i++) { hk[i] = __float2half(rnd()); hv[i] = __float2half(rnd()); }
+    for (auto &q : hq) q = __float2half(rnd());
+    int32_t bt[8], seq = 0, pos = ctx;
+    for (int i = 0; i < nblk; i++) bt[i] = nblk - 1 - i;   /* scattered */
+    float slopes[2] = {0.5f, 0.25f};
+    auto upl = [be](const void *h, size_t n) { void *d = be->alloc(be, n); be->upload(be, d, h, n); return d; };
+    void *kc = upl(hk.data(), cache * 2), *vc = upl(hv.data(), cache * 2), *qkv = upl(hq.data(), hq.size() * 2);
+    void *dbt = upl(bt, sizeof bt), *dseq = upl(&seq, 4), *dpos = upl(&pos, 4), *dsl = upl(slopes, sizeof slopes);
+    void *o1 = be->alloc(be, (size_t)nh * D * 2), *o4 = be->alloc(be, (size_t)nh * D * 2);
+    pln_attn_meta m = {1, 1, bs, nblk, ctx + 1, (const int32_t *)dseq, (const int32_t *)dpos, (const int32_t *)dbt, 0};
+    int old = pln_cuda_set_attn_splits(be, 1);
+    CHECK(be->attention(be, o1, qkv, kc, vc, &m, (const float *)dsl, nh, D) == 0, "decode attention, 1 split: %s", pln_error());
+    pln_cuda_set_attn_splits(be, 4);
+    CHECK(be->attention(be, o4, qkv, kc, vc, &m, (const float *)dsl, nh, D) == 0, "decode attention, 4 splits: %s", pln_error());
+    expect("decode attention, 4 splits, fenced", NULL);
+    std::vector<__half> h1((size_t)nh * D), h4((size_t)nh * D);
+    be->download(be, h1.data(), o1, h1.size() * 2);
+    be->download(be, h4.data(), o4, h4.size() * 2);
+    int bad = 0;
+    for (size_t i = 0; i < h1.size(); i++) bad += fabsf(__half2float(h1[i]) - __half2float(h4[i])) > 2e-3f;
+    CHECK(bad == 0, "decode attention: 4 splits differ from 1 in %d of %zu outputs", bad, h1.size());
+    pln_emu_drop_fences(1);
+    const int rc = be->attention(be, o4, qkv, kc, vc, &m, (const float *)dsl, nh, D);
+    pln_emu_drop_fences(0);
+    /* the op returns -1 and has taken the launch error: the report is the proof */
+    const bool caught = rc != 0 && strstr(pln_emu_last_report(), "attn_decode_kernel") &&
+                        strstr(pln_emu_last_report(), "no __threadfence() after the store");
+    CHECK(caught, "decode attention without its fences: rc %d, report: %s", rc, pln_emu_last_report());
+    printf("%-36s %s\n", "decode attention, fences removed", caught ? "OK" : "NOT OK");
+    pln_emu_report_reset();
+    pln_cuda_set_attn_splits(be, old);
+    for (void *p : {kc, vc, qkv, dbt, dseq, dpos, dsl, o1, o4}) be->free(be, p);
+    be->destroy(be);
+    pln_cuda_pdl = pdl;
+}
+
+/* The top-k kernel's candidates in the backend's scratch, laid out as pln_cuda_topk does: the
+ * request ends with the last row's candidates. */
+static void check_scratch_topk(void)
+{
+    const int pdl = pln_cuda_pdl;
+    pln_backend *be = pln_backend_cuda_create(0);
+    CHECK(be != NULL, "cuda backend on the harness: %s", pln_error());
+    if (!be) return;
+    pln_cuda_ctx *c = pln_cuda_ctx_of(be);
+    pln_cuda_pdl = 0;   /* the kernel here has no griddepcontrol.wait: plain launches */
+    const int n = 50, k = 5;
+    for (int S = 3; S >= 1; S -= 2) {
+        std::vector<float> hx((size_t)S * n);
+        for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((i * 37) % 101);
+        float *x = (float *)be->alloc(be, hx.size() * 4), *vals = (float *)be->alloc(be, (size_t)S * k * 4);
+        be->upload(be, x, hx.data(), hx.size() * 4);
+        for (int broken = 0; broken < (S > 1 ? 3 : 2); broken++) {
+            const size_t packed = (size_t)S * k * 8 + (size_t)S * 8;   /* what precedes the candidates in sample.cu */
+            char *w = (char *)pln_cuda_scratch(c, pln_align_up(packed, 256) + (size_t)S * k * 4);
+            CHECK(w != NULL, "scratch: %s", pln_error());
+            int32_t *cand = (int32_t *)(w + pln_align_up(packed, 256));
+            PLN_LAUNCH(S, 32, 0, (cudaStream_t)pln_cuda_stream(be), scratch_topk_kernel)(x, n, k, cand, vals, broken);
+            char name[96];
+            snprintf(name, sizeof name, "top-k in scratch, %d row%s%s", S, S > 1 ? "s" : "",
+                     broken == 1 ? ", k+1 ids" : broken == 2 ? ", k+1 ids but the last" : "");
+            /* one row: past the end of the scratch request, inside the allocation (it holds more);
+             * several rows: a row's extra id lands on the next row's first (two blocks store it),
+             * and the last row's past the request: which is seen first depends on the blocks' order */
+            const bool oob = S == 1 || strstr(pln_emu_last_report(), "scratch request");
+            expect(name, !broken ? NULL : broken == 2 || !oob ? "cross-block write race"
+                                                              : S == 1 ? "of a 276-byte scratch request" : "scratch request");
+            if (broken && S == 1)
+                CHECK(c->scratch_size > pln_align_up(packed, 256) + (size_t)S * k * 4,
+                      "the overflow stays inside the scratch allocation (%zu bytes): only the request's bounds catch it",
+                      c->scratch_size);
+            if (!broken) {
+                std::vector<float> hv((size_t)S * k);
+                be->download(be, hv.data(), vals, hv.size() * 4);
+                int bad = 0;
+                for (int s = 0; s < S; s++) {
+                    std::vector<float> row(hx.begin() + (size_t)s * n, hx.begin() + (size_t)(s + 1) * n);
+                    std::sort(row.begin(), row.end(), [](float a, float b) { return a > b; });
+                    for (int i = 0; i < k; i++) bad += hv[(size_t)s * k + i] != row[i];
+                }
+                CHECK(bad == 0, "top-k in scratch: %d of %d values wrong", bad, S * k);
+            }
+        }
+        be->free(be, x);
+        be->free(be, vals);
+    }
+    be->destroy(be);
+    pln_cuda_pdl = pdl;
 }
 
 int main(void)
@@ -315,6 +504,81 @@ int main(void)
         for (int i = 0; i < 64; i++) bad += h[i] != 1000 + i;
         CHECK(bad == 0, "cp.async wait<1> values: %d wrong", bad);
         cudaFree(src);
+    }
+
+    /* global memory between blocks: one int stored by two blocks; a split-K merge with and
+     * without its fence; the backend's decode attention with its fences removed */
+    {
+        int *g = dev<int>(256);
+        PLN_LAUNCH(4, 32, 0, st, block_slots_kernel)(g, 0);
+        expect("blocks store disjoint slots", NULL);
+        cudaMemcpy(h, g, 128 * 4, cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int i = 0; i < 128; i++) bad += h[i] != (i / 32) * 100 + i % 32;
+        CHECK(bad == 0, "block slots: %d wrong", bad);
+        PLN_LAUNCH(4, 32, 0, st, block_slots_kernel)(g, 1);
+        CHECK(strstr(pln_emu_last_report(), "byte 124 of a 1024-byte device buffer that block (0,0,0)") ||
+                  strstr(pln_emu_last_report(), "byte 124 of a 1024-byte device buffer that block (1,0,0)") ||
+                  strstr(pln_emu_last_report(), "of a 1024-byte device buffer that block (2,0,0)") ||
+                  strstr(pln_emu_last_report(), "of a 1024-byte device buffer that block (3,0,0)"),
+              "the race names the buffer and the other block: %s", pln_emu_last_report());
+        expect("two blocks store one int", "cross-block write race");
+        float *part = dev<float>(8 * 64), *mo = dev<float>(64);
+        unsigned *cnt = dev<unsigned>(1);
+        PLN_LAUNCH(8, 64, 0, st, split_merge_kernel)(part, cnt, mo, 1);
+        expect("split-K merge, fenced", NULL);
+        float hm[64];
+        cudaMemcpy(hm, mo, sizeof hm, cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int i = 0; i < 64; i++) bad += hm[i] != 36.0f * (float)i;   /* (1 + .. + 8) i */
+        CHECK(bad == 0, "split-K merge values: %d wrong (out[1] %g, want 36)", bad, hm[1]);
+        PLN_LAUNCH(8, 64, 0, st, split_merge_kernel)(part, cnt, mo, 0);
+        expect("split-K merge without its fence", "no __threadfence() after the store");
+        cudaMemset(cnt, 0, 4);   /* the failed launch's last block still zeroed it; be explicit */
+        pln_emu_drop_fences(1);
+        PLN_LAUNCH(8, 64, 0, st, split_merge_kernel)(part, cnt, mo, 1);
+        pln_emu_drop_fences(0);
+        expect("split-K merge, fences dropped", "no __threadfence() after the store");
+        PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g + 192, 64, 0);
+        expect("global: up to the allocation's end", NULL);
+        PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g + 193, 64, 0);
+        CHECK(strstr(pln_emu_last_report(), "writes 4 bytes at offset 1024 of a 1024-byte device allocation") != NULL,
+              "the overflow names the offset and the size: %s", pln_emu_last_report());
+        expect("global: one int past the end", "out of bounds");
+        PLN_LAUNCH(1, 64, 0, st, global_edge_kernel)(g, 10, 1);
+        expect("global: 4 bytes before the start", "at offset -4");
+        /* blocks run interleaved, in an order set by the seed: over a few seeds, each of two blocks
+         * is seen both before and after the other started; the same seed, the same order */
+        unsigned *fl = dev<unsigned>(2), *sn = dev<unsigned>(2);
+        int pattern[4] = {0, 0, 0, 0};
+        unsigned first[2] = {0, 0};
+        for (int seed = 1; seed <= 16; seed++) {
+            pln_emu_set_seed((uint64_t)seed);
+            cudaMemset(fl, 0, 8);
+            PLN_LAUNCH(2, 64, 0, st, interleave_kernel)(fl, sn);
+            unsigned hsn[2];
+            cudaMemcpy(hsn, sn, 8, cudaMemcpyDeviceToHost);
+            pattern[(hsn[0] & 1) * 2 + (hsn[1] & 1)]++;
+            if (seed == 1) { first[0] = hsn[0]; first[1] = hsn[1]; }
+        }
+        pln_emu_set_seed(1);
+        cudaMemset(fl, 0, 8);
+        PLN_LAUNCH(2, 64, 0, st, interleave_kernel)(fl, sn);
+        unsigned again[2];
+        cudaMemcpy(again, sn, 8, cudaMemcpyDeviceToHost);
+        const int kinds = (pattern[0] > 0) + (pattern[1] > 0) + (pattern[2] > 0) + (pattern[3] > 0);
+        CHECK(pattern[0] == 0, "a block saw the other not started while the other saw it not started either");
+        CHECK(kinds >= 2 && pattern[3] > 0, "16 seeds gave %d orders (before/after: %d %d %d): blocks not interleaved",
+              kinds, pattern[1], pattern[2], pattern[3]);
+        CHECK(again[0] == first[0] && again[1] == first[1], "seed 1 twice: %u %u then %u %u", first[0], first[1],
+              again[0], again[1]);
+        printf("%-36s %s (one first: %d, other first: %d, both at once: %d of 16)\n", "blocks interleaved by seed",
+               kinds >= 2 && pattern[3] > 0 ? "OK" : "NOT OK", pattern[1], pattern[2], pattern[3]);
+        pln_emu_report_reset();
+        cudaFree(fl); cudaFree(sn);
+        cudaFree(g); cudaFree(part); cudaFree(mo); cudaFree(cnt);
+        check_decode_attention_fence();
+        check_scratch_topk();
     }
 
     PLN_LAUNCH(1, 64, 0, st, war_kernel)(out, 0);
@@ -441,18 +705,33 @@ int main(void)
     float *dd = dev<float>(128);
     cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice);
     cudaMemcpy(db, hbm, sizeof hbm, cudaMemcpyHostToDevice);
-    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db);
+    auto mma_wrong = [&]() {
+        float D[128];
+        cudaMemcpy(D, dd, sizeof D, cudaMemcpyDeviceToHost);
+        int wrong = 0;
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 8; n++) {
+                float s = 1.0f;
+                for (int k = 0; k < 16; k++) s += A[r * 16 + k] * B[k * 8 + n];
+                wrong += fabsf(D[r * 8 + n] - s) > 1e-4f;
+            }
+        return wrong;
+    };
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 0);
     expect("mma.m16n8k16", NULL);
-    float D[128];
-    cudaMemcpy(D, dd, sizeof D, cudaMemcpyDeviceToHost);
-    int bm = 0;
-    for (int r = 0; r < 16; r++)
-        for (int n = 0; n < 8; n++) {
-            float s = 1.0f;
-            for (int k = 0; k < 16; k++) s += A[r * 16 + k] * B[k * 8 + n];
-            bm += fabsf(D[r * 8 + n] - s) > 1e-4f;
-        }
+    int bm = mma_wrong();
     CHECK(bm == 0, "mma: %d of 128 outputs differ from the plain product", bm);
+    /* the harness computes what the text says: a1/a2 swapped in the PTX gives another product,
+     * which the same check catches */
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 1);
+    expect("mma with a1, a2 swapped in the PTX", NULL);
+    bm = mma_wrong();
+    CHECK(bm >= 64, "mma with swapped A registers: only %d of 128 outputs differ from the plain product", bm);
+    printf("%-36s %s\n", "  ... and its product is wrong", bm >= 64 ? "OK" : "NOT OK");
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 2);
+    expect("mma with B's registers as A", "A has 2 registers");
+    PLN_LAUNCH(1, 32, 0, st, mma_kernel)(dd, da, db, 3);
+    expect("mma .row.row (not implemented)", "unsupported instruction");
 
     /* graph capture: nothing runs while capturing; replays run the launches and copies in order */
     int *x = dev<int>(32);

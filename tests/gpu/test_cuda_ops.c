@@ -514,22 +514,108 @@ static void test_sampling(int32_t S, int64_t vn, int64_t v0, int32_t k, bool tie
     free(l); free(pen); free(it); free(off); free(seen); free(pw); free(pg); free(vw); free(vg); free(iw); free(ig);
 }
 
+/* ---- attention against float64 -------------------------------------------------------------
+ * The backends' attention against a float64 computation on the same fp16 inputs, with slopes
+ * recomputed in double from their definition (DESIGN.md), not from pln_alibi_slope: a wrong slope
+ * in the shared math fails here even though both backends agree. Each output element gets its own
+ * bound from what the kernels round (they compute in fp32 and round the output once):
+ *   u_out |ref|                                    the output's rounding (fp16: 2^-11, fp32: 2^-24)
+ * + 2 (2 (n + 2) 2^-24 + 2^-20) sum_j p_j |v_j|       sums over the n keys and the rescaling of the
+ *                                                  online softmax in fp32, the exp's error
+ * + 2 sum_j p_j e_j |v_j - ref|                     each score's fp32 error e_j (the dot product over
+ *                                                  D terms, slope x position, the max subtracted)
+ *                                                  moves its weight by e_j relative
+ * so it grows with the length and the magnitudes and stays near fp16's half ulp at small ones:
+ * a 0.1 % slope error is beyond it (checked below on every shape), as is anything that
+ * overflows (a softmax without its max subtraction, at the large-magnitude shapes). */
+static double alibi_slope64(int h, int n_head)
+{
+    int p = 1;
+    while (p * 2 <= n_head) p *= 2;
+    if (h < p) return pow(2.0, -8.0 / p * (h + 1));
+    return pow(2.0, -4.0 / p * (2 * (h - p) + 1));
+}
+
+/* ref and tol [Tq, nh, D] for queries t (qkv row qrow[t], sequence qseq[t] at qpos[t]) over the keys
+ * j <= qpos[t] whose qkv rows are krow[seq * kstride + j]. */
+static void attn_ref64(int32_t Tq, const float *const *qrow, const int32_t *qseq, const int32_t *qpos,
+                       const float *const *krow, int32_t kstride, int32_t nh, int32_t D, int32_t n_head,
+                       int32_t h0, double u_out, double *ref, double *tol)
+{
+    const double e32 = ldexp(1.0, -24), sq = sqrt((double)D);
+    double *sc = pln_xmalloc((size_t)kstride * sizeof *sc), *es = pln_xmalloc((size_t)kstride * sizeof *es);
+    for (int32_t t = 0; t < Tq; t++)
+        for (int32_t h = 0; h < nh; h++) {
+            const double slope = alibi_slope64(h0 + h, n_head);
+            const float *q = qrow[t] + (size_t)h * 3 * D;
+            const int32_t n = qpos[t] + 1;
+            double m = -INFINITY;
+            for (int32_t j = 0; j < n; j++) {
+                const float *k = krow[(size_t)qseq[t] * kstride + j] + (size_t)h * 3 * D + D;
+                double dot = 0, mag = 0;
+                for (int32_t i = 0; i < D; i++) { dot += (double)q[i] * k[i]; mag += fabs((double)q[i] * k[i]); }
+                sc[j] = dot / sq + slope * j;
+                es[j] = e32 * (D * mag / sq + 2 * fabs(slope * j));
+                if (sc[j] > m) m = sc[j];
+            }
+            double z = 0;
+            for (int32_t j = 0; j < n; j++) { sc[j] = exp(sc[j] - m); z += sc[j]; es[j] += 2 * e32 * fabs(m); }
+            for (int32_t d = 0; d < D; d++) {
+                double r = 0, pv = 0;
+                for (int32_t j = 0; j < n; j++) {
+                    const double v = krow[(size_t)qseq[t] * kstride + j][(size_t)h * 3 * D + 2 * D + d];
+                    r += sc[j] / z * v;
+                    pv += sc[j] / z * fabs(v);
+                }
+                double se = 0;
+                for (int32_t j = 0; j < n; j++)
+                    se += sc[j] / z * es[j] * fabs(krow[(size_t)qseq[t] * kstride + j][(size_t)h * 3 * D + 2 * D + d] - r);
+                const size_t o = ((size_t)t * nh + h) * D + d;
+                ref[o] = r;
+                tol[o] = u_out * fabs(r) + 2 * (2 * (n + 2) * e32 + ldexp(1.0, -20)) * pv + 2 * se + 1e-30;
+            }
+        }
+    free(sc);
+    free(es);
+}
+
+/* Elements of got beyond their bound (a NaN is beyond any), and the verdict line unless quiet. */
+static size_t report64(const char *op, const char *shape, const float *got, const double *ref, const double *tol,
+                       size_t n, bool quiet)
+{
+    size_t bad = 0, at = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= tol[i])) bad++;
+        const double r = d == d ? d / tol[i] : INFINITY;
+        if (!(r <= worst)) { worst = r; at = i; }
+    }
+    if (!quiet)
+        printf("%-16s %-44s f64: worst %.2f of its bound (got %.6g want %.6g)  %s\n", op, shape, worst, got[at], ref[at],
+               bad ? "NOT OK" : "OK");
+    return bad;
+}
+
 /* ---- kv_append + attention over a scattered paged cache ---------------------------------------
  * ctx[s] tokens of sequence s are fed as a prefill step (every token attends causally), then one
  * decode token per sequence. n_head is the model's, heads h0.. are this rank's. nkv 0: BLOOM's
  * interleaved heads with ALiBi; nkv > 0: the grouped-query layout with nkv KV heads, ALiBi when
- * alibi, else no positional bias (slopes NULL: the Llama family). */
+ * alibi, else no positional bias (slopes NULL: the Llama family). mag: the inputs' magnitude (large
+ * ones make a softmax without its max subtraction overflow). The float64 check below covers
+ * BLOOM's layout (nkv 0). */
 static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, int32_t n_head, int32_t h0, int32_t S,
-                              const int32_t *ctx, int32_t block_size)
+                              const int32_t *ctx, int32_t block_size, float mag)
 {
     char shape[128];
     int32_t T = 0, maxc = 0;
     for (int s = 0; s < S; s++) { T += ctx[s]; if (ctx[s] > maxc) maxc = ctx[s]; }
     if (nkv > 0)
-        snprintf(shape, sizeof shape, "gqa %d/%d x %d%s, %d seqs, ctx up to %d, bs %d", nh, nkv, D, alibi ? " alibi" : "",
-                 S, maxc + 1, block_size);
+        snprintf(shape, sizeof shape, "gqa %d/%d x %d%s, %d seqs, ctx up to %d, bs %d%s", nh, nkv, D, alibi ? " alibi" : "",
+                 S, maxc + 1, block_size, mag > 2 ? ", large" : "");
     else
-        snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d", nh, D, S, maxc + 1, block_size);
+        snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d%s", nh, D, S, maxc + 1, block_size,
+                 mag > 2 ? ", large" : "");
     const int32_t cache_heads = nkv > 0 ? nkv : nh;
     const int32_t max_blocks = (maxc + 1 + block_size - 1) / block_size;
     const int32_t n_blocks = S * max_blocks + 3;
@@ -549,7 +635,11 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
     float slopes[256];
     for (int h = 0; h < nh; h++) slopes[h] = pln_alibi_slope(h0 + h, n_head);
     const size_t W = nkv > 0 ? (size_t)(nh + 2 * nkv) * D : (size_t)nh * 3 * D;
-    float *qkv_p = rnd_act((size_t)T * W, -2, 2), *qkv_d = rnd_act((size_t)S * W, -2, 2);
+    float *qkv_p = rnd_act((size_t)T * W, -mag, mag), *qkv_d = rnd_act((size_t)S * W, -mag, mag);
+    /* the same decode step with every slope 0.1 % too large: the float64 check must reject it */
+    float slopes_off[256];
+    for (int h = 0; h < nh; h++) slopes_off[h] = slopes[h] * 1.001f;
+    float *got_off[2] = {pln_xmalloc((size_t)S * nh * D * 4), pln_xmalloc((size_t)S * nh * D * 4)};
     size_t np = (size_t)T * nh * D, nd = (size_t)S * nh * D;
     float *got_t = pln_xmalloc(np * 4), *got_g = pln_xmalloc(np * 4), *got_f = pln_xmalloc(np * 4);
     enum { NSPLITCASE = 6 };
@@ -608,6 +698,14 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
         }
         CHECK(be->kv_append(be, qd, kc, vc, &md, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
         CHECK(be->attention(be, od, qd, kc, vc, &md, dsl, nh, D) == 0, "attention (decode) on %s: %s", be->name, pln_error());
+        if (nkv == 0) {
+            void *dso = up(be, slopes_off, (size_t)nh * 4), *oo = poisoned(be, nd * be->act_size);
+            CHECK(be->attention(be, oo, qd, kc, vc, &md, dso, nh, D) == 0, "attention (decode, slopes off) on %s: %s",
+                  be->name, pln_error());
+            down_act(be, got_off[b], oo, nd);
+            be->free(be, dso);
+            be->free(be, oo);
+        }
         if (fkc[0]) {
             uint8_t *a = pln_xmalloc(cache), *bb = pln_xmalloc(cache);
             for (int f = 0; f < 2; f++) {
@@ -663,6 +761,66 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
     }
     if (!g_self) report("attn decode/fused append", shape, got_fa[0], want_d, nd, 5e-3);
     if (!g_self) report("attn decode/fused splits=7", shape, got_fa[1], want_d, nd, 5e-3);
+
+    /* every path of both backends against float64 (BLOOM's layout) */
+    if (nkv == 0) {
+        int32_t *off = pln_xmalloc((size_t)S * 4);
+        for (int s = 0, o = 0; s < S; s++) { off[s] = o; o += ctx[s]; }
+        const int32_t kstride = maxc + 1;
+        const float **krow = pln_xmalloc((size_t)S * kstride * sizeof *krow);
+        const float **qp_rows = pln_xmalloc((size_t)T * sizeof *qp_rows), **qd_rows = pln_xmalloc((size_t)S * sizeof *qd_rows);
+        for (int s = 0; s < S; s++)
+            for (int j = 0; j <= ctx[s]; j++)
+                krow[(size_t)s * kstride + j] = j < ctx[s] ? qkv_p + (size_t)(off[s] + j) * W : qkv_d + (size_t)s * W;
+        for (int t = 0; t < T; t++) qp_rows[t] = qkv_p + (size_t)t * W;
+        for (int s = 0; s < S; s++) qd_rows[s] = qkv_d + (size_t)s * W;
+        double *rp = pln_xmalloc(np * 8), *tp16 = pln_xmalloc(np * 8), *tp32 = pln_xmalloc(np * 8);
+        double *rd = pln_xmalloc(nd * 8), *td16 = pln_xmalloc(nd * 8), *td32 = pln_xmalloc(nd * 8);
+        const double u16 = ldexp(1.0, -11), u32 = ldexp(1.0, -24);
+        const double ucpu = g_cpu->act_dtype == PLN_DTYPE_F32 ? u32 : u16, ugpu = g_gpu->act_dtype == PLN_DTYPE_F32 ? u32 : u16;
+        attn_ref64(T, qp_rows, ps, pp, krow, kstride, nh, D, n_head, h0, ucpu, rp, tp32);
+        attn_ref64(T, qp_rows, ps, pp, krow, kstride, nh, D, n_head, h0, ugpu, rp, tp16);
+        attn_ref64(S, qd_rows, ds, dp, krow, kstride, nh, D, n_head, h0, ucpu, rd, td32);
+        attn_ref64(S, qd_rows, ds, dp, krow, kstride, nh, D, n_head, h0, ugpu, rd, td16);
+        typedef struct { const char *op; const float *got; bool prefill, gpu; } f64case;
+        f64case cases[16];
+        char splitname[NSPLITCASE][32];
+        int nc = 0;
+        cases[nc++] = (f64case){"f64 prefill cpu", want_p, true, false};
+        cases[nc++] = (f64case){"f64 decode cpu", want_d, false, false};
+        cases[nc++] = (f64case){"f64 prefill", got_p, true, true};
+        cases[nc++] = (f64case){"f64 decode", got_d, false, true};
+        if (!g_self) {
+            cases[nc++] = (f64case){"f64 pf/tiled", got_t, true, true};
+            cases[nc++] = (f64case){"f64 pf/grouped", got_g, true, true};
+            cases[nc++] = (f64case){"f64 pf/flash-dec", got_f, true, true};
+            cases[nc++] = (f64case){"f64 dec/fused", got_fa[0], false, true};
+            cases[nc++] = (f64case){"f64 dec/fused 7", got_fa[1], false, true};
+            for (int k = 0; k < NSPLITCASE; k++) {
+                snprintf(splitname[k], sizeof splitname[k], splitcase[k] < 0 ? "f64 dec/split-key" : "f64 dec/splits=%d",
+                         splitcase[k]);
+                cases[nc++] = (f64case){splitname[k], got_x[k], false, true};
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            const double *tol = cases[c].prefill ? (cases[c].gpu ? tp16 : tp32) : (cases[c].gpu ? td16 : td32);
+            size_t bad = report64(cases[c].op, shape, cases[c].got, cases[c].prefill ? rp : rd, tol,
+                                  cases[c].prefill ? np : nd, false);
+            CHECK(bad == 0, "%s %s: %zu elements beyond their float64 bound", cases[c].op, shape, bad);
+        }
+        /* the slopes 0.1 % off: beyond the bound on both backends (not at the large magnitudes,
+         * where one key takes all the weight and the slopes cannot matter) */
+        for (int b = 0; b < 2 && mag <= 2; b++) {
+            size_t bad = report64("", shape, got_off[b], rd, b ? td16 : td32, nd, true);
+            printf("%-16s %-44s %zu of %zu elements beyond the bound  %s\n", b ? "f64 slope+0.1%" : "f64 slope+0.1% cpu",
+                   shape, bad, nd, bad ? "OK (rejected)" : "NOT OK (passed)");
+            CHECK(bad > 0, "%s: decode with every slope 0.1 %% off passes the float64 check on %s", shape, bes[b]->name);
+        }
+        free(off); free(krow); free(qp_rows); free(qd_rows);
+        free(rp); free(tp16); free(tp32); free(rd); free(td16); free(td32);
+    }
+    free(got_off[0]);
+    free(got_off[1]);
     for (int k = 0; k < NSPLITCASE; k++) free(got_x[k]);
     free(got_fa[0]);
     free(got_fa[1]);
@@ -674,9 +832,9 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
 }
 
 static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, int32_t S, const int32_t *ctx,
-                           int32_t block_size)
+                           int32_t block_size, float mag)
 {
-    test_attention_ex(nh, 0, true, D, n_head, h0, S, ctx, block_size);
+    test_attention_ex(nh, 0, true, D, n_head, h0, S, ctx, block_size, mag);
 }
 
 /* ---- the Llama family: RMSNorm, rotary, SwiGLU ----------------------------------------------
@@ -1025,28 +1183,33 @@ int main(int argc, char **argv)
     test_logits(PLN_DTYPE_I8, 200, 128, 32, 5, 190);
     test_logits(PLN_DTYPE_I8, 200, 128, 32, 20, 200);
     int32_t ctx_small[3] = {1, 7, 30};
-    test_attention(4, 16, 4, 0, 3, ctx_small, 16);
-    test_attention(3, 16, 6, 3, 3, ctx_small, 4);
+    test_attention(4, 16, 4, 0, 3, ctx_small, 16, 2);
+    test_attention(3, 16, 6, 3, 3, ctx_small, 4, 2);
     int32_t ctx_long[2] = {600, 257};                 /* several key splits */
-    test_attention(2, 64, 16, 5, 2, ctx_long, 16);
+    test_attention(2, 64, 16, 5, 2, ctx_long, 16, 2);
     int32_t ctx_80[3] = {5, 140, 260};              /* bloom-3b's head_dim 80: not a power of two */
-    test_attention(2, 80, 32, 7, 3, ctx_80, 16);
+    test_attention(2, 80, 32, 7, 3, ctx_80, 16, 2);
     int32_t ctx_256[2] = {128, 200};                /* the largest head_dim; a split boundary at 128 */
-    test_attention(1, 256, 8, 0, 2, ctx_256, 16);
+    test_attention(1, 256, 8, 0, 2, ctx_256, 16, 2);
+    /* large-magnitude scores (|q·k|/sqrt(d) in the hundreds): exp overflows without the max
+     * subtracted first, on every path */
+    test_attention(4, 16, 4, 0, 3, ctx_small, 16, 40);
+    int32_t ctx_mid[2] = {90, 33};
+    test_attention(2, 64, 8, 2, 2, ctx_mid, 16, 40);
     /* the Llama family: grouped-query attention without positional bias, head_dim 64 and 128,
      * groups of 1 to 8 q heads per KV head (a run of 8 per block), 16 (two runs) and 7 (Qwen2's:
      * one run of 8 with a query idle), one ALiBi case in the grouped layout, long contexts on the
      * split-K path (the decode splits forced above included) */
     int32_t ctx_gqa[3] = {3, 40, 130};
-    test_attention_ex(8, 2, false, 64, 8, 0, 3, ctx_gqa, 16);
-    test_attention_ex(8, 1, false, 128, 8, 0, 3, ctx_gqa, 16);
-    test_attention_ex(4, 4, false, 128, 4, 0, 3, ctx_gqa, 8);
-    test_attention_ex(7, 1, false, 64, 7, 0, 3, ctx_gqa, 16);
-    test_attention_ex(16, 1, false, 64, 16, 0, 3, ctx_gqa, 16);
-    test_attention_ex(6, 3, true, 64, 6, 0, 3, ctx_gqa, 16);
-    test_attention_ex(4, 2, false, 32, 4, 0, 3, ctx_gqa, 16);   /* head_dim 32: one q head per block */
+    test_attention_ex(8, 2, false, 64, 8, 0, 3, ctx_gqa, 16, 2);
+    test_attention_ex(8, 1, false, 128, 8, 0, 3, ctx_gqa, 16, 2);
+    test_attention_ex(4, 4, false, 128, 4, 0, 3, ctx_gqa, 8, 2);
+    test_attention_ex(7, 1, false, 64, 7, 0, 3, ctx_gqa, 16, 2);
+    test_attention_ex(16, 1, false, 64, 16, 0, 3, ctx_gqa, 16, 2);
+    test_attention_ex(6, 3, true, 64, 6, 0, 3, ctx_gqa, 16, 2);
+    test_attention_ex(4, 2, false, 32, 4, 0, 3, ctx_gqa, 16, 2);   /* head_dim 32: one q head per block */
     int32_t ctx_gqa_long[2] = {300, 520};
-    test_attention_ex(2, 1, false, 128, 2, 0, 2, ctx_gqa_long, 16);
+    test_attention_ex(2, 1, false, 128, 2, 0, 2, ctx_gqa_long, 16, 2);
     test_rmsnorm(3, 64);
     test_rmsnorm(5, 13);                              /* element path */
     test_rmsnorm(2, 4096);                            /* Llama-3.1-8B's hidden: register path */
@@ -1094,12 +1257,12 @@ int main(int argc, char **argv)
         test_logits(PLN_DTYPE_F16, V, H, 0, 4, V);
         test_logits(PLN_DTYPE_F16, V, H, 0, 1, V - 200);
         int32_t ctx_bloom[4] = {1, 300, 700, 1300};
-        test_attention(14, 128, 112, 14, 4, ctx_bloom, 16);
+        test_attention(14, 128, 112, 14, 4, ctx_bloom, 16, 2);
         /* Llama-3.1-8B at TP 1 (32 q / 8 KV heads of 128, hidden 4096, intermediate 14336) and a
          * Llama-3.1-70B rank at TP 8 (8 q heads / 1 KV head, hidden 8192, 28672 / 8) */
         int32_t ctx_llama[4] = {1, 300, 700, 1300};
-        test_attention_ex(32, 8, false, 128, 32, 0, 4, ctx_llama, 16);
-        test_attention_ex(8, 1, false, 128, 64, 0, 4, ctx_llama, 16);
+        test_attention_ex(32, 8, false, 128, 32, 0, 4, ctx_llama, 16, 2);
+        test_attention_ex(8, 1, false, 128, 64, 0, 4, ctx_llama, 16, 2);
         test_rmsnorm(8, 4096);
         test_rmsnorm(8, 8192);
         test_rope(32, 32, 8, 128, 500000, true);

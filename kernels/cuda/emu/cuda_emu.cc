@@ -2,9 +2,10 @@
  * cuda_emu.h. Compiled WITHOUT the sanitizer-coverage flags of the kernel files: the trace
  * callbacks below must not trace themselves.
  *
- * Execution model: a launch runs its blocks one after another; inside a block every thread is a
- * fiber (own stack, x86-64 register switch) that runs until it reaches __syncthreads, a warp
- * collective or its end, then yields to the scheduler here. A barrier releases when every thread
+ * Execution model: the blocks of a launch run interleaved, up to KMAX at once in a seeded order
+ * ("blocks of a launch, interleaved"); inside a block every thread is a fiber (own stack, x86-64
+ * register switch) that runs until it reaches __syncthreads, a warp collective or its end, then
+ * yields to the scheduler here. A barrier releases when every thread
  * of the block waits at it; a warp collective completes when every lane of its mask has arrived,
  * and then computes each lane's result from all lanes' inputs (a shuffle reads the partner's
  * value as it was at the collective, never a later one).
@@ -24,7 +25,11 @@
  *     visible. Every global store (and atomic) of a running kernel is kept (16-byte granules with
  *     a byte mask); a PDL launch's threads that have not passed griddepcontrol.wait (themselves,
  *     or through a __syncthreads after another thread of the block did) may not read or write a
- *     byte the previous kernel wrote: as on the GPU, that byte may not be there yet.
+ *     byte the previous kernel wrote: as on the GPU, that byte may not be there yet;
+ *   - global memory out of bounds: device buffers have red zones, and each scratch request of the
+ *     backend is its own exact region (pln_emu_scratch_request);
+ *   - global memory between blocks: a read of another block's store that no __threadfence has
+ *     published yet, and two blocks storing to one byte in a launch ("stores between blocks").
  * A report prints kernel, block, threads and offset on stderr, fails the launch
  * (cudaGetLastError() = cudaErrorLaunchFailure, whose message is the report) and is counted
  * (emu.h).
@@ -142,16 +147,17 @@ struct fiber {
     uint64_t val, res;
     uint32_t ab[6];
     float *c;
+    const struct mma_desc *mma;   /* the parsed PTX of the lane's mma */
     void *asan_fake;
     bool waited;               /* past griddepcontrol.wait (its own, or a barrier after another thread's) */
 };
 
-static fiber g_fib[MAX_THREADS];
+static fiber *g_fib;                     /* the active block's threads (blk_ctx) */
 static int g_nthreads;
 static fiber *g_cur;
 static void *g_sched_sp;
 static const std::function<void()> *g_body;
-static uint32_t g_wsync[MAX_THREADS / 32];
+static uint32_t *g_wsync;                /* per warp: collectives completed */
 #ifdef EMU_ASAN
 static void *g_sched_fake;
 static const void *g_sched_bottom;
@@ -240,14 +246,16 @@ static void report(const char *fmt, ...)
     g_failed = true;
     g_report_count++;
     if (g_reports_this_launch++ >= 3) return;   /* the first few say it; the count keeps the rest */
-    char msg[900];
+    char msg[900], line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(g_last_report, sizeof g_last_report, "cuda harness: %s: block (%u,%u,%u): %s", g_cfg ? g_cfg->name : "?",
+    snprintf(line, sizeof line, "cuda harness: %s: block (%u,%u,%u): %s", g_cfg ? g_cfg->name : "?",
              pln_emu_block_idx.x, pln_emu_block_idx.y, pln_emu_block_idx.z, msg);
-    fprintf(stderr, "%s\n", g_last_report);
+    fprintf(stderr, "%s\n", line);
+    /* the launch's error is its first report: the cause, not what followed from it */
+    if (g_reports_this_launch == 1) memcpy(g_last_report, line, sizeof line);
 }
 
 static const char *where(void *pc, char *buf, size_t cap)
@@ -314,10 +322,11 @@ static size_t g_dyn_cap;
 static shadow *g_shadow;
 static size_t g_shadow_cap;
 static uint32_t g_gen, g_epoch;
+static size_t g_dlo, g_dhi;               /* the static shared bytes the active block has touched */
 /* Bytes read before any write in this block. A write by another thread with no barrier between
  * makes it a race (the reader came first only by the harness's schedule); still unwritten at the
  * next barrier or the block's end, it was read uninitialised. */
-static std::vector<std::pair<size_t, void *>> g_early;
+static std::vector<std::pair<size_t, void *>> *g_early;
 static size_t g_static_size;
 
 static void shadow_reserve(size_t n)
@@ -356,6 +365,10 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
                t->lin, write ? "writes" : "reads", n, off, g_dyn_size, where(pc, w, sizeof w));
         return;
     }
+    if (!dyn) {
+        if (off < g_dlo) g_dlo = off;
+        if (off + n > g_dhi) g_dhi = off + n;
+    }
     const uint32_t mysync = g_wsync[t->warp];
     for (size_t i = 0; i < n; i++) {
         shadow *s = &g_shadow[base + off + i];
@@ -369,7 +382,7 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
         if (!write) {
             if (s->gen != g_gen) {
                 s->gen = g_gen; s->wtid = NONE; s->rtid = NONE; s->early = 1; s->pending = 0;
-                g_early.push_back(std::make_pair(base + off + i, pc));
+                g_early->push_back(std::make_pair(base + off + i, pc));
             }
             if (s->wtid != NONE && s->wtid != t->lin && s->wepoch == g_epoch &&
                 !warp_ordered(t, s->wtid / 32, s->wsync)) {
@@ -423,6 +436,239 @@ __attribute__((noinline)) static void shared_access(size_t off, size_t n, bool w
     }
 }
 
+/* ---- global memory: exact bounds, and stores between blocks ------------------------------------------
+ * Bounds: every cudaMalloc block has a red zone of DEV_RZ bytes on each side (poisoned with 0xa5
+ * like the block), and the backend's scratch is exact too: each pln_cuda_scratch request narrows
+ * its allocation to the bytes asked for, for the launches made after it (a graph keeps what its
+ * launches saw at capture). Any access of a kernel from a red zone or past the narrowed end is
+ * reported, in every build (ASan adds use-after-free and host memory in the SANITIZE= build).
+ *
+ * Between blocks, the GPU's memory is weak: a block's plain stores may sit in its SM (L1, store
+ * buffers) until a __threadfence() orders them before what follows (PTX fence.sc/acq_rel.gpu,
+ * cumulative: it covers the thread's own stores and every store ordered before it by a
+ * __syncthreads), or the kernel ends. Here every plain global store of a block is kept as
+ * unpublished (per byte: the block and the store's sequence number) until then. Reported:
+ *   - a block reading a byte that another block of the launch stored and has not published: on a
+ *     GPU the read may return the old value (the split-K merge without its fence);
+ *   - two blocks storing to the same byte in one launch with plain stores (not atomics): which one
+ *     lands is a race, and one of them wrote into the other's part of a buffer.
+ * Atomics (CUDA's are relaxed) publish nothing and are not stores here; a block's own stores are
+ * always visible to itself. */
+#define DEV_RZ 256
+#define GPAGE 4096
+struct dev_alloc {
+    uintptr_t rz_lo, lo, hi, rz_hi;   /* [rz_lo, lo) red zone, [lo, hi) the n bytes asked for, then red zone */
+    uintptr_t hi_eff;                 /* hi, or the end of the latest scratch request the running launch saw */
+    size_t n;
+};
+static std::map<uintptr_t, dev_alloc> g_allocs;   /* rz_lo -> allocation */
+typedef std::vector<std::pair<uintptr_t, size_t>> requests;
+static std::map<uintptr_t, size_t> g_requests;    /* allocation start -> bytes of its latest scratch request */
+enum { G_LOAD, G_STORE, G_ATOMIC };
+
+struct gpage {                  /* the running launch's plain stores to one page of device memory */
+    uint32_t wblk[GPAGE];       /* 1 + linear index of the block that stored the byte, 0: none */
+    uint32_t pend[GPAGE];       /* that store's sequence number while unpublished, 0: published */
+};
+static std::unordered_map<uintptr_t, gpage *> g_gpages;   /* page number -> its shadow */
+static std::vector<gpage *> g_gpage_free;
+struct pcache { uintptr_t page; uint32_t gen; uint8_t kind; gpage *gp; };
+enum { PK_HOST, PK_INSIDE, PK_EDGE };   /* no device memory / inside one allocation / bounds to check */
+#define PCACHE 4096
+static pcache g_pcache[PCACHE];         /* direct-mapped: most accesses resolve with one compare */
+static uint32_t g_pcache_gen = 1;
+static uint32_t g_blk;                  /* 1 + linear index of the running block */
+static uint32_t g_store_seq;
+struct pstore { uintptr_t a; uint32_t n, seq; };
+static std::vector<pstore> *g_pst;       /* the running block's unpublished stores since its last barrier, per thread */
+static std::vector<pstore> *g_pst_old;   /* ... and from before that barrier */
+static bool g_drop_fences;
+
+static void pcache_flush(void)
+{
+    if (++g_pcache_gen == 0) {
+        memset(g_pcache, 0, sizeof g_pcache);
+        g_pcache_gen = 1;
+    }
+}
+
+static pcache *page_info(uintptr_t page)
+{
+    pcache *e = &g_pcache[page & (PCACHE - 1)];
+    if (e->gen == g_pcache_gen && e->page == page) return e;
+    e->page = page;
+    e->gen = g_pcache_gen;
+    e->kind = PK_HOST;
+    e->gp = NULL;
+    const uintptr_t P = page * GPAGE, Q = P + GPAGE;
+    auto it = g_allocs.upper_bound(Q - 1);
+    if (it != g_allocs.begin()) {
+        const dev_alloc &d = (--it)->second;   /* the last allocation starting in or before the page */
+        if (d.lo <= P && Q <= d.hi_eff) e->kind = PK_INSIDE;
+        else if (d.rz_hi > P || d.rz_lo >= P) e->kind = PK_EDGE;
+    }
+    if (e->kind != PK_HOST) {
+        auto g = g_gpages.find(page);
+        if (g != g_gpages.end()) e->gp = g->second;
+    }
+    return e;
+}
+
+static const dev_alloc *alloc_of(uintptr_t x)
+{
+    auto it = g_allocs.upper_bound(x);
+    if (it == g_allocs.begin()) return NULL;
+    --it;
+    return x < it->second.rz_hi ? &it->second : NULL;
+}
+
+static gpage *gpage_get(uintptr_t page)
+{
+    auto g = g_gpages.find(page);
+    if (g != g_gpages.end()) return g->second;
+    gpage *gp;
+    if (!g_gpage_free.empty()) { gp = g_gpage_free.back(); g_gpage_free.pop_back(); }
+    else if (!(gp = (gpage *)malloc(sizeof *gp))) { fprintf(stderr, "pollen cuda harness: out of memory for the global shadow\n"); abort(); }
+    memset(gp, 0, sizeof *gp);
+    g_gpages[page] = gp;
+    return gp;
+}
+
+/* The launch ended: every store is visible; the shadow pages go back to the pool. */
+static void gpages_release(void)
+{
+    for (auto &g : g_gpages) g_gpage_free.push_back(g.second);
+    g_gpages.clear();
+    pcache_flush();
+}
+
+static const char *block_name(uint32_t blk, char *buf, size_t cap)
+{
+    const uint32_t l = blk - 1, gx = pln_emu_grid_dim.x, gy = pln_emu_grid_dim.y;
+    snprintf(buf, cap, "(%u,%u,%u)", l % gx, l / gx % gy, l / (gx * gy));
+    return buf;
+}
+
+static void blocks_access(pcache *e, uintptr_t page, uintptr_t a, size_t n, bool write, void *pc)
+{
+    const fiber *t = g_cur;
+    gpage *gp = e->gp;
+    if (!gp) {
+        if (!write) return;   /* no block stored to this page in this launch */
+        gp = e->gp = gpage_get(page);
+    }
+    const size_t off = a % GPAGE;
+    if (!write) {
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t w = gp->wblk[off + i];
+            if (w && w != g_blk && gp->pend[off + i]) {
+                char b[64], wh[256];
+                const dev_alloc *d = alloc_of(a + i);
+                report("global memory: thread %d reads byte %zu of a %zu-byte device buffer that block %s stored in this "
+                       "launch with no __threadfence() after the store: on a GPU it may not be visible to this block yet "
+                       "(the read may return the old value); at %s", t->lin, d ? (size_t)(a + i - d->lo) : 0,
+                       d ? d->n : 0, block_name(w, b, sizeof b), where(pc, wh, sizeof wh));
+                return;
+            }
+        }
+        return;
+    }
+    if (++g_store_seq == 0) g_store_seq = 1;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t w = gp->wblk[off + i];
+        if (w && w != g_blk) {
+            char b[64], wh[256];
+            const dev_alloc *d = alloc_of(a + i);
+            report("global memory: cross-block write race: thread %d stores to byte %zu of a %zu-byte device buffer that "
+                   "block %s also stored to in this launch (plain stores, no atomic: which one lands is undefined, and one "
+                   "block writes into another's part); at %s", t->lin, d ? (size_t)(a + i - d->lo) : 0, d ? d->n : 0,
+                   block_name(w, b, sizeof b), where(pc, wh, sizeof wh));
+            return;
+        }
+        gp->wblk[off + i] = g_blk;
+        gp->pend[off + i] = g_store_seq;
+    }
+    g_pst[t->lin].push_back(pstore{a, (uint32_t)n, g_store_seq});
+}
+
+static void pdl_access(uintptr_t a, size_t n, bool write, void *pc);
+
+/* Every global access of a running block: bounds, then the checks between blocks and PDL's. */
+static void global_access(uintptr_t a, size_t n, int kind, void *pc)
+{
+    if (!g_cur || !n) return;
+    const uintptr_t page = a / GPAGE;
+    if ((a % GPAGE) + n > GPAGE) {   /* straddles two pages */
+        const size_t first = GPAGE - a % GPAGE;
+        global_access(a, first, kind, pc);
+        global_access(a + first, n - first, kind, pc);
+        return;
+    }
+    pcache *e = page_info(page);
+    if (e->kind == PK_HOST) return;   /* a fiber's stack, host memory */
+    if (e->kind == PK_EDGE) {
+        const dev_alloc *d = alloc_of(a);
+        if (!d) return;
+        if (a < d->lo || a + n > d->hi_eff) {
+            char wh[256];
+            const bool req = d->hi_eff != d->hi;
+            report("global memory out of bounds: thread %d %s %zu bytes at offset %lld of a %zu-byte %s%s; at %s",
+                   g_cur->lin, kind == G_LOAD ? "reads" : kind == G_STORE ? "writes" : "updates atomically", n,
+                   (long long)(a - d->lo), (size_t)(d->hi_eff - d->lo), req ? "scratch request" : "device allocation",
+                   req ? " (pln_cuda_scratch: each request is its own region)" : "", where(pc, wh, sizeof wh));
+            return;
+        }
+    }
+    pdl_access(a, n, kind != G_LOAD, pc);
+    if (kind != G_ATOMIC) blocks_access(e, page, a, n, kind == G_STORE, pc);
+}
+
+static void publish(const pstore &s)
+{
+    for (uintptr_t x = s.a; x < s.a + s.n; x++) {
+        auto g = g_gpages.find(x / GPAGE);
+        if (g == g_gpages.end()) continue;
+        gpage *gp = g->second;
+        if (gp->wblk[x % GPAGE] == g_blk && gp->pend[x % GPAGE] == s.seq) gp->pend[x % GPAGE] = 0;
+    }
+}
+
+/* __threadfence(): this thread's stores, and every store of its block before its last
+ * __syncthreads, become visible to the other blocks. */
+extern "C" void pln_emu_threadfence(void)
+{
+    fiber *t = g_cur;
+    if (!t || g_drop_fences) return;
+    for (const pstore &s : g_pst[t->lin]) publish(s);
+    g_pst[t->lin].clear();
+    for (const pstore &s : *g_pst_old) publish(s);
+    g_pst_old->clear();
+}
+
+extern "C" void pln_emu_drop_fences(int on) { g_drop_fences = on != 0; }
+
+extern "C" void pln_emu_scratch_request(const void *p, size_t n)
+{
+    pthread_mutex_lock(&g_lock);
+    g_requests[(uintptr_t)p] = n;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* A barrier released: what each thread stored before it is ordered before every thread's fence. */
+static void pst_barrier(void)
+{
+    for (int i = 0; i < g_nthreads; i++) {
+        g_pst_old->insert(g_pst_old->end(), g_pst[i].begin(), g_pst[i].end());
+        g_pst[i].clear();
+    }
+}
+
+static void pst_clear(void)
+{
+    for (int i = 0; i < g_nthreads; i++) g_pst[i].clear();
+    g_pst_old->clear();
+}
+
 /* ---- programmatic dependent launch ------------------------------------------------------------ */
 /* Global bytes written: 16-byte granule address -> mask of its bytes and the kernel that wrote them last. */
 struct written { uint16_t mask; const char *by; };
@@ -438,17 +684,6 @@ static bool g_pdl_blk_triggered;      /* ... called griddepcontrol.launch_depend
  * dependent may overlap the predecessor too. */
 static bool g_pdl_ordered;
 static bool g_pdl_reported;
-/* Device memory (cudaMalloc): the only memory the rule is about. A fiber's own stack (locals the
- * compiler did not keep in registers; stacks are reused by the next kernel's threads) is not. */
-static std::map<uintptr_t, uintptr_t> g_dev_ranges;   /* start -> end */
-
-static bool device_memory(uintptr_t a)
-{
-    auto it = g_dev_ranges.upper_bound(a);
-    if (it == g_dev_ranges.begin()) return false;
-    --it;
-    return a < it->second;
-}
 
 static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
 {
@@ -459,7 +694,7 @@ static inline uint16_t granule_mask(uintptr_t g, uintptr_t a, size_t n)
 static void pdl_access(uintptr_t a, size_t n, bool write, void *pc)
 {
     fiber *t = g_cur;
-    if (!t || !n || !(write || (g_pdl_check && !t->waited)) || !device_memory(a)) return;
+    if (!t || !n || !(write || (g_pdl_check && !t->waited))) return;   /* a is device memory (global_access) */
     for (uintptr_t g = a & ~(uintptr_t)15; g < a + n; g += 16) {
         const uint16_t m = granule_mask(g, a, n);
         if (g_pdl_check && !t->waited && !g_pdl_reported) {
@@ -507,7 +742,7 @@ static inline __attribute__((always_inline)) void access(const void *p, size_t n
     uintptr_t a = (uintptr_t)p;
     if (a - g_sh_lo < g_sh_span) shared_access(a - g_sh_lo, n, write, false, pc);
     else if (a - g_dyn_lo < g_dyn_span) shared_access(a - g_dyn_lo, n, write, true, pc);
-    else if (g_pdl_in_block) pdl_access(a, n, write, pc);
+    else if (g_pdl_in_block) global_access(a, n, write ? G_STORE : G_LOAD, pc);
 }
 
 #define TRACE(n, T)                                                                                              \
@@ -524,7 +759,7 @@ extern "C" void *pln_emu_dynamic_shared(void) { return g_dyn_buf; }
 /* Early reads still not written: read uninitialised. */
 static void flush_early(void)
 {
-    for (const auto &e : g_early) {
+    for (const auto &e : *g_early) {
         shadow *s = &g_shadow[e.first];
         if (s->gen != g_gen || !s->early) continue;
         s->early = 0;
@@ -535,7 +770,7 @@ static void flush_early(void)
                s->rtid == MANY ? "one of several, e.g. " : "", s->rtid == MANY ? -1 : s->rtid,
                where(e.second, w, sizeof w));
     }
-    g_early.clear();
+    g_early->clear();
 }
 
 /* ---- barriers and warp collectives ------------------------------------------------------------- */
@@ -550,17 +785,92 @@ extern "C" void pln_emu_syncthreads(const char *site)
 
 static uint64_t lane_val(int w, int lane) { return g_fib[w * 32 + lane].val; }
 
+/* ---- mma: the PTX text of the instruction, parsed ------------------------------------------------
+ * mma.cuh hands the harness the very string nvcc assembles (PLN_MMA16816_PTX) with the asm
+ * operands in order: %0-%3 the fp32 accumulators, %4-%9 the b32 inputs. The opcode must be the one
+ * variant implemented here; the D, A, B and C groups say which operand holds which fragment
+ * register, so a swap in the text changes what the harness computes, as it would on the GPU. */
+struct mma_desc {
+    const char *ptx;
+    char err[240];          /* "" when the text is one the harness runs */
+    int d[4], a[4], b[2], c[4];
+};
+
+static const char *mma_group(const char *p, int *ops, int want, int lo, int hi, const char *name, char *err, size_t cap)
+{
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    if (*p++ != '{') { snprintf(err, cap, "expected '{' before the %s registers", name); return NULL; }
+    int n = 0;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == '}') { p++; break; }
+        if (*p == ',') { p++; continue; }
+        if (*p != '%' || p[1] < '0' || p[1] > '9') { snprintf(err, cap, "%s: expected %%N, got '%.12s'", name, p); return NULL; }
+        const int v = (int)strtol(p + 1, (char **)&p, 10);
+        if (n >= want) { snprintf(err, cap, "%s has more than %d registers (m16n8k16 .f16/.f32)", name, want); return NULL; }
+        if (v < lo || v > hi) {
+            snprintf(err, cap, "%s register %%%d is not one of the %s operands %%%d-%%%d", name, v,
+                     lo == 0 ? "fp32 accumulator" : "b32 input", lo, hi);
+            return NULL;
+        }
+        ops[n++] = v;
+    }
+    if (n != want) { snprintf(err, cap, "%s has %d registers, m16n8k16 with these types needs %d", name, n, want); return NULL; }
+    return p;
+}
+
+static const mma_desc *mma_parse(const char *ptx)
+{
+    static std::vector<mma_desc *> cache;   /* by the address of the text: parsed once */
+    for (const mma_desc *d : cache)
+        if (d->ptx == ptx) return d;
+    mma_desc *d = (mma_desc *)calloc(1, sizeof *d);
+    if (!d) abort();
+    d->ptx = ptx;
+    static const char op[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+    const char *p = ptx;
+    while (*p == ' ' || *p == '\t') p++;
+    size_t n = strcspn(p, " \t");
+    if (n != sizeof op - 1 || strncmp(p, op, n) != 0)
+        snprintf(d->err, sizeof d->err, "unsupported instruction '%.*s' (the harness runs %s)", (int)(n < 80 ? n : 80), p, op);
+    else {
+        p += n;
+        if ((p = mma_group(p, d->d, 4, 0, 3, "D", d->err, sizeof d->err)) &&
+            (p = mma_group(p, d->a, 4, 4, 9, "A", d->err, sizeof d->err)) &&
+            (p = mma_group(p, d->b, 2, 4, 9, "B", d->err, sizeof d->err)) &&
+            (p = mma_group(p, d->c, 4, 0, 3, "C", d->err, sizeof d->err))) {
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p != ';') snprintf(d->err, sizeof d->err, "expected ';' after the C registers");
+        }
+    }
+    cache.push_back(d);
+    return d;
+}
+
 static void mma_complete(int w)
 {
     float A[16][16], B[16][8];
+    const mma_desc *m = g_fib[w * 32].mma;
+    for (int l = 0; l < 32; l++) {
+        const fiber *f = &g_fib[w * 32 + l];
+        if (f->mma != m) {
+            report("warp %d: lanes 0 and %d run different mma instructions (%s | %s)", w, l, m->ptx, f->mma->ptx);
+            return;
+        }
+    }
+    if (m->err[0]) {
+        report("mma: %s, in \"%s\"", m->err, m->ptx);
+        return;
+    }
     for (int l = 0; l < 32; l++) {
         const fiber *f = &g_fib[w * 32 + l];
         const int g = l >> 2, q = l & 3;
         float h[12];
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 6; i++) {   /* the A then B registers the text names, from the asm inputs */
+            const uint32_t r = f->ab[i < 4 ? m->a[i] - 4 : m->b[i - 4] - 4];
             __half_raw lo, hi;
-            lo.x = (unsigned short)(f->ab[i] & 0xffff);
-            hi.x = (unsigned short)(f->ab[i] >> 16);
+            lo.x = (unsigned short)(r & 0xffff);
+            hi.x = (unsigned short)(r >> 16);
             h[2 * i] = __half2float(__half(lo));
             h[2 * i + 1] = __half2float(__half(hi));
         }
@@ -576,13 +886,16 @@ static void mma_complete(int w)
     for (int l = 0; l < 32; l++) {
         fiber *f = &g_fib[w * 32 + l];
         const int g = l >> 2, q = l & 3;
-        /* c0 (row g, col 2q), c1 (row g, col 2q+1), c2 (row g+8, col 2q), c3 (row g+8, col 2q+1) */
+        /* c0 (row g, col 2q), c1 (row g, col 2q+1), c2 (row g+8, col 2q), c3 (row g+8, col 2q+1):
+         * D = A·B + C, C read in full before D is written (they are usually the same registers) */
+        float d[4];
         for (int i = 0; i < 4; i++) {
             int r = g + (i >= 2 ? 8 : 0), col = 2 * q + (i & 1);
             float s = 0.0f;
             for (int k = 0; k < 16; k++) s += A[r][k] * B[k][col];
-            f->c[i] += s;
+            d[i] = s + f->c[m->c[i]];
         }
+        for (int i = 0; i < 4; i++) f->c[m->d[i]] = d[i];
     }
 }
 
@@ -673,13 +986,14 @@ extern "C" uint64_t pln_emu_collective(int op, unsigned mask, uint64_t v, int ar
     return arrive(f);
 }
 
-extern "C" void pln_emu_mma16816(float c[4], const uint32_t ab[6])
+extern "C" void pln_emu_mma_ptx(const char *ptx, float c[4], const uint32_t in[6])
 {
     fiber *f = g_cur;
     if (!f) return;
     f->op = PLN_EMU_MMA; f->mask = 0xffffffffu; f->val = 0; f->arg = 0; f->width = 32;
-    memcpy(f->ab, ab, sizeof f->ab);
+    memcpy(f->ab, in, sizeof f->ab);
     f->c = c;
+    f->mma = mma_parse(ptx);
     arrive(f);
 }
 
@@ -698,8 +1012,8 @@ struct cp_copy {
     uint32_t group;           /* the issuing thread's commit count at the issue */
     void *pc;
 };
-static std::vector<cp_copy> g_cp[MAX_THREADS];
-static uint32_t g_cp_commits[MAX_THREADS];
+static std::vector<cp_copy> *g_cp;
+static uint32_t *g_cp_commits;
 
 static void cp_reset(void)
 {
@@ -744,7 +1058,7 @@ extern "C" void pln_emu_cp_async16(void *dst, const void *src, int src_bytes)
     /* the source is read at the issue (the data may be fetched at any time from now on): under
      * programmatic dependent launch, before griddepcontrol.wait it may not be the previous
      * kernel's output */
-    if (src_bytes && g_pdl_in_block) pdl_access((uintptr_t)src, 16, false, pc);
+    if (src_bytes && g_pdl_in_block) global_access((uintptr_t)src, 16, G_LOAD, pc);
     cp_copy c;
     c.off = (dyn ? g_static_size : 0) + off;
     if (src_bytes) memcpy(c.data, src, 16);
@@ -789,7 +1103,7 @@ extern "C" void pln_emu_cp_async_wait(int n)
 /* ---- atomics ---------------------------------------------------------------------------------- */
 extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
 {
-    if (g_pdl_in_block) pdl_access((uintptr_t)p, 4, true, __builtin_return_address(0));
+    if (g_pdl_in_block) global_access((uintptr_t)p, 4, G_ATOMIC, __builtin_return_address(0));
     int *q = (int *)p, old = *q;
     unsigned uo = (unsigned)old, uv = (unsigned)v;
     switch (op) {
@@ -809,14 +1123,14 @@ extern "C" int pln_emu_atomic_i32(int op, void *p, int v, int cmp)
 }
 extern "C" float pln_emu_atomic_add_f32(float *p, float v)
 {
-    if (g_pdl_in_block) pdl_access((uintptr_t)p, 4, true, __builtin_return_address(0));
+    if (g_pdl_in_block) global_access((uintptr_t)p, 4, G_ATOMIC, __builtin_return_address(0));
     float o = *p;
     *p = o + v;
     return o;
 }
 extern "C" unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long long v)
 {
-    if (g_pdl_in_block) pdl_access((uintptr_t)p, 8, true, __builtin_return_address(0));
+    if (g_pdl_in_block) global_access((uintptr_t)p, 8, G_ATOMIC, __builtin_return_address(0));
     unsigned long long o = *p;
     *p = o + v;
     return o;
@@ -828,9 +1142,103 @@ static const char *state_name(int s)
     return s == F_RUN ? "running" : s == F_BAR ? "at __syncthreads" : s == F_WARP ? "at a warp collective" : "exited";
 }
 
-/* Runs one block to its end; false when it cannot finish (divergent barrier, deadlock). */
-static bool run_block(void)
+/* ---- blocks of a launch, interleaved ----------------------------------------------------------------
+ * Up to KMAX blocks of a launch are resident at once, each with its own threads, warp state,
+ * cp.async copies, unpublished stores, shared-memory shadow, dynamic shared buffer and static
+ * shared bytes (the one .pln_shared section holds the active block's; the bytes a block touched
+ * are saved and restored when another block becomes active). The scheduler admits blocks in a
+ * shuffled order and runs a randomly chosen resident block for one round (each of its runnable
+ * threads until it blocks, or a barrier's release) at a time: the blocks' fibers are scheduled
+ * together, in an order fixed by the launch's seed (pln_emu_set_seed, PLN_EMU_SEED, and the
+ * launch's number), so every launch sees another order and a run can be repeated. */
+#define KMAX 4
+struct blk_ctx {
+    fiber fib[MAX_THREADS];
+    uint32_t wsync[MAX_THREADS / 32];
+    std::vector<cp_copy> cp[MAX_THREADS];
+    uint32_t cp_commits[MAX_THREADS];
+    std::vector<pstore> pst[MAX_THREADS];
+    std::vector<pstore> pst_old;
+    std::vector<std::pair<size_t, void *>> early;
+    shadow *sh;
+    size_t sh_cap;
+    uint32_t gen, epoch;
+    char *dyn;
+    size_t dyn_cap;
+    char *saved;             /* its static shared bytes while another block is active */
+    size_t dlo, dhi;
+    bool waited, triggered;
+    uint3 idx;
+    uint32_t blk;
+};
+static blk_ctx *g_ctxs[KMAX];
+static blk_ctx *g_active;           /* whose state the globals above hold */
+static blk_ctx *g_section_owner;    /* whose static shared bytes the section holds */
+static uint64_t g_seed = 0x9e3779b97f4a7c15ull, g_launch_no;
+static bool g_seed_read;
+
+extern "C" void pln_emu_set_seed(uint64_t seed) { g_seed = seed; g_seed_read = true; g_launch_no = 0; }
+
+static uint64_t rng_next(uint64_t *x)   /* splitmix64 */
 {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The static shared section has ASan's redzones between its variables in the SANITIZE= build: a
+ * block's range is saved and restored without the checks (the redzone bytes are copied as they
+ * are; no kernel reads them). Volatile, so the loop does not become a (checked) memcpy. */
+#ifdef EMU_ASAN
+__attribute__((no_sanitize("address"))) static void raw_copy(char *d, const char *s, size_t n)
+{
+    volatile char *vd = d;
+    const volatile char *vs = s;
+    for (size_t i = 0; i < n; i++) vd[i] = vs[i];
+}
+#else
+static void raw_copy(char *d, const char *s, size_t n) { memcpy(d, s, n); }
+#endif
+
+static void ctx_leave(void)
+{
+    blk_ctx *c = g_active;
+    if (!c) return;
+    c->sh = g_shadow; c->sh_cap = g_shadow_cap; c->gen = g_gen; c->epoch = g_epoch;
+    c->dyn = g_dyn_buf; c->dyn_cap = g_dyn_cap; c->dlo = g_dlo; c->dhi = g_dhi;
+    c->waited = g_pdl_blk_waited; c->triggered = g_pdl_blk_triggered;
+    c->idx = pln_emu_block_idx; c->blk = g_blk;
+    g_active = NULL;
+}
+
+static void ctx_enter(blk_ctx *c)
+{
+    if (g_active == c) return;
+    ctx_leave();
+    g_fib = c->fib; g_wsync = c->wsync; g_cp = c->cp; g_cp_commits = c->cp_commits;
+    g_pst = c->pst; g_pst_old = &c->pst_old; g_early = &c->early;
+    g_shadow = c->sh; g_shadow_cap = c->sh_cap; g_gen = c->gen; g_epoch = c->epoch;
+    g_dyn_buf = c->dyn; g_dyn_cap = c->dyn_cap; g_dyn_lo = (uintptr_t)c->dyn; g_dlo = c->dlo; g_dhi = c->dhi;
+    g_pdl_blk_waited = c->waited; g_pdl_blk_triggered = c->triggered;
+    pln_emu_block_idx = c->idx; g_blk = c->blk;
+    if (g_section_owner != c && g_sh_lo) {
+        blk_ctx *o = g_section_owner;
+        if (o && o->dhi > o->dlo) raw_copy(o->saved + o->dlo, (char *)g_sh_lo + o->dlo, o->dhi - o->dlo);
+        if (c->dhi > c->dlo) raw_copy((char *)g_sh_lo + c->dlo, c->saved + c->dlo, c->dhi - c->dlo);
+        g_section_owner = c;
+    }
+    g_active = c;
+}
+
+/* Starts block idx in the active context. */
+static void block_begin(uint3 idx, uint32_t blk)
+{
+    pln_emu_block_idx = idx;
+    g_blk = blk;
+    g_pdl_blk_waited = g_pdl_blk_triggered = false;
+    g_dlo = SIZE_MAX;
+    g_dhi = 0;
     const dim3 b = pln_emu_block_dim;
     g_nthreads = (int)(b.x * b.y * b.z);
     for (int i = 0; i < g_nthreads; i++) {
@@ -841,70 +1249,142 @@ static bool run_block(void)
         f->warp = i / 32;
         f->lane = i % 32;
     }
-    memset(g_wsync, 0, sizeof g_wsync);
+    memset(g_wsync, 0, MAX_THREADS / 32 * sizeof *g_wsync);
     for (int i = 0; i < g_nthreads; i++) { g_cp[i].clear(); g_cp_commits[i] = 0; }
+    g_early->clear();
+    pst_clear();
     g_gen++;
     g_epoch++;
     if (g_gen == 0) {   /* wrapped: no stale shadow entry may look current */
         memset(g_shadow, 0, g_shadow_cap * sizeof *g_shadow);
         g_gen = 1;
     }
-    for (;;) {
-        bool ran = false;
-        for (int i = 0; i < g_nthreads; i++)
-            if (g_fib[i].state == F_RUN) { run_fiber(&g_fib[i]); ran = true; }
-        if (ran) continue;
-        int nbar = 0, nwarp = 0, ndone = 0, first_bar = -1, first_done = -1, first_warp = -1;
-        for (int i = 0; i < g_nthreads; i++) {
-            int st = g_fib[i].state;
-            if (st == F_BAR) { nbar++; if (first_bar < 0) first_bar = i; }
-            else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
-            else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
-        }
-        if (ndone == g_nthreads) { cp_reset(); flush_early(); return true; }
-        if (nbar == g_nthreads) {
-            flush_early();
-            const char *site = g_fib[0].bar_site;
-            for (int i = 1; i < g_nthreads; i++)
-                if (strcmp(g_fib[i].bar_site, site) != 0) {
-                    report("divergent barrier: thread 0 waits at __syncthreads %s, thread %d at __syncthreads %s",
-                           site, i, g_fib[i].bar_site);
-                    return false;
-                }
-            g_epoch++;
-            for (int i = 0; i < g_nthreads; i++) {
-                g_fib[i].state = F_RUN;
-                /* a thread past the barrier is ordered after every wait before it */
-                if (g_pdl_blk_waited) g_fib[i].waited = true;
-            }
-            continue;
-        }
-        /* nothing can run: a barrier some thread never reaches, or a collective that never completes */
-        if (nbar && ndone)
-            report("divergent barrier: thread %d exited while thread %d waits at __syncthreads %s (%d of %d threads wait)",
-                   first_done, first_bar, g_fib[first_bar].bar_site, nbar, g_nthreads);
-        else if (nwarp) {
-            const fiber *f = &g_fib[first_warp];
-            int other = -1;
-            for (int l = 0; l < 32 && other < 0; l++) {
-                int i = f->warp * 32 + l;
-                if ((f->mask >> l & 1) && (i >= g_nthreads || g_fib[i].state != F_WARP || g_fib[i].mask != f->mask))
-                    other = i;
-            }
-            report("deadlock: thread %d waits at a warp collective (mask 0x%08x) that lane %d never joins (%s)", f->lin,
-                   f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
-        } else
-            report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
-        cp_reset();
-        g_early.clear();
-        return false;
+}
+
+enum { B_RUNNING, B_DONE, B_FAILED };
+/* One round of the active block: its runnable threads each until they block, or a barrier's
+ * release, or its end; B_FAILED when it cannot finish (divergent barrier, deadlock). */
+static int block_step(void)
+{
+    bool ran = false;
+    for (int i = 0; i < g_nthreads; i++)
+        if (g_fib[i].state == F_RUN) { run_fiber(&g_fib[i]); ran = true; }
+    if (ran) return B_RUNNING;
+    int nbar = 0, nwarp = 0, ndone = 0, first_bar = -1, first_done = -1, first_warp = -1;
+    for (int i = 0; i < g_nthreads; i++) {
+        int st = g_fib[i].state;
+        if (st == F_BAR) { nbar++; if (first_bar < 0) first_bar = i; }
+        else if (st == F_WARP) { nwarp++; if (first_warp < 0) first_warp = i; }
+        else if (st == F_DONE) { ndone++; if (first_done < 0) first_done = i; }
     }
+    if (ndone == g_nthreads) { cp_reset(); flush_early(); pst_clear(); return B_DONE; }
+    if (nbar == g_nthreads) {
+        flush_early();
+        const char *site = g_fib[0].bar_site;
+        for (int i = 1; i < g_nthreads; i++)
+            if (strcmp(g_fib[i].bar_site, site) != 0) {
+                report("divergent barrier: thread 0 waits at __syncthreads %s, thread %d at __syncthreads %s",
+                       site, i, g_fib[i].bar_site);
+                return B_FAILED;
+            }
+        g_epoch++;
+        pst_barrier();
+        for (int i = 0; i < g_nthreads; i++) {
+            g_fib[i].state = F_RUN;
+            /* a thread past the barrier is ordered after every wait before it */
+            if (g_pdl_blk_waited) g_fib[i].waited = true;
+        }
+        return B_RUNNING;
+    }
+    /* nothing can run: a barrier some thread never reaches, or a collective that never completes */
+    if (nbar && ndone)
+        report("divergent barrier: thread %d exited while thread %d waits at __syncthreads %s (%d of %d threads wait)",
+               first_done, first_bar, g_fib[first_bar].bar_site, nbar, g_nthreads);
+    else if (nwarp) {
+        const fiber *f = &g_fib[first_warp];
+        int other = -1;
+        for (int l = 0; l < 32 && other < 0; l++) {
+            int i = f->warp * 32 + l;
+            if ((f->mask >> l & 1) && (i >= g_nthreads || g_fib[i].state != F_WARP || g_fib[i].mask != f->mask))
+                other = i;
+        }
+        report("deadlock: thread %d waits at a warp collective (mask 0x%08x) that lane %d never joins (%s)", f->lin,
+               f->mask, other % 32, other >= g_nthreads ? "no such thread in the block" : state_name(g_fib[other].state));
+    } else
+        report("deadlock: %d threads wait at __syncthreads, %d exited", nbar, ndone);
+    cp_reset();
+    g_early->clear();
+    pst_clear();
+    return B_FAILED;
+}
+
+/* Runs every block of the launch, interleaved (above). */
+static void run_blocks(const pln_emu_launch_cfg &cfg, size_t st)
+{
+    if (!g_seed_read) {
+        const char *e = getenv("PLN_EMU_SEED");
+        if (e && *e) g_seed = strtoull(e, NULL, 0);
+        g_seed_read = true;
+    }
+    uint64_t rng = g_seed ^ (0x100000001b3ull * ++g_launch_no);
+    const uint64_t nb = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;
+    std::vector<uint32_t> order(nb);
+    for (uint64_t i = 0; i < nb; i++) order[i] = (uint32_t)i;
+    for (uint64_t i = nb; i > 1; i--) std::swap(order[i - 1], order[rng_next(&rng) % i]);
+    const int k = nb < KMAX ? (int)nb : KMAX;
+    for (int i = 0; i < k; i++) {   /* each context sized for this launch */
+        if (!g_ctxs[i]) {
+            g_ctxs[i] = new blk_ctx();
+            if (st && !(g_ctxs[i]->saved = (char *)calloc(1, st))) abort();
+        }
+        ctx_enter(g_ctxs[i]);
+        shadow_reserve(st + cfg.smem + RED_ZONE);
+        if (g_dyn_cap < cfg.smem + RED_ZONE) {
+            free(g_dyn_buf);
+            g_dyn_cap = cfg.smem + RED_ZONE;
+            g_dyn_buf = (char *)aligned_alloc(256, (g_dyn_cap + 255) & ~(size_t)255);
+            g_dyn_lo = (uintptr_t)g_dyn_buf;
+        }
+        ctx_leave();
+    }
+    blk_ctx *res[KMAX];
+    bool busy[KMAX] = {false, false, false, false};
+    int nres = 0;
+    uint64_t next = 0;
+    g_sh_span = st;
+    g_dyn_span = cfg.smem + RED_ZONE;
+    g_pdl_in_block = true;
+    while (!g_failed && (next < nb || nres > 0)) {
+        while (nres < k && next < nb) {
+            int f = 0;
+            while (busy[f]) f++;
+            busy[f] = true;
+            blk_ctx *c = g_ctxs[f];
+            ctx_enter(c);
+            const uint32_t l = order[next++];
+            block_begin(make_uint3(l % cfg.grid.x, l / cfg.grid.x % cfg.grid.y, l / (cfg.grid.x * cfg.grid.y)), l + 1);
+            res[nres++] = c;
+        }
+        const int r = (int)(rng_next(&rng) % (uint64_t)nres);
+        ctx_enter(res[r]);
+        const int bs = block_step();
+        if (bs == B_RUNNING) continue;
+        if (!g_pdl_blk_triggered && g_pdl_blk_waited) g_pdl_ordered = true;   /* exit: an implicit trigger */
+        if (bs == B_FAILED) g_failed = true;
+        for (int f = 0; f < k; f++)
+            if (g_ctxs[f] == res[r]) busy[f] = false;
+        res[r] = res[--nres];
+    }
+    ctx_leave();
+    g_pdl_in_block = false;
+    g_sh_span = g_dyn_span = 0;
 }
 
 struct stream_st;
 struct node {   /* one captured operation */
     pln_emu_launch_cfg cfg;
     std::function<void()> body;   /* a kernel launch (cfg.name set) or a copy/memset */
+    requests req;                 /* the scratch requests the launch saw */
 };
 
 struct emu_log {
@@ -916,7 +1396,7 @@ static thread_local cudaError_t g_last_error = cudaSuccess;
 #define LOG_KEEP 65536
 
 /* Runs a kernel now. */
-static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &body)
+static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &body, const requests &req)
 {
     pthread_mutex_lock(&g_lock);
     pln_emu_launch_rec rec;
@@ -948,33 +1428,22 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
         static bool found;
         if (!found) { find_static_shared(&sh_lo, &st); found = true; }
         g_static_size = st;
-        if (g_dyn_cap < cfg.smem + RED_ZONE) {
-            free(g_dyn_buf);
-            g_dyn_cap = cfg.smem + RED_ZONE;
-            g_dyn_buf = (char *)aligned_alloc(256, (g_dyn_cap + 255) & ~(size_t)255);
-        }
-        shadow_reserve(st + cfg.smem + RED_ZONE);
         g_sh_lo = sh_lo;
-        g_dyn_lo = (uintptr_t)g_dyn_buf;
         g_dyn_size = cfg.smem;
         g_pdl_writes.clear();
+        /* each scratch allocation as narrow as the latest request this launch saw */
+        std::vector<dev_alloc *> narrowed;
+        for (const auto &r : req) {
+            auto it = g_allocs.find(r.first - DEV_RZ);
+            if (it == g_allocs.end() || it->second.lo != r.first) continue;   /* freed since the capture */
+            it->second.hi_eff = it->second.lo + (r.second < it->second.n ? r.second : it->second.n);
+            narrowed.push_back(&it->second);
+        }
+        pcache_flush();
         g_pdl_check = cfg.pdl && !g_pdl_pred.empty();
         g_pdl_ordered = false;
         g_pdl_reported = false;
-        for (unsigned z = 0; z < cfg.grid.z && !g_failed; z++)
-            for (unsigned y = 0; y < cfg.grid.y && !g_failed; y++)
-                for (unsigned x = 0; x < cfg.grid.x && !g_failed; x++) {
-                    pln_emu_block_idx = make_uint3(x, y, z);
-                    g_sh_span = st;
-                    g_dyn_span = cfg.smem + RED_ZONE;
-                    g_pdl_in_block = true;
-                    g_pdl_blk_waited = g_pdl_blk_triggered = false;
-                    bool ok = run_block();
-                    g_pdl_in_block = false;
-                    if (!g_pdl_blk_triggered && g_pdl_blk_waited) g_pdl_ordered = true;   /* exit: an implicit trigger */
-                    g_sh_span = g_dyn_span = 0;
-                    if (!ok) g_failed = true;
-                }
+        run_blocks(cfg, st);
         /* what the next launch may overlap: this kernel's writes, and, when this one let its
          * dependents start before it had waited itself, its predecessor's too */
         if (!(cfg.pdl && !g_pdl_ordered)) g_pdl_pred.clear();
@@ -984,6 +1453,9 @@ static void execute(const pln_emu_launch_cfg &cfg, const std::function<void()> &
             p.by = w.second.by;
         }
         g_pdl_writes.clear();
+        gpages_release();
+        for (dev_alloc *d : narrowed) d->hi_eff = d->hi;
+        pcache_flush();
         if (g_failed) {
             g_last_error = cudaErrorLaunchFailure;
             rec.failed = 1;
@@ -1017,11 +1489,23 @@ static cudaError_t enqueue(cudaStream_t s, const pln_emu_launch_cfg *cfg, std::f
         if (cfg) n.cfg = *cfg;
         else memset(&n.cfg, 0, sizeof n.cfg);
         n.body = std::move(op);
+        if (cfg) n.req.assign(g_requests.begin(), g_requests.end());
         st->capture->push_back(std::move(n));
         return cudaSuccess;
     }
-    if (cfg) execute(*cfg, op);
+    requests req(g_requests.begin(), g_requests.end());
+    if (cfg) execute(*cfg, op, req);
     else { pdl_barrier(); op(); }
+    return cudaSuccess;
+}
+
+/* A recorded node: its launch with the scratch requests it saw at capture. */
+static cudaError_t replay(cudaStream_t s, const node &n)
+{
+    if (!n.cfg.name) return enqueue(s, NULL, n.body);
+    CUstream_st *st = stream_of(s);
+    if (st->capturing) { st->capture->push_back(n); return cudaSuccess; }
+    execute(n.cfg, n.body, n.req);
     return cudaSuccess;
 }
 
@@ -1091,16 +1575,25 @@ cudaError_t cudaMalloc(void **p, size_t n)
 {
     *p = NULL;
     if (n > DEVICE_MEMORY - g_allocated) return g_last_error = cudaErrorMemoryAllocation;
-    size_t want = (n + 255) & ~(size_t)255;
-    void *m = NULL;
-    if (posix_memalign(&m, 256, want ? want : 256) != 0) return g_last_error = cudaErrorMemoryAllocation;
-    /* fresh device memory is not zero on a GPU: make a kernel that relies on it fail here too */
-    memset(m, 0xa5, want ? want : 256);
+    size_t want = n ? (n + 255) & ~(size_t)255 : 256;
+    char *b = NULL;
+    if (posix_memalign((void **)&b, 256, want + 2 * DEV_RZ) != 0) return g_last_error = cudaErrorMemoryAllocation;
+    /* fresh device memory is not zero on a GPU: make a kernel that relies on it fail here too;
+     * the red zones on both sides are checked (global_access) */
+    memset(b, 0xa5, want + 2 * DEV_RZ);
+    void *m = b + DEV_RZ;
     *p = m;
     pthread_mutex_lock(&g_lock);
     g_allocated += n;
     g_sizes[m] = n;
-    g_dev_ranges[(uintptr_t)m] = (uintptr_t)m + n;
+    dev_alloc d;
+    d.rz_lo = (uintptr_t)b;
+    d.lo = (uintptr_t)m;
+    d.hi = d.hi_eff = d.lo + n;
+    d.rz_hi = d.lo + want + DEV_RZ;
+    d.n = n;
+    g_allocs[d.rz_lo] = d;
+    pcache_flush();
     pthread_mutex_unlock(&g_lock);
     return cudaSuccess;
 }
@@ -1113,12 +1606,14 @@ cudaError_t cudaFree(void *p)
     if (known) {
         g_allocated -= it->second;
         g_sizes.erase(it);
-        g_dev_ranges.erase((uintptr_t)p);
+        g_allocs.erase((uintptr_t)p - DEV_RZ);
+        g_requests.erase((uintptr_t)p);
+        pcache_flush();
         pdl_barrier();   /* cudaFree waits for the device; the address may come back as another buffer */
     }
     pthread_mutex_unlock(&g_lock);
     if (!known) return g_last_error = cudaErrorInvalidValue;   /* not from cudaMalloc, or freed twice */
-    free(p);
+    free((char *)p - DEV_RZ);
     return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
@@ -1211,7 +1706,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s)
     cudaError_t before = g_last_error;
     g_last_error = cudaSuccess;
     for (const node &n : e->nodes) {
-        cudaError_t r = enqueue(s, n.cfg.name ? &n.cfg : NULL, n.body);
+        cudaError_t r = replay(s, n);
         if (r != cudaSuccess) return r;
         if (g_last_error != cudaSuccess) return cudaGetLastError();
     }

@@ -53,7 +53,8 @@ extern dim3 pln_emu_block_dim, pln_emu_grid_dim;
 void *pln_emu_dynamic_shared(void);
 void pln_emu_syncthreads(const char *site);
 uint64_t pln_emu_collective(int op, unsigned mask, uint64_t v, int arg, int width);
-void pln_emu_mma16816(float c[4], const uint32_t ab[6]);
+/* mma.cuh: the instruction's PTX text (PLN_MMA16816_PTX), the accumulators %0-%3 and the inputs %4-%9 */
+void pln_emu_mma_ptx(const char *ptx, float c[4], const uint32_t in[6]);
 /* cp.async: 16 bytes global -> shared (src_bytes 16, or 0: zero fill), landing only at the
  * wait_group that covers its commit group (common.cuh: pln_cp_async16 and friends). */
 void pln_emu_cp_async16(void *dst, const void *src, int src_bytes);
@@ -65,6 +66,7 @@ unsigned long long pln_emu_atomic_add_u64(unsigned long long *p, unsigned long l
 /* griddepcontrol.wait / .launch_dependents (programmatic dependent launch) */
 void pln_emu_griddep_wait(void);
 void pln_emu_griddep_launch(void);
+void pln_emu_threadfence(void);
 }
 
 #undef threadIdx
@@ -150,7 +152,10 @@ static inline int atomicExch(int *p, int v) { return pln_emu_atomic_i32(PLN_EMU_
 static inline unsigned atomicExch(unsigned *p, unsigned v) { return (unsigned)pln_emu_atomic_i32(PLN_EMU_AT_EXCH, p, (int)v, 0); }
 static inline int atomicCAS(int *p, int cmp, int v) { return pln_emu_atomic_i32(PLN_EMU_AT_CAS, p, v, cmp); }
 static inline unsigned atomicCAS(unsigned *p, unsigned cmp, unsigned v) { return (unsigned)pln_emu_atomic_i32(PLN_EMU_AT_CAS, p, (int)v, (int)cmp); }
-static inline void __threadfence(void) {}
+/* __threadfence publishes this thread's global stores (and those ordered before it by a
+ * __syncthreads) to the other blocks (cuda_emu.cc: "stores between blocks"); a block-scope fence
+ * orders nothing the harness does not already order. */
+static inline void __threadfence(void) { pln_emu_threadfence(); }
 static inline void __threadfence_block(void) {}
 
 /* Cache-hinted loads and stores are plain accesses on the host. */
