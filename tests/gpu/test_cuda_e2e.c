@@ -325,6 +325,28 @@ int main(int argc, char **argv)
         free(dir);
         pln_safetensors_close(&r.st);
     }
+    /* The Llama family (RMSNorm, rotary, SwiGLU, grouped-query attention): fp16 against transformers'
+     * fp32 forward as BLOOM's sets are, and decode as graphs. llama-gqa: 8 q / 2 KV heads, untied
+     * head (its bf16 weights become fp16 exactly, so reference-bf16); qwen2-bias: q/k/v biases
+     * from fp32 weights; llama3-tied: one KV head, llama3 rotary scaling, tied head. */
+    struct { const char *model, *src, *ref; bool graphs; } lsets[] = {
+        {"llama-gqa", "bf16-st", "reference-bf16", true},
+        {"qwen2-bias", "fp32-bin", "reference-f16", true},
+        {"llama3-tied", "fp16-bin", "reference-f16", false},
+    };
+    for (size_t k = 0; k < sizeof lsets / sizeof lsets[0]; k++) {
+        char label[64], path[256];
+        snprintf(label, sizeof label, "%s/%s", lsets[k].model, lsets[k].src);
+        snprintf(path, sizeof path, "tests/fixtures/models/%s/%s.safetensors", lsets[k].model, lsets[k].ref);
+        ref_t r;
+        if (ref_open(&r, path)) { CHECK(0, "%s: reference opens", label); continue; }
+        char *dir = fixture_reshard(lsets[k].model, lsets[k].src, 1, "fp16");
+        CHECK(dir != NULL, "%s: reshard fp16", label);
+        if (dir) check_fp16(label, dir, &r);
+        if (dir && lsets[k].graphs) check_graphs(label, dir, &r);
+        free(dir);
+        pln_safetensors_close(&r.st);
+    }
 #ifdef PLN_CUDA_EMU
     printf("%zu kernel launches ran on the CPU harness, %zu reports\n", pln_emu_launch_count(), pln_emu_report_count());
     CHECK(pln_emu_launch_count() > 0 && pln_emu_report_count() == 0, "harness: %zu launches, %zu reports (last: %s)",
