@@ -3,19 +3,23 @@
 # whatever GPUs there are: with one GPU every rank shares it and all-reduces go through the host
 # (PLN_NCCL=0: NCCL refuses two ranks on one device); with enough GPUs each rank takes its own
 # and NCCL runs. Prefill logits of the four fixture prompts within rel L2 1e-2 of transformers,
-# the 20 greedy ids identical, and TP > 1 logits within 1e-2 of TP 1 on the same backend.
+# the 20 greedy ids identical, and TP > 1 logits within 1e-2 of TP 1 on the same backend. The
+# Llama family the same way: llama-gqa (8 q / 2 KV heads; at TP 4 a KV head per rank pair),
+# qwen2-bias (q/k/v biases) at TP 2, llama3-tied (1 KV head) at TP 2 and 4.
 # Run by tests/run-gpu.sh; SKIP without a GPU, without MPI in the build, or without mpirun.
 # PLN_E2E_BACKEND=cpu runs the same checks on the CPU backend (to check this script itself).
 # PLN_CUDA_EMU=1 runs them on the CPU execution harness instead of a GPU ($PLN_BUILD/emu/pollen:
 # every CUDA kernel executed on the CPU, one emulated device, all-reduces over MPI since the
-# harness has no NCCL): bloom-4h at TP 1 and 2, what tests/run.sh does in every make test.
+# harness has no NCCL): bloom-4h and llama3-tied (one KV head, so at TP 2 each rank holds a copy
+# of it) at TP 1 and 2, what tests/run.sh does in every make test.
 source "$(dirname "$0")/../e2e.sh"
 BACKEND=${PLN_E2E_BACKEND:-cuda}
-SPECS=("bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3") HARNESS=""
+SPECS=("bloom-4h fp16-st 1 2 4" "bloom-6h fp16-bin 1 3" "llama-gqa:bf16 bf16-st 1 2 4" "qwen2-bias fp32-bin 1 2"
+       "llama3-tied fp16-bin 1 2 4") HARNESS=""
 if [ "${PLN_CUDA_EMU:-0}" = 1 ]; then
   POLLEN=${PLN_BUILD:-build}/emu/pollen
   [ -x "$POLLEN" ] || { echo "SKIP: $POLLEN is not built (needs clang++ and the CUDA headers)"; e2e_done; exit 0; }
-  SPECS=("bloom-4h fp16-st 1 2") HARNESS=" (CPU harness)"
+  SPECS=("bloom-4h fp16-st 1 2" "llama3-tied fp16-bin 1 2") HARNESS=" (CPU harness)"
 fi
 CMP=${PLN_BUILD:-build}/tests/test_engine
 if ! command -v mpirun >/dev/null; then echo "SKIP: no mpirun on this machine"; e2e_done; exit 0; fi

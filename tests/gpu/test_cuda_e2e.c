@@ -3,7 +3,8 @@
  * HF generate identical, the four prompts batched (prefills and decodes of different lengths in
  * one step, so decode attention runs at several positions at once), int8 and int4 (groups of 32)
  * sets against the CPU engine on the same set, and decode steps replayed as CUDA graphs against
- * the same steps op by op. Shard sets are made with `pollen reshard` from tests/fixtures. On the
+ * the same steps op by op; the Llama family (llama-gqa, qwen2-bias, llama3-tied) in fp16 against
+ * transformers too. Shard sets are made with `pollen reshard` from tests/fixtures. On the
  * CPU harness also the launch budget: kernels per layer of one decode step, from the launch log
  * (`--launches DIR`: only that, on a bloom-4h set, for tests/gpu/e2e_cuda_tp.sh at TP 2).
  *
@@ -322,6 +323,29 @@ int main(int argc, char **argv)
         snprintf(l4, sizeof l4, "%s int4 g32", label);
         if (src == 0) check_int8(l4, dir, &r);
         free(cmd);
+        free(dir);
+        pln_safetensors_close(&r.st);
+    }
+    /* The Llama family (RMSNorm, rotary, SwiGLU, grouped-query attention): fp16 against transformers'
+     * fp32 forward with BLOOM's bounds. llama-gqa: 8 q / 2 KV heads, untied head (its bf16 weights
+     * become fp16 exactly, so reference-bf16), and grouped decode as graphs; qwen2-bias: q/k/v
+     * biases from fp32 weights; llama3-tied: one KV head, llama3 rotary scaling, tied head. Graphs
+     * on one set only: on the harness they cost 5 s a set. */
+    struct { const char *model, *src, *ref; bool graphs; } lsets[] = {
+        {"llama-gqa", "bf16-st", "reference-bf16", true},
+        {"qwen2-bias", "fp32-bin", "reference-f16", false},
+        {"llama3-tied", "fp16-bin", "reference-f16", false},
+    };
+    for (size_t k = 0; k < sizeof lsets / sizeof lsets[0]; k++) {
+        char label[64], path[256];
+        snprintf(label, sizeof label, "%s/%s", lsets[k].model, lsets[k].src);
+        snprintf(path, sizeof path, "tests/fixtures/models/%s/%s.safetensors", lsets[k].model, lsets[k].ref);
+        ref_t r;
+        if (ref_open(&r, path)) { CHECK(0, "%s: reference opens", label); continue; }
+        char *dir = fixture_reshard(lsets[k].model, lsets[k].src, 1, "fp16");
+        CHECK(dir != NULL, "%s: reshard fp16", label);
+        if (dir) check_fp16(label, dir, &r);
+        if (dir && lsets[k].graphs) check_graphs(label, dir, &r);
         free(dir);
         pln_safetensors_close(&r.st);
     }
