@@ -43,7 +43,7 @@ typedef struct {
     const char *type;        /* TGI: validation|overloaded|generation|unhealthy; OpenAI: invalid_request_error|... */
     char param[64];          /* OpenAI "param" ("" = null) */
     char code[48];           /* OpenAI "code" ("" = null) */
-    char message[320];
+    char message[640];       /* long enough for the longest message (the chat route's missing-template advice) */
 } pln_req_error;
 
 /* Fills err for api (the type follows from status) and returns -1. */

@@ -165,7 +165,7 @@ static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int6
     pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
     in->sched = pln_sched_create(&se, &st, lim);
     if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
-    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat,
+    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model-tp1-fp16-set", .lim = *lim, .chat_template = g_chat,
                           .served_names = g_names, .n_served_names = g_n_names};
     in->srv = pln_server_start(&so, in->sched, &st);
     if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
@@ -394,6 +394,10 @@ static void test_compat(int port) {
     CHECK(r.status == 400 && e && !strcmp(jstr(e, "type"), "invalid_request_error") &&
               !strcmp(jstr(e, "code"), "chat_template_missing") && strstr(jstr(e, "message"), "/v1/completions"),
           "chat without a template: 400 in the OpenAI shape, pointing at /v1/completions: %s", r.body);
+    const char *cm = e ? jstr(e, "message") : NULL;
+    const char *tail = "(see docs/SERVING.md)";
+    CHECK(cm && strlen(cm) > strlen(tail) && !strcmp(cm + strlen(cm) - strlen(tail), tail),
+          "chat without a template: the whole advice arrives, not cut short: %s", cm ? cm : "(none)");
     json_decref(o);
     free(r.body);
     r = http(port, "GET", "/no/such/route", NULL);
@@ -525,7 +529,7 @@ static void test_chat_jinja(const pln_serve_limits *lim) {
     char fin[32] = "";
     char *want = oai_text(C.port, "{\"prompt\":\"<s>[system]sys[user]hi[assistant]\",\"max_tokens\":5,\"temperature\":0}", &st, fin, sizeof fin);
     resp r = http(C.port, "POST", "/v1/chat/completions",
-                  "{\"model\":\"fake-model\",\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},"
+                  "{\"model\":\"fake-model-tp1-fp16-set\",\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},"
                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"h\"},{\"type\":\"text\",\"text\":\"i\"}]}],"
                   "\"max_tokens\":5,\"temperature\":0}");
     json_t *o = jparse(r.body);
@@ -591,7 +595,7 @@ static void test_chat_jinja(const pln_serve_limits *lim) {
     CHECK(oai_error(r, 400, NULL, "`tools` must be a list"), "tools not a list: 400: %s", r.body);
     free(r.body);
     /* model names */
-    const char *const ok_names[] = {"fake-model", "alias-a", "org/alias-b", "tgi", "dummy"};
+    const char *const ok_names[] = {"fake-model-tp1-fp16-set", "alias-a", "org/alias-b", "tgi", "dummy"};
     for (int i = 0; i < 5; i++) {
         char b[256];
         snprintf(b, sizeof b, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":1}", ok_names[i]);
@@ -609,7 +613,7 @@ static void test_chat_jinja(const pln_serve_limits *lim) {
     r = http(C.port, "GET", "/v1/models", NULL);
     o = jparse(r.body);
     json_t *data = json_object_get(o, "data");
-    CHECK(r.status == 200 && json_array_size(data) == 3 && !strcmp(jstr(json_array_get(data, 0), "id"), "fake-model") &&
+    CHECK(r.status == 200 && json_array_size(data) == 3 && !strcmp(jstr(json_array_get(data, 0), "id"), "fake-model-tp1-fp16-set") &&
               !strcmp(jstr(json_array_get(data, 1), "id"), "alias-a") && !strcmp(jstr(json_array_get(data, 2), "id"), "org/alias-b"),
           "/v1/models lists the served names: %s", r.body);
     json_decref(o);
@@ -694,7 +698,7 @@ int main(void) {
     free(r.body);
     r = http(port, "GET", "/info", NULL);
     json_t *o = jparse(r.body);
-    CHECK(r.status == 200 && o && !strcmp(jstr(o, "model_id"), "fake-model") &&
+    CHECK(r.status == 200 && o && !strcmp(jstr(o, "model_id"), "fake-model-tp1-fp16-set") &&
               json_integer_value(json_object_get(o, "max_concurrent_requests")) == 6 &&
               json_integer_value(json_object_get(o, "max_input_tokens")) == 64 &&
               json_integer_value(json_object_get(o, "max_total_tokens")) == 200 &&
@@ -705,7 +709,7 @@ int main(void) {
     free(r.body);
     r = http(port, "GET", "/v1/models", NULL);
     o = jparse(r.body);
-    CHECK(r.status == 200 && !strcmp(jstr(json_array_get(json_object_get(o, "data"), 0), "id"), "fake-model"), "models %s", r.body);
+    CHECK(r.status == 200 && !strcmp(jstr(json_array_get(json_object_get(o, "data"), 0), "id"), "fake-model-tp1-fp16-set"), "models %s", r.body);
     json_decref(o);
     free(r.body);
     test_compat(port);
