@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cpu.sh — the CPU runtime benchmark behind docs/BENCHMARKS.md ("CPU runtime"): synthesizes
+# cpu.sh — the CPU runtime benchmark behind docs/BENCHMARKS.md ("CPU decode and prefill"): synthesizes
 # bloom-560m and bloom-1b7 checkpoints (random weights, real shapes; 1b7 cut to LAYERS_1B7 layers to
 # fit a small machine's time), reshards each to TP 1 in each of $VARIANTS (fp16, int8, int8 g32 with
 # an int8 embedding, int4 g128 and g32), and runs `pollen bench` on each:
