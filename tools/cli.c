@@ -122,12 +122,22 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype) {
     return kv_dtype;
 }
 
+int pln_cli_parse_step_timeout(const char *opt, const char *s, void *dst) {
+    double *out = dst;
+    if (!strcmp(s, "auto")) { *out = 0; return 0; }
+    if (!strcmp(s, "off")) { *out = -1; return 0; }
+    if (pln_cli_parse_float(opt, s, 0, false, 86400, out)) {
+        char *m = pln_xstrdup(pln_error());
+        pln_errorf("%s (or \"auto\": derived from the model size; \"off\": no watchdog)", m);
+        free(m);
+        return -1;
+    }
+    return 0;
+}
+
 double pln_cli_step_timeout(const char *opt, const char *s) {
-    if (!strcmp(s, "auto")) return 0;
-    if (!strcmp(s, "off")) return -1;
     double v = 0;
-    if (pln_cli_parse_float(opt, s, 0, false, 86400, &v))
-        pln_die("%s (or \"auto\": derived from the model size; \"off\": no watchdog)", pln_error());
+    if (pln_cli_parse_step_timeout(opt, s, &v)) pln_die("%s", pln_error());
     return v;
 }
 
