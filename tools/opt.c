@@ -272,9 +272,13 @@ static void prepare(pln_opt_cmd *c) {
     }
 }
 
+static pln_opt *pos_of(pln_opt_cmd *c, const pln_opt *o);
+
 static int from_env(pln_opt_cmd *c) {
     for (pln_opt *o = c->opts; o->name; o++) {
         if (o->given || !o->env_name) continue;
+        pln_opt *p = pos_of(c, o);
+        if (p && p->given) continue;   /* SET on the command line wins over POLLEN_MODEL */
         const char *v = getenv(o->env_name);
         if (!v) continue;
         char *opt = pln_xasprintf("--%s", o->name);
