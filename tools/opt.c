@@ -190,9 +190,14 @@ static int apply(pln_opt_cmd *c, pln_opt *o, const char *opt, const char *val, c
     }
     case PLN_OPT_ENUM:
         if (!in_choices(o->choices, val)) {
-            char *alts = pln_xstrdup(o->choices);
-            for (char *p = alts; *p; p++) if (*p == '|') *p = '/';
-            pln_errorf("%s \"%s\": expected one of %s", opt, val, alts);
+            char *alts = pln_xstrdup(o->choices), *save = NULL, *list = pln_xstrdup("");
+            for (char *t = strtok_r(alts, "|", &save); t; t = strtok_r(NULL, "|", &save)) {
+                char *n = pln_xasprintf("%s%s%s", list, *list ? ", " : "", t);
+                free(list);
+                list = n;
+            }
+            pln_errorf("%s \"%s\": expected one of %s", opt, val, list);
+            free(list);
             free(alts);
             return value_error(c, env);
         }
