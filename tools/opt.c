@@ -190,13 +190,16 @@ static int apply(pln_opt_cmd *c, pln_opt *o, const char *opt, const char *val, c
     }
     case PLN_OPT_ENUM:
         if (!in_choices(o->choices, val)) {
+            /* "expected fp16, int8 or int4" */
             char *alts = pln_xstrdup(o->choices), *save = NULL, *list = pln_xstrdup("");
+            const char *last = strrchr(o->choices, '|');
             for (char *t = strtok_r(alts, "|", &save); t; t = strtok_r(NULL, "|", &save)) {
-                char *n = pln_xasprintf("%s%s%s", list, *list ? ", " : "", t);
+                bool final = last && !strcmp(t, last + 1) && *list;
+                char *n = pln_xasprintf("%s%s%s", list, !*list ? "" : final ? " or " : ", ", t);
                 free(list);
                 list = n;
             }
-            pln_errorf("%s \"%s\": expected one of %s", opt, val, list);
+            pln_errorf("%s \"%s\": expected %s", opt, val, list);
             free(list);
             free(alts);
             return value_error(c, env);
