@@ -22,24 +22,24 @@ int pln_opt_env_rank(void) {
 }
 
 int pln_opt_edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    int *row = pln_xcalloc(lb + 1, sizeof *row);
-    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
+    /* optimal string alignment: insertions, deletions, substitutions and swaps of two neighbours
+     * (the commonest typo) cost one each */
+    size_t la = strlen(a), lb = strlen(b), w = lb + 1;
+    int *d = pln_xcalloc((la + 1) * w, sizeof *d);
+    for (size_t i = 0; i <= la; i++) d[i * w] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
         for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best) best = up + 1;
-            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
+            int best = d[(i - 1) * w + j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[(i - 1) * w + j] + 1 < best) best = d[(i - 1) * w + j] + 1;
+            if (d[i * w + j - 1] + 1 < best) best = d[i * w + j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[(i - 2) * w + j - 2] + 1 < best)
+                best = d[(i - 2) * w + j - 2] + 1;
+            d[i * w + j] = best;
         }
-    }
-    int d = row[lb];
-    free(row);
-    return d;
+    int r = d[la * w + lb];
+    free(d);
+    return r;
 }
 
 static FILE *err_of(const pln_opt_cmd *c) { return c->err ? c->err : stderr; }

@@ -134,7 +134,7 @@ int pln_opt_usage_error(const pln_opt_cmd *c, const char *fmt, ...) __attribute_
  * PMIX_RANK, PMI_RANK), 0 outside mpirun: usage errors come before MPI starts. */
 int pln_opt_env_rank(void);
 
-/* Levenshtein distance between a and b (for "did you mean"). */
+/* Edit distance between a and b, a swap of two neighbours counting one (for "did you mean"). */
 int pln_opt_edit_distance(const char *a, const char *b);
 
 #endif
