@@ -302,9 +302,10 @@ int cmd_serve(int argc, char **argv) {
     if (tp_given) {
         pln_shardset *set = pln_shardset_open(eo.shard_dir);
         if (set && set->tp != tp_given) {
-            int rc = pln_opt_usage_error(&cmd, "--tensor-parallel-size %d, but %s is a TP-%d set: give %d (or leave it out: the set "
-                                         "decides) and start %d ranks (mpirun -np %d), or reshard with --tp %d",
-                                         tp_given, eo.shard_dir, (int)set->tp, (int)set->tp, (int)set->tp, (int)set->tp, tp_given);
+            int rc = pln_opt_usage_error(&cmd, "%s %d, but %s is a TP-%d set (its manifest.json): give %d or leave it out (the "
+                                         "set decides; mpirun -np %d), or reshard the checkpoint with --tp %d",
+                                         pln_opt_find(&cmd, "tensor-parallel-size")->spelled, tp_given, eo.shard_dir,
+                                         (int)set->tp, (int)set->tp, (int)set->tp, tp_given);
             pln_shardset_close(set);
             pln_opt_free(&cmd);
             return rc;

@@ -217,6 +217,7 @@ static int apply(pln_opt_cmd *c, pln_opt *o, const char *opt, const char *val, c
         break;
     }
     o->given++;
+    snprintf(o->spelled, sizeof o->spelled, "%s", env ? env : opt);
     return 0;
 }
 

@@ -66,6 +66,7 @@ typedef struct pln_opt {
     bool from_env;
     char *def;              /* the default as text, for help ("{}") */
     char *env_name;         /* the environment variable it reads, or NULL */
+    char spelled[64];       /* how it was last given ("--num-shard", "-n", "POLLEN_PORT"), for messages */
 } pln_opt;
 
 /* A command: its name, the synopsis lines after "usage: " (several separated by '\n', each
