@@ -68,6 +68,7 @@ template --mesages --messages $TMP/x
 serve --max-num-seq --max-num-seqs $TMP/s1
 serve --hostnme --hostname $TMP/s1
 EOF
+check_usage "a mistyped command gets a suggestion too" "^pollen: unknown command 'genrate' \\(did you mean generate\\?\\)$" "$P" genrate
 check_usage "no suggestion when nothing is close" '^pollen serve: unknown option --frobnicate$' "$P" serve "$TMP/s1" --frobnicate
 check_usage "an unknown short option" '^pollen reshard: unknown option -z$' "$P" reshard $F/fp16-st -z
 check_usage "a missing value" '^pollen generate: --prompt needs a value$' "$P" generate "$TMP/s1" --prompt
