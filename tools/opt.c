@@ -281,8 +281,6 @@ static void prepare(pln_opt_cmd *c) {
     }
 }
 
-static pln_opt *pos_of(pln_opt_cmd *c, const pln_opt *o);
-
 static int from_env(pln_opt_cmd *c) {
     for (pln_opt *o = c->opts; o->name; o++) {
         if (o->given || !o->env_name) continue;
@@ -383,6 +381,10 @@ int pln_opt_parse(pln_opt_cmd *c, int argc, char **argv) {
         /* short options: -x VALUE, -xVALUE, clustered flags -qj */
         for (const char *s = a + 1; *s; s++) {
             pln_opt *o = find_short(c, *s);
+            if (!o && *s == 'h') {   /* -qh */
+                if (c->rank == 0) pln_opt_help(c, out_of(c));
+                return PLN_OPT_HELP;
+            }
             if (!o) {
                 char u[3] = {'-', *s, 0};
                 return unknown(c, u);
