@@ -199,7 +199,7 @@ fi
 check_fails "missing path" "$TMP/nope: no such file" "$POLLEN" inspect "$TMP/nope"
 check_fails "missing tensor" "no tensor \"nope\"" "$POLLEN" inspect "$S16" --tensor nope
 check_fails "--head without --tensor" "head needs --tensor" "$POLLEN" inspect "$S16" --head 3
-check_fails "no path" "usage: pollen inspect" "$POLLEN" inspect
+check_fails "no path" "^pollen inspect: missing SET[|]CHECKPOINT \\(see pollen inspect --help\\)" "$POLLEN" inspect
 cp "$S8/rank-0-of-2.pln" "$TMP/trunc.pln" && truncate -s 5000 "$TMP/trunc.pln"
 check_fails "truncated rank file" "trunc\.pln: file is 5000 bytes but its header says" "$POLLEN" inspect "$TMP/trunc.pln"
 cp -r "$S8" "$TMP/broken" && truncate -s 8192 "$TMP/broken/rank-1-of-2.pln"

@@ -97,7 +97,7 @@ if [ -f "$KJV/reference-ppl.json" ]; then
 fi
 
 # 6. Errors name what is wrong.
-check_fails "no --file" "usage: .*perplexity SET --file" "$POLLEN" perplexity "$TMP/f1"
+check_fails "no --file" "^pollen perplexity: missing required option --file \\(see pollen perplexity --help\\)" "$POLLEN" perplexity "$TMP/f1"
 check_fails "missing text file" "pollen: --file: .*nope.txt" "$POLLEN" perplexity "$TMP/f1" --file "$TMP/nope.txt"
 check_fails "stride over ctx" "pollen: --stride 64: must not exceed --ctx 32" "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --ctx 32 --stride 64
 check_fails "bad --ctx" 'pollen: --ctx 1: out of range' "$POLLEN" perplexity "$TMP/f1" --file "$TXT" --ctx 1

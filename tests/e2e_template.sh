@@ -73,7 +73,7 @@ echo '[{"content": "no role"}]' >"$TMP/norole.json"
 check_fails "each message needs a role" "message 0 must be an object with a string \"role\"" "$POLLEN" template "$TMP/chatml.jinja" --messages "$TMP/norole.json"
 echo '[1, 2' >"$TMP/broken.json"
 check_fails "broken JSON names the file" "broken.json: not valid JSON" "$POLLEN" template "$TMP/chatml.jinja" --messages "$TMP/broken.json"
-check_fails "--messages is required" "usage: pollen template" "$POLLEN" template "$TMP/chatml.jinja"
+check_fails "--messages is required" "^pollen template: missing required option --messages \\(see pollen template --help\\)" "$POLLEN" template "$TMP/chatml.jinja"
 "$POLLEN" template "$TMP/chatml.jinja" >/dev/null 2>&1; check "usage error exits 2" [ $? = 2 ]
 
 # reshard carries tokenizer_config.json and chat_template.jinja into the set, checksummed

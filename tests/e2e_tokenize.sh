@@ -71,7 +71,7 @@ check_fails "an unsupported component is named with its JSON path" \
   'bad.json: pre_tokenizer: pre_tokenizer "UnicodeScripts" is not supported by pollen' tok "$TMP/bad.json" --text hi
 printf '{"model": [1, 2' >"$TMP/junk.json"
 check_fails "a file that is not JSON" 'junk.json: not valid JSON' tok "$TMP/junk.json" --text hi
-check_fails "no path is a usage error" 'usage: pollen tokenize SET[|]CHECKPOINT[|]TOKENIZER.json' tok
+check_fails "no path is a usage error" '^pollen tokenize: missing SET[|]CHECKPOINT[|]TOKENIZER.json \(see pollen tokenize --help\)' tok
 check_fails "--skip-special without --decode" 'skip-special goes with --decode' tok "$MIS" --skip-special --text hi
 
 e2e_done

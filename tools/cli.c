@@ -10,7 +10,6 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,12 +121,22 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype) {
     return kv_dtype;
 }
 
+int pln_cli_parse_step_timeout(const char *opt, const char *s, void *dst) {
+    double *out = dst;
+    if (!strcmp(s, "auto")) { *out = 0; return 0; }
+    if (!strcmp(s, "off")) { *out = -1; return 0; }
+    if (pln_cli_parse_float(opt, s, 0, false, 86400, out)) {
+        char *m = pln_xstrdup(pln_error());
+        pln_errorf("%s (or \"auto\": derived from the model size; \"off\": no watchdog)", m);
+        free(m);
+        return -1;
+    }
+    return 0;
+}
+
 double pln_cli_step_timeout(const char *opt, const char *s) {
-    if (!strcmp(s, "auto")) return 0;
-    if (!strcmp(s, "off")) return -1;
     double v = 0;
-    if (pln_cli_parse_float(opt, s, 0, false, 86400, &v))
-        pln_die("%s (or \"auto\": derived from the model size; \"off\": no watchdog)", pln_error());
+    if (pln_cli_parse_step_timeout(opt, s, &v)) pln_die("%s", pln_error());
     return v;
 }
 
@@ -141,66 +150,4 @@ void pln_cli_print_placement(const struct pln_comm *c, int device, int gpus_per_
     else snprintf(how, sizeof how, "local rank %d; --gpus-per-node unset", local);
     fprintf(stderr, "pollen: placement: %s; cuda device %d (%s)%s\n", where, dev, how,
             backend && !strcmp(backend, "cuda") ? "" : " [unused: cpu backend]");
-}
-
-/* Help text: an option line ("  --opt VALUE" or "  METAVAR", then a run of two or more spaces,
- * then its description) and the lines that continue its description (six or more spaces) get
- * their descriptions in one column, the widest option that fits in PLN_CLI_HELP_MAX_COL plus two;
- * a longer option keeps its description two spaces after it. Other lines print as they are. */
-#define PLN_CLI_HELP_MAX_COL 36
-static const char *help_desc(const char *line, const char *end) {
-    if (end - line < 3 || line[0] != ' ' || line[1] != ' ' || !(line[2] == '-' || isupper((unsigned char)line[2])))
-        return NULL;
-    for (const char *p = line + 2; p + 2 < end; p++)
-        if (p[0] == ' ' && p[1] == ' ') {
-            const char *d = p;
-            while (d < end && *d == ' ') d++;
-            if (d < end && *d != '-') return d;
-            p = d;
-        }
-    return NULL;
-}
-
-void pln_cli_help(FILE *f, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char *text = NULL;
-    if (vasprintf(&text, fmt, ap) < 0) text = NULL;
-    va_end(ap);
-    if (!text) return;
-    int col = 0;
-    for (const char *l = text; *l;) {
-        const char *e = strchr(l, '\n');
-        if (!e) e = l + strlen(l);
-        const char *d = help_desc(l, e);
-        if (d) {
-            const char *o = d;
-            while (o > l && o[-1] == ' ') o--;
-            int w = (int)(o - l) + 2;
-            if (w <= PLN_CLI_HELP_MAX_COL && w > col) col = w;
-        }
-        l = *e ? e + 1 : e;
-    }
-    bool in_opt = false;
-    for (const char *l = text; *l;) {
-        const char *e = strchr(l, '\n');
-        if (!e) e = l + strlen(l);
-        const char *d = help_desc(l, e);
-        const char *s = l;
-        while (s < e && *s == ' ') s++;
-        if (d) {
-            const char *o = d;
-            while (o > l && o[-1] == ' ') o--;
-            int w = (int)(o - l);
-            fprintf(f, "%.*s%*s%.*s\n", w, l, w + 2 <= col ? col - w : 2, "", (int)(e - d), d);
-            in_opt = true;
-        } else if (in_opt && s - l >= 6 && s < e && *s != '-') {
-            fprintf(f, "%*s%.*s\n", col, "", (int)(e - s), s);
-        } else {
-            fprintf(f, "%.*s\n", (int)(e - l), l);
-            in_opt = false;
-        }
-        l = *e ? e + 1 : e;
-    }
-    free(text);
 }

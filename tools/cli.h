@@ -32,18 +32,16 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype);
 const char *pln_cli_int_dot(const char *backend, const char *int_dot);
 /* Dies with a clear message when --batch-invariant is asked of a backend without the mode. */
 void pln_cli_batch_invariant(const char *backend, bool on);
-/* The help line of --int-dot, shared by generate, serve, bench and perplexity. */
-#define PLN_CLI_INT_DOT_HELP \
-    "  --int-dot on|off|auto   cpu, int8/int4 weights: activations rounded to int8 per block of 32 and\n" \
-    "                          multiplied in integer arithmetic (faster prefill and batches); auto (the\n" \
-    "                          default): on for int4 sets, off for int8 and fp16 (docs/ARCHITECTURE.md)\n" \
-    "  --batch-invariant       cpu: every token's results the same bits whatever shares its step (a\n" \
-    "                          prefix-cache hit, a batch); slower batches and prefill (docs/ARCHITECTURE.md)\n"
-
-/* Prints a command's help (printf-formatted) with every option's description in one column, so
- * the shared lines (PLN_CLI_INT_DOT_HELP) line up with each command's own. Never fails. */
-#include <stdio.h>
-void pln_cli_help(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The option-table lines (tools/opt.h) of --int-dot and --batch-invariant, shared by generate,
+ * serve, bench and perplexity; eo is a pln_engine_opts. */
+#define PLN_CLI_INT_DOT_OPTS(eo) \
+    PLN_O_STR("int-dot", 0, (eo).int_dot, "on|off|auto", \
+              "cpu, int8/int4 weights: activations rounded to int8 per block of 32 and multiplied in integer " \
+              "arithmetic (faster prefill and batches); auto (the default): on for int4 sets, off for int8 and " \
+              "fp16 (docs/ARCHITECTURE.md)"), \
+    PLN_O_FLAG("batch-invariant", 0, (eo).batch_invariant, \
+               "cpu: every token's results the same bits whatever shares its step (a prefix-cache hit, a " \
+               "batch); slower batches and prefill (docs/ARCHITECTURE.md)")
 
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks
@@ -62,6 +60,9 @@ void pln_cli_restart_with_passive_omp(int argc, char **argv);
 /* --step-timeout VALUE: seconds (> 0, at most a day), "auto" (0: derived per step from the model
  * size, pln_engine_step_bound) or "off" (-1). Dies with a message naming the option on a bad value. */
 double pln_cli_step_timeout(const char *opt, const char *s);
+/* The same as an option parser (tools/opt.h PLN_OPT_FN): dst is a double; 0, or -1 with the
+ * message recorded (pln_error). */
+int pln_cli_parse_step_timeout(const char *opt, const char *s, void *dst);
 
 /* --show-placement: prints to stderr, on every rank, where it runs and which CUDA device it picks:
  * "pollen: placement: rank 1 of 4 (pid 4242) on node n2: local rank 1 of 2 (MPI node split;

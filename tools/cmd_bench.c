@@ -12,6 +12,7 @@
 #include "runtime/sampler.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -50,77 +51,51 @@ static int32_t rand_token(int64_t vocab) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm);
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
-    bool json = false;
+    bool json = false, no_mmap = false;
     const char *mbu_mode = "steps";
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
     eo.populate = true;
     eo.no_block_sharing = true;   /* repeated prompts must be computed, not found in the prefix cache */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
-        if (!strcmp(a, "--prompt-len")) prompt_len = pln_cli_int(a, ARG(), 1, 1 << 20);
-        else if (!strcmp(a, "--batch")) batches = ARG();
-        else if (!strcmp(a, "--context")) context = pln_cli_int(a, ARG(), 1, 1 << 20);
-        else if (!strcmp(a, "--steps")) steps = pln_cli_int(a, ARG(), 1, 1 << 20);
-        else if (!strcmp(a, "--stream-mib")) stream_mib = pln_cli_int(a, ARG(), 8, 1 << 16);
-        else if (!strcmp(a, "--mbu")) {
-            mbu_mode = ARG();
-            if (strcmp(mbu_mode, "steps") && strcmp(mbu_mode, "start") && strcmp(mbu_mode, "off")) {
-                if (rank == 0) fprintf(stderr, "pollen bench: --mbu \"%s\": expected steps, start or off\n", mbu_mode);
-                pln_comm_free(comm);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
-        else if (!strcmp(a, "--backend")) eo.backend = ARG();
-        else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
-        else if (!strcmp(a, "--int-dot")) eo.int_dot = ARG();
-        else if (!strcmp(a, "--batch-invariant")) eo.batch_invariant = true;
-        else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
-        else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            if (rank == 0)
-                pln_cli_help(stdout,
-                       "usage: [mpirun -np N] pollen bench SET [options]\n"
-                       "  --prompt-len N          prefill: one prompt of N random tokens (default 512)\n"
-                       "  --batch B,B,...         decode batch sizes, each measured in turn (default 1,8,32)\n"
-                       "  --context N             tokens of context of every decode sequence (default 32)\n"
-                       "  --steps N               decode steps timed per batch size (default 16)\n"
-                       "  --threads N             threads per rank (default: cores / ranks on the node)\n"
-                       "  --stream-mib N          MiB of the STREAM copy that measures the memory ceiling (default 512)\n"
-                       "  --mbu steps|start|off   when that copy runs (default steps; see below)\n"
-                       "  --json                  print the results as one JSON object\n"
-                       "  --backend cpu|cuda      (default cpu)\n"
-                       "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
-                       "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
-                       "  --kv-dtype f32|f16      KV-cache dtype (default: the backend's own)\n"
-                       PLN_CLI_INT_DOT_HELP
-                       "  --no-mmap               read the rank file into memory instead of mapping it\n"
-                       "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
-                       "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
-                       "  measured here. --mbu steps (default): at TP 1 the median over the steps of each step's\n"
-                       "  bandwidth over a copy measured just before it (arrays of --stream-mib/4, at least\n"
-                       "  64 MiB; under mpirun the copy at start-up). --mbu start: the copy at start-up only, the\n"
-                       "  steps back to back (the copies between steps evict the caches: a model that fits in the\n"
-                       "  last-level cache then reads from memory). --mbu off: no copy, no MBU. A GPU's ceiling is\n"
-                       "  measured by tools/bench/gpu.sh instead.\n");
-            pln_comm_free(comm);
-            return 0;
-        }
-        else if (a[0] == '-') { if (rank == 0) fprintf(stderr, "pollen bench: unknown option %s\n", a); pln_comm_free(comm); return 2; }
-        else dir = a;
-#undef ARG
-    }
+    pln_opt opts[] = {
+        PLN_O_POS("SET", dir, "the shard set", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("model", 'm', dir, "SET", "the shard set (instead of the positional SET)"),
+        PLN_O_INT("prompt-len", 'p', prompt_len, 1, 1 << 20, "N", "prefill: one prompt of N random tokens (default {})"),
+        PLN_O_STR("batch", 'b', batches, "B,B,...", "decode batch sizes, each measured in turn (default {})"),
+        PLN_O_INT("context", 'c', context, 1, 1 << 20, "N", "tokens of context of every decode sequence (default {})"),
+        PLN_O_INT("steps", 'n', steps, 1, 1 << 20, "N", "decode steps timed per batch size (default {})"),
+        PLN_O_INT("threads", 't', threads, 1, 4096, "N", "threads per rank (default: cores / ranks on the node)"),
+        PLN_O_INT("stream-mib", 0, stream_mib, 8, 1 << 16, "N", "MiB of the STREAM copy that measures the memory ceiling (default {})"),
+        PLN_O_ENUM("mbu", 0, mbu_mode, "steps|start|off", "when that copy runs (default {}; see below)"),
+        PLN_O_FLAG("json", 0, json, "print the results as one JSON object"),
+        PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
+        PLN_O_INT("device", 0, eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
+        PLN_O_INT("gpus-per-node", 0, eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
+                  "CUDA device = node-local rank % N (default: the node-local rank)"),
+        PLN_O_STR("kv-dtype", 0, eo.kv_dtype, "f32|f16", "KV-cache dtype (default: the backend's own)"),
+        PLN_CLI_INT_DOT_OPTS(eo),
+        PLN_O_FLAG("no-mmap", 0, no_mmap, "read the rank file into memory instead of mapping it"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {
+        .cmd = "bench", .synopsis = "[mpirun -np N] pollen bench SET [options]", .opts = opts, .rank = pln_opt_env_rank(),
+        .epilog = "\nprefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B sequences of\n"
+                  "--context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy measured here. --mbu steps\n"
+                  "(default): at TP 1 the median over the steps of each step's bandwidth over a copy measured just\n"
+                  "before it (arrays of --stream-mib/4, at least 64 MiB; under mpirun the copy at start-up).\n"
+                  "--mbu start: the copy at start-up only, the steps back to back (the copies between steps evict\n"
+                  "the caches: a model that fits in the last-level cache then reads from memory). --mbu off: no\n"
+                  "copy, no MBU. A GPU's ceiling is measured by tools/bench/gpu.sh instead.\n",
+    };
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
+    pln_map_set_no_mmap(no_mmap);
+    pln_comm *comm = pln_comm_init(&argc, &argv);
+    int rank = pln_comm_rank(comm);
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
-    if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SET [options] (--help)\n"); pln_comm_free(comm); return 2; }
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];

@@ -11,6 +11,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -31,35 +32,6 @@ typedef struct {
     bool done;
     const char *finish;
 } gen_seq;
-
-static void usage(FILE *f) {
-    pln_cli_help(f,
-            "usage: [mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]\n"
-            "  (TEXT is tokenized with the tokenizer's post-processor, as tokenizer(text) does: Llama's BOS first)\n"
-            "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
-            "  --temperature T         sampling temperature; T > 0 samples (default: greedy, as T = 0)\n"
-            "  --top-k K  --top-p P    sampling filters (default off)\n"
-            "  --repetition-penalty R  HF repetition penalty (default 1)\n"
-            "  --do-sample             sample (implied by --temperature/--top-k/--top-p/--seed)\n"
-            "  --seed S                random seed (default 0)\n"
-            "  --stop STR              stop when the text contains STR (repeatable)\n"
-            "  --token-ids 1,2,3       a prompt given as token ids (repeatable; skips the tokenizer, nothing added)\n"
-            "  --json                  print ids, text, log-probs and timings as JSON\n"
-            "  --backend cpu|cuda      (default cpu)\n"
-            "  --kv-dtype f32|f16      KV-cache dtype (default: f32 on cpu, the exact reference; f16 on\n"
-            "                          cuda, its only one; f16 on cpu halves KV memory)\n"
-            PLN_CLI_INT_DOT_HELP
-            "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
-            "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
-            "  --threads N             threads per rank (default: cores / ranks on the node)\n"
-            "  --step-timeout S|auto|off  step watchdog (TP > 1): a step past S seconds fails, naming the\n"
-            "                          rank that stopped answering, and every rank exits 3 (default auto)\n"
-            "  --show-placement        each rank prints its node, local rank and CUDA device to stderr\n"
-            "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
-            "  --no-mmap               read the rank file into memory instead of mapping it (for file\n"
-            "                          systems where a mapping is fragile; needs RAM for the whole file)\n"
-            "  --quiet                 no progress, no streaming, no timings: only the results (text or JSON)\n");
-}
 
 static int32_t *parse_ids(const char *s, size_t *n) {
     size_t cap = 16;
@@ -89,60 +61,71 @@ static void gen_append(gen_seq *g, const char *b, size_t n) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     const char *dir = NULL, *dump = NULL;
-    const char **prompts = pln_xcalloc((size_t)argc, sizeof(char *));
-    const char **idlists = pln_xcalloc((size_t)argc, sizeof(char *));
-    const char **stops = pln_xcalloc((size_t)argc, sizeof(char *));
-    int n_prompts = 0, n_idlists = 0, n_stops = 0, threads = 0;
+    pln_opt_list prompt_l = {0}, idlist_l = {0}, stop_l = {0};
+    int threads = 0;
     int64_t max_new = 32;
-    bool json = false, quiet = false, do_sample = false, show_placement = false;
+    bool json = false, quiet = false, do_sample = false, show_placement = false, no_mmap = false;
     pln_sample_params sp;
     pln_sample_params_default(&sp);
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
-        if (!strcmp(a, "--prompt")) prompts[n_prompts++] = ARG();
-        else if (!strcmp(a, "--token-ids")) idlists[n_idlists++] = ARG();
-        else if (!strcmp(a, "--stop")) stops[n_stops++] = ARG();
-        else if (!strcmp(a, "--max-new-tokens")) max_new = pln_cli_int(a, ARG(), 1, 1 << 24);
-        else if (!strcmp(a, "--temperature")) { sp.temperature = (float)pln_cli_float(a, ARG(), 0, true, INFINITY); do_sample = sp.temperature > 0; }
-        else if (!strcmp(a, "--top-k")) { sp.top_k = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX); do_sample = true; }
-        else if (!strcmp(a, "--top-p")) { sp.top_p = (float)pln_cli_float(a, ARG(), 0, false, 1); do_sample = true; }
-        else if (!strcmp(a, "--repetition-penalty")) sp.repetition_penalty = (float)pln_cli_float(a, ARG(), 0, false, INFINITY);
-        else if (!strcmp(a, "--seed")) { sp.seed = (uint64_t)pln_cli_int(a, ARG(), 0, INT64_MAX); do_sample = true; }
-        else if (!strcmp(a, "--do-sample")) do_sample = true;
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--backend")) eo.backend = ARG();
-        else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = ARG();
-        else if (!strcmp(a, "--int-dot")) eo.int_dot = ARG();
-        else if (!strcmp(a, "--batch-invariant")) eo.batch_invariant = true;
-        else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
-        else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
-        else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
-        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, ARG());
-        else if (!strcmp(a, "--show-placement")) show_placement = true;
-        else if (!strcmp(a, "--populate")) eo.populate = true;
-        else if (!strcmp(a, "--verify")) eo.verify = true;
-        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
-        else if (!strcmp(a, "--quiet")) quiet = true;
-        else if (!strcmp(a, "--dump-logits")) dump = ARG();
-        else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
-        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen generate: unknown option %s\n", a); usage(stderr); } pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
-        else if (!dir) dir = a;
-        else { if (rank == 0) fprintf(stderr, "pollen generate: unexpected argument %s\n", a); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 2; }
-#undef ARG
-    }
+    pln_opt opts[] = {
+        PLN_O_POS("SET", dir, "the shard set", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("model", 'm', dir, "SET", "the shard set, as llama.cpp's -m (instead of the positional SET)"),
+        PLN_O_LIST("prompt", 'p', prompt_l, "TEXT",
+                   "a prompt (repeatable: every prompt runs in one batch); tokenized with the tokenizer's "
+                   "post-processor, as tokenizer(text) does: Llama's BOS first"),
+        PLN_O_LIST("token-ids", 0, idlist_l, "1,2,3", "a prompt given as token ids (repeatable; skips the tokenizer, nothing added)"),
+        PLN_O_INT("max-new-tokens", 'n', max_new, 1, 1 << 24, "N", "tokens to generate per prompt (default {})"),
+        PLN_O_FLOAT("temperature", 0, sp.temperature, 0, true, INFINITY, "T",
+                    "sampling temperature; T > 0 samples (default: greedy, as T = 0)"),
+        PLN_O_INT("top-k", 0, sp.top_k, 0, INT32_MAX, "K", "sampling filter: the K most likely tokens (default off)"),
+        PLN_O_FLOAT("top-p", 0, sp.top_p, 0, false, 1, "P", "sampling filter: the smallest set of tokens with mass P (default off)"),
+        PLN_O_FLOAT("repetition-penalty", 0, sp.repetition_penalty, 0, false, INFINITY, "R", "HF repetition penalty (default {})"),
+        PLN_O_FLAG("do-sample", 0, do_sample, "sample (implied by --temperature/--top-k/--top-p/--seed)"),
+        PLN_O_INT("seed", 's', sp.seed, 0, INT64_MAX, "S", "random seed (default {})"),
+        PLN_O_LIST("stop", 0, stop_l, "STR", "stop when the text contains STR (repeatable)"),
+        PLN_O_FLAG("json", 0, json, "print ids, text, log-probs and timings as JSON"),
+        PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
+        PLN_O_STR("kv-dtype", 0, eo.kv_dtype, "f32|f16",
+                  "KV-cache dtype (default: f32 on cpu, the exact reference; f16 on cuda, its only one; f16 on cpu "
+                  "halves KV memory)"),
+        PLN_CLI_INT_DOT_OPTS(eo),
+        PLN_O_INT("device", 0, eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
+        PLN_O_INT("gpus-per-node", 0, eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
+                  "CUDA device = node-local rank % N (default: the node-local rank)"),
+        PLN_O_INT("threads", 't', threads, 1, 4096, "N", "threads per rank (default: cores / ranks on the node)"),
+        PLN_O_FN("step-timeout", 0, pln_cli_parse_step_timeout, eo.step_timeout, "S|auto|off",
+                 "step watchdog (TP > 1): a step past S seconds fails, naming the rank that stopped answering, "
+                 "and every rank exits 3 (default auto)"),
+        PLN_O_FLAG("show-placement", 0, show_placement, "each rank prints its node, local rank and CUDA device to stderr"),
+        PLN_O_FLAG("populate", 0, eo.populate, "fault the shard in at load"),
+        PLN_O_FLAG("verify", 0, eo.verify, "check checksums at load"),
+        PLN_O_FLAG("no-mmap", 0, no_mmap,
+                   "read the rank file into memory instead of mapping it (for file systems where a mapping is "
+                   "fragile; needs RAM for the whole file)"),
+        PLN_O_FLAG("quiet", 'q', quiet, "no progress, no streaming, no timings: only the results (text or JSON)"),
+        PLN_O_STR("dump-logits", 0, dump, "FILE", "test only: the logits of every fed token to a safetensors file",
+                  .flags = PLN_OPT_HIDDEN),
+        PLN_O_INT("fail-at-step", 0, eo.fail_at_step, 0, INT32_MAX, "N", "test only: step N's forward fails",
+                  .flags = PLN_OPT_HIDDEN),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "generate", .synopsis = "[mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]",
+                       .opts = opts, .rank = pln_opt_env_rank()};
+    /* Options first, before MPI starts: a usage error is reported once, and a command that starts
+     * its own ranks can do so here. */
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    if (prompt_l.n + idlist_l.n == 0) { int rc = pln_opt_usage_error(&cmd, "missing required option --prompt (or --token-ids)"); pln_opt_free(&cmd); return rc; }
+    if (pln_opt_given(&cmd, "temperature") && sp.temperature > 0) do_sample = true;
+    if (pln_opt_given(&cmd, "top-k") || pln_opt_given(&cmd, "top-p") || pln_opt_given(&cmd, "seed")) do_sample = true;
+    pln_map_set_no_mmap(no_mmap);
+    pln_comm *comm = pln_comm_init(&argc, &argv);
+    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    int n_prompts = prompt_l.n, n_idlists = idlist_l.n, n_stops = stop_l.n;
+    const char **prompts = prompt_l.v, **idlists = idlist_l.v, **stops = stop_l.v;
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
-    if (!dir || (n_prompts + n_idlists) == 0) {
-        if (rank == 0) usage(stderr);
-        pln_comm_free(comm); free(prompts); free(idlists); free(stops);
-        return 2;
-    }
     if (dump) {
         const char *protect[1] = {dir};
         if (pln_path_guard(dump, protect, 1)) pln_die("--dump-logits: %s", pln_error());
@@ -206,7 +189,7 @@ int cmd_generate(int argc, char **argv) {
         }
         pln_comm_free(comm);
         for (int i = 0; i < n_seq; i++) free(g[i].ids);
-        free(g); free(prompts); free(idlists); free(stops);
+        free(g); pln_opt_free(&cmd);
         if (tok) pln_tok_free(tok);
         return 1;
     }
@@ -217,7 +200,7 @@ int cmd_generate(int argc, char **argv) {
         pln_engine_close(e);
         pln_comm_free(comm);
         for (int i = 0; i < n_seq; i++) free(g[i].ids);
-        free(g); free(prompts); free(idlists); free(stops);
+        free(g); pln_opt_free(&cmd);
         if (tok) pln_tok_free(tok);
         return rc ? 1 : 0;
     }
@@ -408,7 +391,7 @@ int cmd_generate(int argc, char **argv) {
     pln_comm_free(comm);
     for (int i = 0; i < n_seq; i++) { free(g[i].ids); free(g[i].out); free(g[i].lp); free(g[i].gen); }
     free(g); free(seqs); free(outs); free(map); free(last); free(step_ms); free(dl); free(dl_ids);
-    free(prompts); free(idlists); free(stops);
+    pln_opt_free(&cmd);
     if (tok) pln_tok_free(tok);
     return rc;
 }

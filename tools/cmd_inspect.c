@@ -11,8 +11,8 @@
 #include "kernels/pln_math.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -68,18 +68,6 @@ typedef struct {
     char **warnings;
     int n_warnings;
 } source;
-
-static void usage(FILE *f) {
-    pln_cli_help(f,
-            "usage: pollen inspect SET|CHECKPOINT [--stats] [--tensor NAME [--head K]] [--json]\n\n"
-            "SET|CHECKPOINT: a pollen shard set directory (manifest.json) or a single rank file (.pln); a\n"
-            "Hugging Face checkpoint directory, a .safetensors or .bin file, or an index .json.\n"
-            "  --stats        per tensor: min, max, mean, std, absmax, NaN and Inf counts (int8/int4: of the\n"
-            "                 dequantized values, with the scale range); reads all data\n"
-            "  --tensor NAME  show only tensor NAME (every rank of a shard set) and its first values\n"
-            "  --head K       how many values --tensor prints (default 8)\n"
-            "  --json         the same as JSON\n");
-}
 
 static void add_warning(source *s, const char *msg) {
     s->warnings = pln_xrealloc(s->warnings, (size_t)(s->n_warnings + 1) * sizeof *s->warnings);
@@ -604,33 +592,26 @@ static int run(const char *path, bool want_stats, const char *only, int64_t head
 }
 
 int cmd_inspect(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"stats", no_argument, 0, 's'}, {"tensor", required_argument, 0, 't'}, {"head", required_argument, 0, 'k'},
-        {"json", no_argument, 0, 'j'},  {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
-    };
     bool want_stats = false, as_json = false;
-    const char *only = NULL;
+    const char *only = NULL, *path = NULL;
     int64_t head = 8;
-    bool head_set = false;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 's': want_stats = true; break;
-        case 'j': as_json = true; break;
-        case 't': only = optarg; break;
-        case 'k': {
-            char *end;
-            head = strtoll(optarg, &end, 10);
-            if (*end || head < 0 || head > 100000000) { fprintf(stderr, "pollen inspect: --head wants a count 0..1e8, not \"%s\"\n", optarg); return 2; }
-            head_set = true;
-            break;
-        }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc - 1) { usage(stderr); return 2; }
+    pln_opt opts[] = {
+        PLN_O_POS("SET|CHECKPOINT", path, "what to show", .flags = PLN_OPT_REQUIRED),
+        PLN_O_FLAG("stats", 's', want_stats,
+                   "per tensor: min, max, mean, std, absmax, NaN and Inf counts (int8/int4: of the dequantized "
+                   "values, with the scale range); reads all data"),
+        PLN_O_STR("tensor", 0, only, "NAME", "show only tensor NAME (every rank of a shard set) and its first values"),
+        PLN_O_INT("head", 'n', head, 0, 100000000, "K", "how many values --tensor prints (default {})"),
+        PLN_O_FLAG("json", 0, as_json, "the same as JSON"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "inspect", .synopsis = "pollen inspect SET|CHECKPOINT [--stats] [--tensor NAME [--head K]] [--json]",
+                       .intro = "\nSET|CHECKPOINT: a pollen shard set directory (manifest.json) or a single rank file (.pln); a\n"
+                                "Hugging Face checkpoint directory, a .safetensors or .bin file, or an index .json.\n",
+                       .opts = opts, .rank = 0};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    bool head_set = pln_opt_given(&cmd, "head");
+    pln_opt_free(&cmd);
     if (head_set && !only) { fprintf(stderr, "pollen inspect: --head needs --tensor NAME\n"); return 2; }
-    return run(argv[optind], want_stats, only, head, as_json);
+    return run(path, want_stats, only, head, as_json);
 }

@@ -21,6 +21,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -50,26 +51,6 @@ typedef struct {
     pln_engine_opts eo;
     bool quiet;
 } ppl_run;
-
-static void usage(FILE *f) {
-    pln_cli_help(f,
-            "usage: [mpirun -np N] pollen perplexity SET --file TEXT [options]\n"
-            "  --file TEXT          UTF-8 text to score (tokenized once with the set's tokenizer and its\n"
-            "                       post-processor: a Llama set's BOS comes first, never scored)\n"
-            "  --ctx N              window length in tokens (default 512; the whole text if shorter)\n"
-            "  --stride S           a new window every S tokens; each scores its last S (default ctx/2)\n"
-            "  --max-tokens N       score only the first N tokens of the text\n"
-            "  --kl-base BASE       also compare with BASE (same TP and vocabulary, e.g. the fp16 set):\n"
-            "                       mean KL(BASE || SET), its 99th percentile and maximum, top-1 agreement\n"
-            "  --json               print the results as one JSON object\n"
-            "  --per-token          with --json: every scored token's id, NLL (and KL)\n"
-            "  --backend cpu|cuda   (default cpu)\n"
-            "  --kv-dtype f32|f16   KV-cache dtype (default: the backend's own)\n"
-            PLN_CLI_INT_DOT_HELP
-            "  --device D  --gpus-per-node N  --threads N  --populate  --verify   as for generate\n"
-            "  --quiet              no progress bar\n"
-            "Perplexity is exp(mean NLL) in nats per token, ± exp(mean) x the standard error of the mean.\n");
-}
 
 /* Windows of C tokens every S over n tokens; returns their count (>= 1). */
 static int64_t plan_windows(int64_t n, int64_t C, int64_t S, ppl_window **out) {
@@ -251,41 +232,46 @@ static void base_matches(const pln_shardset *set, const char *base_dir) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     const char *dir = NULL, *file = NULL, *base_dir = NULL;
     int64_t ctx = 512, stride = 0, max_tokens = 0;
     int threads = 0;
     bool json = false, per_token = false, quiet = false;
     ppl_run r = {0};
     pln_engine_opts_default(&r.eo);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (pln_die("%s needs a value", a), ""))
-        if (!strcmp(a, "--file")) file = ARG();
-        else if (!strcmp(a, "--ctx")) ctx = pln_cli_int(a, ARG(), 2, 1 << 20);
-        else if (!strcmp(a, "--stride")) stride = pln_cli_int(a, ARG(), 1, 1 << 20);
-        else if (!strcmp(a, "--max-tokens")) max_tokens = pln_cli_int(a, ARG(), 2, INT32_MAX);
-        else if (!strcmp(a, "--kl-base")) base_dir = ARG();
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--per-token")) per_token = true;
-        else if (!strcmp(a, "--backend")) r.eo.backend = ARG();
-        else if (!strcmp(a, "--kv-dtype")) r.eo.kv_dtype = ARG();
-        else if (!strcmp(a, "--int-dot")) r.eo.int_dot = ARG();
-        else if (!strcmp(a, "--batch-invariant")) r.eo.batch_invariant = true;
-        else if (!strcmp(a, "--device")) r.eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
-        else if (!strcmp(a, "--gpus-per-node")) r.eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
-        else if (!strcmp(a, "--threads")) threads = (int)pln_cli_int(a, ARG(), 1, 4096);
-        else if (!strcmp(a, "--populate")) r.eo.populate = true;
-        else if (!strcmp(a, "--verify")) r.eo.verify = true;
-        else if (!strcmp(a, "--quiet")) quiet = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); return 0; }
-        else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen perplexity: unknown option %s\n", a); usage(stderr); } pln_comm_free(comm); return 2; }
-        else if (!dir) dir = a;
-        else { if (rank == 0) fprintf(stderr, "pollen perplexity: unexpected argument %s\n", a); pln_comm_free(comm); return 2; }
-#undef ARG
-    }
-    if (!dir || !file) { if (rank == 0) usage(stderr); pln_comm_free(comm); return 2; }
+    pln_opt opts[] = {
+        PLN_O_POS("SET", dir, "the shard set", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("model", 'm', dir, "SET", "the shard set (instead of the positional SET)"),
+        PLN_O_STR("file", 'f', file, "TEXT",
+                  "UTF-8 text to score (tokenized once with the set's tokenizer and its post-processor: a "
+                  "Llama set's BOS comes first, never scored)", .flags = PLN_OPT_REQUIRED),
+        PLN_O_INT("ctx", 'c', ctx, 2, 1 << 20, "N", "window length in tokens (default {}; the whole text if shorter)",
+                  .aliases = "ctx-size"),
+        PLN_O_INT("stride", 0, stride, 1, 1 << 20, "S", "a new window every S tokens; each scores its last S (default ctx/2)"),
+        PLN_O_INT("max-tokens", 0, max_tokens, 2, INT32_MAX, "N", "score only the first N tokens of the text"),
+        PLN_O_STR("kl-base", 0, base_dir, "BASE",
+                  "also compare with BASE (same TP and vocabulary, e.g. the fp16 set): mean KL(BASE || SET), its "
+                  "99th percentile and maximum, top-1 agreement"),
+        PLN_O_FLAG("json", 0, json, "print the results as one JSON object"),
+        PLN_O_FLAG("per-token", 0, per_token, "with --json: every scored token's id, NLL (and KL)"),
+        PLN_O_STR("backend", 0, r.eo.backend, "cpu|cuda", "(default cpu)"),
+        PLN_O_STR("kv-dtype", 0, r.eo.kv_dtype, "f32|f16", "KV-cache dtype (default: the backend's own)"),
+        PLN_CLI_INT_DOT_OPTS(r.eo),
+        PLN_O_INT("device", 0, r.eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
+        PLN_O_INT("gpus-per-node", 0, r.eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
+                  "CUDA device = node-local rank % N (default: the node-local rank)"),
+        PLN_O_INT("threads", 't', threads, 1, 4096, "N", "threads per rank (default: cores / ranks on the node)"),
+        PLN_O_FLAG("populate", 0, r.eo.populate, "fault the shard in at load"),
+        PLN_O_FLAG("verify", 0, r.eo.verify, "check checksums at load"),
+        PLN_O_FLAG("quiet", 'q', quiet, "no progress bar"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "perplexity", .synopsis = "[mpirun -np N] pollen perplexity SET --file TEXT [options]", .opts = opts,
+                       .rank = pln_opt_env_rank(),
+                       .epilog = "\nPerplexity is exp(mean NLL) in nats per token, ± exp(mean) x the standard error of the mean.\n"};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
+    pln_comm *comm = pln_comm_init(&argc, &argv);
+    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     if (per_token && !json) pln_die("--per-token needs --json");
     if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);

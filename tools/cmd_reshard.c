@@ -31,9 +31,9 @@
 #include "kernels/pln_math.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <omp.h>
 #include <pthread.h>
@@ -520,54 +520,32 @@ static json_t *tensors_json(const rs_ctx *c) {
 }
 
 /* ---- command ---- */
-static void usage(FILE *f) {
-    pln_cli_help(f,
-            "usage: pollen reshard CHECKPOINT -o SET --tp N --dtype fp16|int8|int4 [options]\n"
-            "  CHECKPOINT             a Hugging Face checkpoint of a supported family (dir, .safetensors, .bin or index .json)\n"
-            "  -o, --output SET       shard set directory to create (appears atomically)\n"
-            "  --tp N                 tensor-parallel size (must divide n_head)\n"
-            "  --dtype fp16|int8|int4  int8/int4: weight-only for the four linear weights of every layer\n"
-            "  --group-size G         one scale per G input columns; int8: default per output channel;\n"
-            "                         int4: 32, 64 or 128 (default 128)\n"
-            "  --quantize-embedding   int8 word embeddings too (with int8 or int4)\n"
-            "  --force                replace an earlier pollen output (a shard set or a synth checkpoint) at SET\n"
-            "  --threads N            conversion threads (default: all cores)\n"
-            "  --stats                print the per-tensor table (clamped values; int8/int4: quantization error)\n"
-            "                         on stdout\n"
-            "  --quiet                no progress bar, no summary (warnings that change the set still show)\n");
-}
-
 int cmd_reshard(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"output", required_argument, 0, 'o'}, {"tp", required_argument, 0, 't'},
-        {"dtype", required_argument, 0, 'd'}, {"group-size", required_argument, 0, 'g'},
-        {"quantize-embedding", no_argument, 0, 'e'}, {"force", no_argument, 0, 'f'},
-        {"threads", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'},
-        {"stats", no_argument, 0, 's'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *out = NULL, *dtype = NULL;
+    const char *out = NULL, *dtype = NULL, *src_path = NULL;
     pln_tp_opts o = {.tp = 0};
     bool force = false, quiet = false, stats = false;
-    int threads = 0, ch;
+    int threads = 0;
+    pln_opt opts[] = {
+        PLN_O_POS("CHECKPOINT", src_path, "the checkpoint", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("output", 'o', out, "SET", "shard set directory to create (appears atomically)", .flags = PLN_OPT_REQUIRED),
+        PLN_O_INT("tp", 0, o.tp, 1, 4096, "N", "tensor-parallel size (must divide n_head)", .flags = PLN_OPT_REQUIRED),
+        PLN_O_ENUM("dtype", 0, dtype, "fp16|int8|int4", "int8/int4: weight-only for the four linear weights of every layer",
+                   .flags = PLN_OPT_REQUIRED),
+        PLN_O_INT("group-size", 0, o.group_size, 1, 1 << 30, "G",
+                  "one scale per G input columns; int8: default per output channel; int4: 32, 64 or 128 (default 128)"),
+        PLN_O_FLAG("quantize-embedding", 0, o.quantize_embedding, "int8 word embeddings too (with int8 or int4)"),
+        PLN_O_FLAG("force", 'f', force, "replace an earlier pollen output (a shard set or a synth checkpoint) at SET"),
+        PLN_O_INT("threads", 't', threads, 1, 4096, "N", "conversion threads (default: all cores)"),
+        PLN_O_FLAG("stats", 0, stats, "print the per-tensor table (clamped values; int8/int4: quantization error) on stdout"),
+        PLN_O_FLAG("quiet", 'q', quiet, "no progress bar, no summary (warnings that change the set still show)"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "reshard", .synopsis = "pollen reshard CHECKPOINT -o SET --tp N --dtype fp16|int8|int4 [options]",
+                       .intro = "  CHECKPOINT: a Hugging Face checkpoint of a supported family (dir, .safetensors, .bin or index .json)\n",
+                       .opts = opts, .rank = 0};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
     pln_cli_restart_with_passive_omp(argc, argv);
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-        char *end = NULL;
-        switch (ch) {
-        case 'o': out = optarg; break;
-        case 't': o.tp = (int)strtol(optarg, &end, 10); if (*end || o.tp < 1 || o.tp > 4096) pln_die("--tp %s: expected a positive integer", optarg); break;
-        case 'd': dtype = optarg; break;
-        case 'g': o.group_size = strtoll(optarg, &end, 10); if (*end || o.group_size < 1) pln_die("--group-size %s: expected a positive integer", optarg); break;
-        case 'e': o.quantize_embedding = true; break;
-        case 'f': force = true; break;
-        case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) pln_die("--threads %s: expected a positive integer", optarg); break;
-        case 'q': quiet = true; break;
-        case 's': stats = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc - 1 || !out || !o.tp || !dtype) { usage(stderr); return 2; }
-    const char *src_path = argv[optind];
     if (!strcmp(dtype, "int8")) o.int8 = true;
     else if (!strcmp(dtype, "int4")) { o.int4 = true; if (!o.group_size) o.group_size = 128; }
     else if (strcmp(dtype, "fp16")) pln_die("--dtype %s: expected fp16, int8 or int4", dtype);

@@ -8,8 +8,10 @@
 #include "runtime/server.h"
 #include "runtime/tokenizer.h"
 #include "runtime/chat.h"
+#include "formats/shard.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -39,55 +41,12 @@ static void free_chat(pln_chat_template *t, pln_chat *jinja, char **names, int n
     free(names);
 }
 
-static void usage(FILE *f) {
-    pln_serve_limits l;
-    pln_serve_limits_default(&l);
-    pln_cli_help(f,
-            "usage: pollen serve SET [options]          (mpirun -np N pollen serve ... for TP=N)\n"
-            "  --host ADDR                    address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
-            "  --port N                       TCP port (default 8080; 0 = any free port, see --port-file)\n"
-            "  --port-file PATH               write the bound port there once listening\n"
-            "  --model-id NAME                name in /info, /v1/models (default: the shard directory's name)\n"
-            "  --backend cpu|cuda             (default cpu)\n"
-            "  --kv-dtype f32|f16             KV-cache dtype (default f32 on cpu, f16 on cuda; f16 on cpu halves KV memory)\n"
-            PLN_CLI_INT_DOT_HELP
-            "  --device D                     CUDA device of every rank (default: picked from the node-local rank)\n"
-            "  --gpus-per-node N              CUDA device = node-local rank %% N (default: the node-local rank)\n"
-            "  --max-seqs N                   engine sequence slots (default 32)\n"
-            "  --kv-tokens N                  KV-cache capacity in tokens over all slots (default 16384)\n"
-            "  --block-size N                 KV block size in tokens (default 16)\n"
-            "  --no-prefix-cache              do not keep full KV blocks for later requests with the same prefix\n"
-            "  --chat-template FILE           /v1/chat/completions renders this template instead of the set's own\n"
-            "                                 (tokenizer_config.json / chat_template.jinja): a Jinja file, a\n"
-            "                                 tokenizer_config.json, or pollen's JSON form for BLOOM (docs/SERVING.md)\n"
-            "  --served-model-name A,B        names the OpenAI routes accept and /v1/models lists; the first is\n"
-            "                                 the name reported unless --model-id is given\n"
-            "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
-            "  --max-input-tokens N           prompt tokens (default %d)\n"
-            "  --max-total-tokens N           prompt + new tokens (default %d)\n"
-            "  --max-body-bytes N             request body (default %lld)\n"
-            "  --max-connections N            open HTTP connections (default %d)\n"
-            "  --timeout S                    idle connection timeout in seconds (default %d)\n"
-            "  --request-timeout S            each request's head and body must arrive within S seconds of the\n"
-            "                                 connection being ready for it; also bounds keep-alive idling (default %d)\n"
-            "  --max-connections-per-client N  open connections from one client address (default %d; 0 = no limit;\n"
-            "                                 behind a reverse proxy every request comes from its address)\n"
-            "  --max-batch-tokens N           tokens per engine step (default %d)\n"
-            "  --max-new-tokens N             TGI default max_new_tokens (default %d)\n"
-            "  --threads N                    threads per rank (default: cores / ranks on the node)\n"
-            "  --step-timeout S|auto|off      step watchdog (TP > 1): a step past S seconds fails every request in\n"
-            "                                 flight, /health turns 503 naming the rank that stopped answering, and\n"
-            "                                 every rank exits 3 (default auto: 10 s + the step's work at a pessimistic rate);\n"
-            "                                 a step that never returns (any TP) ends the process after 2 S + 5 s\n"
-            "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
-            "  --populate, --verify, --quiet  as for generate\n"
-            "  --no-mmap                      read the rank file into memory instead of mapping it\n",
-            l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
-            l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
-}
-
-static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) {
-    return (int32_t)pln_cli_int(flag, v, lo, hi);
+/* --model-id VALUE as TGI means it, the model to load: a directory holding manifest.json. */
+static bool is_shard_set(const char *path) {
+    char *m = pln_xasprintf("%s/manifest.json", path);
+    bool r = access(m, F_OK) == 0;
+    free(m);
+    return r;
 }
 
 /* ---- the tokenizer as the scheduler and server see it -------------------------------------- */
@@ -256,55 +215,107 @@ int cmd_serve(int argc, char **argv) {
     int n_names = 0;
     pln_chat_template chat_tpl;
     memset(&chat_tpl, 0, sizeof chat_tpl);
-    bool show_placement = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has = i + 1 < argc;
-#define VAL() (has ? argv[++i] : (pln_die("%s needs a value", a), ""))
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--host")) so.host = VAL();
-        else if (!strcmp(a, "--port")) so.port = int_arg(a, VAL(), 0, 65535);
-        else if (!strcmp(a, "--port-file")) port_file = VAL();
-        else if (!strcmp(a, "--model-id")) so.model_id = VAL();
-        else if (!strcmp(a, "--backend")) eo.backend = VAL();
-        else if (!strcmp(a, "--kv-dtype")) eo.kv_dtype = VAL();
-        else if (!strcmp(a, "--int-dot")) eo.int_dot = VAL();
-        else if (!strcmp(a, "--batch-invariant")) eo.batch_invariant = true;
-        else if (!strcmp(a, "--device")) eo.device = int_arg(a, VAL(), 0, PLN_CLI_MAX_DEVICE);
-        else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = int_arg(a, VAL(), 1, PLN_CLI_MAX_DEVICE + 1);
-        else if (!strcmp(a, "--max-seqs")) eo.max_seqs = int_arg(a, VAL(), 1, 4096);
-        else if (!strcmp(a, "--kv-tokens")) eo.kv_tokens = int_arg(a, VAL(), 1, INT32_MAX);
-        else if (!strcmp(a, "--block-size")) eo.block_size = int_arg(a, VAL(), 1, 1024);
-        else if (!strcmp(a, "--max-concurrent-requests")) so.lim.max_concurrent_requests = int_arg(a, VAL(), 1, 1000000);
-        else if (!strcmp(a, "--max-input-tokens")) { so.lim.max_input_tokens = int_arg(a, VAL(), 1, 1 << 24); input_set = true; }
-        else if (!strcmp(a, "--max-total-tokens")) so.lim.max_total_tokens = int_arg(a, VAL(), 2, 1 << 24);
-        else if (!strcmp(a, "--max-body-bytes")) so.lim.max_body_bytes = int_arg(a, VAL(), 64, INT32_MAX);
-        else if (!strcmp(a, "--max-connections")) so.lim.max_connections = int_arg(a, VAL(), 1, 100000);
-        else if (!strcmp(a, "--timeout")) so.lim.timeout_s = int_arg(a, VAL(), 0, 86400);
-        else if (!strcmp(a, "--request-timeout")) so.lim.request_timeout_s = int_arg(a, VAL(), 1, 86400);
-        else if (!strcmp(a, "--max-connections-per-client")) so.lim.max_connections_per_client = int_arg(a, VAL(), 0, 100000);
-        else if (!strcmp(a, "--max-batch-tokens")) so.lim.max_batch_tokens = int_arg(a, VAL(), 1, 1 << 20);
-        else if (!strcmp(a, "--max-new-tokens")) so.lim.default_max_new_tokens = int_arg(a, VAL(), 1, 1 << 24);
-        else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = int_arg(a, VAL(), 0, INT32_MAX);
-        else if (!strcmp(a, "--step-delay-ms")) g_step_delay_ms = int_arg(a, VAL(), 0, 10000);
-        else if (!strcmp(a, "--threads")) threads = int_arg(a, VAL(), 1, 4096);
-        else if (!strcmp(a, "--step-timeout")) eo.step_timeout = pln_cli_step_timeout(a, VAL());
-        else if (!strcmp(a, "--show-placement")) show_placement = true;
-        else if (!strcmp(a, "--populate")) eo.populate = true;
-        else if (!strcmp(a, "--no-prefix-cache")) eo.no_prefix_cache = true;
-        else if (!strcmp(a, "--chat-template")) chat_path = VAL();
-        else if (!strcmp(a, "--served-model-name")) served_names = VAL();
-        else if (!strcmp(a, "--no-block-sharing")) eo.no_block_sharing = true;
-        else if (!strcmp(a, "--verify")) eo.verify = true;
-        else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
-        else if (!strcmp(a, "--quiet")) eo.quiet = true;
-        else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
-        else if (!eo.shard_dir) eo.shard_dir = a;
-        else { fprintf(stderr, "pollen serve: unexpected argument %s\n", a); usage(stderr); return 2; }
-#undef VAL
+    bool show_placement = false, no_mmap = false;
+    int tp_given = 0;
+    /* One line per option; every one also reads POLLEN_<NAME> (argv wins over it, it over the
+     * default). Aliases are TGI's and vLLM's names for the same setting (docs/SERVING.md). */
+    pln_opt opts[] = {
+        PLN_O_POS("SET", eo.shard_dir, "the shard set"),
+        PLN_O_STR("model", 'm', eo.shard_dir, "SET", "the shard set (instead of the positional SET)"),
+        PLN_O_STR("host", 0, so.host, "ADDR", "address to bind (default {}; 0.0.0.0 for every interface)", .aliases = "hostname"),
+        PLN_O_INT("port", 0, so.port, 0, 65535, "N", "TCP port (default {}; 0 = any free port, see --port-file)"),
+        PLN_O_STR("port-file", 0, port_file, "PATH", "write the bound port there once listening"),
+        PLN_O_STR("model-id", 0, so.model_id, "NAME",
+                  "name in /info, /v1/models (default: the shard directory's name); as in TGI, a shard set "
+                  "directory (one holding manifest.json) given here with no SET is the set to serve"),
+        PLN_O_INT("tensor-parallel-size", 0, tp_given, 1, 4096, "N",
+                  "checked against the set's TP (the set decides it; start N ranks with mpirun -np N)", .aliases = "num-shard"),
+        PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
+        PLN_O_STR("kv-dtype", 0, eo.kv_dtype, "f32|f16", "KV-cache dtype (default f32 on cpu, f16 on cuda; f16 on cpu halves KV memory)"),
+        PLN_CLI_INT_DOT_OPTS(eo),
+        PLN_O_INT("device", 0, eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
+        PLN_O_INT("gpus-per-node", 0, eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
+                  "CUDA device = node-local rank % N (default: the node-local rank)"),
+        PLN_O_INT("max-seqs", 0, eo.max_seqs, 1, 4096, "N", "engine sequence slots (default {})", .aliases = "max-num-seqs"),
+        PLN_O_INT("kv-tokens", 'c', eo.kv_tokens, 1, INT32_MAX, "N", "KV-cache capacity in tokens over all slots (default {})",
+                  .aliases = "max-batch-total-tokens"),
+        PLN_O_INT("block-size", 0, eo.block_size, 1, 1024, "N", "KV block size in tokens (default {})"),
+        PLN_O_FLAG("no-prefix-cache", 0, eo.no_prefix_cache, "do not keep full KV blocks for later requests with the same prefix"),
+        PLN_O_STR("chat-template", 0, chat_path, "FILE",
+                  "/v1/chat/completions renders this template instead of the set's own (tokenizer_config.json / "
+                  "chat_template.jinja): a Jinja file, a tokenizer_config.json, or pollen's JSON form for BLOOM "
+                  "(docs/SERVING.md)"),
+        PLN_O_STR("served-model-name", 0, served_names, "A,B",
+                  "names the OpenAI routes accept and /v1/models lists; the first is the name reported unless "
+                  "--model-id is given"),
+        PLN_O_INT("max-concurrent-requests", 0, so.lim.max_concurrent_requests, 1, 1000000, "N",
+                  "sequences running or waiting; over it: 429 (default {})"),
+        PLN_O_INT("max-input-tokens", 0, so.lim.max_input_tokens, 1, 1 << 24, "N", "prompt tokens (default {})",
+                  .aliases = "max-input-length"),
+        PLN_O_INT("max-total-tokens", 0, so.lim.max_total_tokens, 2, 1 << 24, "N", "prompt + new tokens (default {})",
+                  .aliases = "max-model-len"),
+        PLN_O_INT("max-body-bytes", 0, so.lim.max_body_bytes, 64, INT32_MAX, "N", "request body (default {})"),
+        PLN_O_INT("max-connections", 0, so.lim.max_connections, 1, 100000, "N", "open HTTP connections (default {})"),
+        PLN_O_INT("timeout", 0, so.lim.timeout_s, 0, 86400, "S", "idle connection timeout in seconds (default {})"),
+        PLN_O_INT("request-timeout", 0, so.lim.request_timeout_s, 1, 86400, "S",
+                  "each request's head and body must arrive within S seconds of the connection being ready for "
+                  "it; also bounds keep-alive idling (default {})"),
+        PLN_O_INT("max-connections-per-client", 0, so.lim.max_connections_per_client, 0, 100000, "N",
+                  "open connections from one client address (default {}; 0 = no limit; behind a reverse proxy "
+                  "every request comes from its address)"),
+        PLN_O_INT("max-batch-tokens", 0, so.lim.max_batch_tokens, 1, 1 << 20, "N",
+                  "tokens per engine step: decode tokens and prefill chunks together (default {})",
+                  .aliases = "max-num-batched-tokens,max-batch-prefill-tokens"),
+        PLN_O_INT("max-new-tokens", 0, so.lim.default_max_new_tokens, 1, 1 << 24, "N", "TGI default max_new_tokens (default {})"),
+        PLN_O_INT("threads", 't', threads, 1, 4096, "N", "threads per rank (default: cores / ranks on the node)"),
+        PLN_O_FN("step-timeout", 0, pln_cli_parse_step_timeout, eo.step_timeout, "S|auto|off",
+                 "step watchdog (TP > 1): a step past S seconds fails every request in flight, /health turns "
+                 "503 naming the rank that stopped answering, and every rank exits 3 (default auto: 10 s + the "
+                 "step's work at a pessimistic rate); a step that never returns (any TP) ends the process after "
+                 "2 S + 5 s"),
+        PLN_O_FLAG("show-placement", 0, show_placement, "each rank prints its node, local rank and CUDA device to stderr"),
+        PLN_O_FLAG("populate", 0, eo.populate, "fault the shard in at load"),
+        PLN_O_FLAG("verify", 0, eo.verify, "check checksums at load"),
+        PLN_O_FLAG("no-mmap", 0, no_mmap, "read the rank file into memory instead of mapping it"),
+        PLN_O_FLAG("quiet", 'q', eo.quiet, "no progress lines"),
+        PLN_O_INT("fail-at-step", 0, eo.fail_at_step, 0, INT32_MAX, "N", "test only: step N's forward fails", .flags = PLN_OPT_HIDDEN),
+        PLN_O_INT("step-delay-ms", 0, g_step_delay_ms, 0, 10000, "MS", "test only: sleep before each step", .flags = PLN_OPT_HIDDEN),
+        PLN_O_FLAG("no-block-sharing", 0, eo.no_block_sharing, "test only: no KV block sharing", .flags = PLN_OPT_HIDDEN),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "serve", .synopsis = "pollen serve SET [options]          (mpirun -np N pollen serve ... for TP=N)",
+                       .opts = opts, .env_prefix = "POLLEN_", .rank = pln_opt_env_rank()};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    input_set = pln_opt_given(&cmd, "max-input-tokens");
+    /* TGI's --model-id names the model to load: a shard set there, with no SET, is the set. */
+    if (!eo.shard_dir && so.model_id && is_shard_set(so.model_id)) {
+        eo.shard_dir = so.model_id;
+        so.model_id = NULL;
     }
+    if (!eo.shard_dir) {
+        int rc = so.model_id ? pln_opt_usage_error(&cmd, "missing SET (--model-id %s is not a shard set directory: no manifest.json there; "
+                                                         "pollen serves sets made by pollen reshard)", so.model_id)
+                             : pln_opt_usage_error(&cmd, "missing SET");
+        pln_opt_free(&cmd);
+        return rc;
+    }
+    if (tp_given) {
+        pln_shardset *set = pln_shardset_open(eo.shard_dir);
+        if (set && set->tp != tp_given) {
+            int rc = pln_opt_usage_error(&cmd, "%s %d, but %s is a TP-%d set (its manifest.json): give %d or leave it out (the "
+                                         "set decides; mpirun -np %d), or reshard the checkpoint with --tp %d",
+                                         pln_opt_find(&cmd, "tensor-parallel-size")->spelled, tp_given, eo.shard_dir,
+                                         (int)set->tp, (int)set->tp, (int)set->tp, tp_given);
+            pln_shardset_close(set);
+            pln_opt_free(&cmd);
+            return rc;
+        }
+        if (set) pln_shardset_close(set);
+    }
+    pln_opt_free(&cmd);
+    pln_map_set_no_mmap(no_mmap);
+    /* Options are parsed and MPI has not started: the place to start the ranks a set needs. */
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
-    if (!eo.shard_dir) { usage(stderr); return 2; }
     /* A signal that came during argument parsing is pending and taken here. */
     pthread_t sig_thr;
     if (pthread_create(&sig_thr, NULL, signal_thread, &sc)) pln_die("cannot start the signal thread");

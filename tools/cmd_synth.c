@@ -14,10 +14,10 @@
 #include "kernels/pln_math.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <omp.h>
 #include <signal.h>
@@ -226,53 +226,28 @@ static const char *find_tokenizer(const char *given) {
     return NULL;
 }
 
-static void usage(FILE *f) {
-    pln_cli_help(f,
-            "usage: pollen synth --model NAME|CONFIG.json -o CHECKPOINT [options]\n"
-            "  --model NAME           " SY_KNOWN ", or a config.json\n"
-            "  -o, --output CHECKPOINT  checkpoint directory to create (appears atomically)\n"
-            "  --seed S               random seed (default 0)\n"
-            "  --layers K             keep only K layers (config.json says K)\n"
-            "  --dtype fp16|bf16      stored dtype (default fp16)\n"
-            "  --shard-size BYTES     split the weights into files of at most this size (default 1e9)\n"
-            "  --tokenizer PATH       tokenizer.json to copy (default: the test fixture's)\n"
-            "  --force                replace an earlier pollen output (a synth checkpoint or a shard set) at CHECKPOINT\n"
-            "  --quiet                no progress bar\n");
-}
-
 int cmd_synth(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"output", required_argument, 0, 'o'}, {"seed", required_argument, 0, 's'},
-        {"layers", required_argument, 0, 'l'}, {"dtype", required_argument, 0, 'd'}, {"shard-size", required_argument, 0, 'z'},
-        {"tokenizer", required_argument, 0, 'k'}, {"force", no_argument, 0, 'f'}, {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *model = NULL, *out = NULL, *tok = NULL;
+    const char *model = NULL, *out = NULL, *tok = NULL, *dtype = "fp16";
     uint64_t seed = 0, shard_size = 1000000000ull;
     int64_t layers = -1;
-    bool bf16 = false, force = false, quiet = false;
-    int ch;
+    bool force = false, quiet = false;
+    pln_opt opts[] = {
+        PLN_O_STR("model", 'm', model, "NAME", SY_KNOWN ", or a config.json", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("output", 'o', out, "CHECKPOINT", "checkpoint directory to create (appears atomically)", .flags = PLN_OPT_REQUIRED),
+        PLN_O_INT("seed", 's', seed, 0, INT64_MAX, "S", "random seed (default {})"),
+        PLN_O_INT("layers", 0, layers, 0, INT32_MAX, "K", "keep only K layers (config.json says K)"),
+        PLN_O_ENUM("dtype", 0, dtype, "fp16|bf16", "stored dtype (default {})"),
+        PLN_O_INT("shard-size", 0, shard_size, 1, INT64_MAX, "BYTES", "split the weights into files of at most this size (default 1e9)"),
+        PLN_O_STR("tokenizer", 0, tok, "PATH", "tokenizer.json to copy (default: the test fixture's)"),
+        PLN_O_FLAG("force", 'f', force, "replace an earlier pollen output (a synth checkpoint or a shard set) at CHECKPOINT"),
+        PLN_O_FLAG("quiet", 'q', quiet, "no progress bar"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "synth", .synopsis = "pollen synth --model NAME|CONFIG.json -o CHECKPOINT [options]", .opts = opts, .rank = 0};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
+    bool bf16 = !strcmp(dtype, "bf16");
     pln_cli_restart_with_passive_omp(argc, argv);
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-        char *end = NULL;
-        switch (ch) {
-        case 'm': model = optarg; break;
-        case 'o': out = optarg; break;
-        case 's': seed = strtoull(optarg, &end, 10); if (*end) pln_die("--seed %s: expected an integer", optarg); break;
-        case 'l': layers = strtoll(optarg, &end, 10); if (*end || layers < 0) pln_die("--layers %s: expected a non-negative integer", optarg); break;
-        case 'd':
-            if (!strcmp(optarg, "bf16")) bf16 = true;
-            else if (strcmp(optarg, "fp16")) pln_die("--dtype %s: expected fp16 or bf16", optarg);
-            break;
-        case 'z': shard_size = strtoull(optarg, &end, 10); if (*end || !shard_size) pln_die("--shard-size %s: expected a positive integer", optarg); break;
-        case 'k': tok = optarg; break;
-        case 'f': force = true; break;
-        case 'q': quiet = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc || !model || !out) { usage(stderr); return 2; }
     json_t *cfg = NULL;
     const char *cfg_file = NULL;   /* --model given as a file */
     for (size_t i = 0; i < sizeof g_models / sizeof g_models[0]; i++)

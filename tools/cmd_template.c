@@ -5,30 +5,13 @@
 #include "formats/shard.h"
 #include "runtime/chat.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: pollen template SET|CHECKPOINT|TEMPLATE.jinja|TOKENIZER_CONFIG.json --messages FILE.json [--tools FILE.json] [--no-generation-prompt] [--kwargs JSON]\n\n"
-            "Prints the prompt the chat template makes of a conversation, byte for byte as transformers'\n"
-            "apply_chat_template (no newline is added).\n"
-            "The template: a shard set's, a Hugging Face model directory's, a .jinja file or a tokenizer_config.json.\n"
-            "  --messages FILE          a JSON array of messages ([{\"role\": \"user\", \"content\": \"Hi\"}]),\n"
-            "                           or an object {\"messages\": [...], \"tools\": [...]}\n"
-            "  --tools FILE             a JSON array of tools (OpenAI's function format) the template sees\n"
-            "  --no-generation-prompt   add_generation_prompt=false (default true: the prompt ends where the\n"
-            "                           assistant's answer begins)\n"
-            "  --tokens FILE            take bos_token, eos_token, ... from this tokenizer_config.json\n"
-            "  --kwargs JSON            more template variables, as apply_chat_template(**kwargs) and vLLM's\n"
-            "                           chat_template_kwargs: '{\"enable_thinking\": false}'\n"
-            "The messages file may also be {\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}}.\n");
-}
 
 static json_t *read_json(const char *opt, const char *path) {
     size_t n = 0;
@@ -42,28 +25,34 @@ static json_t *read_json(const char *opt, const char *path) {
 }
 
 int cmd_template(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"messages", required_argument, 0, 'm'}, {"tools", required_argument, 0, 't'},
-        {"no-generation-prompt", no_argument, 0, 'n'}, {"tokens", required_argument, 0, 'k'},
-        {"kwargs", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    const char *msg_path = NULL, *tools_path = NULL, *tokens = NULL, *kwargs_text = NULL, *path = NULL;
+    bool no_gen = false;
+    pln_opt opts[] = {
+        PLN_O_POS("SET|CHECKPOINT|TEMPLATE.jinja|TOKENIZER_CONFIG.json", path, "the template", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("messages", 0, msg_path, "FILE",
+                  "a JSON array of messages ([{\"role\": \"user\", \"content\": \"Hi\"}]), or an object "
+                  "{\"messages\": [...], \"tools\": [...]}", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("tools", 0, tools_path, "FILE", "a JSON array of tools (OpenAI's function format) the template sees"),
+        PLN_O_FLAG("no-generation-prompt", 0, no_gen,
+                   "add_generation_prompt=false (default true: the prompt ends where the assistant's answer begins)"),
+        PLN_O_STR("tokens", 0, tokens, "FILE", "take bos_token, eos_token, ... from this tokenizer_config.json"),
+        PLN_O_STR("kwargs", 0, kwargs_text, "JSON",
+                  "more template variables, as apply_chat_template(**kwargs) and vLLM's chat_template_kwargs: "
+                  "'{\"enable_thinking\": false}'"),
+        PLN_O_END,
     };
-    const char *msg_path = NULL, *tools_path = NULL, *tokens = NULL, *kwargs_text = NULL;
-    bool gen = true;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': msg_path = optarg; break;
-        case 't': tools_path = optarg; break;
-        case 'k': tokens = optarg; break;
-        case 'x': kwargs_text = optarg; break;
-        case 'n': gen = false; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc - 1 || !msg_path) { usage(stderr); return 2; }
-    const char *path = argv[optind];
+    pln_opt_cmd cmd = {
+        .cmd = "template",
+        .synopsis = "pollen template SET|CHECKPOINT|TEMPLATE.jinja|TOKENIZER_CONFIG.json --messages FILE.json [--tools FILE.json] "
+                    "[--no-generation-prompt] [--kwargs JSON]",
+        .intro = "\nPrints the prompt the chat template makes of a conversation, byte for byte as transformers'\n"
+                 "apply_chat_template (no newline is added).\n"
+                 "The template: a shard set's, a Hugging Face model directory's, a .jinja file or a tokenizer_config.json.\n",
+        .epilog = "The messages file may also be {\"messages\": [...], \"tools\": [...], \"chat_template_kwargs\": {...}}.\n",
+        .opts = opts, .rank = 0};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
+    bool gen = !no_gen;
 
     json_t *doc = read_json("--messages", msg_path), *messages = doc, *tools = NULL, *kwargs = NULL;
     if (json_is_object(doc)) {

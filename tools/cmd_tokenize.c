@@ -7,9 +7,9 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,22 +18,6 @@
 
 /* Text read from stdin at most (a prompt to debug, not a corpus). */
 #define TZ_MAX_INPUT ((size_t)256 << 20)
-
-static void usage(FILE *f) {
-    pln_cli_help(f,
-            "usage: pollen tokenize SET|CHECKPOINT|TOKENIZER.json [--text TEXT] [--add-special] [--json]\n"
-            "       pollen tokenize SET|CHECKPOINT|TOKENIZER.json --decode [--skip-special] [--text IDS]\n\n"
-            "SET|CHECKPOINT|TOKENIZER.json: a pollen shard set directory (the tokenizer it carries), a\n"
-            "Hugging Face model directory (its tokenizer.json) or a tokenizer.json.\n"
-            "Encodes the text read from stdin (every byte, trailing newline included) and prints the\n"
-            "ids space-separated on one line, as Hugging Face tokenizers' encode(text).ids.\n"
-            "  --text TEXT     encode TEXT instead of stdin\n"
-            "  --add-special   apply the tokenizer's post-processor (BOS/EOS: add_special_tokens=True)\n"
-            "  --json          print {\"ids\": [...], \"tokens\": [...]} (tokens as tokenizer.json spells them)\n"
-            "  --decode        read ids (space- or comma-separated) from stdin or --text and print the\n"
-            "                  decoded text exactly, with no newline added (decode(ids))\n"
-            "  --skip-special  with --decode: leave special tokens out (skip_special_tokens=True)\n");
-}
 
 /* Something is at p (a FIFO or a device too: the checked open that reads it names what it is). */
 static bool tz_exists(const char *p) {
@@ -175,28 +159,31 @@ static int tz_run(const char *path, const char *text, bool add_special, bool as_
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"text", required_argument, 0, 't'}, {"add-special", no_argument, 0, 'a'}, {"json", no_argument, 0, 'j'},
-        {"decode", no_argument, 0, 'd'},     {"skip-special", no_argument, 0, 's'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *text = NULL;
+    const char *text = NULL, *path = NULL;
     bool add_special = false, as_json = false, decode = false, skip_special = false;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 't': text = optarg; break;
-        case 'a': add_special = true; break;
-        case 'j': as_json = true; break;
-        case 'd': decode = true; break;
-        case 's': skip_special = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc - 1) { usage(stderr); return 2; }
+    pln_opt opts[] = {
+        PLN_O_POS("SET|CHECKPOINT|TOKENIZER.json", path, "the tokenizer", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("text", 0, text, "TEXT", "encode TEXT instead of stdin"),
+        PLN_O_FLAG("add-special", 0, add_special, "apply the tokenizer's post-processor (BOS/EOS: add_special_tokens=True)"),
+        PLN_O_FLAG("json", 0, as_json, "print {\"ids\": [...], \"tokens\": [...]} (tokens as tokenizer.json spells them)"),
+        PLN_O_FLAG("decode", 'd', decode,
+                   "read ids (space- or comma-separated) from stdin or --text and print the decoded text exactly, "
+                   "with no newline added (decode(ids))"),
+        PLN_O_FLAG("skip-special", 0, skip_special, "with --decode: leave special tokens out (skip_special_tokens=True)"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {
+        .cmd = "tokenize",
+        .synopsis = "pollen tokenize SET|CHECKPOINT|TOKENIZER.json [--text TEXT] [--add-special] [--json]\n"
+                    "pollen tokenize SET|CHECKPOINT|TOKENIZER.json --decode [--skip-special] [--text IDS]",
+        .intro = "\nSET|CHECKPOINT|TOKENIZER.json: a pollen shard set directory (the tokenizer it carries), a\n"
+                 "Hugging Face model directory (its tokenizer.json) or a tokenizer.json.\n"
+                 "Encodes the text read from stdin (every byte, trailing newline included) and prints the\n"
+                 "ids space-separated on one line, as Hugging Face tokenizers' encode(text).ids.\n",
+        .opts = opts, .rank = 0};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
     if (decode && add_special) { fprintf(stderr, "pollen tokenize: --add-special is for encoding, not --decode\n"); return 2; }
     if (!decode && skip_special) { fprintf(stderr, "pollen tokenize: --skip-special goes with --decode\n"); return 2; }
-    return tz_run(argv[optind], text, add_special, as_json, decode, skip_special);
+    return tz_run(path, text, add_special, as_json, decode, skip_special);
 }

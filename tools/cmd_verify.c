@@ -20,8 +20,8 @@
 #include "kernels/pln_math.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
-#include <getopt.h>
 #include <stdarg.h>
 #include <jansson.h>
 #include <math.h>
@@ -144,16 +144,6 @@ static void compare_slice(const pln_tp_entry *e, const pln_tp_src *srcs, const u
     free(row_err);
 }
 
-static void usage(FILE *f) {
-    pln_cli_help(f, "usage: pollen verify SET [--source CHECKPOINT] [--strict] [--quiet | --json]\n"
-               "  SET                  a shard set directory (manifest.json + rank files)\n"
-               "  --source CHECKPOINT  also rebuild every tensor and compare it with the checkpoint it came from\n"
-               "  --strict             also fail a set whose manifest (version 1) records no checksums of its small files\n"
-               "  --quiet              print only the problems (stderr) and the verdict line\n"
-               "  --json               print the result as one JSON object on stdout (problems also on stderr)\n"
-               "  --threads N          threads (default: all cores)\n");
-}
-
 /* --json: {"ok", "set", "tp", "dtype", "tensors_checked", "small_files_checked", "source",
  * "problems": [...], "tensors": [per tensor against the source], "seconds"} on stdout; the exit
  * status as without it (0 ok, 1 problems). Frees the arrays. */
@@ -180,27 +170,23 @@ static int verdict_json(const char *dir, vf_result *res, const char *dtype, int 
 }
 
 int cmd_verify(int argc, char **argv) {
-    static const struct option opts[] = {{"source", required_argument, 0, 's'}, {"threads", required_argument, 0, 'j'},
-                                         {"strict", no_argument, 0, 'S'}, {"quiet", no_argument, 0, 'q'},
-                                         {"json", no_argument, 0, 'J'},
-                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *source = NULL;
+    const char *source = NULL, *dir = NULL;
     bool strict = false;
-    int ch;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (ch) {
-        case 's': source = optarg; break;
-        case 'S': strict = true; break;
-        case 'q': g_quiet = true; break;
-        case 'J': g_json = true; break;
-        case 'j': omp_set_num_threads(atoi(optarg) > 0 ? atoi(optarg) : 1); break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc - 1) { usage(stderr); return 2; }
-    const char *dir = argv[optind];
+    int threads = 0;
+    pln_opt opts[] = {
+        PLN_O_POS("SET", dir, "the shard set", .flags = PLN_OPT_REQUIRED),
+        PLN_O_STR("source", 0, source, "CHECKPOINT", "also rebuild every tensor and compare it with the checkpoint it came from"),
+        PLN_O_FLAG("strict", 0, strict, "also fail a set whose manifest (version 1) records no checksums of its small files"),
+        PLN_O_FLAG("quiet", 'q', g_quiet, "print only the problems (stderr) and the verdict line"),
+        PLN_O_FLAG("json", 0, g_json, "print the result as one JSON object on stdout (problems also on stderr)"),
+        PLN_O_INT("threads", 't', threads, 1, 4096, "N", "threads (default: all cores)"),
+        PLN_O_END,
+    };
+    pln_opt_cmd cmd = {.cmd = "verify", .synopsis = "pollen verify SET [--source CHECKPOINT] [--strict] [--quiet | --json]",
+                       .intro = "  SET: a shard set directory (manifest.json + rank files)\n", .opts = opts, .rank = 0};
+    pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_opt_free(&cmd);
+    if (threads) omp_set_num_threads(threads);
     vf_result res = {0};
     json_t *jtensors = NULL;
     if (g_json) { res.problems = json_array(); jtensors = json_array(); }

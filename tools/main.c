@@ -1,6 +1,7 @@
 /* main.c — the `pollen` command line: dispatches to one file per subcommand (tools/cmd_*.c). */
 #include "formats/common.h"
 #include "tools/cmd.h"
+#include "tools/opt.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +46,17 @@ int main(int argc, char **argv) {
          * and installs its own; reshard and synth add the removal of their temporary output). */
         if (strcmp(argv[1], "serve")) pln_exit_on_signal(argv[1]);
         return g_cmds[i].fn(argc - 1, argv + 1);
+    }
+    /* a typo of a command gets the same suggestion as a typo of an option */
+    const char *best = NULL;
+    int best_d = 3;
+    for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++) {
+        int d = pln_opt_edit_distance(argv[1], g_cmds[i].name);
+        if (d < best_d && (size_t)d * 3 <= strlen(argv[1])) { best_d = d; best = g_cmds[i].name; }
+    }
+    if (best) {
+        fprintf(stderr, "pollen: unknown command '%s' (did you mean %s?)\nsee pollen --help\n", argv[1], best);
+        return 2;
     }
     fprintf(stderr, "pollen: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
