@@ -14,9 +14,9 @@ PLN_COMMANDS(CMD)
 
 static const struct { const char *name; int (*fn)(int, char **); const char *help; } g_cmds[] = {
     {"inspect", cmd_inspect, "show the config and tensors of a checkpoint or shard set"},
-    {"reshard", cmd_reshard, "convert a Hugging Face BLOOM checkpoint into TP shards (fp16/int8/int4)"},
+    {"reshard", cmd_reshard, "convert a Hugging Face checkpoint (BLOOM, Llama, Mistral, Qwen2) into TP shards (fp16/int8/int4)"},
     {"verify", cmd_verify, "check a shard set's checksums, and against its source with --source"},
-    {"synth", cmd_synth, "write a random BLOOM checkpoint of a given size (for tests and benchmarks)"},
+    {"synth", cmd_synth, "write a random checkpoint of a real model's shape (BLOOM or Llama family; tests, benchmarks)"},
     {"generate", cmd_generate, "generate text from a shard set (mpirun -np N for TP=N)"},
     {"serve", cmd_serve, "serve a shard set over HTTP (TGI and OpenAI routes)"},
     {"bench", cmd_bench, "measure prefill and decode speed on a shard set"},
@@ -26,7 +26,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "pollen %s — BLOOM tensor-parallel shards and serving\n\nusage: pollen COMMAND [options]\n\ncommands:\n",
+    fprintf(f, "pollen %s — tensor-parallel shards and serving for BLOOM and the Llama family\n\nusage: pollen COMMAND [options]\n\ncommands:\n",
             PLN_VERSION_STRING);
     for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
         fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].help);
