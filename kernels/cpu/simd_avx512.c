@@ -17,7 +17,6 @@
 #define INL static inline __attribute__((always_inline)) TGT
 #define UNROLL _Pragma("GCC unroll 6")
 #define UNROLL16 _Pragma("GCC unroll 16")
-#define UNROLL8 _Pragma("GCC unroll 8")
 
 INL __m512 load_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -339,7 +338,7 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
  * gemv-streams.c: interleaved, rows of 1-16 KiB): where a plain read ran at 55-70 GB/s the 4-row
  * tiles read 35-50 and one row at a time 54-68; where the read ran at 36-47 GB/s, one row at a
  * time was 0.95-1.4x the tiles (the least on 2 KiB rows, whose four places are close). In the
- * model: docs/ARCHITECTURE.md, "The batched float path". Each row keeps four accumulators (64 columns of F16, a cache line of I8, per step): one
+ * model: docs/ARCHITECTURE.md, "The batched float path". Each row keeps four accumulators (128 columns of F16, two per accumulator, or a cache line of I8, per step): one
  * would be a chain of FMAs 16 columns per latency, slower than the memory. The sums are ordered
  * differently from the tiles', so a lone token's results differ in the last bits from the same
  * token's in a batch; batch-invariant mode keeps the tiles (cpu.h pln_cpu_set_batch_invariant).
@@ -410,16 +409,18 @@ static TGT __attribute__((noinline)) void gemv_i8_row(float *out, const float *x
     }
     if (group == 32) {
         /* The scales of 16 groups (512 columns) are widened at once and each is then broadcast
-         * straight from memory, a load-port operation: one group's own scalar load, widening and
-         * register broadcast had taken three slots of the two vector ports the byte widening
-         * also needs (tools/bench/gemv-mca.sh: 10.2 -> 7.1 predicted cycles per 64 bytes on Zen 4,
-         * where llama.cpp's Q8_0 loop takes 8.5). The same scales, products and sums: the
-         * results are unchanged. */
+         * from memory as the FMA's operand, a load-port operation: one group's own scalar load,
+         * widening and register broadcast had taken three slots of the two vector ports the
+         * byte widening also needs (tools/bench/gemv-mca.sh, Zen 4 model: 10.2 -> 9.1 cycles per
+         * 64 bytes; llama.cpp's Q8_0 vec_dot 8.5). The 64-column steps stay a rolled loop, each
+         * with its prefetch in place: unrolled, GCC gathered the block's eight prefetches at its
+         * start, which had measured slower. The same scales, products and sums: the results are
+         * unchanged. */
         float sb[16] __attribute__((aligned(64)));
         for (; k + 512 <= K; k += 512) {
             _mm512_store_ps(sb, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(scale + k / 32))));
             __asm__("" : "+m"(sb));   /* keep sb in memory: the broadcasts below are loads */
-            UNROLL8 for (int j = 0; j < 16; j += 2) {
+            _Pragma("GCC unroll 1") for (int j = 0; j < 16; j += 2) {
                 const int8_t *wj = w + k + 32 * j;
                 const float *xj = x + k + 32 * j;
                 pf_line(wj);

@@ -34,7 +34,7 @@ trap 'rm -rf "$TMP"' EXIT
 rows=(
   "pollen fp16|$OBJ|gemv_f16_row|--need vfmadd:8 --need prefetch:4|256|128"
   "pollen int8 row|$OBJ|gemv_i8_row|--need vpmovsxbd:4 --need vfmadd:4 --not vmulps|64|64"
-  "pollen int8 g32|$OBJ|gemv_i8_row|--need vpmovsxbd:32 --need vmulps:16|544|512"
+  "pollen int8 g32|$OBJ|gemv_i8_row|--need vpmovsxbd:4 --need to16:2 --need vcvtph2ps.*zmm:1 --inner 8|544|512"
   "pollen int4 g32|$OBJ|gemm_q8_vnni512|--need vpdpbusd:8 --need prefetch:5 --need vpermps:4|288|512"
   "pollen int4 g128|$OBJ|gemm_q8_vnni512|--need vpdpbusd:8 --need prefetch:5 --not vpermps|264|512"
 )
