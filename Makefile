@@ -107,6 +107,11 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
+# The batch-1 GEMV bandwidth microbenchmark (tools/bench/gemv-bw.c): pollen's kernels from the library.
+$(BUILD)/bench/gemv-bw: tools/bench/gemv-bw.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
 # test_fuzz_regress compiles the fuzz targets in: rebuild it when one changes.
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_SRCS)
 

@@ -23,10 +23,11 @@ prefetches() {
     END { print n + 0 }'
 }
 
-# The one-token GEMV's rows (GEMV_NOTE), both tiers: AVX-512 fp16 prefetches two lines per step,
-# int8 per row and grouped one in each of three loops, int4 one in each of two; AVX2 one line per
+# The one-token GEMV's rows (GEMV_NOTE), both tiers: AVX-512 fp16 prefetches four lines per
+# 128-column step and two in its 64-column tail, int8 per row and grouped one in each of five
+# loops (groups of 32: the 512-column blocks and their tail), int4 one in each of two; AVX2 one line per
 # step in each loop (fp16 1, int8 3, int4 1).
-for spec in "simd_avx512 gemv_f16_row 2" "simd_avx512 gemv_i8_row 3" "simd_avx512 gemv_i4_row 2" \
+for spec in "simd_avx512 gemv_f16_row 6" "simd_avx512 gemv_i8_row 5" "simd_avx512 gemv_i4_row 2" \
             "simd_avx2 gemv_f16_row 1" "simd_avx2 gemv_i8_row 3" "simd_avx2 gemv_i4_row 1"; do
   set -- $spec
   n=$(prefetches "$B/kernels/cpu/$1.o" "$2")

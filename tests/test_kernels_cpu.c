@@ -289,6 +289,12 @@ static void test_linear(void) {
      * tail and several rows */
     test_linear_case(9, 4096, 1, true, 32, false, false);
     test_linear_case(9, 4096, 1, true, 128, true, false);
+    /* the one-token GEMV's long steps beside their tails: int8 g32 in 512-column blocks then a
+     * whole line and an odd group (1600 = 3 x 512 + 64, 1056 = 2 x 512 + 32); fp16 in 128-column
+     * steps then a 64-column one and a 16-column one (1104 = 8 x 128 + 64 + 16) */
+    test_linear_case(7, 1600, 1, true, 32, true, false);
+    test_linear_case(7, 1056, 1, true, 32, false, true);
+    test_linear_case(7, 1104, 1, false, 0, false, false);
 }
 
 /* The integer-dot path (off by default): on int8 weights at T >= 2 and int4 ones at any T, every tier (with and

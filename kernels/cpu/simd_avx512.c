@@ -338,7 +338,7 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
  * gemv-streams.c: interleaved, rows of 1-16 KiB): where a plain read ran at 55-70 GB/s the 4-row
  * tiles read 35-50 and one row at a time 54-68; where the read ran at 36-47 GB/s, one row at a
  * time was 0.95-1.4x the tiles (the least on 2 KiB rows, whose four places are close). In the
- * model: docs/ARCHITECTURE.md, "The batched float path". Each row keeps four accumulators (64 columns of F16, a cache line of I8, per step): one
+ * model: docs/ARCHITECTURE.md, "The batched float path". Each row keeps four accumulators (128 columns of F16, two per accumulator, or a cache line of I8, per step): one
  * would be a chain of FMAs 16 columns per latency, slower than the memory. The sums are ordered
  * differently from the tiles', so a lone token's results differ in the last bits from the same
  * token's in a batch; batch-invariant mode keeps the tiles (cpu.h pln_cpu_set_batch_invariant).
@@ -349,13 +349,32 @@ INL void pf_line(const void *p) { _mm_prefetch((const char *)p + PF_AHEAD, _MM_H
 static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *x, const uint16_t *w, int64_t K) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t k = 0;
-    for (; k + 64 <= K; k += 64) {
+    /* 128 columns (256 bytes) a step: the loop's own increments, compare and branch are then 4
+     * of 24 instructions, not 4 of 14 (tools/bench/gemv-mca.sh: 6.0 instructions per 64 bytes,
+     * as llama.cpp's F16 decode loop, was 7.0). Each accumulator takes the same columns in the
+     * same order as at 64 a step, so the sums are the same bits. */
+    for (; k + 128 <= K; k += 128) {
+        pf_line(w + k);
+        pf_line(w + k + 32);
+        pf_line(w + k + 64);
+        pf_line(w + k + 96);
+        a0 = _mm512_fmadd_ps(load_f16(w + k), _mm512_loadu_ps(x + k), a0);
+        a1 = _mm512_fmadd_ps(load_f16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+        a2 = _mm512_fmadd_ps(load_f16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+        a3 = _mm512_fmadd_ps(load_f16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+        a0 = _mm512_fmadd_ps(load_f16(w + k + 64), _mm512_loadu_ps(x + k + 64), a0);
+        a1 = _mm512_fmadd_ps(load_f16(w + k + 80), _mm512_loadu_ps(x + k + 80), a1);
+        a2 = _mm512_fmadd_ps(load_f16(w + k + 96), _mm512_loadu_ps(x + k + 96), a2);
+        a3 = _mm512_fmadd_ps(load_f16(w + k + 112), _mm512_loadu_ps(x + k + 112), a3);
+    }
+    if (k + 64 <= K) {
         pf_line(w + k);
         pf_line(w + k + 32);
         a0 = _mm512_fmadd_ps(load_f16(w + k), _mm512_loadu_ps(x + k), a0);
         a1 = _mm512_fmadd_ps(load_f16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
         a2 = _mm512_fmadd_ps(load_f16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
         a3 = _mm512_fmadd_ps(load_f16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+        k += 64;
     }
     for (; k + 16 <= K; k += 16) a0 = _mm512_fmadd_ps(load_f16(w + k), _mm512_loadu_ps(x + k), a0);
     float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
@@ -389,6 +408,30 @@ static TGT __attribute__((noinline)) void gemv_i8_row(float *out, const float *x
         return;
     }
     if (group == 32) {
+        /* The scales of 16 groups (512 columns) are widened at once and each is then broadcast
+         * from memory as the FMA's operand, a load-port operation: one group's own scalar load,
+         * widening and register broadcast had taken three slots of the two vector ports the
+         * byte widening also needs (tools/bench/gemv-mca.sh, Zen 4 model: 10.2 -> 9.1 cycles per
+         * 64 bytes; llama.cpp's Q8_0 vec_dot 8.5). The 64-column steps stay a rolled loop, each
+         * with its prefetch in place: unrolled, GCC gathered the block's eight prefetches at its
+         * start, which had measured slower. The same scales, products and sums: the results are
+         * unchanged. */
+        float sb[16] __attribute__((aligned(64)));
+        for (; k + 512 <= K; k += 512) {
+            _mm512_store_ps(sb, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(scale + k / 32))));
+            __asm__("" : "+m"(sb));   /* keep sb in memory: the broadcasts below are loads */
+            _Pragma("GCC unroll 1") for (int j = 0; j < 16; j += 2) {
+                const int8_t *wj = w + k + 32 * j;
+                const float *xj = x + k + 32 * j;
+                pf_line(wj);
+                __m512 g0 = _mm512_mul_ps(load_i8(wj), _mm512_loadu_ps(xj));
+                __m512 g1 = _mm512_mul_ps(load_i8(wj + 32), _mm512_loadu_ps(xj + 32));
+                g0 = _mm512_fmadd_ps(load_i8(wj + 16), _mm512_loadu_ps(xj + 16), g0);
+                g1 = _mm512_fmadd_ps(load_i8(wj + 48), _mm512_loadu_ps(xj + 48), g1);
+                a0 = _mm512_fmadd_ps(g0, _mm512_set1_ps(sb[j]), a0);
+                a1 = _mm512_fmadd_ps(g1, _mm512_set1_ps(sb[j + 1]), a1);
+            }
+        }
         for (; k + 64 <= K; k += 64) {
             pf_line(w + k);
             __m512 g0 = _mm512_mul_ps(load_i8(w + k), _mm512_loadu_ps(x + k));
