@@ -12,6 +12,7 @@
 #include "runtime/sampler.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -50,12 +51,12 @@ static int32_t rand_token(int64_t vocab) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm);
+    pln_comm *comm = NULL;   /* MPI starts once the options are read (a TP-N set may launch its ranks first) */
+    int rank = pln_launch_env_rank();
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
-    bool json = false;
+    bool json = false, no_launch = false;
     const char *mbu_mode = "steps";
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
@@ -86,10 +87,11 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
+        else if (!strcmp(a, "--no-launch")) no_launch = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank == 0)
                 pln_cli_help(stdout,
-                       "usage: [mpirun -np N] pollen bench SET [options]\n"
+                       "usage: pollen bench SET [options]\n"
                        "  --prompt-len N          prefill: one prompt of N random tokens (default 512)\n"
                        "  --batch B,B,...         decode batch sizes, each measured in turn (default 1,8,32)\n"
                        "  --context N             tokens of context of every decode sequence (default 32)\n"
@@ -104,6 +106,7 @@ int cmd_bench(int argc, char **argv) {
                        "  --kv-dtype f32|f16      KV-cache dtype (default: the backend's own)\n"
                        PLN_CLI_INT_DOT_HELP
                        "  --no-mmap               read the rank file into memory instead of mapping it\n"
+                       PLN_LAUNCH_HELP
                        "  prefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B\n"
                        "  sequences of --context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy\n"
                        "  measured here. --mbu steps (default): at TP 1 the median over the steps of each step's\n"
@@ -121,6 +124,10 @@ int cmd_bench(int argc, char **argv) {
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SET [options] (--help)\n"); pln_comm_free(comm); return 2; }
+    int launched = pln_launch_self("bench", dir, argc, argv, no_launch, json);
+    if (launched >= 0) return launched;
+    comm = pln_comm_init(&argc, &argv);
+    rank = pln_comm_rank(comm);
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];

@@ -11,6 +11,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -34,7 +35,7 @@ typedef struct {
 
 static void usage(FILE *f) {
     pln_cli_help(f,
-            "usage: [mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]\n"
+            "usage: pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]\n"
             "  (TEXT is tokenized with the tokenizer's post-processor, as tokenizer(text) does: Llama's BOS first)\n"
             "  --max-new-tokens N      tokens to generate per prompt (default 32)\n"
             "  --temperature T         sampling temperature; T > 0 samples (default: greedy, as T = 0)\n"
@@ -58,7 +59,8 @@ static void usage(FILE *f) {
             "  --populate              fault the shard in at load;  --verify  check checksums at load\n"
             "  --no-mmap               read the rank file into memory instead of mapping it (for file\n"
             "                          systems where a mapping is fragile; needs RAM for the whole file)\n"
-            "  --quiet                 no progress, no streaming, no timings: only the results (text or JSON)\n");
+            "  --quiet                 no progress, no streaming, no timings: only the results (text or JSON)\n"
+            PLN_LAUNCH_HELP);
 }
 
 static int32_t *parse_ids(const char *s, size_t *n) {
@@ -89,15 +91,15 @@ static void gen_append(gen_seq *g, const char *b, size_t n) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    pln_comm *comm = NULL;   /* MPI starts once the options are read (a TP-N set may launch its ranks first) */
+    int rank = pln_launch_env_rank(), size = 1;
     const char *dir = NULL, *dump = NULL;
     const char **prompts = pln_xcalloc((size_t)argc, sizeof(char *));
     const char **idlists = pln_xcalloc((size_t)argc, sizeof(char *));
     const char **stops = pln_xcalloc((size_t)argc, sizeof(char *));
     int n_prompts = 0, n_idlists = 0, n_stops = 0, threads = 0;
     int64_t max_new = 32;
-    bool json = false, quiet = false, do_sample = false, show_placement = false;
+    bool json = false, quiet = false, do_sample = false, show_placement = false, no_launch = false;
     pln_sample_params sp;
     pln_sample_params_default(&sp);
     pln_engine_opts eo;
@@ -129,6 +131,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--no-launch")) no_launch = true;
         else if (!strcmp(a, "--dump-logits")) dump = ARG();
         else if (!strcmp(a, "--fail-at-step")) eo.fail_at_step = (int32_t)pln_cli_int(a, ARG(), 0, INT32_MAX);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); free(prompts); free(idlists); free(stops); return 0; }
@@ -147,6 +150,10 @@ int cmd_generate(int argc, char **argv) {
         const char *protect[1] = {dir};
         if (pln_path_guard(dump, protect, 1)) pln_die("--dump-logits: %s", pln_error());
     }
+    int launched = pln_launch_self("generate", dir, argc, argv, no_launch, quiet || json);
+    if (launched >= 0) { free(prompts); free(idlists); free(stops); return launched; }
+    comm = pln_comm_init(&argc, &argv);
+    rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     if (sp.temperature == 0) do_sample = false;
     if (sp.temperature == 0) sp.temperature = 1.0f;
     sp.do_sample = do_sample;

@@ -21,6 +21,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -53,7 +54,7 @@ typedef struct {
 
 static void usage(FILE *f) {
     pln_cli_help(f,
-            "usage: [mpirun -np N] pollen perplexity SET --file TEXT [options]\n"
+            "usage: pollen perplexity SET --file TEXT [options]\n"
             "  --file TEXT          UTF-8 text to score (tokenized once with the set's tokenizer and its\n"
             "                       post-processor: a Llama set's BOS comes first, never scored)\n"
             "  --ctx N              window length in tokens (default 512; the whole text if shorter)\n"
@@ -68,6 +69,7 @@ static void usage(FILE *f) {
             PLN_CLI_INT_DOT_HELP
             "  --device D  --gpus-per-node N  --threads N  --populate  --verify   as for generate\n"
             "  --quiet              no progress bar\n"
+            PLN_LAUNCH_HELP
             "Perplexity is exp(mean NLL) in nats per token, ± exp(mean) x the standard error of the mean.\n");
 }
 
@@ -251,12 +253,12 @@ static void base_matches(const pln_shardset *set, const char *base_dir) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    pln_comm *comm = pln_comm_init(&argc, &argv);
-    int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
+    pln_comm *comm = NULL;   /* MPI starts once the options are read (a TP-N set may launch its ranks first) */
+    int rank = pln_launch_env_rank(), size = 1;
     const char *dir = NULL, *file = NULL, *base_dir = NULL;
     int64_t ctx = 512, stride = 0, max_tokens = 0;
     int threads = 0;
-    bool json = false, per_token = false, quiet = false;
+    bool json = false, per_token = false, quiet = false, no_launch = false;
     ppl_run r = {0};
     pln_engine_opts_default(&r.eo);
     for (int i = 1; i < argc; i++) {
@@ -279,6 +281,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--populate")) r.eo.populate = true;
         else if (!strcmp(a, "--verify")) r.eo.verify = true;
         else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--no-launch")) no_launch = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (rank == 0) usage(stdout); pln_comm_free(comm); return 0; }
         else if (a[0] == '-') { if (rank == 0) { fprintf(stderr, "pollen perplexity: unknown option %s\n", a); usage(stderr); } pln_comm_free(comm); return 2; }
         else if (!dir) dir = a;
@@ -288,6 +291,10 @@ int cmd_perplexity(int argc, char **argv) {
     if (!dir || !file) { if (rank == 0) usage(stderr); pln_comm_free(comm); return 2; }
     if (per_token && !json) pln_die("--per-token needs --json");
     if (stride > ctx) pln_die("--stride %lld: must not exceed --ctx %lld", (long long)stride, (long long)ctx);
+    int launched = pln_launch_self("perplexity", dir, argc, argv, no_launch, quiet || json);
+    if (launched >= 0) return launched;
+    comm = pln_comm_init(&argc, &argv);
+    rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);
     r.eo.int_dot = pln_cli_int_dot(r.eo.backend, r.eo.int_dot);
     pln_cli_batch_invariant(r.eo.backend, r.eo.batch_invariant);

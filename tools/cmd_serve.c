@@ -10,6 +10,7 @@
 #include "runtime/chat.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -43,7 +44,7 @@ static void usage(FILE *f) {
     pln_serve_limits l;
     pln_serve_limits_default(&l);
     pln_cli_help(f,
-            "usage: pollen serve SET [options]          (mpirun -np N pollen serve ... for TP=N)\n"
+            "usage: pollen serve SET [options]          (a TP-N set starts its N ranks under mpirun itself)\n"
             "  --host ADDR                    address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N                       TCP port (default 8080; 0 = any free port, see --port-file)\n"
             "  --port-file PATH               write the bound port there once listening\n"
@@ -81,7 +82,8 @@ static void usage(FILE *f) {
             "                                 a step that never returns (any TP) ends the process after 2 S + 5 s\n"
             "  --show-placement               each rank prints its node, local rank and CUDA device to stderr\n"
             "  --populate, --verify, --quiet  as for generate\n"
-            "  --no-mmap                      read the rank file into memory instead of mapping it\n",
+            "  --no-mmap                      read the rank file into memory instead of mapping it\n"
+            PLN_LAUNCH_HELP,
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
             l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
 }
@@ -256,7 +258,7 @@ int cmd_serve(int argc, char **argv) {
     int n_names = 0;
     pln_chat_template chat_tpl;
     memset(&chat_tpl, 0, sizeof chat_tpl);
-    bool show_placement = false;
+    bool show_placement = false, no_launch = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -298,6 +300,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--verify")) eo.verify = true;
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "--quiet")) eo.quiet = true;
+        else if (!strcmp(a, "--no-launch")) no_launch = true;
         else if (a[0] == '-') { fprintf(stderr, "pollen serve: unknown option %s\n", a); usage(stderr); return 2; }
         else if (!eo.shard_dir) eo.shard_dir = a;
         else { fprintf(stderr, "pollen serve: unexpected argument %s\n", a); usage(stderr); return 2; }
@@ -305,6 +308,9 @@ int cmd_serve(int argc, char **argv) {
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!eo.shard_dir) { usage(stderr); return 2; }
+    /* A TP-N set starts its ranks here, before the signal thread, the port or MPI exist. */
+    int launched = pln_launch_self("serve", eo.shard_dir, argc, argv, no_launch, eo.quiet);
+    if (launched >= 0) return launched;
     /* A signal that came during argument parsing is pending and taken here. */
     pthread_t sig_thr;
     if (pthread_create(&sig_thr, NULL, signal_thread, &sc)) pln_die("cannot start the signal thread");
