@@ -6,8 +6,8 @@
 # SIGHUP to that parent drain rank 0 and end every rank with exit 0 (no process of the set left);
 # a rank that fails (a corrupted rank-1 file) ends the job non-zero with that rank's message;
 # --no-launch keeps the rank-count error; under an explicit mpirun nothing launches again; no
-# mpirun on PATH is a clear error naming the package; bench and perplexity launch too; a TP-1
-# set never launches. Every wait is bounded.
+# mpirun on PATH is a clear error naming the package; more ranks than cores oversubscribe; bench
+# and perplexity launch too; a TP-1 set never launches. Every wait is bounded.
 source "$(dirname "$0")/e2e.sh"
 HELPER=${PLN_BUILD:-build}/tests/test_shard
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not installed"; e2e_done; exit; }
@@ -55,6 +55,16 @@ quiet_out=$(timeout 120 "$POLLEN" generate "$S2" --prompt "Hello world" --max-ne
 check "pasted: the same text" test -n "$pasted" -a "$pasted" = "$quiet_out"
 check "pasted: no second launch" bash -c "! grep -q 'starting' '$TMP/pasted.err'"
 check "no rank left after generate" gone 10
+
+# ---- more ranks than cores: pollen asks Open MPI to oversubscribe (not the test's environment) ---
+S4=$TMP/selflaunch-tp4-$$
+check "sample TP-4 set" "$HELPER" --write-sample "$S4" --tp 4
+ref4=$(timeout 120 mpirun -np 4 --oversubscribe "$POLLEN" generate "$S4" --token-ids 5,6,7 --max-new-tokens 3 2>/dev/null)
+out4=$(env -u OMPI_MCA_rmaps_base_oversubscribe timeout 120 "$POLLEN" generate "$S4" --token-ids 5,6,7 --max-new-tokens 3 2>"$TMP/tp4.err")
+check "TP 4 self-launched: the ids of an explicit mpirun -np 4" test -n "$ref4" -a "$out4" = "$ref4"
+if [ "$(nproc)" -lt 4 ]; then
+  check "TP 4 on $(nproc) cores: --oversubscribe in the launch line" grep -q "starting 4 ranks: .* --oversubscribe " "$TMP/tp4.err"
+fi
 
 # ---- --no-launch, TP 1, no mpirun ---------------------------------------------------------------
 check_fails "--no-launch: the rank-count error" "TP=2 but 1 rank was started" timeout 60 "$POLLEN" generate "$S2" --prompt hi --no-launch

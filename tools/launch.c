@@ -226,6 +226,9 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
     sigaddset(&wait_set, SIGHUP);
     sigaddset(&wait_set, SIGCHLD);
     sigprocmask(SIG_BLOCK, &wait_set, &old);
+    /* Set here, not in the child (only async-signal-safe calls there): this process is the
+     * launch too, and never launches again either. */
+    setenv(LAUNCHED_ENV, "1", 1);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -241,13 +244,13 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(128 + SIGTERM);
-        setenv(LAUNCHED_ENV, "1", 1);
         signal(SIGPIPE, SIG_DFL);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         execv(mpirun, av);
-        fprintf(stderr, "pollen %s: cannot run %s: %s\n", cmd, mpirun, strerror(errno));
+        static const char msg[] = "pollen: cannot run mpirun (exec failed)\n";
+        if (write(2, msg, sizeof msg - 1) < 0) _exit(127);
         _exit(127);
     }
     setpgid(pid, pid);   /* also here, so no signal can find the child still in our group */
