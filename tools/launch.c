@@ -226,6 +226,7 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
     sigaddset(&wait_set, SIGHUP);
     sigaddset(&wait_set, SIGCHLD);
     sigprocmask(SIG_BLOCK, &wait_set, &old);
+    signal(SIGCHLD, SIG_DFL);   /* an ignored SIGCHLD (inherited) would reap mpirun out of our sight */
     /* Set here, not in the child (only async-signal-safe calls there): this process is the
      * launch too, and never launches again either. */
     setenv(LAUNCHED_ENV, "1", 1);
@@ -265,6 +266,7 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
         if (sig == SIGCHLD) {
             pid_t w = waitpid(pid, &status, WNOHANG);
             if (w == pid) break;
+            if (w < 0 && errno != EINTR) { status = 1 << 8; break; }   /* cannot happen: it is our child */
             continue;
         }
         /* The first one goes to rank 0: serve drains and ends every rank, the other commands end
