@@ -97,10 +97,9 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     l->set = pln_shardset_open(dir);
     if (!l->set) goto fail;
     if (l->set->tp != size) {
-        pln_errorf("%s: the shard set has TP=%d but %d rank%s started; run it with exactly %d: `pollen` starts "
-                   "them itself when run without a launcher (and without --no-launch), or `mpirun -np %d` "
+        pln_errorf("%s: the shard set has TP=%d but %d rank%s started; run it with `mpirun -np %d` "
                    "(or reshard with --tp %d)", dir, l->set->tp, size, size == 1 ? " was" : "s were",
-                   l->set->tp, l->set->tp, size);
+                   l->set->tp, size);
         goto fail;
     }
     if (!pln_model_family_by_layout(l->set->layout)) {
