@@ -2,7 +2,7 @@
 #   make            build build/pollen (CPU backend; the CUDA backend too where nvcc exists, as
 #                   build/libpollen-cuda.so beside it, loaded on --backend cuda; CUDA=0 turns it off)
 #   make test       build and run every test (GPU-free), ends with "N passed, N failed"
-#   make demo       reshard a small built-in model to TP 2 int8 and generate under mpirun
+#   make demo       reshard a small built-in model to TP 2 int8 and generate with its 2 ranks
 #   make deps       install the Debian packages pollen needs (idempotent)
 #   make fuzz       build the libFuzzer targets with clang and run each for a bounded time
 #   make test-gpu   op checks and end-to-end tests on the CUDA backend (SKIP without a GPU)

@@ -99,14 +99,23 @@ struct pln_comm {
     size_t host_cap;
 };
 
-/* True when a launcher started this process as one of several ranks. */
-static bool launched_by_mpi(void) {
+bool pln_comm_launched(void) {
     static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
                                  "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE", "I_MPI_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i])) return true;
     /* srun sets SLURM_STEP_ID and SLURM_PROCID for each task (an sbatch script alone does not). */
     return getenv("SLURM_STEP_ID") && getenv("SLURM_PROCID") && getenv("SLURM_NTASKS");
+}
+
+const char *pln_comm_mpi_kind(void) {
+#if defined(PLN_HAVE_MPI) && defined(OPEN_MPI)
+    return "open-mpi";
+#elif defined(PLN_HAVE_MPI)
+    return "mpi";
+#else
+    return NULL;
+#endif
 }
 
 int pln_comm_env_local_rank(const char *(*get)(const char *name), const char **var) {
@@ -300,7 +309,7 @@ pln_comm *pln_comm_init(int *argc, char ***argv) {
     c->local_env_value = pln_comm_env_local_rank(env_get, &c->local_env);
     if (c->local_env_value >= 0) c->local_rank = c->local_env_value;
     if (gethostname(c->node, sizeof c->node - 1)) snprintf(c->node, sizeof c->node, "?");
-    if (!launched_by_mpi()) { c->local_rank = 0; return c; }
+    if (!pln_comm_launched()) { c->local_rank = 0; return c; }
 #ifdef PLN_HAVE_MPI
     int provided = 0;
     /* SERIALIZED: the thread driving steps need not be the one that started MPI (a server may

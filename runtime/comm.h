@@ -17,6 +17,13 @@ typedef struct pln_backend pln_backend;
  * rank. Never NULL (dies with a clear message if MPI fails to start). MPI runs at
  * MPI_THREAD_SERIALIZED: any one thread at a time may make the calls below. */
 pln_comm *pln_comm_init(int *argc, char ***argv);
+/* True when a launcher started this process as one of several ranks (what pln_comm_init looks
+ * for): OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK, PMI_SIZE, MPI_LOCALNRANKS (MPICH/Intel MPI
+ * hydra), MV2_COMM_WORLD_SIZE, I_MPI_RANK, or srun's SLURM_STEP_ID + SLURM_PROCID + SLURM_NTASKS. */
+bool pln_comm_launched(void);
+/* The MPI pollen was built with: "open-mpi", "mpi" (another one, e.g. MPICH), or NULL when it was
+ * built without MPI (every process is then a single rank). */
+const char *pln_comm_mpi_kind(void);
 int pln_comm_rank(const pln_comm *c);
 int pln_comm_size(const pln_comm *c);
 /* The rank's index on its node (for picking a GPU) and the ranks on that node: from MPI's

@@ -144,7 +144,7 @@ check "clean exit after a fault" stop_server
 # ---- TP 2 under mpirun ------------------------------------------------------------------------
 if command -v mpirun >/dev/null; then
   MPI="mpirun -np 2"
-  check_fails "TP-2 set on one rank: clear error" "TP=2 but 1 rank" timeout 60 "$POLLEN" serve "$S2" --port 0
+  check_fails "TP-2 set on one rank (--no-launch): clear error" "TP=2 but 1 rank" timeout 60 "$POLLEN" serve "$S2" --port 0 --no-launch
   check_fails "TP-1 set on two ranks: clear error" "TP=1 but 2 ranks" timeout 60 $MPI "$POLLEN" serve "$S1" --port 0
   check "server starts (TP 2, mpirun)" start_server d $MPI "$POLLEN" serve "$S2"
   check "/info reports tp 2" grep -q '"tp":2' <<<"$($CURL http://127.0.0.1:$PORT/info)"

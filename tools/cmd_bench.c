@@ -12,6 +12,7 @@
 #include "runtime/sampler.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 #include "tools/opt.h"
 
 #include <jansson.h>
@@ -54,7 +55,7 @@ int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
-    bool json = false, no_mmap = false;
+    bool json = false, no_mmap = false, no_launch = false;
     const char *mbu_mode = "steps";
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
@@ -78,10 +79,11 @@ int cmd_bench(int argc, char **argv) {
         PLN_O_STR("kv-dtype", 0, eo.kv_dtype, "f32|f16", "KV-cache dtype (default: the backend's own)"),
         PLN_CLI_INT_DOT_OPTS(eo),
         PLN_O_FLAG("no-mmap", 0, no_mmap, "read the rank file into memory instead of mapping it"),
+        PLN_O_FLAG("no-launch", 0, no_launch, "run as one process even when SET is TP > 1 (by default pollen starts the set's N ranks itself under mpirun; under mpirun/srun it never does)"),
         PLN_O_END,
     };
     pln_opt_cmd cmd = {
-        .cmd = "bench", .synopsis = "[mpirun -np N] pollen bench SET [options]", .opts = opts, .rank = pln_opt_env_rank(),
+        .cmd = "bench", .synopsis = "pollen bench SET [options]", .opts = opts, .rank = pln_opt_env_rank(),
         .epilog = "\nprefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B sequences of\n"
                   "--context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy measured here. --mbu steps\n"
                   "(default): at TP 1 the median over the steps of each step's bandwidth over a copy measured just\n"
@@ -93,6 +95,8 @@ int cmd_bench(int argc, char **argv) {
     pln_opt_parse_or_exit(&cmd, argc, argv);
     pln_opt_free(&cmd);
     pln_map_set_no_mmap(no_mmap);
+    int launched = pln_launch_self("bench", dir, argc, argv, no_launch, json);
+    if (launched >= 0) return launched;
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");

@@ -11,6 +11,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 #include "tools/opt.h"
 
 #include <jansson.h>
@@ -65,7 +66,7 @@ int cmd_generate(int argc, char **argv) {
     pln_opt_list prompt_l = {0}, idlist_l = {0}, stop_l = {0};
     int threads = 0;
     int64_t max_new = 32;
-    bool json = false, quiet = false, do_sample = false, show_placement = false, no_mmap = false;
+    bool json = false, quiet = false, do_sample = false, show_placement = false, no_mmap = false, no_launch = false;
     pln_sample_params sp;
     pln_sample_params_default(&sp);
     pln_engine_opts eo;
@@ -110,9 +111,10 @@ int cmd_generate(int argc, char **argv) {
                   .flags = PLN_OPT_HIDDEN),
         PLN_O_INT("fail-at-step", 0, eo.fail_at_step, 0, INT32_MAX, "N", "test only: step N's forward fails",
                   .flags = PLN_OPT_HIDDEN),
+        PLN_O_FLAG("no-launch", 0, no_launch, "run as one process even when SET is TP > 1 (by default pollen starts the set's N ranks itself under mpirun; under mpirun/srun it never does)"),
         PLN_O_END,
     };
-    pln_opt_cmd cmd = {.cmd = "generate", .synopsis = "[mpirun -np N] pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]",
+    pln_opt_cmd cmd = {.cmd = "generate", .synopsis = "pollen generate SET --prompt TEXT [--prompt TEXT ...] [options]",
                        .opts = opts, .rank = pln_opt_env_rank()};
     /* Options first, before MPI starts: a usage error is reported once, and a command that starts
      * its own ranks can do so here. */
@@ -121,6 +123,8 @@ int cmd_generate(int argc, char **argv) {
     if (pln_opt_given(&cmd, "temperature") && sp.temperature > 0) do_sample = true;
     if (pln_opt_given(&cmd, "top-k") || pln_opt_given(&cmd, "top-p") || pln_opt_given(&cmd, "seed")) do_sample = true;
     pln_map_set_no_mmap(no_mmap);
+    int launched = pln_launch_self("generate", dir, argc, argv, no_launch, quiet || json);
+    if (launched >= 0) { pln_opt_free(&cmd); return launched; }
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     int n_prompts = prompt_l.n, n_idlists = idlist_l.n, n_stops = stop_l.n;

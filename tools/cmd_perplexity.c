@@ -21,6 +21,7 @@
 #include "runtime/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 #include "tools/opt.h"
 
 #include <errno.h>
@@ -235,7 +236,7 @@ int cmd_perplexity(int argc, char **argv) {
     const char *dir = NULL, *file = NULL, *base_dir = NULL;
     int64_t ctx = 512, stride = 0, max_tokens = 0;
     int threads = 0;
-    bool json = false, per_token = false, quiet = false;
+    bool json = false, per_token = false, quiet = false, no_launch = false;
     ppl_run r = {0};
     pln_engine_opts_default(&r.eo);
     pln_opt opts[] = {
@@ -263,13 +264,16 @@ int cmd_perplexity(int argc, char **argv) {
         PLN_O_FLAG("populate", 0, r.eo.populate, "fault the shard in at load"),
         PLN_O_FLAG("verify", 0, r.eo.verify, "check checksums at load"),
         PLN_O_FLAG("quiet", 'q', quiet, "no progress bar"),
+        PLN_O_FLAG("no-launch", 0, no_launch, "run as one process even when SET is TP > 1 (by default pollen starts the set's N ranks itself under mpirun; under mpirun/srun it never does)"),
         PLN_O_END,
     };
-    pln_opt_cmd cmd = {.cmd = "perplexity", .synopsis = "[mpirun -np N] pollen perplexity SET --file TEXT [options]", .opts = opts,
+    pln_opt_cmd cmd = {.cmd = "perplexity", .synopsis = "pollen perplexity SET --file TEXT [options]", .opts = opts,
                        .rank = pln_opt_env_rank(),
                        .epilog = "\nPerplexity is exp(mean NLL) in nats per token, ± exp(mean) x the standard error of the mean.\n"};
     pln_opt_parse_or_exit(&cmd, argc, argv);
     pln_opt_free(&cmd);
+    int launched = pln_launch_self("perplexity", dir, argc, argv, no_launch, quiet || json);
+    if (launched >= 0) return launched;
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm), size = pln_comm_size(comm);
     if (per_token && !json) pln_die("--per-token needs --json");

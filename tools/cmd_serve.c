@@ -11,6 +11,7 @@
 #include "formats/shard.h"
 #include "tools/cli.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 #include "tools/opt.h"
 
 #include <pthread.h>
@@ -215,7 +216,7 @@ int cmd_serve(int argc, char **argv) {
     int n_names = 0;
     pln_chat_template chat_tpl;
     memset(&chat_tpl, 0, sizeof chat_tpl);
-    bool show_placement = false, no_mmap = false;
+    bool show_placement = false, no_mmap = false, no_launch = false;
     int tp_given = 0;
     /* One line per option; every one also reads POLLEN_<NAME> (argv wins over it, it over the
      * default). Aliases are TGI's and vLLM's names for the same setting (docs/SERVING.md). */
@@ -281,9 +282,10 @@ int cmd_serve(int argc, char **argv) {
         PLN_O_INT("fail-at-step", 0, eo.fail_at_step, 0, INT32_MAX, "N", "test only: step N's forward fails", .flags = PLN_OPT_HIDDEN),
         PLN_O_INT("step-delay-ms", 0, g_step_delay_ms, 0, 10000, "MS", "test only: sleep before each step", .flags = PLN_OPT_HIDDEN),
         PLN_O_FLAG("no-block-sharing", 0, eo.no_block_sharing, "test only: no KV block sharing", .flags = PLN_OPT_HIDDEN),
+        PLN_O_FLAG("no-launch", 0, no_launch, "run as one process even when SET is TP > 1 (by default pollen starts the set's N ranks itself under mpirun; under mpirun/srun it never does)"),
         PLN_O_END,
     };
-    pln_opt_cmd cmd = {.cmd = "serve", .synopsis = "pollen serve SET [options]          (mpirun -np N pollen serve ... for TP=N)",
+    pln_opt_cmd cmd = {.cmd = "serve", .synopsis = "pollen serve SET [options]",
                        .opts = opts, .env_prefix = "POLLEN_", .rank = pln_opt_env_rank()};
     pln_opt_parse_or_exit(&cmd, argc, argv);
     input_set = pln_opt_given(&cmd, "max-input-tokens");
@@ -315,6 +317,8 @@ int cmd_serve(int argc, char **argv) {
     pln_opt_free(&cmd);
     pln_map_set_no_mmap(no_mmap);
     /* Options are parsed and MPI has not started: the place to start the ranks a set needs. */
+    int launched = pln_launch_self("serve", eo.shard_dir, argc, argv, no_launch, eo.quiet);
+    if (launched >= 0) return launched;
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     /* A signal that came during argument parsing is pending and taken here. */
     pthread_t sig_thr;

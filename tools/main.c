@@ -17,7 +17,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     {"reshard", cmd_reshard, "convert a Hugging Face checkpoint (BLOOM, Llama, Mistral, Qwen2) into TP shards (fp16/int8/int4)"},
     {"verify", cmd_verify, "check a shard set's checksums, and against its source with --source"},
     {"synth", cmd_synth, "write a random checkpoint of a real model's shape (BLOOM or Llama family; tests, benchmarks)"},
-    {"generate", cmd_generate, "generate text from a shard set (mpirun -np N for TP=N)"},
+    {"generate", cmd_generate, "generate text from a shard set (a TP-N set starts its N ranks under mpirun)"},
     {"serve", cmd_serve, "serve a shard set over HTTP (TGI and OpenAI routes)"},
     {"bench", cmd_bench, "measure prefill and decode speed on a shard set"},
     {"perplexity", cmd_perplexity, "perplexity of a shard set on a text, and KL / top-1 agreement against a base set"},
