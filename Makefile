@@ -107,6 +107,9 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
+# GET /openapi.json serves docs/openapi.json, built into this object (.incbin).
+$(BUILD)/runtime/openapi.o: docs/openapi.json
+
 # test_fuzz_regress compiles the fuzz targets in: rebuild it when one changes.
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_SRCS)
 

@@ -44,7 +44,8 @@ static void usage(FILE *f) {
     pln_serve_limits_default(&l);
     pln_cli_help(f,
             "usage: pollen serve SET [options]          (mpirun -np N pollen serve ... for TP=N)\n"
-            "  --host ADDR                    address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --host ADDR                    address or host name to listen on (default 127.0.0.1; 0.0.0.0 or :: for every\n"
+            "                                 interface; ::1 or [::1]; a name such as localhost: every address it resolves to)\n"
             "  --port N                       TCP port (default 8080; 0 = any free port, see --port-file)\n"
             "  --port-file PATH               write the bound port there once listening\n"
             "  --model-id NAME                name in /info, /v1/models (default: the shard directory's name)\n"
@@ -62,6 +63,12 @@ static void usage(FILE *f) {
             "                                 tokenizer_config.json, or pollen's JSON form for BLOOM (docs/SERVING.md)\n"
             "  --served-model-name A,B        names the OpenAI routes accept and /v1/models lists; the first is\n"
             "                                 the name reported unless --model-id is given\n"
+            "  --api-key KEY                  generation, tokenizer and /v1 routes need \"Authorization: Bearer KEY\", else 401\n"
+            "                                 (/health, /info, /metrics, /version, /docs, /openapi.json stay open); the\n"
+            "                                 environment variable POLLEN_API_KEY sets it without showing it in ps\n"
+            "  --log-requests on|off          a line per request on stderr: route, status, tokens, queue/inference/total\n"
+            "                                 time, request id (default on)\n"
+            "  --log-format text|json         request lines as key=value text or one JSON object per line (default text)\n"
             "  --max-concurrent-requests N    sequences running or waiting; over it: 429 (default %d)\n"
             "  --max-input-tokens N           prompt tokens (default %d)\n"
             "  --max-total-tokens N           prompt + new tokens (default %d)\n"
@@ -84,6 +91,18 @@ static void usage(FILE *f) {
             "  --no-mmap                      read the rank file into memory instead of mapping it\n",
             l.max_concurrent_requests, l.max_input_tokens, l.max_total_tokens, (long long)l.max_body_bytes,
             l.max_connections, l.timeout_s, l.request_timeout_s, l.max_connections_per_client, l.max_batch_tokens, l.default_max_new_tokens);
+}
+
+static bool on_off(const char *flag, const char *v) {
+    if (!strcmp(v, "on")) return true;
+    if (strcmp(v, "off")) pln_die("%s %s: use on or off", flag, v);
+    return false;
+}
+
+static bool log_format_json(const char *v) {
+    if (!strcmp(v, "json")) return true;
+    if (strcmp(v, "text")) pln_die("--log-format %s: use text or json", v);
+    return false;
 }
 
 static int32_t int_arg(const char *flag, const char *v, int64_t lo, int64_t hi) {
@@ -263,6 +282,9 @@ int cmd_serve(int argc, char **argv) {
 #define VAL() (has ? argv[++i] : (pln_die("%s needs a value", a), ""))
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--host")) so.host = VAL();
+        else if (!strcmp(a, "--api-key")) so.api_key = VAL();
+        else if (!strcmp(a, "--log-requests")) so.no_request_log = !on_off(a, VAL());
+        else if (!strcmp(a, "--log-format")) so.log_json = log_format_json(VAL());
         else if (!strcmp(a, "--port")) so.port = int_arg(a, VAL(), 0, 65535);
         else if (!strcmp(a, "--port-file")) port_file = VAL();
         else if (!strcmp(a, "--model-id")) so.model_id = VAL();
@@ -305,6 +327,9 @@ int cmd_serve(int argc, char **argv) {
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
     if (!eo.shard_dir) { usage(stderr); return 2; }
+    if (!so.api_key) so.api_key = getenv("POLLEN_API_KEY");
+    if (so.api_key && !so.api_key[0])
+        pln_die("--api-key (or POLLEN_API_KEY) is empty: give the key clients must send, or leave it out for no key");
     /* A signal that came during argument parsing is pending and taken here. */
     pthread_t sig_thr;
     if (pthread_create(&sig_thr, NULL, signal_thread, &sc)) pln_die("cannot start the signal thread");
@@ -416,10 +441,12 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_unlock(&sc.mu);
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
-    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s%s] pid %d\n",
-            so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
+    bool v6 = strchr(so.host, ':') && so.host[0] != '[';   /* an IPv6 address goes in brackets in a URL */
+    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s%s%s:%d  [%d slots, %lld KV blocks of %d, %s%s] pid %d\n",
+            so.model_id, info.tp, info.dtype, info.backend, v6 ? "[" : "", so.host, v6 ? "]" : "", pln_server_port(srv), info.max_seqs,
             (long long)info.kv_blocks_total, info.block_size, info.kv_dtype, info.int_dot ? ", int-dot" : "", (int)getpid());
     if (jinja) fprintf(stderr, "pollen serve: chat template: %s\n", pln_chat_source(jinja));
+    if (so.api_key) fprintf(stderr, "pollen serve: an API key is required (Authorization: Bearer) on the generation, tokenizer and /v1 routes\n");
     if (info.load_bytes_per_s > 0)
         fprintf(stderr, "pollen serve: weights: %.2f GB per rank streamed to the device at %.2f GB/s (start-up %.1f s)\n",
                 info.weight_bytes / 1e9, info.load_bytes_per_s / 1e9, info.load_seconds);
