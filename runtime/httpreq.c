@@ -363,6 +363,42 @@ int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits 
     return rc;
 }
 
+int pln_req_parse_tokenize_any(const char *body, size_t len, const pln_serve_limits *lim, pln_tokenize_request *out,
+                               pln_req_error *err) {
+    memset(out, 0, sizeof *out);
+    out->add_special = true;
+    /* the form decides the error shape, so it is found first (a body that is no object is TGI's) */
+    json_t *peek = body && len ? json_loadb(body, len, 0, NULL) : NULL;
+    bool vllm = json_is_object(peek) && json_object_get(peek, "prompt") && !json_object_get(peek, "inputs");
+    json_decref(peek);
+    if (!vllm) return pln_req_parse_tokenize(body, len, lim, &out->text, err);
+    const pln_api api = PLN_API_OPENAI;
+    out->vllm = true;
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    int rc = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+        if (!rc && strcmp(key, "prompt") && strcmp(key, "model") && strcmp(key, "add_special_tokens") && strcmp(key, "return_token_strs"))
+            rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s", key);
+    if (!rc) rc = get_prompt_string(api, json_object_get(root, "prompt"), "prompt", &out->text, err);
+    if (!rc) rc = get_bool(api, root, "add_special_tokens", &out->add_special, NULL, err);
+    if (!rc) rc = get_bool(api, root, "return_token_strs", &out->token_strs, NULL, err);
+    json_t *m = rc ? NULL : opt(root, "model");
+    if (m && !json_is_string(m)) rc = pln_req_fail(err, api, 400, "model", "`model` must be a string");
+    else if (m) out->model = pln_xstrdup(json_string_value(m));
+    json_decref(root);
+    if (rc) pln_tokenize_request_free(out);
+    return rc;
+}
+
+void pln_tokenize_request_free(pln_tokenize_request *r) {
+    free(r->text);
+    free(r->model);
+    r->text = r->model = NULL;
+}
+
 /* ---- vLLM /detokenize --------------------------------------------------------------------- */
 
 int pln_req_parse_detokenize(const char *body, size_t len, const pln_serve_limits *lim, int32_t **ids, int32_t *n,

@@ -155,6 +155,16 @@ int pln_req_parse_detokenize(const char *body, size_t len, const pln_serve_limit
 /* TGI /tokenize body {"inputs": str}; *text_out is owned by the caller. */
 int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits *lim,
                            char **text_out, pln_req_error *err);
+/* /tokenize in either form: TGI's {"inputs": str} (vllm false), or vLLM's {"prompt": str,
+ * "model", "add_special_tokens" (default true), "return_token_strs"} (vllm true: errors in the
+ * OpenAI shape, other fields refused). A body with "prompt" and no "inputs" is vLLM's. */
+typedef struct {
+    char *text, *model;       /* owned; model NULL when absent */
+    bool vllm, add_special, token_strs;
+} pln_tokenize_request;
+int pln_req_parse_tokenize_any(const char *body, size_t len, const pln_serve_limits *lim, pln_tokenize_request *out,
+                               pln_req_error *err);
+void pln_tokenize_request_free(pln_tokenize_request *r);
 void pln_gen_request_free(pln_gen_request *r);
 
 /* The token-count checks done once the prompt is tokenized: empty prompt, over max_input_tokens,

@@ -740,41 +740,66 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     return queue(c, con, 200, r);
 }
 
+/* TGI's /tokenize {"inputs"} -> [{id, text, start, stop}], or vLLM's {"prompt"} -> {count,
+ * max_model_len, tokens[, token_strs]} (the body's form decides). */
 static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) {
     pln_server *s = c->srv;
     pln_req_error err;
-    char *text = NULL;
-    if (pln_req_parse_tokenize(c->body, c->len, &s->lim, &text, &err)) return send_error(c, con, &err);
-    int32_t *ids = NULL, n = 0;
-    /* as /generate encodes `inputs` (TGI's /tokenize: add_special_tokens=true) */
-    if (s->tok.encode(s->tok.ctx, text, true, &ids, &n)) {
-        free(text);
-        pln_req_fail(&err, PLN_API_TGI, 422, "inputs", "could not tokenize: %s", pln_error());
+    pln_tokenize_request tr;
+    int rc = pln_req_parse_tokenize_any(c->body, c->len, &s->lim, &tr, &err);
+    if (tr.vllm) c->api = PLN_API_OPENAI;
+    if (rc) return send_error(c, con, &err);
+    if (tr.model && !model_name_ok(s, tr.model)) {
+        pln_req_fail(&err, PLN_API_OPENAI, 404, "model", "The model `%s` does not exist; this server serves `%s`", tr.model, s->model_id);
+        snprintf(err.code, sizeof err.code, "model_not_found");
+        pln_tokenize_request_free(&tr);
         return send_error(c, con, &err);
     }
-    free(text);
+    int32_t *ids = NULL, n = 0;
+    /* as /generate encodes `inputs` (TGI's /tokenize: add_special_tokens=true) */
+    if (s->tok.encode(s->tok.ctx, tr.text, tr.add_special, &ids, &n)) {
+        pln_req_fail(&err, c->api, c->api == PLN_API_TGI ? 422 : 400, tr.vllm ? "prompt" : "inputs", "could not tokenize: %s", pln_error());
+        pln_tokenize_request_free(&tr);
+        return send_error(c, con, &err);
+    }
+    pln_tokenize_request_free(&tr);
     /* The same cap as /generate: the reply (an object per token) and the memory to build it
      * grow with the token count, so they stay bounded by --max-input-tokens. */
-    if (pln_req_check_lengths(PLN_API_TGI, NULL, NULL, n, 0, &s->lim, &err)) {
+    if (pln_req_check_lengths(c->api, NULL, NULL, n, 0, &s->lim, &err)) {
         free(ids);
         return send_error(c, con, &err);
     }
-    json_t *arr = json_array();
-    size_t off = 0;
-    for (int32_t i = 0; i < n; i++) {
-        size_t tl = 0;
-        char *raw = s->tok.decode(s->tok.ctx, &ids[i], 1, false, &tl);
-        char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
-        json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:I}", "id", (json_int_t)ids[i], "text", t,
-                                             "start", (json_int_t)off, "stop", (json_int_t)(off + tl)));
-        off += tl;
-        free(raw);
-        free(t);
+    json_t *out;
+    if (tr.vllm) {
+        json_t *toks = json_array(), *strs = tr.token_strs ? json_array() : NULL;
+        for (int32_t i = 0; i < n; i++) {
+            json_array_append_new(toks, json_integer(ids[i]));
+            if (strs) {
+                char *t = tok_text(s, ids[i]);
+                json_array_append_new(strs, json_string(t));
+                free(t);
+            }
+        }
+        out = json_pack("{s:i, s:i, s:o}", "count", (json_int_t)n, "max_model_len", (json_int_t)s->lim.max_total_tokens, "tokens", toks);
+        if (strs) json_object_set_new(out, "token_strs", strs);
+    } else {
+        out = json_array();
+        size_t off = 0;
+        for (int32_t i = 0; i < n; i++) {
+            size_t tl = 0;
+            char *raw = s->tok.decode(s->tok.ctx, &ids[i], 1, false, &tl);
+            char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+            json_array_append_new(out, json_pack("{s:i, s:s, s:I, s:I}", "id", (json_int_t)ids[i], "text", t,
+                                                 "start", (json_int_t)off, "stop", (json_int_t)(off + tl)));
+            off += tl;
+            free(raw);
+            free(t);
+        }
     }
     free(ids);
     c->outcome = O_SUCCESS;
     c->answered = true;
-    return send_json(c, con, 200, arr);
+    return send_json(c, con, 200, out);
 }
 
 /* ---- OpenAI chat -------------------------------------------------------------------------- */

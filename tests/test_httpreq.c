@@ -265,6 +265,21 @@ int main(void) {
     CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.n_prompts == 1 && r.prompt_ids_flat &&
               r.n_prompt_ids[0] == 2 && r.prompt_ids[0][1] == 2147483647, "flat ids");
     pln_gen_request_free(&r);
+    /* /tokenize: the form is found from the body */
+    pln_tokenize_request tr;
+    b = "{\"prompt\":\"ab\",\"add_special_tokens\":false}";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == 0 && tr.vllm && !tr.add_special && !strcmp(tr.text, "ab"),
+          "vLLM tokenize body");
+    pln_tokenize_request_free(&tr);
+    b = "{\"inputs\":\"ab\"}";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == 0 && !tr.vllm && tr.add_special && !strcmp(tr.text, "ab"),
+          "TGI tokenize body");
+    pln_tokenize_request_free(&tr);
+    b = "{\"prompt\":\"ab\",\"add_special_tokens\":1}";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == -1 && tr.vllm && err.status == 400 && !tr.text,
+          "vLLM tokenize: a bad field is a 400 (%s)", err.message);
+    b = "{oops";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == -1 && !tr.vllm && err.status == 422, "not JSON: TGI's 422");
     /* vLLM /detokenize bodies */
     int32_t *dids = NULL, dn = -1;
     char *dmodel = NULL;

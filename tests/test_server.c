@@ -990,6 +990,26 @@ static void test_routes_more(int port) {
         free(r.body);
     }
 
+    /* /tokenize in vLLM's form ({"prompt"}); TGI's form ({"inputs"}) unchanged */
+    static const struct { const char *body; int status; const char *want; } tk[] = {
+        {"{\"prompt\":\"hey\"}", 200, "{\"count\":3,\"max_model_len\":200,\"tokens\":[108,105,125]}"},
+        {"{\"prompt\":\"hey\",\"add_special_tokens\":false,\"return_token_strs\":true,\"model\":\"fake-model\"}", 200,
+         "{\"count\":3,\"max_model_len\":200,\"tokens\":[108,105,125],\"token_strs\":[\"h\",\"e\",\"y\"]}"},
+        {"{\"prompt\":\"\"}", 400, "`prompt` cannot be empty"},
+        {"{\"prompt\":3}", 400, "`prompt` must be a string"},
+        {"{\"prompt\":\"hey\",\"messages\":[]}", 400, "Unrecognized request argument supplied: messages"},
+        {"{\"prompt\":\"hey\",\"model\":\"other\"}", 404, "model_not_found"},
+        {"{\"inputs\":\"hey\"}", 200, "[{\"id\":108,\"text\":\"h\",\"start\":0,\"stop\":1},"},
+        {"{\"inputs\":\"hey\",\"prompt\":\"x\"}", 200, "[{\"id\":108,"},
+    };
+    for (size_t i = 0; i < sizeof tk / sizeof tk[0]; i++) {
+        r = http(port, "POST", "/tokenize", tk[i].body);
+        bool shape = tk[i].status == 200 || strstr(r.body, "{\"error\":{\"message\"");
+        CHECK(r.status == tk[i].status && shape && (tk[i].status == 200 ? !strncmp(r.body, tk[i].want, strlen(tk[i].want)) : strstr(r.body, tk[i].want) != NULL),
+              "/tokenize %s -> %d %s (%d %s)", tk[i].body, tk[i].status, tk[i].want, r.status, r.body);
+        free(r.body);
+    }
+
     /* token ids as prompts: the same answer as the text whose ids they are ('a' = 101, 'b' = 102) */
     static const struct { const char *ids, *text; } same[] = {
         {"[101,102]", "\"ab\""},
