@@ -1329,6 +1329,13 @@ static bool key_ok(const pln_server *s, const char *auth) {
  * queue (arrival at the scheduler to the first sequence admitted), inference (admitted to the
  * last sequence finished), total (head received to the response ended). The API key, headers
  * and bodies are never logged. */
+/* src as one text field: bytes outside printable ASCII, and spaces, become '?' (dst as large as src's array). */
+static void printable(char *dst, const char *src) {
+    size_t k = 0;
+    for (const char *p = src; *p; p++) dst[k++] = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f ? *p : '?';
+    dst[k] = 0;
+}
+
 static void log_request(pln_server *s, conn_ctx *c, double t_end) {
     if (!s->log_requests) return;
     long long tin = 0, tout = 0;
@@ -1358,11 +1365,14 @@ static void log_request(pln_server *s, conn_ctx *c, double t_end) {
         char ts[32];
         gmtime_r(&now, &tm);
         strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        /* what the client sent may be any bytes: made valid UTF-8 (jansson refuses anything else) */
         char *path = pln_utf8_sanitize(c->path, strlen(c->path), NULL);
+        char *method = pln_utf8_sanitize(c->method, strlen(c->method), NULL);
         json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:s}", "timestamp", ts, "event", "request", "id", c->id,
-                              "method", c->method, "path", path, "route", g_route_names[c->route], "status",
+                              "method", method, "path", path, "route", g_route_names[c->route], "status",
                               (json_int_t)c->status, "outcome", g_outcome_names[c->outcome]);
         free(path);
+        free(method);
         json_object_set_new(o, "tokens_in", json_integer(tin));
         json_object_set_new(o, "tokens_out", json_integer(tout));
         json_object_set_new(o, "queue_ms", queue_ms >= 0 ? json_real(queue_ms) : json_null());
@@ -1373,16 +1383,14 @@ static void log_request(pln_server *s, conn_ctx *c, double t_end) {
         line = pln_xasprintf("%s\n", j ? j : "{}");
         free(j);
     } else {
-        char q[32] = "-", in[32] = "-", path[sizeof c->path];
-        size_t k = 0;
-        for (const char *p = c->path; *p && k + 1 < sizeof path; p++)   /* printable, no spaces: one field */
-            path[k++] = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f ? *p : '?';
-        path[k] = 0;
+        char q[32] = "-", in[32] = "-", path[sizeof c->path], method[sizeof c->method];
+        printable(path, c->path);
+        printable(method, c->method);
         if (queue_ms >= 0) snprintf(q, sizeof q, "%.3f", queue_ms);
         if (infer_ms >= 0) snprintf(in, sizeof in, "%.3f", infer_ms);
         line = pln_xasprintf("pollen serve: request id=%s method=%s path=%s route=%s status=%d outcome=%s tokens_in=%lld "
                              "tokens_out=%lld queue_ms=%s inference_ms=%s total_ms=%.3f\n",
-                             c->id, c->method, path, g_route_names[c->route], c->status, g_outcome_names[c->outcome],
+                             c->id, method, path, g_route_names[c->route], c->status, g_outcome_names[c->outcome],
                              tin, tout, q, in, total_ms);
     }
     /* one write per line: lines of concurrent requests never interleave */

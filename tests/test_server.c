@@ -850,6 +850,12 @@ static void test_api_key_and_log(const pln_serve_limits *lim) {
           "a refused request has its line too: %s", line ? line : "(none)");
     json_decref(o);
     free(line);
+    r = http2(AF_INET, "127.0.0.1", K.port, "GET", "/caf%C3%A9%ff", NULL, NULL);   /* not UTF-8 once decoded */
+    CHECK(r.status == 404, "a path that is not UTF-8 -> 404 (%d)", r.status);
+    resp2_free(&r);
+    line = wait_log_line(log, "\"path\":\"/caf\xc3\xa9\xef\xbf\xbd\"", "\"route\":\"not_found\"", NULL);
+    CHECK(line != NULL, "its line has the path as valid UTF-8 (U+FFFD for the bad byte)");
+    free(line);
     line = wait_log_line(log, "\"method\":\"HEAD\"", NULL, NULL);   /* wait until the last lines are there */
     free(line);
     fflush(log);
