@@ -711,6 +711,10 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     c->echo = req.echo;
     c->root = c->route == R_ROOT;
     c->chat = req.chat;
+    for (int32_t i = 0; req.prompt_ids && i < req.n_prompts; i++) {   /* those not moved into ids[] (an error) */
+        free(req.prompt_ids[i]);
+        req.prompt_ids[i] = NULL;
+    }
     c->n_prompts = req.n_prompts;
     c->prompts = req.prompts;          /* taken over: echo needs them */
     req.prompts = NULL;
