@@ -735,7 +735,7 @@ static void test_never_admitted(const pln_serve_limits *base) {
 
 /* A body each route accepts (a path with its parameter filled in). */
 static const char *route_path(const pln_route_info *ri) {
-    return !strcmp(ri->path, "/v1/models/{model}") ? "/v1/models/fake-model" : ri->path;
+    return !strcmp(ri->path, "/v1/models/{model}") ? "/v1/models/tgi" : ri->path;   /* "tgi": a name every server accepts */
 }
 static const char *route_body(const char *path) {
     if (!strcmp(path, "/tokenize")) return "{\"inputs\":\"ab\"}";
@@ -977,7 +977,7 @@ static void test_routes_more(int port) {
     /* /detokenize (vLLM's shape) */
     static const struct { const char *body; int status; const char *want; } dt[] = {
         {"{\"tokens\":[108,105,112,112,115]}", 200, "{\"prompt\":\"hello\"}"},
-        {"{\"tokens\":[1,101,2],\"model\":\"fake-model\"}", 200, "{\"prompt\":\"<s>a</s>\"}"},
+        {"{\"tokens\":[1,101,2],\"model\":\"tgi\"}", 200, "{\"prompt\":\"<s>a</s>\"}"},
         {"{\"tokens\":[]}", 200, "{\"prompt\":\"\"}"},
         {"{\"tokens\":[101,260]}", 400, "`tokens[1]` is 260, outside the vocabulary (ids 0 to 259)"},
         {"{\"tokens\":[-1]}", 400, "`tokens[0]` must be a token id"},
@@ -997,7 +997,7 @@ static void test_routes_more(int port) {
     /* /tokenize in vLLM's form ({"prompt"}); TGI's form ({"inputs"}) unchanged */
     static const struct { const char *body; int status; const char *want; } tk[] = {
         {"{\"prompt\":\"hey\"}", 200, "{\"count\":3,\"max_model_len\":200,\"tokens\":[108,105,125]}"},
-        {"{\"prompt\":\"hey\",\"add_special_tokens\":false,\"return_token_strs\":true,\"model\":\"fake-model\"}", 200,
+        {"{\"prompt\":\"hey\",\"add_special_tokens\":false,\"return_token_strs\":true,\"model\":\"tgi\"}", 200,
          "{\"count\":3,\"max_model_len\":200,\"tokens\":[108,105,125],\"token_strs\":[\"h\",\"e\",\"y\"]}"},
         {"{\"prompt\":\"\"}", 400, "`prompt` cannot be empty"},
         {"{\"prompt\":3}", 400, "`prompt` must be a string"},
