@@ -86,6 +86,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# GET /openapi.json serves docs/openapi.json, built into this object (.incbin).
+$(BUILD)/runtime/openapi.o: docs/openapi.json
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
@@ -106,9 +109,6 @@ $(BUILD)/libpollen-cuda.so: $(CU_OBJS)
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
-
-# GET /openapi.json serves docs/openapi.json, built into this object (.incbin).
-$(BUILD)/runtime/openapi.o: docs/openapi.json
 
 # test_fuzz_regress compiles the fuzz targets in: rebuild it when one changes.
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_SRCS)
