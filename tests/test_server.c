@@ -169,9 +169,13 @@ static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int6
     pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
     in->sched = pln_sched_create(&se, &st, lim);
     if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
-    pln_server_opts so = {.host = g_host, .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat,
-                          .served_names = g_names, .n_served_names = g_n_names, .api_key = g_api_key, .log = g_log,
-                          .log_json = g_log_json, .no_request_log = g_no_log};
+    pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model", .lim = *lim, .chat_template = g_chat,
+                          .served_names = g_names, .n_served_names = g_n_names};
+    so.host = g_host;
+    so.api_key = g_api_key;
+    so.log = g_log;
+    so.log_json = g_log_json;
+    so.no_request_log = g_no_log;
     in->srv = pln_server_start(&so, in->sched, &st);
     if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
     in->port = pln_server_port(in->srv);
