@@ -86,6 +86,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# GET /openapi.json serves docs/openapi.json, built into this object (.incbin).
+$(BUILD)/runtime/openapi.o: docs/openapi.json
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@

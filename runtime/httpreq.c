@@ -40,6 +40,7 @@ static const char *error_type(pln_api api, int status) {
         case 503: return "unhealthy";
         case 404: return "not_found";
         case 405: return "method_not_allowed";
+        case 401: return "unauthorized";
         default: return "validation";
         }
     }
@@ -85,6 +86,9 @@ void pln_gen_request_free(pln_gen_request *r) {
     if (!r) return;
     for (int32_t i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
     free(r->prompts);
+    for (int32_t i = 0; r->prompt_ids && i < r->n_prompts; i++) free(r->prompt_ids[i]);
+    free(r->prompt_ids);
+    free(r->n_prompt_ids);
     for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->model);
@@ -223,6 +227,27 @@ static int get_prompt_string(pln_api api, json_t *v, const char *what, char **ou
     return 0;
 }
 
+/* A list of token ids (what names it in errors): integers from 0 to INT32_MAX, at least one. */
+static int get_id_list(pln_api api, json_t *a, const char *what, int32_t **ids, int32_t *n, pln_req_error *err) {
+    int bad = api == PLN_API_TGI ? 422 : 400;
+    size_t k = json_array_size(a);
+    if (k == 0) return pln_req_fail(err, api, bad, "prompt", "`%s` cannot be empty", what);
+    if (k > INT32_MAX) return pln_req_fail(err, api, bad, "prompt", "`%s` has too many token ids", what);
+    int32_t *out = pln_xmalloc(sizeof(int32_t) * k);
+    for (size_t i = 0; i < k; i++) {
+        json_t *v = json_array_get(a, i);
+        json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (x < 0 || x > INT32_MAX) {
+            free(out);
+            return pln_req_fail(err, api, bad, "prompt", "`%s[%zu]` must be a token id (an integer from 0)", what, i);
+        }
+        out[i] = (int32_t)x;
+    }
+    *ids = out;
+    *n = (int32_t)k;
+    return 0;
+}
+
 /* ---- TGI ---------------------------------------------------------------------------------- */
 
 /* The TGI parameters beyond the sampling ones, checked as TGI's validation does (its messages). */
@@ -338,6 +363,74 @@ int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits 
     return rc;
 }
 
+int pln_req_parse_tokenize_any(const char *body, size_t len, const pln_serve_limits *lim, pln_tokenize_request *out,
+                               pln_req_error *err) {
+    memset(out, 0, sizeof *out);
+    out->add_special = true;
+    /* the form decides the error shape, so it is found first (a body that is no object is TGI's) */
+    json_t *peek = body && len ? json_loadb(body, len, 0, NULL) : NULL;
+    bool vllm = json_is_object(peek) && json_object_get(peek, "prompt") && !json_object_get(peek, "inputs");
+    json_decref(peek);
+    if (!vllm) return pln_req_parse_tokenize(body, len, lim, &out->text, err);
+    const pln_api api = PLN_API_OPENAI;
+    out->vllm = true;
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    int rc = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+        if (!rc && strcmp(key, "prompt") && strcmp(key, "model") && strcmp(key, "add_special_tokens") && strcmp(key, "return_token_strs"))
+            rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s", key);
+    if (!rc) rc = get_prompt_string(api, json_object_get(root, "prompt"), "prompt", &out->text, err);
+    if (!rc) rc = get_bool(api, root, "add_special_tokens", &out->add_special, NULL, err);
+    if (!rc) rc = get_bool(api, root, "return_token_strs", &out->token_strs, NULL, err);
+    json_t *m = rc ? NULL : opt(root, "model");
+    if (m && !json_is_string(m)) rc = pln_req_fail(err, api, 400, "model", "`model` must be a string");
+    else if (m) out->model = pln_xstrdup(json_string_value(m));
+    json_decref(root);
+    if (rc) pln_tokenize_request_free(out);
+    return rc;
+}
+
+void pln_tokenize_request_free(pln_tokenize_request *r) {
+    free(r->text);
+    free(r->model);
+    r->text = r->model = NULL;
+}
+
+/* ---- vLLM /detokenize --------------------------------------------------------------------- */
+
+int pln_req_parse_detokenize(const char *body, size_t len, const pln_serve_limits *lim, int32_t **ids, int32_t *n,
+                             char **model, pln_req_error *err) {
+    const pln_api api = PLN_API_OPENAI;
+    *ids = NULL;
+    *n = 0;
+    *model = NULL;
+    json_t *root = load_object(api, body, len, lim, err);
+    if (!root) return -1;
+    int rc = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+        if (!rc && strcmp(key, "tokens") && strcmp(key, "model"))
+            rc = pln_req_fail(err, api, 400, key, "Unrecognized request argument supplied: %s (send {\"tokens\": [id, ...]})", key);
+    json_t *t = json_object_get(root, "tokens"), *m = opt(root, "model");
+    if (!rc && !json_is_array(t)) rc = pln_req_fail(err, api, 400, "tokens", "`tokens` must be a list of token ids");
+    if (!rc && json_array_size(t) > (size_t)lim->max_total_tokens)
+        rc = pln_req_fail(err, api, 400, "tokens", "`tokens` has %zu ids; at most %d are allowed (--max-total-tokens)",
+                          json_array_size(t), lim->max_total_tokens);
+    if (!rc && m && !json_is_string(m)) rc = pln_req_fail(err, api, 400, "model", "`model` must be a string");
+    if (!rc && json_array_size(t) > 0) {
+        rc = get_id_list(api, t, "tokens", ids, n, err);
+        if (rc) snprintf(err->param, sizeof err->param, "tokens");
+    }
+    if (!rc && m) *model = pln_xstrdup(json_string_value(m));
+    if (!rc && !*ids) *ids = pln_xmalloc(sizeof(int32_t));
+    json_decref(root);
+    return rc;
+}
+
 /* ---- OpenAI ------------------------------------------------------------------------------- */
 
 /* The OpenAI API answers a field it does not know with 400 "Unrecognized request argument
@@ -415,7 +508,15 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
     bool have;
     json_t *pr = json_object_get(root, "prompt");
     if (!pr || json_is_null(pr)) { pln_req_fail(err, api, 400, "prompt", "missing field `prompt`"); goto fail; }
-    if (json_is_array(pr)) {
+    if (json_is_array(pr) && json_is_integer(json_array_get(pr, 0))) {
+        /* one prompt as token ids */
+        r->prompts = pln_xcalloc(1, sizeof *r->prompts);
+        r->prompt_ids = pln_xcalloc(1, sizeof *r->prompt_ids);
+        r->n_prompt_ids = pln_xcalloc(1, sizeof *r->n_prompt_ids);
+        r->n_prompts = 1;
+        r->prompt_ids_flat = true;
+        if (get_id_list(api, pr, "prompt", &r->prompt_ids[0], &r->n_prompt_ids[0], err)) goto fail;
+    } else if (json_is_array(pr)) {
         size_t n = json_array_size(pr);
         if (n == 0) { pln_req_fail(err, api, 400, "prompt", "`prompt` cannot be an empty list"); goto fail; }
         if (n > (size_t)lim->max_prompts) {
@@ -423,16 +524,27 @@ int pln_req_parse_completions(const char *body, size_t len, const pln_serve_limi
             goto fail;
         }
         r->prompts = pln_xcalloc(n, sizeof *r->prompts);
+        r->prompt_ids = pln_xcalloc(n, sizeof *r->prompt_ids);
+        r->n_prompt_ids = pln_xcalloc(n, sizeof *r->n_prompt_ids);
         for (size_t i = 0; i < n; i++) {
             char what[32];
             snprintf(what, sizeof what, "prompt[%zu]", i);
-            if (get_prompt_string(api, json_array_get(pr, i), what, &r->prompts[i], err)) goto fail;
+            json_t *e = json_array_get(pr, i);
             r->n_prompts++;
+            if (json_is_array(e)) {
+                if (get_id_list(api, e, what, &r->prompt_ids[i], &r->n_prompt_ids[i], err)) goto fail;
+            } else if (!json_is_string(e)) {
+                pln_req_fail(err, api, 400, "prompt", "`%s` must be a string or a list of token ids", what);
+                goto fail;
+            } else if (get_prompt_string(api, e, what, &r->prompts[i], err)) {
+                goto fail;
+            }
         }
     } else {
         r->prompts = pln_xcalloc(1, sizeof *r->prompts);
         if (!json_is_string(pr)) {
-            pln_req_fail(err, api, 400, "prompt", "`prompt` must be a string or a list of strings");
+            pln_req_fail(err, api, 400, "prompt", "`prompt` must be a string, a list of strings, a list of token ids or a "
+                                                  "list of lists of token ids");
             goto fail;
         }
         if (get_prompt_string(api, pr, "prompt", &r->prompts[0], err)) goto fail;

@@ -53,8 +53,14 @@ int pln_req_fail(pln_req_error *err, pln_api api, int status, const char *param,
 /* One generation request, the union of what both APIs can say. */
 typedef struct {
     pln_api api;
-    char **prompts;          /* owned; n_prompts >= 1 (TGI: exactly 1) */
+    char **prompts;          /* owned; n_prompts >= 1 (TGI: exactly 1); NULL for a prompt given as
+                                token ids until the server decodes its ids (echo) */
     int32_t n_prompts;
+    int32_t **prompt_ids;    /* OpenAI: prompt i given as token ids (NULL: none given so; each
+                                entry NULL for a text prompt); ids >= 0, checked against the
+                                vocabulary by the server */
+    int32_t *n_prompt_ids;
+    bool prompt_ids_flat;    /* `prompt` was one list of ids (errors say prompt[k], else prompt[i][k]) */
     int32_t max_new_tokens;
     pln_sample_params sample;
     bool seed_set;           /* false: the scheduler draws a seed (reported in details) */
@@ -89,7 +95,8 @@ typedef struct {
  * `stream` is read into out->stream (only the root route `POST /` uses it). */
 int pln_req_parse_generate(const char *body, size_t len, const pln_serve_limits *lim,
                            pln_gen_request *out, pln_req_error *err);
-/* OpenAI body {"prompt": str|[str], "max_tokens", "temperature", "top_p", "stop", "stream",
+/* OpenAI body {"prompt": str | [str] | [id] | [[id]] (token ids as vLLM and OpenAI accept them),
+ * "max_tokens", "temperature", "top_p", "stop", "stream",
  * "stream_options", "seed", "model", "n", "best_of", "logprobs", "echo", "presence_penalty",
  * "frequency_penalty", "logit_bias" (empty only), "user", "suffix" (refused: 400)} plus the
  * extensions "top_k", "repetition_penalty", "typical_p". Any other field is a 400
@@ -140,9 +147,24 @@ void pln_chat_template_free(pln_chat_template *t);
 int pln_req_parse_chat(const char *body, size_t len, const pln_serve_limits *lim, const pln_chat_template *tpl,
                        pln_gen_request *out, pln_req_error *err);
 
+/* vLLM /detokenize body {"tokens": [id, ...], "model": str (optional)}: *ids (malloc'd, may be
+ * empty) and *model (NULL when absent) are owned by the caller. Ids must be integers >= 0 (the
+ * vocabulary bound is the server's check), at most max_total_tokens of them. */
+int pln_req_parse_detokenize(const char *body, size_t len, const pln_serve_limits *lim, int32_t **ids, int32_t *n,
+                             char **model, pln_req_error *err);
 /* TGI /tokenize body {"inputs": str}; *text_out is owned by the caller. */
 int pln_req_parse_tokenize(const char *body, size_t len, const pln_serve_limits *lim,
                            char **text_out, pln_req_error *err);
+/* /tokenize in either form: TGI's {"inputs": str} (vllm false), or vLLM's {"prompt": str,
+ * "model", "add_special_tokens" (default true), "return_token_strs"} (vllm true: errors in the
+ * OpenAI shape, other fields refused). A body with "prompt" and no "inputs" is vLLM's. */
+typedef struct {
+    char *text, *model;       /* owned; model NULL when absent */
+    bool vllm, add_special, token_strs;
+} pln_tokenize_request;
+int pln_req_parse_tokenize_any(const char *body, size_t len, const pln_serve_limits *lim, pln_tokenize_request *out,
+                               pln_req_error *err);
+void pln_tokenize_request_free(pln_tokenize_request *r);
 void pln_gen_request_free(pln_gen_request *r);
 
 /* The token-count checks done once the prompt is tokenized: empty prompt, over max_input_tokens,

@@ -552,6 +552,9 @@ int pln_sched_run(pln_sched *s) {
                 q->blocks_reserved = need;
                 s->blocks_reserved += need;
                 q->queued = false;
+                pthread_mutex_lock(&j->mu);   /* read by the HTTP side's request log */
+                q->t_admit = pln_now();
+                pthread_mutex_unlock(&j->mu);
                 s->st.queued--;
                 s->st.running++;
             }

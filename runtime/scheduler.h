@@ -86,6 +86,7 @@ typedef struct {
     uint64_t seed;                /* the seed used (drawn when the request had none) */
     double logprob_sum;           /* of the generated tokens (best_of ranks by it) */
     double t_submit, t_first, t_done;
+    double t_admit;               /* given a slot (0: never) */
     /* scheduler-private */
     int32_t slot;                 /* -1 until admitted */
     int32_t n_fed;                /* prompt tokens fed so far */

@@ -8,6 +8,7 @@
 #include "formats/common.h"
 #include "runtime/httpframe.h"
 #include "runtime/httprelay.h"
+#include "runtime/openapi.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,24 +17,70 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 enum { R_GENERATE, R_GENERATE_STREAM, R_TOKENIZE, R_HEALTH, R_INFO, R_METRICS, R_COMPLETIONS, R_MODELS,
-       R_ROOT, R_CHAT, R_NOT_FOUND, R_COUNT };
+       R_ROOT, R_CHAT, R_DETOKENIZE, R_VERSION, R_DOCS, R_OPENAPI, R_NOT_FOUND, R_COUNT };
 static const char *const g_route_names[R_COUNT] = {"generate", "generate_stream", "tokenize", "health", "info",
                                                    "metrics", "completions", "models", "compat", "chat_completions",
-                                                   "not_found"};
-enum { O_SUCCESS, O_VALIDATION, O_OVERLOADED, O_GENERATION, O_UNAVAILABLE, O_CANCELLED, O_COUNT };
+                                                   "detokenize", "version", "docs", "openapi", "not_found"};
+enum { O_SUCCESS, O_VALIDATION, O_OVERLOADED, O_GENERATION, O_UNAVAILABLE, O_CANCELLED, O_UNAUTHORIZED, O_COUNT };
 static const char *const g_outcome_names[O_COUNT] = {"success", "validation_error", "overloaded",
-                                                     "generation_error", "unavailable", "cancelled"};
+                                                     "generation_error", "unavailable", "cancelled", "unauthorized"};
+
+/* The routes (pln_server_routes). `auth`: the route needs the --api-key. A route is protected
+ * when text-generation-inference or vLLM protects it: TGI's key guards its generation routes and
+ * /tokenize (not /health, /info, /metrics, /v1/models, /docs); vLLM's guards every /v1 path (not
+ * /health, /metrics, /version, /tokenize, /detokenize, /docs, /openapi.json). What is left open
+ * costs no generation and shows nothing of a request: liveness, limits, counters, documentation.
+ * The paths with a parameter match by prefix (route_of). */
+static const struct route_def {
+    const char *path;
+    int route;
+    bool post, auth;
+} g_routes[] = {
+    {"/generate", R_GENERATE, true, true},
+    {"/generate_stream", R_GENERATE_STREAM, true, true},
+    {"/", R_ROOT, true, true},
+    {"/tokenize", R_TOKENIZE, true, true},
+    {"/detokenize", R_DETOKENIZE, true, true},
+    {"/v1/completions", R_COMPLETIONS, true, true},
+    {"/v1/chat/completions", R_CHAT, true, true},
+    {"/v1/models", R_MODELS, false, true},
+    {"/v1/models/{model}", R_MODELS, false, true},
+    {"/health", R_HEALTH, false, false},
+    {"/info", R_INFO, false, false},
+    {"/metrics", R_METRICS, false, false},
+    {"/version", R_VERSION, false, false},
+    {"/docs", R_DOCS, false, false},
+    {"/openapi.json", R_OPENAPI, false, false},
+};
+#define N_ROUTES ((int)(sizeof g_routes / sizeof g_routes[0]))
+
+static pln_route_info g_route_info[N_ROUTES];
+static void fill_route_info(void) {
+    for (int i = 0; i < N_ROUTES; i++)
+        g_route_info[i] = (pln_route_info){g_routes[i].post ? "POST" : "GET", g_routes[i].path, g_routes[i].auth};
+}
+
+const pln_route_info *pln_server_routes(int *n) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fill_route_info);
+    *n = N_ROUTES;
+    return g_route_info;
+}
+
+#define PLN_MAX_LISTEN 8   /* addresses --host may resolve to that are listened on */
 
 struct pln_server {
     struct MHD_Daemon *d;
@@ -61,9 +108,16 @@ struct pln_server {
     atomic_ullong deadline_closed;                /* connections shut by --request-timeout */
     atomic_int tcp_open;                          /* client connections accepted, not yet closed */
     /* the listening socket and the thread that accepts on it (see httprelay.h) */
-    int listen_fd;
-    pthread_t acc_thr;
-    bool acc_running;
+    int listen_fd[PLN_MAX_LISTEN];
+    int n_listen;
+    pthread_t acc_thr[PLN_MAX_LISTEN];
+    int n_acc;
+    /* --api-key (NULL: none) */
+    char *api_key;
+    size_t api_key_len;
+    /* request lines */
+    bool log_requests, log_json;
+    int log_fd;
 };
 
 typedef struct {
@@ -103,6 +157,11 @@ typedef struct {
     pln_frame_kind frame;           /* how the body is framed (checked on the first call) */
     bool in_flight;                 /* counted in srv->in_flight */
     double rejected_at;             /* too_big: when the raw 413 was sent (0: not yet) */
+    /* the request line (see "request log") */
+    int status;                     /* of the response queued (0: none) */
+    char method[16];
+    char path[192];
+    double t_start;                 /* the request's head arrived */
 } conn_ctx;
 
 static void ctx_unref(conn_ctx *c) {
@@ -126,6 +185,7 @@ static void count(pln_server *s, int route, int outcome) { atomic_fetch_add(&s->
 static int outcome_of_status(int status) {
     if (status < 400) return O_SUCCESS;
     if (status == 429) return O_OVERLOADED;
+    if (status == 401) return O_UNAUTHORIZED;
     if (status == 503) return O_UNAVAILABLE;
     if (status == 424 || status >= 500) return O_GENERATION;
     return O_VALIDATION;
@@ -133,26 +193,37 @@ static int outcome_of_status(int status) {
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
-static enum MHD_Result send_text(struct MHD_Connection *con, int status, const char *ctype, char *text_owned) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text_owned), text_owned, MHD_RESPMEM_MUST_FREE);
-    if (!r) { free(text_owned); return MHD_NO; }
-    MHD_add_response_header(r, "Content-Type", ctype);
+/* Every response carries the request's id (the one its log line names). */
+static void add_common_headers(conn_ctx *c, struct MHD_Response *r) {
+    MHD_add_response_header(r, "X-Request-Id", c->id);
+}
+
+static enum MHD_Result queue(conn_ctx *c, struct MHD_Connection *con, int status, struct MHD_Response *r) {
+    add_common_headers(c, r);
+    c->status = status;
     enum MHD_Result ret = MHD_queue_response(con, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *con, int status, json_t *o) {
+static enum MHD_Result send_text(conn_ctx *c, struct MHD_Connection *con, int status, const char *ctype, char *text_owned) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text_owned), text_owned, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(text_owned); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    return queue(c, con, status, r);
+}
+
+static enum MHD_Result send_json(conn_ctx *c, struct MHD_Connection *con, int status, json_t *o) {
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!s) s = pln_xstrdup("{\"error\":\"could not serialize the response\",\"error_type\":\"generation\"}");
-    return send_text(con, status, "application/json", s);
+    return send_text(c, con, status, "application/json", s);
 }
 
 static enum MHD_Result send_error(conn_ctx *c, struct MHD_Connection *con, const pln_req_error *err) {
     c->outcome = outcome_of_status(err->status);
     c->answered = true;
-    return send_text(con, err->status, "application/json", pln_req_error_json(c->api, err));
+    return send_text(c, con, err->status, "application/json", pln_req_error_json(c->api, err));
 }
 
 /* ---- connection hang-up ------------------------------------------------------------------- */
@@ -371,7 +442,7 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
         }
         free(order);
         /* the compatibility route answers a list, as TGI's does */
-        return send_json(con, 200, c->root ? json_pack("[o]", o) : o);
+        return send_json(c, con, 200, c->root ? json_pack("[o]", o) : o);
     }
     json_t *o = openai_envelope(c, c->chat ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
@@ -402,7 +473,7 @@ static enum MHD_Result finish_blocking(conn_ctx *c, struct MHD_Connection *con) 
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", json_pack("{s:I, s:I, s:I}", "prompt_tokens", pt, "completion_tokens", ct,
                                               "total_tokens", pt + ct));
-    return send_json(con, 200, o);
+    return send_json(c, con, 200, o);
 }
 
 /* ---- streaming ---------------------------------------------------------------------------- */
@@ -593,7 +664,27 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     int32_t *n_ids = pln_xcalloc((size_t)req.n_prompts, sizeof *n_ids);
     rc = 0;
     for (int32_t i = 0; i < req.n_prompts && !rc; i++) {
-        if (s->tok.encode(s->tok.ctx, req.prompts[i], req.add_special, &ids[i], &n_ids[i])) {
+        if (req.prompt_ids && req.prompt_ids[i]) {
+            /* token ids: used as they are (no special tokens added), checked against the vocabulary;
+             * their text stands for the prompt where one is shown (echo) */
+            for (int32_t k = 0; k < req.n_prompt_ids[i] && !rc; k++)
+                if (req.prompt_ids[i][k] >= s->info.n_vocab) {
+                    char where[48];
+                    if (req.prompt_ids_flat) snprintf(where, sizeof where, "prompt[%d]", k);
+                    else snprintf(where, sizeof where, "prompt[%d][%d]", i, k);
+                    rc = pln_req_fail(&err, c->api, 400, "prompt", "`%s` is token id %d, outside the vocabulary (ids 0 to %lld)",
+                                      where, req.prompt_ids[i][k], (long long)s->info.n_vocab - 1);
+                }
+            if (rc) break;
+            ids[i] = req.prompt_ids[i];
+            n_ids[i] = req.n_prompt_ids[i];
+            req.prompt_ids[i] = NULL;
+            size_t tl = 0;
+            char *raw = s->tok.decode(s->tok.ctx, ids[i], n_ids[i], false, &tl);
+            free(req.prompts[i]);
+            req.prompts[i] = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+            free(raw);
+        } else if (s->tok.encode(s->tok.ctx, req.prompts[i], req.add_special, &ids[i], &n_ids[i])) {
             rc = pln_req_fail(&err, c->api, c->api == PLN_API_TGI ? 422 : 400, c->api == PLN_API_TGI ? "inputs" : "prompt",
                               "could not tokenize the prompt: %s", pln_error());
             break;
@@ -620,6 +711,10 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     c->echo = req.echo;
     c->root = c->route == R_ROOT;
     c->chat = req.chat;
+    for (int32_t i = 0; req.prompt_ids && i < req.n_prompts; i++) {   /* those not moved into ids[] (an error) */
+        free(req.prompt_ids[i]);
+        req.prompt_ids[i] = NULL;
+    }
     c->n_prompts = req.n_prompts;
     c->prompts = req.prompts;          /* taken over: echo needs them */
     req.prompts = NULL;
@@ -646,46 +741,69 @@ static enum MHD_Result handle_generate(conn_ctx *c, struct MHD_Connection *con) 
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     c->answered = true;
     c->outcome = O_CANCELLED;   /* until the stream completes */
-    enum MHD_Result ret = MHD_queue_response(con, 200, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue(c, con, 200, r);
 }
 
+/* TGI's /tokenize {"inputs"} -> [{id, text, start, stop}], or vLLM's {"prompt"} -> {count,
+ * max_model_len, tokens[, token_strs]} (the body's form decides). */
 static enum MHD_Result handle_tokenize(conn_ctx *c, struct MHD_Connection *con) {
     pln_server *s = c->srv;
     pln_req_error err;
-    char *text = NULL;
-    if (pln_req_parse_tokenize(c->body, c->len, &s->lim, &text, &err)) return send_error(c, con, &err);
-    int32_t *ids = NULL, n = 0;
-    /* as /generate encodes `inputs` (TGI's /tokenize: add_special_tokens=true) */
-    if (s->tok.encode(s->tok.ctx, text, true, &ids, &n)) {
-        free(text);
-        pln_req_fail(&err, PLN_API_TGI, 422, "inputs", "could not tokenize: %s", pln_error());
+    pln_tokenize_request tr;
+    int rc = pln_req_parse_tokenize_any(c->body, c->len, &s->lim, &tr, &err);
+    if (tr.vllm) c->api = PLN_API_OPENAI;
+    if (rc) return send_error(c, con, &err);
+    if (tr.model && !model_name_ok(s, tr.model)) {
+        pln_req_fail(&err, PLN_API_OPENAI, 404, "model", "The model `%s` does not exist; this server serves `%s`", tr.model, s->model_id);
+        snprintf(err.code, sizeof err.code, "model_not_found");
+        pln_tokenize_request_free(&tr);
         return send_error(c, con, &err);
     }
-    free(text);
+    int32_t *ids = NULL, n = 0;
+    /* as /generate encodes `inputs` (TGI's /tokenize: add_special_tokens=true) */
+    if (s->tok.encode(s->tok.ctx, tr.text, tr.add_special, &ids, &n)) {
+        pln_req_fail(&err, c->api, c->api == PLN_API_TGI ? 422 : 400, tr.vllm ? "prompt" : "inputs", "could not tokenize: %s", pln_error());
+        pln_tokenize_request_free(&tr);
+        return send_error(c, con, &err);
+    }
+    pln_tokenize_request_free(&tr);
     /* The same cap as /generate: the reply (an object per token) and the memory to build it
      * grow with the token count, so they stay bounded by --max-input-tokens. */
-    if (pln_req_check_lengths(PLN_API_TGI, NULL, NULL, n, 0, &s->lim, &err)) {
+    if (pln_req_check_lengths(c->api, NULL, NULL, n, 0, &s->lim, &err)) {
         free(ids);
         return send_error(c, con, &err);
     }
-    json_t *arr = json_array();
-    size_t off = 0;
-    for (int32_t i = 0; i < n; i++) {
-        size_t tl = 0;
-        char *raw = s->tok.decode(s->tok.ctx, &ids[i], 1, false, &tl);
-        char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
-        json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:I}", "id", (json_int_t)ids[i], "text", t,
-                                             "start", (json_int_t)off, "stop", (json_int_t)(off + tl)));
-        off += tl;
-        free(raw);
-        free(t);
+    json_t *out;
+    if (tr.vllm) {
+        json_t *toks = json_array(), *strs = tr.token_strs ? json_array() : NULL;
+        for (int32_t i = 0; i < n; i++) {
+            json_array_append_new(toks, json_integer(ids[i]));
+            if (strs) {
+                char *t = tok_text(s, ids[i]);
+                json_array_append_new(strs, json_string(t));
+                free(t);
+            }
+        }
+        out = json_pack("{s:i, s:i, s:o}", "count", (json_int_t)n, "max_model_len", (json_int_t)s->lim.max_total_tokens, "tokens", toks);
+        if (strs) json_object_set_new(out, "token_strs", strs);
+    } else {
+        out = json_array();
+        size_t off = 0;
+        for (int32_t i = 0; i < n; i++) {
+            size_t tl = 0;
+            char *raw = s->tok.decode(s->tok.ctx, &ids[i], 1, false, &tl);
+            char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+            json_array_append_new(out, json_pack("{s:i, s:s, s:I, s:I}", "id", (json_int_t)ids[i], "text", t,
+                                                 "start", (json_int_t)off, "stop", (json_int_t)(off + tl)));
+            off += tl;
+            free(raw);
+            free(t);
+        }
     }
     free(ids);
     c->outcome = O_SUCCESS;
     c->answered = true;
-    return send_json(con, 200, arr);
+    return send_json(c, con, 200, out);
 }
 
 /* ---- OpenAI chat -------------------------------------------------------------------------- */
@@ -710,7 +828,7 @@ static enum MHD_Result handle_health(conn_ctx *c, struct MHD_Connection *con) {
     pln_sched_stats st;
     pln_sched_get_stats(c->srv->sched, &st);
     c->answered = true;
-    if (st.healthy && !st.draining) { c->outcome = O_SUCCESS; return send_json(con, 200, json_object()); }
+    if (st.healthy && !st.draining) { c->outcome = O_SUCCESS; return send_json(c, con, 200, json_object()); }
     pln_req_error err;
     pln_req_fail(&err, PLN_API_TGI, 503, NULL, "%s", st.draining ? "server is shutting down" : st.unhealthy_reason);
     return send_error(c, con, &err);
@@ -750,7 +868,7 @@ static enum MHD_Result handle_info(conn_ctx *c, struct MHD_Connection *con) {
     json_object_set_new(o, "eos_token_id", json_integer(in->n_eos > 0 ? in->eos_ids[0] : PLN_EOS_ID));
     c->outcome = O_SUCCESS;
     c->answered = true;
-    return send_json(con, 200, o);
+    return send_json(c, con, 200, o);
 }
 
 static json_t *model_json(const pln_server *s, const char *id) {
@@ -778,7 +896,83 @@ static enum MHD_Result handle_models(conn_ctx *c, struct MHD_Connection *con) {
     }
     c->outcome = O_SUCCESS;
     c->answered = true;
-    return send_json(con, 200, o);
+    return send_json(c, con, 200, o);
+}
+
+/* vLLM's POST /detokenize {"tokens": [id, ...], "model"?} -> {"prompt": text}: the ids' text
+ * as the tokenizer decodes them, special tokens included; an id outside the vocabulary is a 400
+ * naming its index. */
+static enum MHD_Result handle_detokenize(conn_ctx *c, struct MHD_Connection *con) {
+    pln_server *s = c->srv;
+    pln_req_error err;
+    int32_t *ids = NULL, n = 0;
+    char *model = NULL;
+    if (pln_req_parse_detokenize(c->body, c->len, &s->lim, &ids, &n, &model, &err)) return send_error(c, con, &err);
+    if (model && !model_name_ok(s, model)) {
+        pln_req_fail(&err, PLN_API_OPENAI, 404, "model", "The model `%s` does not exist; this server serves `%s`", model, s->model_id);
+        snprintf(err.code, sizeof err.code, "model_not_found");
+        free(model);
+        free(ids);
+        return send_error(c, con, &err);
+    }
+    free(model);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] >= s->info.n_vocab) {
+            pln_req_fail(&err, PLN_API_OPENAI, 400, "tokens", "`tokens[%d]` is %d, outside the vocabulary (ids 0 to %lld)", i, ids[i],
+                         (long long)s->info.n_vocab - 1);
+            free(ids);
+            return send_error(c, con, &err);
+        }
+    size_t tl = 0;
+    char *raw = n ? s->tok.decode(s->tok.ctx, ids, n, false, &tl) : NULL;
+    char *t = pln_utf8_sanitize(raw ? raw : "", raw ? tl : 0, NULL);
+    free(raw);
+    free(ids);
+    c->outcome = O_SUCCESS;
+    c->answered = true;
+    json_t *o = json_pack("{s:s}", "prompt", t);
+    free(t);
+    return send_json(c, con, 200, o);
+}
+
+/* GET /version {"version"} as vLLM answers. */
+static enum MHD_Result handle_version(conn_ctx *c, struct MHD_Connection *con) {
+    c->outcome = O_SUCCESS;
+    c->answered = true;
+    return send_json(c, con, 200, json_pack("{s:s}", "version", PLN_VERSION_STRING));
+}
+
+/* GET /openapi.json: docs/openapi.json as it is in the repository. */
+static enum MHD_Result handle_openapi(conn_ctx *c, struct MHD_Connection *con) {
+    size_t n = 0;
+    const char *doc = pln_openapi_json(&n);
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)doc, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    c->outcome = O_SUCCESS;
+    c->answered = true;
+    return queue(c, con, 200, r);
+}
+
+/* GET /docs: a page that lists the routes and points at /openapi.json (no script, nothing
+ * fetched from elsewhere: the server may have no way out). */
+static enum MHD_Result handle_docs(conn_ctx *c, struct MHD_Connection *con) {
+    int n = 0;
+    const pln_route_info *rt = pln_server_routes(&n);
+    char *page = pln_xasprintf("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>pollen serve</title></head><body>\n"
+                               "<h1>pollen serve %s</h1>\n<p>The API as OpenAPI 3: <a href=\"/openapi.json\">/openapi.json</a>. "
+                               "Parameters, errors and limits: docs/SERVING.md.</p>\n<ul>\n", PLN_VERSION_STRING);
+    for (int i = 0; i < n; i++) {
+        char *more = pln_xasprintf("%s<li><code>%s %s</code>%s</li>\n", page, rt[i].method, rt[i].path,
+                                   rt[i].auth && c->srv->api_key ? " (API key)" : "");
+        free(page);
+        page = more;
+    }
+    char *all = pln_xasprintf("%s</ul>\n</body></html>\n", page);
+    free(page);
+    c->outcome = O_SUCCESS;
+    c->answered = true;
+    return send_text(c, con, 200, "text/html; charset=utf-8", all);
 }
 
 typedef struct { char *p; size_t len, cap; } sbuf;
@@ -860,7 +1054,7 @@ static enum MHD_Result handle_metrics(conn_ctx *c, struct MHD_Connection *con) {
     metric_hist(&b, "pln_batch_size_sequences", "Sequences per engine step.", &st.batch, pln_hist_bounds_batch);
     c->outcome = O_SUCCESS;
     c->answered = true;
-    return send_text(con, 200, "text/plain; version=0.0.4", b.p);
+    return send_text(c, con, 200, "text/plain; version=0.0.4", b.p);
 }
 
 /* ---- connection guard: a deadline for every request ----------------------------------------
@@ -1051,9 +1245,8 @@ static enum MHD_Result send_early_error(conn_ctx *c, struct MHD_Connection *con,
     if (!r) { free(text); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ret = MHD_queue_response(con, (unsigned)err->status, r);
-    MHD_destroy_response(r);
-    return ret;
+    if (err->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    return queue(c, con, err->status, r);
 }
 
 /* First call of a request: checks its framing (httpframe.h). Returns 0, or -1 after answering. */
@@ -1090,6 +1283,7 @@ static enum MHD_Result frame_body(conn_ctx *c, struct MHD_Connection *con, const
         c->rejected_at = pln_now();
         guard_note(s, con, GUARD_ANSWERED_EARLY);
         send_raw_error(c->fd, c->api, &err, "Content Too Large");
+        c->status = 413;
         shutdown(c->fd, SHUT_WR);
         free(c->body);
         c->body = NULL;
@@ -1108,20 +1302,110 @@ static enum MHD_Result frame_body(conn_ctx *c, struct MHD_Connection *con, const
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
-static int route_of(const char *url, bool *is_post, bool *known) {
-    static const struct { const char *path; int route; bool post; } t[] = {
-        {"/generate", R_GENERATE, true},       {"/generate_stream", R_GENERATE_STREAM, true},
-        {"/tokenize", R_TOKENIZE, true},       {"/health", R_HEALTH, false},
-        {"/info", R_INFO, false},              {"/metrics", R_METRICS, false},
-        {"/v1/completions", R_COMPLETIONS, true}, {"/v1/models", R_MODELS, false},
-        {"/", R_ROOT, true},                   {"/v1/chat/completions", R_CHAT, true},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (!strcmp(url, t[i].path)) { *is_post = t[i].post; *known = true; return t[i].route; }
-    if (!strncmp(url, "/v1/models/", 11) && url[11]) { *is_post = false; *known = true; return R_MODELS; }
-    *known = false;
-    *is_post = false;
-    return R_NOT_FOUND;
+static const struct route_def *route_of(const char *url) {
+    for (int i = 0; i < N_ROUTES; i++) {
+        const char *p = g_routes[i].path, *brace = strchr(p, '{');
+        if (!brace ? !strcmp(url, p) : !strncmp(url, p, (size_t)(brace - p)) && url[brace - p]) return &g_routes[i];
+    }
+    return NULL;
+}
+
+/* ---- the API key ---------------------------------------------------------------------------
+ * "Authorization: Bearer KEY" (the scheme in any case, RFC 9110 §11.1). The key is compared in
+ * time that depends on the length of what the client sent, never on where it first differs
+ * from the key or on the key's length. */
+static bool key_ok(const pln_server *s, const char *auth) {
+    if (!auth) return false;
+    while (*auth == ' ' || *auth == '\t') auth++;
+    if (strncasecmp(auth, "Bearer", 6) || (auth[6] != ' ' && auth[6] != '\t')) return false;
+    const char *t = auth + 7;
+    while (*t == ' ' || *t == '\t') t++;
+    size_t n = strlen(t);
+    while (n && (t[n - 1] == ' ' || t[n - 1] == '\t')) n--;
+    volatile unsigned char diff = (unsigned char)(n != s->api_key_len);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(t[i] ^ s->api_key[i % s->api_key_len]);
+    return diff == 0;
+}
+
+/* ---- request log -----------------------------------------------------------------------------
+ * One line per request on stderr (rank 0), answered or failed: `--log-format text` (key=value)
+ * or `json` (one object per line); `--log-requests off` silences them. Times in milliseconds:
+ * queue (arrival at the scheduler to the first sequence admitted), inference (admitted to the
+ * last sequence finished), total (head received to the response ended). The API key, headers
+ * and bodies are never logged. */
+/* src as one text field: bytes outside printable ASCII, and spaces, become '?' (dst as large as src's array). */
+static void printable(char *dst, const char *src) {
+    size_t k = 0;
+    for (const char *p = src; *p; p++) dst[k++] = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f ? *p : '?';
+    dst[k] = 0;
+}
+
+static void log_request(pln_server *s, conn_ctx *c, double t_end) {
+    if (!s->log_requests) return;
+    long long tin = 0, tout = 0;
+    double queue_ms = -1, infer_ms = -1;
+    if (c->job) {
+        pln_job *j = c->job;
+        pthread_mutex_lock(&j->mu);
+        double t_sub = 0, t_adm = 0, t_done = 0;
+        for (int32_t i = 0; i < j->n_seqs; i++) {
+            const pln_seq *q = &j->seqs[i];
+            if (i % j->best_of == 0) tin += q->n_prompt;
+            tout += q->n_gen;
+            if (!t_sub || q->t_submit < t_sub) t_sub = q->t_submit;
+            if (q->t_admit > 0 && (!t_adm || q->t_admit < t_adm)) t_adm = q->t_admit;
+            if (q->t_done > t_done) t_done = q->t_done;
+        }
+        pthread_mutex_unlock(&j->mu);
+        if (t_sub > 0) queue_ms = ((t_adm > 0 ? t_adm : t_done > 0 ? t_done : t_end) - t_sub) * 1e3;
+        if (t_adm > 0) infer_ms = ((t_done > 0 ? t_done : t_end) - t_adm) * 1e3;
+        if (queue_ms < 0 && t_sub > 0) queue_ms = 0;
+    }
+    double total_ms = (t_end - c->t_start) * 1e3;
+    char *line;
+    if (s->log_json) {
+        time_t now = time(NULL);
+        struct tm tm;
+        char ts[32];
+        gmtime_r(&now, &tm);
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        /* what the client sent may be any bytes: made valid UTF-8 (jansson refuses anything else) */
+        char *path = pln_utf8_sanitize(c->path, strlen(c->path), NULL);
+        char *method = pln_utf8_sanitize(c->method, strlen(c->method), NULL);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:s}", "timestamp", ts, "event", "request", "id", c->id,
+                              "method", method, "path", path, "route", g_route_names[c->route], "status",
+                              (json_int_t)c->status, "outcome", g_outcome_names[c->outcome]);
+        free(path);
+        free(method);
+        json_object_set_new(o, "tokens_in", json_integer(tin));
+        json_object_set_new(o, "tokens_out", json_integer(tout));
+        json_object_set_new(o, "queue_ms", queue_ms >= 0 ? json_real(queue_ms) : json_null());
+        json_object_set_new(o, "inference_ms", infer_ms >= 0 ? json_real(infer_ms) : json_null());
+        json_object_set_new(o, "total_ms", json_real(total_ms));
+        char *j = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        json_decref(o);
+        line = pln_xasprintf("%s\n", j ? j : "{}");
+        free(j);
+    } else {
+        char q[32] = "-", in[32] = "-", path[sizeof c->path], method[sizeof c->method];
+        printable(path, c->path);
+        printable(method, c->method);
+        if (queue_ms >= 0) snprintf(q, sizeof q, "%.3f", queue_ms);
+        if (infer_ms >= 0) snprintf(in, sizeof in, "%.3f", infer_ms);
+        line = pln_xasprintf("pollen serve: request id=%s method=%s path=%s route=%s status=%d outcome=%s tokens_in=%lld "
+                             "tokens_out=%lld queue_ms=%s inference_ms=%s total_ms=%.3f\n",
+                             c->id, method, path, g_route_names[c->route], c->status, g_outcome_names[c->outcome],
+                             tin, tout, q, in, total_ms);
+    }
+    /* one write per line: lines of concurrent requests never interleave */
+    size_t len = strlen(line), off = 0;
+    while (off < len) {
+        ssize_t w = write(s->log_fd, line + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    free(line);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
@@ -1135,12 +1419,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         atomic_fetch_add(&s->open, 1);
         c->fd = -1;
         c->outcome = O_VALIDATION;
+        c->t_start = pln_now();
+        snprintf(c->method, sizeof c->method, "%s", method);
+        snprintf(c->path, sizeof c->path, "%s", url);
+        snprintf(c->id, sizeof c->id, "req-%llx%04llx", (unsigned long long)time(NULL),
+                 (unsigned long long)atomic_fetch_add(&s->id_counter, 1) & 0xFFFF);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci) c->fd = ci->connect_fd;
-        bool post, known;
-        c->route = route_of(url, &post, &known);
+        const struct route_def *rd = route_of(url);
+        bool known = rd != NULL, post = rd && rd->post;
+        c->route = rd ? rd->route : R_NOT_FOUND;
         if (c->route == R_MODELS && strlen(url) > 11) c->model_query = pln_xstrdup(url + 11);
-        c->api = !strncmp(url, "/v1/", 4) ? PLN_API_OPENAI : PLN_API_TGI;
+        /* vLLM's /detokenize answers as its OpenAI routes do */
+        c->api = !strncmp(url, "/v1/", 4) || c->route == R_DETOKENIZE ? PLN_API_OPENAI : PLN_API_TGI;
         *con_cls = c;
         enum MHD_Result fret;
         if (frame_check(c, con, &fret)) return fret;
@@ -1156,8 +1447,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         if (!known)
             return send_early_error(c, con, (pln_req_fail(&err, c->api, 404, NULL, "no route %s %s", method, url), &err),
                                     body_left);
-        if (strcmp(method, post ? "POST" : "GET")) {
-            pln_req_fail(&err, c->api, 405, NULL, "%s %s: use %s", method, url, post ? "POST" : "GET");
+        /* HEAD wherever GET: libmicrohttpd sends the head of the GET answer without its body */
+        if (post ? strcmp(method, "POST") : strcmp(method, "GET") && strcmp(method, "HEAD")) {
+            pln_req_fail(&err, c->api, 405, NULL, "%s %s: use %s", method, url, post ? "POST" : "GET or HEAD");
+            return send_early_error(c, con, &err, body_left);
+        }
+        if (rd->auth && s->api_key && !key_ok(s, MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
+            pln_req_fail(&err, c->api, 401, NULL, "%s %s needs the server's API key: send the header "
+                         "\"Authorization: Bearer KEY\" (pollen serve --api-key)", method, url);
+            if (c->api == PLN_API_OPENAI) snprintf(err.code, sizeof err.code, "invalid_api_key");
             return send_early_error(c, con, &err, body_left);
         }
         return MHD_YES;
@@ -1182,6 +1480,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
     case R_INFO: return handle_info(c, con);
     case R_METRICS: return handle_metrics(c, con);
     case R_MODELS: return handle_models(c, con);
+    case R_DETOKENIZE: return handle_detokenize(c, con);
+    case R_VERSION: return handle_version(c, con);
+    case R_DOCS: return handle_docs(c, con);
+    case R_OPENAPI: return handle_openapi(c, con);
     default: return MHD_NO;
     }
 }
@@ -1198,18 +1500,23 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
         if (c->outcome == O_SUCCESS && !c->stream_done) c->outcome = O_CANCELLED;
     }
     count(s, c->route, c->outcome);
+    log_request(s, c, pln_now());
     ctx_unref(c);
 }
 
 /* Accepts client connections and hands each to libmicrohttpd through a relay (httprelay.h),
  * with the client's address, so its per-address limit counts clients. Ends when the listening
  * socket is shut down. */
+typedef struct { pln_server *s; int fd; } acc_arg;
+
 static void *accept_thread(void *arg) {
-    pln_server *s = arg;
+    acc_arg a = *(acc_arg *)arg;
+    free(arg);
+    pln_server *s = a.s;
     for (;;) {
         struct sockaddr_storage ca;
         socklen_t cl = sizeof ca;
-        int fd = accept4(s->listen_fd, (struct sockaddr *)&ca, &cl, SOCK_CLOEXEC);
+        int fd = accept4(a.fd, (struct sockaddr *)&ca, &cl, SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -1228,6 +1535,85 @@ static void *accept_thread(void *arg) {
     }
 }
 
+/* --host VALUE as getaddrinfo resolves it: an IPv4 or IPv6 address (brackets allowed: "[::1]"),
+ * or a host name ("localhost"). Every address returned is listened on, on one port (the first
+ * socket's, when --port is 0), so "localhost" answers on 127.0.0.1 and ::1 alike. An IPv6
+ * socket takes only IPv6 when IPv4 addresses are listened on beside it; alone ("::"), it takes
+ * both where the system allows (Linux's default, net.ipv6.bindv6only=0). */
+static int listen_on(pln_server *s, const char *host_arg, int port) {
+    char host[256];
+    size_t hl = strlen(host_arg);
+    if (hl >= sizeof host) return pln_errorf("--host %.40s...: too long for an address or host name", host_arg);
+    if (hl >= 2 && host_arg[0] == '[' && host_arg[hl - 1] == ']') snprintf(host, sizeof host, "%.*s", (int)(hl - 2), host_arg + 1);
+    else snprintf(host, sizeof host, "%s", host_arg);
+    if (!host[0]) return pln_errorf("--host %s: empty (use 127.0.0.1, ::1, 0.0.0.0, :: or a host name)", host_arg);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    int g = getaddrinfo(host, ports, &hints, &res);
+    if (g)
+        return pln_errorf("--host %s: cannot resolve it (%s); give an IPv4 or IPv6 address (127.0.0.1, 0.0.0.0, ::1, ::) "
+                          "or a host name this machine resolves", host_arg, gai_strerror(g));
+    bool has4 = false;
+    for (struct addrinfo *a = res; a; a = a->ai_next) has4 |= a->ai_family == AF_INET;
+    int bound_port = port, rc = 0;
+    for (struct addrinfo *a = res; a && s->n_listen < PLN_MAX_LISTEN; a = a->ai_next) {
+        if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
+        bool dup = false;   /* getaddrinfo may list an address twice (one line each in /etc/hosts) */
+        for (struct addrinfo *b = res; b != a; b = b->ai_next)
+            dup |= b->ai_addrlen == a->ai_addrlen && !memcmp(b->ai_addr, a->ai_addr, a->ai_addrlen);
+        if (dup) continue;
+        if (a->ai_family == AF_INET) ((struct sockaddr_in *)a->ai_addr)->sin_port = htons((uint16_t)bound_port);
+        else ((struct sockaddr_in6 *)a->ai_addr)->sin6_port = htons((uint16_t)bound_port);
+        char shown[INET6_ADDRSTRLEN] = "?";
+        inet_ntop(a->ai_family, a->ai_family == AF_INET ? (void *)&((struct sockaddr_in *)a->ai_addr)->sin_addr
+                                                        : (void *)&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr, shown, sizeof shown);
+        int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+        if (fd >= 0 && a->ai_family == AF_INET6 && has4) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) || bind(fd, a->ai_addr, a->ai_addrlen) ||
+            listen(fd, 256)) {
+            rc = pln_errorf("--host %s: cannot listen on %s%s%s port %d (%s); pick another --port or --host", host_arg,
+                            a->ai_family == AF_INET6 ? "[" : "", shown, a->ai_family == AF_INET6 ? "]" : "", bound_port, strerror(errno));
+            if (fd >= 0) close(fd);
+            break;
+        }
+        if (bound_port == 0) {
+            struct sockaddr_storage b;
+            socklen_t bl = sizeof b;
+            if (!getsockname(fd, (struct sockaddr *)&b, &bl))
+                bound_port = ntohs(b.ss_family == AF_INET ? ((struct sockaddr_in *)&b)->sin_port : ((struct sockaddr_in6 *)&b)->sin6_port);
+        }
+        s->listen_fd[s->n_listen++] = fd;
+    }
+    freeaddrinfo(res);
+    if (!rc && s->n_listen == 0) rc = pln_errorf("--host %s: resolves to no IPv4 or IPv6 address", host_arg);
+    if (rc) {
+        for (int i = 0; i < s->n_listen; i++) close(s->listen_fd[i]);
+        s->n_listen = 0;
+        return -1;
+    }
+    s->port = bound_port;
+    return 0;
+}
+
+static void stop_accepting(pln_server *s) {
+    for (int i = 0; i < s->n_listen; i++) shutdown(s->listen_fd[i], SHUT_RDWR);   /* accept() returns */
+    for (int i = 0; i < s->n_acc; i++) pthread_join(s->acc_thr[i], NULL);
+    s->n_acc = 0;
+    for (int i = 0; i < s->n_listen; i++) close(s->listen_fd[i]);
+    s->n_listen = 0;
+}
+
+static void server_free(pln_server *s) {
+    free(s->model_id);
+    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
+    free(s->names);
+    free(s->host);
+    if (s->api_key) explicit_bzero(s->api_key, s->api_key_len);
+    free(s->api_key);
+    free(s);
+}
+
 pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const pln_sched_tok *tok) {
     pln_server *s = pln_xcalloc(1, sizeof *s);
     s->sched = sched;
@@ -1241,30 +1627,22 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
     }
     s->chat = o->chat_template;
     s->host = pln_xstrdup(o->host ? o->host : "127.0.0.1");
+    if (o->api_key && o->api_key[0]) {
+        s->api_key = pln_xstrdup(o->api_key);
+        s->api_key_len = strlen(o->api_key);
+    }
+    s->log_requests = !o->no_request_log;
+    s->log_json = o->log_json;
+    s->log_fd = o->log ? fileno(o->log) : STDERR_FILENO;
     s->started = time(NULL);
     pln_sched_engine_info(sched, &s->info);
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)o->port);
-    if (inet_pton(AF_INET, s->host, &addr.sin_addr) != 1) {
-        pln_errorf("--host %s: not an IPv4 address (use 127.0.0.1 or 0.0.0.0)", s->host);
-        goto fail;
-    }
     /* The server listens itself and gives libmicrohttpd one end of a socket pair per connection,
      * the other end relayed to the client (httprelay.h: the chunk-size lines libmicrohttpd 0.9.x
      * would answer with a 500). */
-    s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (s->listen_fd < 0 || setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
-        bind(s->listen_fd, (struct sockaddr *)&addr, sizeof addr) || listen(s->listen_fd, 256)) {
-        pln_errorf("%s:%d: cannot listen (%s); pick another --port", s->host, o->port, strerror(errno));
-        if (s->listen_fd >= 0) close(s->listen_fd);
-        goto fail;
+    if (listen_on(s, s->host, o->port)) {
+        server_free(s);
+        return NULL;
     }
-    struct sockaddr_in bound;
-    socklen_t bl = sizeof bound;
-    s->port = getsockname(s->listen_fd, (struct sockaddr *)&bound, &bl) == 0 ? ntohs(bound.sin_port) : o->port;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     guard_start(s);
     /* Heads are bounded by libmicrohttpd's per-connection memory pool (its default 32 KiB: a
@@ -1279,27 +1657,27 @@ pln_server *pln_server_start(const pln_server_opts *o, pln_sched *sched, const p
                             MHD_OPTION_URI_LOG_CALLBACK, guard_on_uri, s,
                             MHD_OPTION_END);
     if (!s->d) {
-        pln_errorf("%s:%d: cannot start the HTTP server (%s)", s->host, o->port, strerror(errno));
+        pln_errorf("%s:%d: cannot start the HTTP server (%s)", s->host, s->port, strerror(errno));
         guard_stop(s);
-        close(s->listen_fd);
-        goto fail;
+        stop_accepting(s);
+        server_free(s);
+        return NULL;
     }
-    s->acc_running = !pthread_create(&s->acc_thr, NULL, accept_thread, s);
-    if (!s->acc_running) {
-        pln_errorf("%s:%d: cannot start the accepting thread", s->host, o->port);
-        MHD_stop_daemon(s->d);
-        guard_stop(s);
-        close(s->listen_fd);
-        goto fail;
+    for (int i = 0; i < s->n_listen; i++) {
+        acc_arg *a = pln_xmalloc(sizeof *a);
+        *a = (acc_arg){s, s->listen_fd[i]};
+        if (pthread_create(&s->acc_thr[s->n_acc], NULL, accept_thread, a)) {
+            free(a);
+            pln_errorf("%s:%d: cannot start the accepting thread", s->host, s->port);
+            stop_accepting(s);
+            MHD_stop_daemon(s->d);
+            guard_stop(s);
+            server_free(s);
+            return NULL;
+        }
+        s->n_acc++;
     }
     return s;
-fail:
-    free(s->model_id);
-    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
-    free(s->names);
-    free(s->host);
-    free(s);
-    return NULL;
 }
 
 int pln_server_port(const pln_server *s) { return s->port; }
@@ -1321,9 +1699,7 @@ void pln_server_stop(pln_server *s, double grace_s) {
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    shutdown(s->listen_fd, SHUT_RDWR);   /* accept() returns: no new connections */
-    if (s->acc_running) pthread_join(s->acc_thr, NULL);
-    close(s->listen_fd);
+    stop_accepting(s);   /* no new connections */
     guard_stop(s);
     MHD_stop_daemon(s->d);
     /* libmicrohttpd has closed its ends: the relays end (bounded, as they are) */
@@ -1333,9 +1709,5 @@ void pln_server_stop(pln_server *s, double grace_s) {
     }
     pthread_mutex_destroy(&s->guard_mu);
     pthread_cond_destroy(&s->guard_cv);
-    free(s->model_id);
-    for (int i = 0; i < s->n_names; i++) free(s->names[i]);
-    free(s->names);
-    free(s->host);
-    free(s);
+    server_free(s);
 }

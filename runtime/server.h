@@ -9,6 +9,7 @@
 #include "runtime/httpreq.h"
 #include "runtime/scheduler.h"
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct {
     const char *host;          /* address to bind (default "127.0.0.1") */
@@ -19,7 +20,21 @@ typedef struct {
     int n_served_names;
     pln_serve_limits lim;
     const pln_chat_template *chat_template;   /* borrowed; NULL: /v1/chat/completions explains why not */
+    const char *api_key;       /* --api-key: the protected routes need "Authorization: Bearer KEY"
+                                  (NULL or "": no key); copied */
+    bool no_request_log;       /* --log-requests off: no line per request */
+    bool log_json;             /* --log-format json: one JSON object per line */
+    FILE *log;                 /* where request lines go (NULL: stderr) */
 } pln_server_opts;
+
+/* One route the server answers: GET routes answer HEAD as well (same status and headers, no
+ * body). `auth`: needs the API key when one is set. The path of a route with a parameter is
+ * written as OpenAPI writes it ("/v1/models/{model}"). docs/openapi.json lists every one. */
+typedef struct {
+    const char *method, *path;
+    bool auth;
+} pln_route_info;
+const pln_route_info *pln_server_routes(int *n);
 
 typedef struct pln_server pln_server;
 

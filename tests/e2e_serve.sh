@@ -101,6 +101,65 @@ head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMP/big"
 check "oversized body -> 413" test "$($CURL -o /dev/null -w '%{http_code}' -X POST http://127.0.0.1:$PORT/generate --data-binary @"$TMP/big")" = 413
 check "still healthy after bad requests" test "$($CURL -o /dev/null -w '%{http_code}' http://127.0.0.1:$PORT/health)" = 200
 check "SIGTERM: clean exit (TP 1)" stop_server
+# a line per request (default text form), refused requests too
+check "request line of a generation" grep -Eq '^pollen serve: request id=cmpl-[0-9a-f]+ method=POST path=/generate route=generate status=200 outcome=success tokens_in=[1-9][0-9]* tokens_out=12 queue_ms=[0-9.]+ inference_ms=[0-9.]+ total_ms=[0-9.]+$' "$TMP/a.log"
+check "request line of a 422" grep -Eq '^pollen serve: request id=req-[0-9a-f]+ method=POST path=/generate route=generate status=422 outcome=validation_error tokens_in=0 tokens_out=0 queue_ms=- inference_ms=- total_ms=' "$TMP/a.log"
+check "request line of a 413" grep -q 'route=generate status=413 ' "$TMP/a.log"
+check "request lines of streams" grep -q 'path=/generate_stream route=generate_stream status=200 outcome=success tokens_in=[0-9]* tokens_out=16 ' "$TMP/a.log"
+
+# ---- --api-key / POLLEN_API_KEY, --log-format json, HEAD, the new routes, --host ---------------
+KEY=e2e-Key-7f3a
+check "server starts (POLLEN_API_KEY, --log-format json, --host localhost)" start_server k1 POLLEN_API_KEY=$KEY "$POLLEN" serve "$S1" --log-format json --host localhost
+check "start-up line names localhost" grep -q "on http://localhost:$PORT " "$TMP/k1.log"
+AUTH="Authorization: Bearer $KEY"
+hcode() { $CURL -o "$TMP/body" -D "$TMP/head" -w '%{http_code}' "$@"; }
+check "/generate without the key -> 401" test "$(hcode -X POST "http://127.0.0.1:$PORT/generate" -d '{"inputs":"Hello"}')" = 401
+check "... WWW-Authenticate: Bearer" grep -qi '^WWW-Authenticate: Bearer' "$TMP/head"
+check "... TGI error shape" grep -q '"error_type":"unauthorized"' "$TMP/body"
+check "/v1/completions with a wrong key -> 401" test "$(hcode -H 'Authorization: Bearer nope' -X POST "http://127.0.0.1:$PORT/v1/completions" -d '{"prompt":"Hello"}')" = 401
+check "... OpenAI error shape" grep -q '"code":"invalid_api_key"' "$TMP/body"
+check "/v1/models without the key -> 401" test "$(hcode "http://127.0.0.1:$PORT/v1/models")" = 401
+check "/generate with the key -> 200" test "$(hcode -H "$AUTH" -X POST "http://127.0.0.1:$PORT/generate" -d '{"inputs":"Hello","parameters":{"max_new_tokens":3}}')" = 200
+check "/v1/completions with token ids and the key -> 200" test "$(hcode -H "$AUTH" -X POST "http://127.0.0.1:$PORT/v1/completions" -d '{"prompt":[[5,6,7],[8]],"max_tokens":2}')" = 200
+check "... two choices" test "$(grep -o '"index":' "$TMP/body" | wc -l)" = 2
+check "/detokenize with the key -> 200" test "$(hcode -H "$AUTH" -X POST "http://127.0.0.1:$PORT/detokenize" -d '{"tokens":[5,6,7]}')" = 200
+check "... {\"prompt\"}" grep -q '^{"prompt":".*"}$' "$TMP/body"
+for r in health info metrics version docs openapi.json; do
+  check "GET /$r is open -> 200" test "$(hcode "http://127.0.0.1:$PORT/$r")" = 200
+  check "HEAD /$r -> 200, no body" test "$($CURL -I -o "$TMP/hb" -w '%{http_code}' "http://127.0.0.1:$PORT/$r")" = 200 -a "$(grep -ci '^content-length: 0' "$TMP/hb")" = 0
+done
+check "/version" grep -q '^{"version":"[0-9.]*"}$' <<<"$($CURL "http://127.0.0.1:$PORT/version")"
+check "/openapi.json is docs/openapi.json" cmp -s docs/openapi.json <($CURL "http://127.0.0.1:$PORT/openapi.json")
+check "/info does not show the key" bash -c "! grep -q '$KEY' <<<\"\$1\"" _ "$($CURL "http://127.0.0.1:$PORT/info")"
+check "SIGTERM: exits 0 (API key)" stop_server
+check "JSON request lines: a 401 and a 200 on /generate" bash -c "grep -q '\"route\":\"generate\",\"status\":401,\"outcome\":\"unauthorized\"' '$TMP/k1.log' && grep -q '\"route\":\"generate\",\"status\":200,\"outcome\":\"success\",\"tokens_in\":[0-9]*,\"tokens_out\":3,' '$TMP/k1.log'"
+if command -v python3 >/dev/null; then
+  check "every JSON request line parses" python3 -c 'import json, sys
+n = 0
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        o = json.loads(l); n += 1
+        assert {"id", "method", "path", "route", "status", "outcome", "tokens_in", "tokens_out", "queue_ms", "inference_ms", "total_ms"} <= set(o), l
+assert n >= 20, n' "$TMP/k1.log"
+fi
+check "the key is in no log line" bash -c "! grep -q '$KEY' '$TMP/k1.log'"
+check "server starts (--api-key, --log-requests off)" start_server k2 "$POLLEN" serve "$S1" --api-key "$KEY" --log-requests off
+check "--api-key: /tokenize without it -> 401" test "$(hcode -X POST "http://127.0.0.1:$PORT/tokenize" -d '{"inputs":"Hello"}')" = 401
+check "--api-key: /tokenize with it -> 200" test "$(hcode -H "$AUTH" -X POST "http://127.0.0.1:$PORT/tokenize" -d '{"inputs":"Hello"}')" = 200
+check "SIGTERM: exits 0 (--api-key)" stop_server
+check "--log-requests off: no request line" bash -c "! grep -q 'request id=' '$TMP/k2.log'"
+check_fails "--log-format yaml: refused" 'pollen: --log-format yaml: use text or json' "$POLLEN" serve "$S1" --log-format yaml --port 0
+check_fails "--log-requests maybe: refused" 'pollen: --log-requests maybe: use on or off' "$POLLEN" serve "$S1" --log-requests maybe --port 0
+check_fails "empty POLLEN_API_KEY: refused" 'POLLEN_API_KEY\) is empty' env POLLEN_API_KEY= "$POLLEN" serve "$S1" --port 0
+check_fails "--host that does not resolve: refused naming it" 'serve: --host no-such-host.invalid: cannot resolve it' "$POLLEN" serve "$S1" --host no-such-host.invalid --port 0
+if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; then
+  check "server starts (--host ::1)" start_server v6 "$POLLEN" serve "$S1" --host ::1
+  check "start-up line: http://[::1]:PORT" grep -q "on http://\[::1\]:$PORT " "$TMP/v6.log"
+  check "/health over ::1" test "$($CURL -g -o /dev/null -w '%{http_code}' "http://[::1]:$PORT/health")" = 200
+  check "SIGTERM: exits 0 (::1)" stop_server
+else
+  echo "SKIP: --host ::1 (no IPv6 loopback in /proc/net/if_inet6)"
+fi
 
 # ---- slow steps: disconnect, overload, drain ---------------------------------------------------
 check "server starts (slow steps)" start_server b "$POLLEN" serve "$S1" --max-concurrent-requests 2 --step-delay-ms 20
@@ -153,6 +212,20 @@ if command -v mpirun >/dev/null; then
   T2=$(post /generate_stream '{"inputs":"Hello world","parameters":{"max_new_tokens":16}}' | grep '^data:' | tail -n 1 | gen_text)
   check "TP 2: stream == non-stream" test -n "$T1" -a "$T1" = "$T2"
   check "SIGTERM to rank 0: every rank exits 0" stop_server
+  # stopped through the launcher, as an operator does (Ctrl-C, or kill on mpirun): a clean drain,
+  # and nothing from Open MPI's event library (libevent's "[warn] Epoll MOD(...) ... Bad file
+  # descriptor") on the way out
+  for sig in TERM INT; do
+    check "server starts (TP 2, stopped by SIG$sig to mpirun)" start_server m$sig $MPI "$POLLEN" serve "$S2"
+    post /generate '{"inputs":"Hello world","parameters":{"max_new_tokens":4}}' >/dev/null
+    kill -$sig $SRV_PID
+    for _ in $(seq 300); do kill -0 $SRV_PID 2>/dev/null || break; sleep 0.1; done
+    wait $SRV_PID; rc=$?
+    # (mpirun's own status is 1 after forwarding a signal, however its ranks ended; not killed)
+    check "SIG$sig to mpirun: ended, not killed ($rc)" test $rc -lt 128
+    check "SIG$sig to mpirun: drained" grep -q "drained, exiting" "$TMP/m$sig.log"
+    check "SIG$sig to mpirun: no event-library noise" bash -c "! grep -Eiq 'epoll|libevent|\[warn\]|bad file descriptor' '$TMP/m$sig.log'"
+  done
   check "server starts (TP 2, --fail-at-step 3)" start_server g $MPI "$POLLEN" serve "$S2" --fail-at-step 3
   EV=$(post /generate_stream '{"inputs":"x","parameters":{"max_new_tokens":20}}')
   check "TP 2: stream ends with an error event" grep -q '"error_type":"generation"' <<<"$(grep '^data:' <<<"$EV" | tail -n 1)"

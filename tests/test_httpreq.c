@@ -148,7 +148,16 @@ int main(void) {
         {"{\"prompt\":[]}", 400, "cannot be an empty list"},
         {"{\"prompt\":[\"a\",\"\"]}", 400, "`prompt[1]` cannot be empty"},
         {"{\"prompt\":[\"a\",3]}", 400, "`prompt[1]` must be a string"},
-        {"{\"prompt\":7}", 400, "`prompt` must be a string or a list of strings"},
+        {"{\"prompt\":7}", 400, "`prompt` must be a string, a list of strings, a list of token ids or a list of lists"},
+        {"{\"prompt\":[1,2,3]}", 0, NULL},
+        {"{\"prompt\":[[1,2],[3]]}", 0, NULL},
+        {"{\"prompt\":[\"a\",[3]]}", 0, NULL},
+        {"{\"prompt\":[[1],[]]}", 400, "`prompt[1]` cannot be empty"},
+        {"{\"prompt\":[1,\"a\"]}", 400, "`prompt[1]` must be a token id"},
+        {"{\"prompt\":[1,-2]}", 400, "`prompt[1]` must be a token id"},
+        {"{\"prompt\":[1,2.0]}", 400, "`prompt[1]` must be a token id"},
+        {"{\"prompt\":[[1,4294967296]]}", 400, "`prompt[0][1]` must be a token id"},
+        {"{\"prompt\":[true]}", 400, "`prompt[0]` must be a string or a list of token ids"},
         {"{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "`max_tokens` must be strictly positive"},
         {"{\"prompt\":\"hi\",\"max_tokens\":-5}", 400, "`max_tokens` must be strictly positive"},
         {"{\"prompt\":\"hi\",\"max_tokens\":100000000}", 400, "between 1 and 2048"},
@@ -246,6 +255,49 @@ int main(void) {
     free(tok_text);
     b = "{\"inputs\":\"\"}";
     CHECK(pln_req_parse_tokenize(b, strlen(b), &lim, &tok_text, &err) == -1 && err.status == 422, "tokenize empty");
+    /* token-id prompts: kept as ids, their form remembered for error messages */
+    b = "{\"prompt\":[[5,6],\"hi\",[7]]}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.n_prompts == 3 && r.prompt_ids &&
+              r.n_prompt_ids[0] == 2 && r.prompt_ids[0][1] == 6 && !r.prompt_ids[1] && !strcmp(r.prompts[1], "hi") &&
+              !r.prompts[0] && r.prompt_ids[2][0] == 7 && !r.prompt_ids_flat, "nested ids and text");
+    pln_gen_request_free(&r);
+    b = "{\"prompt\":[0,2147483647]}";
+    CHECK(pln_req_parse_completions(b, strlen(b), &lim, &r, &err) == 0 && r.n_prompts == 1 && r.prompt_ids_flat &&
+              r.n_prompt_ids[0] == 2 && r.prompt_ids[0][1] == 2147483647, "flat ids");
+    pln_gen_request_free(&r);
+    /* /tokenize: the form is found from the body */
+    pln_tokenize_request tr;
+    b = "{\"prompt\":\"ab\",\"add_special_tokens\":false}";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == 0 && tr.vllm && !tr.add_special && !strcmp(tr.text, "ab"),
+          "vLLM tokenize body");
+    pln_tokenize_request_free(&tr);
+    b = "{\"inputs\":\"ab\"}";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == 0 && !tr.vllm && tr.add_special && !strcmp(tr.text, "ab"),
+          "TGI tokenize body");
+    pln_tokenize_request_free(&tr);
+    b = "{\"prompt\":\"ab\",\"add_special_tokens\":1}";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == -1 && tr.vllm && err.status == 400 && !tr.text,
+          "vLLM tokenize: a bad field is a 400 (%s)", err.message);
+    b = "{oops";
+    CHECK(pln_req_parse_tokenize_any(b, strlen(b), &lim, &tr, &err) == -1 && !tr.vllm && err.status == 422, "not JSON: TGI's 422");
+    /* vLLM /detokenize bodies */
+    int32_t *dids = NULL, dn = -1;
+    char *dmodel = NULL;
+    b = "{\"tokens\":[3,4,5],\"model\":\"m\"}";
+    CHECK(pln_req_parse_detokenize(b, strlen(b), &lim, &dids, &dn, &dmodel, &err) == 0 && dn == 3 && dids[2] == 5 && dmodel &&
+              !strcmp(dmodel, "m"), "detokenize body");
+    free(dids);
+    free(dmodel);
+    b = "{\"tokens\":[]}";
+    CHECK(pln_req_parse_detokenize(b, strlen(b), &lim, &dids, &dn, &dmodel, &err) == 0 && dn == 0 && dids && !dmodel, "detokenize []");
+    free(dids);
+    static const char *const dbad[][2] = {{"{\"tokens\":[1,-1]}", "`tokens[1]`"}, {"{\"tokens\":\"x\"}", "`tokens` must be a list"},
+                                          {"{\"model\":\"m\"}", "`tokens` must be a list"}, {"{\"tokens\":[1],\"model\":3}", "`model`"},
+                                          {"{\"tokens\":[1],\"x\":1}", "Unrecognized request argument supplied: x"},
+                                          {"[1]", "must be a JSON object"}};
+    for (size_t i = 0; i < sizeof dbad / sizeof dbad[0]; i++)
+        CHECK(pln_req_parse_detokenize(dbad[i][0], strlen(dbad[i][0]), &lim, &dids, &dn, &dmodel, &err) == -1 && err.status == 400 &&
+                  strstr(err.message, dbad[i][1]) && !dids && !dmodel, "detokenize %s -> 400 %s (%s)", dbad[i][0], dbad[i][1], err.message);
 
     /* token-count limits */
     lim.max_input_tokens = 10;

@@ -154,6 +154,10 @@ static void *sched_thread(void *a) { pln_sched_run(a); return NULL; }
 static const pln_chat_template *g_chat;   /* the next instance's --chat-template (NULL: none) */
 static const char *const *g_names;         /* the next instance's --served-model-name */
 static int g_n_names;
+static const char *g_api_key;               /* the next instance's --api-key */
+static FILE *g_log;                          /* where the next instance's request lines go (NULL: stderr) */
+static bool g_log_json, g_no_log;            /* --log-format json, --log-requests off */
+static const char *g_host = "127.0.0.1";     /* the next instance's --host */
 
 static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int64_t fail_at) {
     memset(in, 0, sizeof *in);
@@ -167,6 +171,11 @@ static void inst_start(inst *in, const pln_serve_limits *lim, int delay_us, int6
     if (!in->sched) { fprintf(stderr, "sched: %s\n", pln_error()); exit(2); }
     pln_server_opts so = {.host = "127.0.0.1", .port = 0, .model_id = "fake-model-tp1-fp16-set", .lim = *lim, .chat_template = g_chat,
                           .served_names = g_names, .n_served_names = g_n_names};
+    so.host = g_host;
+    so.api_key = g_api_key;
+    so.log = g_log;
+    so.log_json = g_log_json;
+    so.no_request_log = g_no_log;
     in->srv = pln_server_start(&so, in->sched, &st);
     if (!in->srv) { fprintf(stderr, "server: %s\n", pln_error()); exit(2); }
     in->port = pln_server_port(in->srv);
@@ -230,6 +239,59 @@ static resp http(int port, const char *method, const char *path, const char *bod
     r.secs = pln_now() - t0;
     return r;
 }
+
+/* A request with extra header lines (each ending in \r\n) to addr (IPv4 or IPv6) at port; the
+ * head of the answer goes to *head (malloc'd) when asked for. */
+typedef struct { int status; char *head, *body; } resp2;
+static resp2 http2(int family, const char *addr, int port, const char *method, const char *path, const char *headers,
+                   const char *body) {
+    resp2 r = {0, strdup(""), strdup("")};
+    int fd = socket(family, SOCK_STREAM, 0);
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof sa);
+    socklen_t sl;
+    if (family == AF_INET6) {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&sa;
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        inet_pton(AF_INET6, addr, &a6->sin6_addr);
+        sl = sizeof *a6;
+    } else {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)&sa;
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        inet_pton(AF_INET, addr, &a4->sin_addr);
+        sl = sizeof *a4;
+    }
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sl)) { if (fd >= 0) close(fd); return r; }
+    size_t bl = body ? strlen(body) : 0;
+    char *req = pln_xasprintf("%s %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n%s",
+                              method, path, bl, headers ? headers : "", body ? body : "");
+    ssize_t w = write(fd, req, strlen(req));
+    (void)w;
+    free(req);
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 2048 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t k = read(fd, buf + len, cap - len - 1);
+        if (k <= 0) break;
+        len += (size_t)k;
+    }
+    close(fd);
+    buf[len] = 0;
+    sscanf(buf, "HTTP/1.%*d %d", &r.status);
+    char *b = strstr(buf, "\r\n\r\n");
+    free(r.head);
+    free(r.body);
+    r.head = b ? strndup(buf, (size_t)(b - buf)) : strdup(buf);
+    r.body = strdup(b ? b + 4 : "");
+    free(buf);
+    return r;
+}
+static void resp2_free(resp2 *r) { free(r->head); free(r->body); }
 
 static json_t *jparse(const char *s) { return json_loads(s, JSON_DECODE_ANY, NULL); }
 static const char *jstr(json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
@@ -676,6 +738,382 @@ static void test_never_admitted(const pln_serve_limits *base) {
     inst_stop(&I);
 }
 
+/* ---- serving features: API key, request log, HEAD, /docs, /openapi.json, /version,
+ * /detokenize, token-id prompts, --host names and IPv6 ----------------------------------------- */
+
+/* A body each route accepts (a path with its parameter filled in). */
+static const char *route_path(const pln_route_info *ri) {
+    return !strcmp(ri->path, "/v1/models/{model}") ? "/v1/models/tgi" : ri->path;   /* "tgi": a name every server accepts */
+}
+static const char *route_body(const char *path) {
+    if (!strcmp(path, "/tokenize")) return "{\"inputs\":\"ab\"}";
+    if (!strcmp(path, "/detokenize")) return "{\"tokens\":[101,102]}";
+    if (!strcmp(path, "/v1/completions")) return "{\"prompt\":\"ab\",\"max_tokens\":2}";
+    if (!strcmp(path, "/v1/chat/completions")) return "{\"messages\":[{\"role\":\"user\",\"content\":\"ab\"}],\"max_tokens\":2}";
+    return "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":2}}";
+}
+
+/* Waits (bounded) until the log file holds a line with every one of the given parts. The line of
+ * a request is written once its response has gone out, so it may come a moment after the answer. */
+static char *wait_log_line(FILE *f, const char *a, const char *b, const char *c) {
+    for (double t0 = pln_now(); pln_now() - t0 < 30; usleep(5000)) {
+        fflush(f);
+        long end = ftell(f);
+        char *all = calloc(1, (size_t)end + 1);
+        if (pread(fileno(f), all, (size_t)end, 0) < 0) { free(all); continue; }
+        for (char *line = all, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+            nl = strchr(line, '\n');
+            if (nl) *nl = 0;
+            if (strstr(line, a) && (!b || strstr(line, b)) && (!c || strstr(line, c))) {
+                char *r = strdup(line);
+                free(all);
+                return r;
+            }
+        }
+        free(all);
+    }
+    return NULL;
+}
+
+static void test_api_key_and_log(const pln_serve_limits *lim) {
+    static const char *const key = "k3y-S3cret-value";
+    FILE *log = tmpfile();
+    g_api_key = key;
+    g_log = log;
+    g_log_json = true;
+    inst K;
+    inst_start(&K, lim, 0, 0);
+    g_api_key = NULL;
+    g_log = NULL;
+    g_log_json = false;
+    int n = 0;
+    const pln_route_info *rt = pln_server_routes(&n);
+    CHECK(n >= 15, "route table (%d routes)", n);
+    char auth[128];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
+    for (int i = 0; i < n; i++) {
+        const char *path = route_path(&rt[i]);
+        const char *body = !strcmp(rt[i].method, "POST") ? route_body(path) : NULL;
+        resp2 no = http2(AF_INET, "127.0.0.1", K.port, rt[i].method, path, NULL, body);
+        resp2 yes = http2(AF_INET, "127.0.0.1", K.port, rt[i].method, path, auth, body);
+        if (rt[i].auth) {
+            json_t *o = jparse(no.body);
+            bool oai = !strncmp(path, "/v1/", 4) || !strcmp(path, "/detokenize");
+            json_t *e = oai ? json_object_get(o, "error") : o;
+            const char *msg = e ? jstr(e, oai ? "message" : "error") : NULL;
+            CHECK(no.status == 401 && strstr(no.head, "WWW-Authenticate: Bearer") && msg && strstr(msg, "Authorization: Bearer") &&
+                      (oai ? !strcmp(jstr(e, "code") ? jstr(e, "code") : "", "invalid_api_key")
+                           : !strcmp(jstr(o, "error_type") ? jstr(o, "error_type") : "", "unauthorized")),
+                  "%s %s without the key -> 401 with WWW-Authenticate and a JSON error (%d %s)", rt[i].method, path, no.status, no.body);
+            json_decref(o);
+        } else {
+            CHECK(no.status == 200, "%s %s is open without the key (%d)", rt[i].method, path, no.status);
+        }
+        /* chat: no template on this instance, so a 400 that says so (not a 401) */
+        int want = !strcmp(path, "/v1/chat/completions") ? 400 : 200;
+        CHECK(yes.status == want, "%s %s with the key -> %d (%d %s)", rt[i].method, path, want, yes.status, yes.body);
+        resp2_free(&no);
+        resp2_free(&yes);
+    }
+    /* keys that are not the key, and spellings of the right one */
+    static const char *const wrong[] = {"Authorization: Bearer k3y-S3cret-valu\r\n", "Authorization: Bearer k3y-S3cret-valuee\r\n",
+                                        "Authorization: Bearer K3Y-S3CRET-VALUE\r\n", "Authorization: Basic k3y-S3cret-value\r\n",
+                                        "Authorization: k3y-S3cret-value\r\n", "Authorization: Bearer\r\n", "Authorization: Bearer \r\n",
+                                        "X-Api-Key: k3y-S3cret-value\r\n"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        resp2 r = http2(AF_INET, "127.0.0.1", K.port, "POST", "/generate", wrong[i], route_body("/generate"));
+        CHECK(r.status == 401, "wrong credentials %.40s -> 401 (%d)", wrong[i], r.status);
+        resp2_free(&r);
+    }
+    resp2 r = http2(AF_INET, "127.0.0.1", K.port, "POST", "/generate", "Authorization: bearer   k3y-S3cret-value  \r\n",
+                    route_body("/generate"));
+    CHECK(r.status == 200, "scheme in any case, spaces around the key -> 200 (%d)", r.status);
+    resp2_free(&r);
+    r = http2(AF_INET, "127.0.0.1", K.port, "GET", "/info", NULL, NULL);
+    CHECK(r.status == 200 && !strstr(r.body, key), "/info does not show the key");
+    resp2_free(&r);
+    /* the request log: one JSON object per line, the failed requests too, never the key */
+    r = http2(AF_INET, "127.0.0.1", K.port, "POST", "/generate", auth, "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":3}}");
+    char want_id[64] = "";
+    char *xid = strstr(r.head, "X-Request-Id: ");
+    if (xid) sscanf(xid + 14, "%63[^\r\n]", want_id);
+    CHECK(r.status == 200 && want_id[0], "X-Request-Id on the answer (%s)", want_id);
+    resp2_free(&r);
+    char idq[96];
+    snprintf(idq, sizeof idq, "\"id\":\"%s\"", want_id);
+    char *line = wait_log_line(log, idq, NULL, NULL);
+    json_t *o = line ? jparse(line) : NULL;
+    CHECK(o && !strcmp(jstr(o, "method"), "POST") && !strcmp(jstr(o, "path"), "/generate") && !strcmp(jstr(o, "route"), "generate") &&
+              json_integer_value(json_object_get(o, "status")) == 200 && !strcmp(jstr(o, "outcome"), "success") &&
+              json_integer_value(json_object_get(o, "tokens_in")) == 2 && json_integer_value(json_object_get(o, "tokens_out")) == 3 &&
+              json_is_number(json_object_get(o, "queue_ms")) && json_is_number(json_object_get(o, "inference_ms")) &&
+              json_is_number(json_object_get(o, "total_ms")) && jstr(o, "timestamp"),
+          "JSON request line of a generation: %s", line ? line : "(none)");
+    json_decref(o);
+    free(line);
+    line = wait_log_line(log, "\"status\":401", "\"route\":\"completions\"", NULL);
+    o = line ? jparse(line) : NULL;
+    CHECK(o && !strcmp(jstr(o, "outcome"), "unauthorized") && json_is_null(json_object_get(o, "queue_ms")) &&
+              json_integer_value(json_object_get(o, "tokens_out")) == 0,
+          "a refused request has its line too: %s", line ? line : "(none)");
+    json_decref(o);
+    free(line);
+    r = http2(AF_INET, "127.0.0.1", K.port, "GET", "/caf%C3%A9%ff", NULL, NULL);   /* not UTF-8 once decoded */
+    CHECK(r.status == 404, "a path that is not UTF-8 -> 404 (%d)", r.status);
+    resp2_free(&r);
+    line = wait_log_line(log, "\"path\":\"/caf\xc3\xa9\xef\xbf\xbd\"", "\"route\":\"not_found\"", NULL);
+    CHECK(line != NULL, "its line has the path as valid UTF-8 (U+FFFD for the bad byte)");
+    free(line);
+    fflush(log);
+    long end = ftell(log);
+    char *all = calloc(1, (size_t)end + 1);
+    CHECK(pread(fileno(log), all, (size_t)end, 0) == end, "read the log");
+    CHECK(!strstr(all, key) && !strstr(all, "S3cret"), "the key is in no log line");
+    int lines = 0, bad = 0;
+    for (char *p = all, *nl; p && *p; p = nl ? nl + 1 : NULL) {
+        nl = strchr(p, '\n');
+        if (nl) *nl = 0;
+        json_t *x = jparse(p);
+        lines++;
+        if (!json_is_object(x) || !jstr(x, "id") || !json_is_integer(json_object_get(x, "status"))) bad++;
+        json_decref(x);
+    }
+    CHECK(lines >= 2 * n && bad == 0, "every line is a JSON object (%d lines, %d not)", lines, bad);
+    free(all);
+    /* --host: a name the machine cannot resolve, and an empty one, are refused naming the value */
+    pln_sched_tok st = {.ctx = NULL, .encode = ft_encode, .decode = ft_decode, .is_special = ft_special};
+    pln_server_opts bad_host = {.host = "no-such-host.invalid", .port = 0, .lim = *lim};
+    pln_server *none = pln_server_start(&bad_host, K.sched, &st);
+    CHECK(!none && strstr(pln_error(), "--host no-such-host.invalid") && strstr(pln_error(), "cannot resolve"),
+          "unresolvable --host: %s", pln_error());
+    bad_host.host = "[]";
+    none = pln_server_start(&bad_host, K.sched, &st);
+    CHECK(!none && strstr(pln_error(), "--host []"), "empty --host: %s", pln_error());
+    inst_stop(&K);
+    fclose(log);
+
+    /* --log-requests off: nothing */
+    log = tmpfile();
+    g_log = log;
+    g_no_log = true;
+    inst Q;
+    inst_start(&Q, lim, 0, 0);
+    g_log = NULL;
+    g_no_log = false;
+    resp rr = http(Q.port, "POST", "/generate", "{\"inputs\":\"ab\",\"parameters\":{\"max_new_tokens\":2}}");
+    CHECK(rr.status == 200, "generate (log off)");
+    free(rr.body);
+    rr = http(Q.port, "GET", "/nope", NULL);
+    free(rr.body);
+    inst_stop(&Q);   /* every request has completed once the server is stopped */
+    fflush(log);
+    CHECK(ftell(log) == 0, "--log-requests off: no line (%ld bytes)", ftell(log));
+    fclose(log);
+}
+
+/* HEAD wherever GET; /docs, /openapi.json (every route documented, nothing documented that is not
+ * served), /version, /detokenize, token-id prompts. */
+static void test_routes_more(int port) {
+    int n = 0;
+    const pln_route_info *rt = pln_server_routes(&n);
+    for (int i = 0; i < n; i++) {
+        const char *path = route_path(&rt[i]);
+        if (!strcmp(rt[i].method, "GET")) {
+            resp2 g = http2(AF_INET, "127.0.0.1", port, "GET", path, NULL, NULL);
+            resp2 h = http2(AF_INET, "127.0.0.1", port, "HEAD", path, NULL, NULL);
+            char *ct_g = strstr(g.head, "Content-Type:"), *ct_h = strstr(h.head, "Content-Type:");
+            size_t lg = ct_g ? strcspn(ct_g, "\r\n") : 0, lh = ct_h ? strcspn(ct_h, "\r\n") : 0;
+            CHECK(g.status == 200 && h.status == g.status && h.body[0] == 0 && ct_g && ct_h && lg == lh && !strncmp(ct_g, ct_h, lg),
+                  "HEAD %s: the status and Content-Type of GET (%d vs %d), no body (%zu bytes)", path, h.status, g.status,
+                  strlen(h.body));
+            resp2_free(&g);
+            resp2_free(&h);
+        } else {
+            resp2 h = http2(AF_INET, "127.0.0.1", port, "HEAD", path, NULL, NULL);
+            CHECK(h.status == 405, "HEAD %s (a POST route) -> 405 (%d)", path, h.status);
+            resp2_free(&h);
+        }
+    }
+    /* /openapi.json: the file in docs/, verbatim; every route in it with its method and key */
+    resp r = http(port, "GET", "/openapi.json", NULL);
+    size_t flen = 0;
+    char *file = NULL;
+    FILE *f = fopen("docs/openapi.json", "rb");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        flen = (size_t)ftell(f);
+        rewind(f);
+        file = calloc(1, flen + 1);
+        if (fread(file, 1, flen, f) != flen) flen = 0;
+        fclose(f);
+    }
+    CHECK(r.status == 200 && file && !strcmp(r.body, file), "/openapi.json is docs/openapi.json verbatim");
+    free(file);
+    json_t *doc = jparse(r.body), *paths = json_object_get(doc, "paths");
+    CHECK(doc && !strncmp(jstr(doc, "openapi") ? jstr(doc, "openapi") : "", "3.", 2) && json_is_object(paths),
+          "/openapi.json is an OpenAPI 3 document");
+    for (int i = 0; i < n; i++) {
+        char m[8];
+        snprintf(m, sizeof m, "%s", rt[i].method);
+        for (char *p = m; *p; p++) *p = (char)(*p - 'A' + 'a');
+        json_t *op = json_object_get(json_object_get(paths, rt[i].path), m);
+        json_t *sec = json_object_get(op, "security");
+        CHECK(op && json_is_object(json_object_get(op, "responses")), "docs/openapi.json documents %s %s", rt[i].method, rt[i].path);
+        CHECK(op && json_is_array(sec) && (json_array_size(sec) > 0) == rt[i].auth, "docs/openapi.json: %s %s %s the API key",
+              rt[i].method, rt[i].path, rt[i].auth ? "needs" : "does not need");
+    }
+    const char *pk;
+    json_t *pv;
+    json_object_foreach(paths, pk, pv) {
+        bool served = false;
+        for (int i = 0; i < n; i++) served |= !strcmp(rt[i].path, pk);
+        CHECK(served, "docs/openapi.json documents %s, which the server answers", pk);
+    }
+    json_decref(doc);
+    free(r.body);
+    r = http(port, "GET", "/docs", NULL);
+    bool all = r.status == 200 && strstr(r.body, "<html") && strstr(r.body, "href=\"/openapi.json\"");
+    for (int i = 0; i < n; i++) all &= strstr(r.body, rt[i].path) != NULL;
+    CHECK(all, "/docs: a page naming every route and linking /openapi.json (%d)", r.status);
+    free(r.body);
+    r = http(port, "GET", "/version", NULL);
+    json_t *o = jparse(r.body);
+    CHECK(r.status == 200 && o && !strcmp(jstr(o, "version"), PLN_VERSION_STRING), "/version %s", r.body);
+    json_decref(o);
+    free(r.body);
+
+    /* /detokenize (vLLM's shape) */
+    static const struct { const char *body; int status; const char *want; } dt[] = {
+        {"{\"tokens\":[108,105,112,112,115]}", 200, "{\"prompt\":\"hello\"}"},
+        {"{\"tokens\":[1,101,2],\"model\":\"tgi\"}", 200, "{\"prompt\":\"<s>a</s>\"}"},
+        {"{\"tokens\":[]}", 200, "{\"prompt\":\"\"}"},
+        {"{\"tokens\":[101,260]}", 400, "`tokens[1]` is 260, outside the vocabulary (ids 0 to 259)"},
+        {"{\"tokens\":[-1]}", 400, "`tokens[0]` must be a token id"},
+        {"{\"tokens\":[101,1.5]}", 400, "`tokens[1]` must be a token id"},
+        {"{\"tokens\":\"ab\"}", 400, "`tokens` must be a list of token ids"},
+        {"{}", 400, "`tokens` must be a list of token ids"},
+        {"{\"tokens\":[101],\"model\":\"other\"}", 404, "does not exist"},
+        {"{\"tokens\":[101],\"prompt\":\"x\"}", 400, "Unrecognized request argument supplied: prompt"},
+    };
+    for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++) {
+        r = http(port, "POST", "/detokenize", dt[i].body);
+        CHECK(r.status == dt[i].status && strstr(r.body, dt[i].want) && (dt[i].status == 200 || strstr(r.body, "\"error\":{")),
+              "/detokenize %s -> %d %s", dt[i].body, r.status, r.body);
+        free(r.body);
+    }
+
+    /* /tokenize in vLLM's form ({"prompt"}); TGI's form ({"inputs"}) unchanged */
+    static const struct { const char *body; int status; const char *want; } tk[] = {
+        {"{\"prompt\":\"hey\"}", 200, "{\"count\":3,\"max_model_len\":200,\"tokens\":[108,105,125]}"},
+        {"{\"prompt\":\"hey\",\"add_special_tokens\":false,\"return_token_strs\":true,\"model\":\"tgi\"}", 200,
+         "{\"count\":3,\"max_model_len\":200,\"tokens\":[108,105,125],\"token_strs\":[\"h\",\"e\",\"y\"]}"},
+        {"{\"prompt\":\"\"}", 400, "`prompt` cannot be empty"},
+        {"{\"prompt\":3}", 400, "`prompt` must be a string"},
+        {"{\"prompt\":\"hey\",\"messages\":[]}", 400, "Unrecognized request argument supplied: messages"},
+        {"{\"prompt\":\"hey\",\"model\":\"other\"}", 404, "model_not_found"},
+        {"{\"inputs\":\"hey\"}", 200, "[{\"id\":108,\"text\":\"h\",\"start\":0,\"stop\":1},"},
+        {"{\"inputs\":\"hey\",\"prompt\":\"x\"}", 200, "[{\"id\":108,"},
+    };
+    for (size_t i = 0; i < sizeof tk / sizeof tk[0]; i++) {
+        r = http(port, "POST", "/tokenize", tk[i].body);
+        bool shape = tk[i].status == 200 || strstr(r.body, "{\"error\":{\"message\"");
+        CHECK(r.status == tk[i].status && shape && (tk[i].status == 200 ? !strncmp(r.body, tk[i].want, strlen(tk[i].want)) : strstr(r.body, tk[i].want) != NULL),
+              "/tokenize %s -> %d %s (%d %s)", tk[i].body, tk[i].status, tk[i].want, r.status, r.body);
+        free(r.body);
+    }
+
+    /* token ids as prompts: the same answer as the text whose ids they are ('a' = 101, 'b' = 102) */
+    static const struct { const char *ids, *text; } same[] = {
+        {"[101,102]", "\"ab\""},
+        {"[[101,102],[108,105,112,112,115]]", "[\"ab\",\"hello\"]"},
+        {"[[101,102],\"hello\"]", "[\"ab\",\"hello\"]"},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        char b1[256], b2[256];
+        snprintf(b1, sizeof b1, "{\"prompt\":%s,\"max_tokens\":4,\"temperature\":0,\"echo\":true}", same[i].ids);
+        snprintf(b2, sizeof b2, "{\"prompt\":%s,\"max_tokens\":4,\"temperature\":0,\"echo\":true}", same[i].text);
+        resp a = http(port, "POST", "/v1/completions", b1), b = http(port, "POST", "/v1/completions", b2);
+        json_t *oa = jparse(a.body), *ob = jparse(b.body);
+        json_t *ca = json_object_get(oa, "choices"), *cb = json_object_get(ob, "choices");
+        bool eq = a.status == 200 && b.status == 200 && json_array_size(ca) == json_array_size(cb) && json_array_size(ca) > 0;
+        for (size_t k = 0; eq && k < json_array_size(ca); k++)
+            eq = !strcmp(jstr(json_array_get(ca, k), "text"), jstr(json_array_get(cb, k), "text"));
+        eq = eq && json_integer_value(json_object_get(json_object_get(oa, "usage"), "prompt_tokens")) ==
+                       json_integer_value(json_object_get(json_object_get(ob, "usage"), "prompt_tokens"));
+        CHECK(eq && !strncmp(jstr(json_array_get(ca, 0), "text"), "ab", 2), "prompt %s answers as %s (echo included): %s", same[i].ids,
+              same[i].text, a.body);
+        json_decref(oa);
+        json_decref(ob);
+        free(a.body);
+        free(b.body);
+    }
+    static const struct { const char *prompt, *msg; } badp[] = {
+        {"[]", "`prompt` cannot be an empty list"},
+        {"[[]]", "`prompt[0]` cannot be empty"},
+        {"[[101],[]]", "`prompt[1]` cannot be empty"},
+        {"[101,999]", "`prompt[1]` is token id 999, outside the vocabulary (ids 0 to 259)"},
+        {"[[101],[102,5000]]", "`prompt[1][1]` is token id 5000, outside the vocabulary"},
+        {"[101,\"a\"]", "`prompt[1]` must be a token id"},
+        {"[-3]", "`prompt[0]` must be a token id"},
+        {"[[101,2147483648]]", "`prompt[0][1]` must be a token id"},
+        {"[7]", "`prompt[0]`"},   /* fits the vocabulary: answered (checked below) */
+        {"[{\"a\":1}]", "`prompt[0]` must be a string or a list of token ids"},
+        {"5", "`prompt` must be a string, a list of strings, a list of token ids or a list of lists of token ids"},
+    };
+    for (size_t i = 0; i < sizeof badp / sizeof badp[0]; i++) {
+        char b[256];
+        snprintf(b, sizeof b, "{\"prompt\":%s,\"max_tokens\":2}", badp[i].prompt);
+        r = http(port, "POST", "/v1/completions", b);
+        if (!strcmp(badp[i].prompt, "[7]")) {
+            CHECK(r.status == 200, "prompt [7] (a special-range id inside the vocabulary) -> 200 (%d %s)", r.status, r.body);
+        } else {
+            o = jparse(r.body);
+            json_t *e = json_object_get(o, "error");
+            CHECK(r.status == 400 && e && strstr(jstr(e, "message"), badp[i].msg) && !strcmp(jstr(e, "param"), "prompt"),
+                  "prompt %s -> 400 %s (%d %s)", badp[i].prompt, badp[i].msg, r.status, r.body);
+            json_decref(o);
+        }
+        free(r.body);
+    }
+}
+
+/* --host localhost, ::1 and [::1] (where the machine has an IPv6 loopback). */
+static bool have_ipv6_loopback(void) {
+    FILE *f = fopen("/proc/net/if_inet6", "r");
+    if (!f) return false;
+    char line[256];
+    bool lo = false;
+    while (fgets(line, sizeof line, f)) lo |= !strncmp(line, "00000000000000000000000000000001", 32);
+    fclose(f);
+    return lo;
+}
+
+static void test_hosts(const pln_serve_limits *lim) {
+    static const char *const hosts[] = {"localhost", "::1", "[::1]", "::"};
+    bool v6 = have_ipv6_loopback();
+    if (!v6) printf("SKIP: --host ::1, [::1] and :: (no IPv6 loopback in /proc/net/if_inet6)\n");
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) {
+        bool needs6 = strchr(hosts[i], ':') != NULL;
+        if (needs6 && !v6) continue;
+        g_host = hosts[i];
+        g_no_log = true;
+        inst H;
+        inst_start(&H, lim, 0, 0);
+        g_host = "127.0.0.1";
+        g_no_log = false;
+        resp2 r = needs6 ? http2(AF_INET6, "::1", H.port, "GET", "/health", NULL, NULL)
+                         : http2(AF_INET, "127.0.0.1", H.port, "GET", "/health", NULL, NULL);
+        CHECK(r.status == 200, "--host %s: /health over %s (%d)", hosts[i], needs6 ? "::1" : "127.0.0.1", r.status);
+        resp2_free(&r);
+        if (!strcmp(hosts[i], "::")) {   /* every interface: IPv4 too, where the system maps it (Linux's default) */
+            r = http2(AF_INET, "127.0.0.1", H.port, "GET", "/health", NULL, NULL);
+            CHECK(r.status == 200, "--host ::: /health over 127.0.0.1 too (%d)", r.status);
+            resp2_free(&r);
+        }
+        inst_stop(&H);
+    }
+}
+
 int main(void) {
     test_begin("test_server");
     signal(SIGPIPE, SIG_IGN);
@@ -688,7 +1126,10 @@ int main(void) {
     lim.max_batch_tokens = 16;
     lim.default_max_new_tokens = 10;
     inst A;
+    FILE *log_a = tmpfile();   /* its request lines, in the default text form */
+    g_log = log_a;
     inst_start(&A, &lim, 2000, 0);
+    g_log = NULL;
     int port = A.port;
     CHECK(port > 0, "bound port %d", port);
 
@@ -716,6 +1157,9 @@ int main(void) {
     test_chat(&lim);
     test_chat_jinja(&lim);
     test_never_admitted(&lim);
+    test_routes_more(port);
+    test_api_key_and_log(&lim);
+    test_hosts(&lim);
 
     /* ---- validation over the wire: status, error shape, message ---- */
     static const struct { const char *path, *body; int status; const char *msg; } bad[] = {
@@ -990,6 +1434,26 @@ int main(void) {
           strlen(dr.text));
     free(dr.text);
     inst_stop(&A);
+    {
+        /* every request above has its line: the answered, the refused, the cancelled */
+        static const char *const want_lines[][3] = {
+            {"method=POST path=/generate route=generate status=200 outcome=success tokens_in=2 tokens_out=5 queue_ms=", NULL, NULL},
+            {"route=generate status=422 outcome=validation_error tokens_in=0 tokens_out=0 queue_ms=- inference_ms=-", NULL, NULL},
+            {"method=GET path=/nope route=not_found status=404", NULL, NULL},
+            {"method=GET path=/generate route=generate status=405", NULL, NULL},
+            {"route=generate status=413", NULL, NULL},
+            {"route=generate status=429 outcome=overloaded", NULL, NULL},
+            {"route=generate status=503 outcome=unavailable", NULL, NULL},
+            {"route=generate_stream status=200 outcome=cancelled", NULL, NULL},
+            {"path=/v1/completions route=completions status=200 outcome=success tokens_in=7 tokens_out=6", NULL, NULL},
+        };
+        for (size_t i = 0; i < sizeof want_lines / sizeof want_lines[0]; i++) {
+            char *line = wait_log_line(log_a, want_lines[i][0], "pollen serve: request id=", "total_ms=");
+            CHECK(line != NULL, "text request line with %s", want_lines[i][0]);
+            free(line);
+        }
+        fclose(log_a);
+    }
 
     /* ---- fault injection: step 6 fails ---- */
     inst B;

@@ -217,20 +217,23 @@ int cmd_serve(int argc, char **argv) {
     pln_chat_template chat_tpl;
     memset(&chat_tpl, 0, sizeof chat_tpl);
     bool show_placement = false, no_mmap = false, no_launch = false;
+    const char *log_requests = "on", *log_format = "text";
     int tp_given = 0;
     /* One line per option; every one also reads POLLEN_<NAME> (argv wins over it, it over the
      * default). Aliases are TGI's and vLLM's names for the same setting (docs/SERVING.md). */
     pln_opt opts[] = {
         PLN_O_POS("SET", eo.shard_dir, "the shard set"),
         PLN_O_STR("model", 'm', eo.shard_dir, "SET", "the shard set (instead of the positional SET)"),
-        PLN_O_STR("host", 0, so.host, "ADDR", "address to bind (default {}; 0.0.0.0 for every interface)", .aliases = "hostname"),
+        PLN_O_STR("host", 0, so.host, "ADDR",
+                  "address or host name to listen on (default {}; 0.0.0.0 or :: for every interface; ::1 or "
+                  "[::1]; a name such as localhost: every address it resolves to)", .aliases = "hostname"),
         PLN_O_INT("port", 0, so.port, 0, 65535, "N", "TCP port (default {}; 0 = any free port, see --port-file)"),
         PLN_O_STR("port-file", 0, port_file, "PATH", "write the bound port there once listening"),
         PLN_O_STR("model-id", 0, so.model_id, "NAME",
                   "name in /info, /v1/models (default: the shard directory's name); as in TGI, a shard set "
                   "directory (one holding manifest.json) given here with no SET is the set to serve"),
         PLN_O_INT("tensor-parallel-size", 0, tp_given, 1, 4096, "N",
-                  "checked against the set's TP (the set decides it; start N ranks with mpirun -np N)", .aliases = "num-shard"),
+                  "checked against the set's TP (the set decides it, and pollen starts its ranks)", .aliases = "num-shard"),
         PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
         PLN_O_STR("kv-dtype", 0, eo.kv_dtype, "f32|f16", "KV-cache dtype (default f32 on cpu, f16 on cuda; f16 on cpu halves KV memory)"),
         PLN_CLI_INT_DOT_OPTS(eo),
@@ -282,6 +285,13 @@ int cmd_serve(int argc, char **argv) {
         PLN_O_INT("fail-at-step", 0, eo.fail_at_step, 0, INT32_MAX, "N", "test only: step N's forward fails", .flags = PLN_OPT_HIDDEN),
         PLN_O_INT("step-delay-ms", 0, g_step_delay_ms, 0, 10000, "MS", "test only: sleep before each step", .flags = PLN_OPT_HIDDEN),
         PLN_O_FLAG("no-block-sharing", 0, eo.no_block_sharing, "test only: no KV block sharing", .flags = PLN_OPT_HIDDEN),
+        PLN_O_STR("api-key", 0, so.api_key, "KEY",
+                  "generation, tokenizer and /v1 routes need \"Authorization: Bearer KEY\", else 401 (/health, /info, "
+                  "/metrics, /version, /docs, /openapi.json stay open); POLLEN_API_KEY sets it without showing it in ps"),
+        PLN_O_ENUM("log-requests", 0, log_requests, "on|off",
+                   "a line per request on stderr: route, status, tokens, queue/inference/total time, request id (default {})"),
+        PLN_O_ENUM("log-format", 0, log_format, "text|json",
+                   "request lines as key=value text or one JSON object per line (default {})"),
         PLN_O_FLAG("no-launch", 0, no_launch, "run as one process even when SET is TP > 1 (by default pollen starts the set's N ranks itself under mpirun; under mpirun/srun it never does)"),
         PLN_O_END,
     };
@@ -315,6 +325,10 @@ int cmd_serve(int argc, char **argv) {
         if (set) pln_shardset_close(set);
     }
     pln_opt_free(&cmd);
+    so.no_request_log = !strcmp(log_requests, "off");
+    so.log_json = !strcmp(log_format, "json");
+    if (so.api_key && !so.api_key[0])
+        pln_die("--api-key (or POLLEN_API_KEY) is empty: give the key clients must send, or leave it out for no key");
     pln_map_set_no_mmap(no_mmap);
     /* Options are parsed and MPI has not started: the place to start the ranks a set needs. */
     int launched = pln_launch_self("serve", eo.shard_dir, argc, argv, no_launch, eo.quiet);
@@ -431,9 +445,11 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_unlock(&sc.mu);
     pln_engine_info info;
     pln_engine_get_info(eng, &info);
-    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s:%d  [%d slots, %lld KV blocks of %d, %s%s] pid %d\n",
-            so.model_id, info.tp, info.dtype, info.backend, so.host, pln_server_port(srv), info.max_seqs,
+    bool v6 = strchr(so.host, ':') && so.host[0] != '[';   /* an IPv6 address goes in brackets in a URL */
+    fprintf(stderr, "pollen serve: %s (tp %d, %s, %s) on http://%s%s%s:%d  [%d slots, %lld KV blocks of %d, %s%s] pid %d\n",
+            so.model_id, info.tp, info.dtype, info.backend, v6 ? "[" : "", so.host, v6 ? "]" : "", pln_server_port(srv), info.max_seqs,
             (long long)info.kv_blocks_total, info.block_size, info.kv_dtype, info.int_dot ? ", int-dot" : "", (int)getpid());
+    if (so.api_key) fprintf(stderr, "pollen serve: an API key is required (Authorization: Bearer) on the generation, tokenizer and /v1 routes\n");
     if (jinja) fprintf(stderr, "pollen serve: chat template: %s\n", pln_chat_source(jinja));
     if (info.load_bytes_per_s > 0)
         fprintf(stderr, "pollen serve: weights: %.2f GB per rank streamed to the device at %.2f GB/s (start-up %.1f s)\n",

@@ -19,8 +19,14 @@
 
 static void check_request(const pln_gen_request *r, const pln_serve_limits *lim) {
     if (r->n_prompts < 1 || r->n_prompts > lim->max_prompts) __builtin_trap();
-    for (int32_t i = 0; i < r->n_prompts; i++)
-        if (!r->prompts[i] || !r->prompts[i][0]) __builtin_trap();
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        if (r->prompt_ids && r->prompt_ids[i]) {   /* token ids: at least one, none negative, no text yet */
+            if (r->prompts[i] || r->n_prompt_ids[i] < 1) __builtin_trap();
+            for (int32_t k = 0; k < r->n_prompt_ids[i]; k++) if (r->prompt_ids[i][k] < 0) __builtin_trap();
+        } else if (!r->prompts[i] || !r->prompts[i][0]) {
+            __builtin_trap();
+        }
+    }
     if (r->max_new_tokens < 1 || r->max_new_tokens > lim->max_total_tokens) __builtin_trap();
     const pln_sample_params *p = &r->sample;
     if (!(p->temperature > 0) || !isfinite(p->temperature)) __builtin_trap();
@@ -144,6 +150,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(text);
     } else {
         check_error(&err, PLN_API_TGI);
+    }
+    pln_tokenize_request tr;
+    if (pln_req_parse_tokenize_any(body, size, &lim, &tr, &err) == 0) {
+        if (!tr.text || !tr.text[0]) __builtin_trap();
+        pln_tokenize_request_free(&tr);
+    } else {
+        check_error(&err, tr.vllm ? PLN_API_OPENAI : PLN_API_TGI);
+    }
+    int32_t *ids = NULL, n_ids = 0;
+    char *model = NULL;
+    if (pln_req_parse_detokenize(body, size, &lim, &ids, &n_ids, &model, &err) == 0) {
+        if (!ids || n_ids < 0 || n_ids > lim.max_total_tokens) __builtin_trap();
+        for (int32_t i = 0; i < n_ids; i++) if (ids[i] < 0) __builtin_trap();
+        free(ids);
+        free(model);
+    } else {
+        check_error(&err, PLN_API_OPENAI);
+        if (ids || model) __builtin_trap();
     }
     /* UTF-8: the sanitized copy is valid (complete to its end) and never shorter in characters */
     size_t n = 0;
