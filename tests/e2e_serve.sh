@@ -148,8 +148,8 @@ check "--api-key: /tokenize without it -> 401" test "$(hcode -X POST "http://127
 check "--api-key: /tokenize with it -> 200" test "$(hcode -H "$AUTH" -X POST "http://127.0.0.1:$PORT/tokenize" -d '{"inputs":"Hello"}')" = 200
 check "SIGTERM: exits 0 (--api-key)" stop_server
 check "--log-requests off: no request line" bash -c "! grep -q 'request id=' '$TMP/k2.log'"
-check_fails "--log-format yaml: refused" 'pollen: --log-format yaml: use text or json' "$POLLEN" serve "$S1" --log-format yaml --port 0
-check_fails "--log-requests maybe: refused" 'pollen: --log-requests maybe: use on or off' "$POLLEN" serve "$S1" --log-requests maybe --port 0
+check_fails "--log-format yaml: refused" 'pollen: --log-format "yaml": expected text or json' "$POLLEN" serve "$S1" --log-format yaml --port 0
+check_fails "--log-requests maybe: refused" 'pollen: --log-requests "maybe": expected on or off' "$POLLEN" serve "$S1" --log-requests maybe --port 0
 check_fails "empty POLLEN_API_KEY: refused" 'POLLEN_API_KEY\) is empty' env POLLEN_API_KEY= "$POLLEN" serve "$S1" --port 0
 check_fails "--host that does not resolve: refused naming it" 'serve: --host no-such-host.invalid: cannot resolve it' "$POLLEN" serve "$S1" --host no-such-host.invalid --port 0
 if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; then
