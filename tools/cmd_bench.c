@@ -55,7 +55,7 @@ int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
-    bool json = false;
+    bool json = false, copy_only = false;
     const char *mbu_mode = "steps";
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
@@ -85,11 +85,13 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--device")) eo.device = (int)pln_cli_int(a, ARG(), 0, PLN_CLI_MAX_DEVICE);
         else if (!strcmp(a, "--gpus-per-node")) eo.gpus_per_node = (int)pln_cli_int(a, ARG(), 1, PLN_CLI_MAX_DEVICE + 1);
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--copy-only")) copy_only = true;
         else if (!strcmp(a, "--no-mmap")) pln_map_set_no_mmap(true);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (rank == 0)
                 pln_cli_help(stdout,
                        "usage: [mpirun -np N] pollen bench SET [options]\n"
+                       "       pollen bench --copy-only [--threads N] [--stream-mib N] [--json]\n"
                        "  --prompt-len N          prefill: one prompt of N random tokens (default 512)\n"
                        "  --batch B,B,...         decode batch sizes, each measured in turn (default 1,8,32)\n"
                        "  --context N             tokens of context of every decode sequence (default 32)\n"
@@ -98,6 +100,7 @@ int cmd_bench(int argc, char **argv) {
                        "  --stream-mib N          MiB of the STREAM copy that measures the memory ceiling (default 512)\n"
                        "  --mbu steps|start|off   when that copy runs (default steps; see below)\n"
                        "  --json                  print the results as one JSON object\n"
+                       "  --copy-only             measure the STREAM copy alone (no SET): GB/s with --threads\n"
                        "  --backend cpu|cuda      (default cpu)\n"
                        "  --device D              CUDA device of every rank (default: picked from the node-local rank)\n"
                        "  --gpus-per-node N       CUDA device = node-local rank %% N (default: the node-local rank)\n"
@@ -111,7 +114,9 @@ int cmd_bench(int argc, char **argv) {
                        "  64 MiB; under mpirun the copy at start-up). --mbu start: the copy at start-up only, the\n"
                        "  steps back to back (the copies between steps evict the caches: a model that fits in the\n"
                        "  last-level cache then reads from memory). --mbu off: no copy, no MBU. A GPU's ceiling is\n"
-                       "  measured by tools/bench/gpu.sh instead.\n");
+                       "  measured by tools/bench/gpu.sh instead. The host CPU (vendor, family/model/stepping,\n"
+                       "  the SIMD tier the CPU kernels dispatch to) is printed on stderr, and with --json as\n"
+                       "  cpu_* fields.\n");
             pln_comm_free(comm);
             return 0;
         }
@@ -120,6 +125,33 @@ int cmd_bench(int argc, char **argv) {
 #undef ARG
     }
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
+    pln_cpu_host host;
+    pln_cpu_host_describe(&host);
+    if (rank == 0 && !json)
+        fprintf(stderr, "cpu: %s (%s, family %d model %d stepping %d); CPU kernels: %s\n", host.name, host.vendor,
+                host.family, host.model, host.stepping, host.isa);
+    if (copy_only) {
+        if (dir || pln_comm_size(comm) > 1) {
+            if (rank == 0) fprintf(stderr, "pollen bench: --copy-only takes no SET and runs on one rank (got %s)\n", dir ? dir : "mpirun");
+            pln_comm_free(comm);
+            return 2;
+        }
+        threads = pln_cli_threads(threads, 1);
+        double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20);
+        if (json) {
+            json_t *o = json_pack("{s:f, s:i, s:I, s:s, s:s, s:i, s:i, s:i, s:s}", "stream_copy_gbs", gbs, "threads", threads,
+                                  "stream_mib", (json_int_t)stream_mib, "cpu_name", host.name, "cpu_vendor", host.vendor,
+                                  "cpu_family", host.family, "cpu_model", host.model, "cpu_stepping", host.stepping, "cpu_isa", host.isa);
+            char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+            puts(js);
+            free(js);
+            json_decref(o);
+        }
+        else
+            printf("STREAM copy: %.1f GB/s (%d threads, %lld MiB arrays, read + write bytes)\n", gbs, threads, (long long)stream_mib);
+        pln_comm_free(comm);
+        return 0;
+    }
     if (!dir) { if (rank == 0) fprintf(stderr, "usage: pollen bench SET [options] (--help)\n"); pln_comm_free(comm); return 2; }
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
@@ -270,6 +302,12 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "prefill_tokens", json_integer(prompt_len));
         json_object_set_new(root, "prefill_tokens_per_s", json_real(prompt_len / best_pf));
         json_object_set_new(root, "context", json_integer(context));
+        json_object_set_new(root, "cpu_name", json_string(host.name));
+        json_object_set_new(root, "cpu_vendor", json_string(host.vendor));
+        json_object_set_new(root, "cpu_family", json_integer(host.family));
+        json_object_set_new(root, "cpu_model", json_integer(host.model));
+        json_object_set_new(root, "cpu_stepping", json_integer(host.stepping));
+        json_object_set_new(root, "cpu_isa", json_string(host.isa));
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(s);
         free(s);
