@@ -111,9 +111,14 @@ done
 
 if [ "$AVX2" = 1 ]; then
   export PLN_CPU_ISA=avx2
+  command -v objdump >/dev/null || { echo "cpu-vs-llamacpp.sh: --avx2 checks llama.cpp's binaries with objdump: apt-get install binutils" >&2; exit 1; }
+  ZMM_CHECK=""
   for t in llama-bench llama-batched-bench; do
-    z=$(objdump -d --no-show-raw-insn "$BIN/$t" | grep -c '%zmm' || true)
+    # instructions, those on ymm (AVX/AVX2) and those on zmm (AVX-512) registers
+    read -r n y z < <(objdump -d --no-show-raw-insn "$BIN/$t" | awk '/^ +[0-9a-f]+:\t/ { n++ } /%ymm/ { y++ } /%zmm/ { z++ } END { print n + 0, y + 0, z + 0 }')
+    [ "$n" -gt 0 ] || { echo "cpu-vs-llamacpp.sh: --avx2: objdump could not disassemble $BIN/$t" >&2; exit 1; }
     [ "$z" = 0 ] || { echo "cpu-vs-llamacpp.sh: --avx2: $BIN/$t has $z instructions on zmm registers (AVX-512); rebuild with --build --avx2" >&2; exit 1; }
+    ZMM_CHECK+=" $t: $y ymm, $z zmm of $n instructions;"
   done
 fi
 
@@ -214,7 +219,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) pri
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(default)}"
 machine_report "$THREADS" "$POLLEN"
 if [ "$AVX2" = 1 ]; then
-  echo "# --avx2: pollen PLN_CPU_ISA=avx2; llama.cpp $LLAMA_BUILD (no zmm instruction in its binaries)"
+  echo "# --avx2: pollen PLN_CPU_ISA=avx2 (cpu_isa checked in each run); llama.cpp $LLAMA_BUILD (objdump -d:${ZMM_CHECK%;})"
 else
   echo "# SIMD: pollen's best tier ($("$POLLEN" bench --copy-only --stream-mib 8 --json 2>/dev/null | grep -o '"cpu_isa":"[a-z0-9]*"' | cut -d'"' -f4)); llama.cpp -DGGML_NATIVE=ON"
 fi

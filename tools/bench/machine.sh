@@ -8,7 +8,8 @@
 #                                     online CPUs and the threads the benchmark uses, memory, the
 #                                     load average, and (with POLLEN, a built pollen) the STREAM
 #                                     copy bandwidth on one thread and on all online CPUs
-#                                     (`pollen bench --copy-only`, the ceiling of pollen bench's MBU)
+#                                     (`pollen bench --copy-only`, the ceiling of pollen bench's MBU;
+#                                     arrays of MACHINE_STREAM_MIB MiB, default 512)
 #   machine_load_after                "# load average after: ..."
 #
 # A table is worth keeping only beside a low load average; the copy bandwidth says what the memory
@@ -73,11 +74,12 @@ machine_report() {
   echo "# flags:${have:- none of avx2 fma f16c avx512f avx512_vnni avx512_bf16 avx_vnni amx}; $cpus online CPUs, $threads threads used; $mem memory; kernel $(uname -r)"
   echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$pollen" ] && [ -x "$pollen" ]; then
-    local one all
-    one=$("$pollen" bench --copy-only --threads 1 --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2)
-    all=$("$pollen" bench --copy-only --threads "$cpus" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2)
-    printf '# STREAM copy (pollen bench --copy-only, 512 MiB arrays, read + write bytes): %.1f GB/s on 1 thread, %.1f GB/s on %s threads\n' \
-      "${one:-0}" "${all:-0}" "$cpus"
+    local one all mib=${MACHINE_STREAM_MIB:-512}
+    one=$("$pollen" bench --copy-only --threads 1 --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2)
+    all=$("$pollen" bench --copy-only --threads "$cpus" --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2)
+    printf '# STREAM copy (pollen bench --copy-only, %s MiB arrays, read + write bytes): %s GB/s on 1 thread, %s GB/s on %s threads\n' \
+      "$mib" "$(awk -v g="$one" 'BEGIN { if (g == "") print "?"; else printf "%.1f", g }')" \
+      "$(awk -v g="$all" 'BEGIN { if (g == "") print "?"; else printf "%.1f", g }')" "$cpus"
   fi
 }
 
