@@ -21,7 +21,7 @@
 #             -DGGML_NATIVE=ON, CPU only; about 5 min on 2 idle cores) and a Python venv for the
 #             converter (Debian's python3-torch + transformers from PyPI), all under $LLAMA_DIR
 #             (default build/llamacpp). Without --build those must already be there.
-# Then: `pollen synth` writes a random bloom-560m (--layers K keeps K layers), llama.cpp's own
+# Then: `pollen synth` writes the random --model (--layers K keeps K layers), llama.cpp's own
 # converter turns it into F16 GGUF (torch's float8 dtype names, missing from torch 1.13, are
 # stubbed; the synthetic tokenizer's unknown fingerprint is declared BLOOM's pre-tokenizer),
 # llama-quantize makes Q8_0, Q8_0 with an F16 embedding, Q4_0 and Q4_K_M (both with an F16
@@ -105,7 +105,7 @@ if [ "$DO_BUILD" = 1 ]; then
   echo "built llama.cpp (vendored by llama-cpp-python $LLAMA_CPP_PYTHON_VERSION) in $LLAMA_DIR"
 fi
 for t in llama-bench llama-batched-bench llama-quantize; do
-  [ -x "$BIN/$t" ] || { echo "cpu-vs-llamacpp.sh: $BIN/$t missing: run with --build first (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
+  [ -x "$BIN/$t" ] || { echo "cpu-vs-llamacpp.sh: $BIN/$t missing: run with --build$([ "$AVX2" = 0 ] || echo " --avx2") first (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
 done
 [ -x "$PY" ] || { echo "cpu-vs-llamacpp.sh: $PY missing: run with --build first" >&2; exit 1; }
 
