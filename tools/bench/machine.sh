@@ -75,8 +75,8 @@ machine_report() {
   echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$pollen" ] && [ -x "$pollen" ]; then
     local one all mib=${MACHINE_STREAM_MIB:-512}
-    one=$("$pollen" bench --copy-only --threads 1 --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2)
-    all=$("$pollen" bench --copy-only --threads "$cpus" --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2)
+    one=$("$pollen" bench --copy-only --threads 1 --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2 || true)
+    all=$("$pollen" bench --copy-only --threads "$cpus" --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2 || true)
     printf '# STREAM copy (pollen bench --copy-only, %s MiB arrays, read + write bytes): %s GB/s on 1 thread, %s GB/s on %s threads\n' \
       "$mib" "$(awk -v g="$one" 'BEGIN { if (g == "") print "?"; else printf "%.1f", g }')" \
       "$(awk -v g="$all" 'BEGIN { if (g == "") print "?"; else printf "%.1f", g }')" "$cpus"
