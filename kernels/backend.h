@@ -236,6 +236,17 @@ double pln_cpu_copy_gbs(size_t bytes);
 /* One measurement of that copy on arrays the caller holds (n doubles each, already touched): best
  * of `passes` passes, GB/s. For a ceiling measured right beside each timed step. */
 double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes);
+/* The host CPU as a benchmark reports it beside its figures: CPUID's vendor and brand strings,
+ * family / model / stepping in decimal as /proc/cpuinfo shows them (the extended fields folded
+ * in), and the instruction set the CPU backend dispatches to (PLN_CPU_ISA may lower it). Where
+ * the CPU does not say (not x86): "unknown" and -1. This function can't fail. */
+typedef struct {
+    char vendor[16];        /* "GenuineIntel", "AuthenticAMD", ... */
+    char name[64];          /* "AMD EPYC 9454 48-Core Processor", spaces trimmed */
+    int family, model, stepping;
+    const char *isa;        /* "avx512", "avx2", "c" (static string) */
+} pln_cpu_host;
+void pln_cpu_host_describe(pln_cpu_host *out);
 #ifdef PLN_HAVE_CUDA
 pln_backend *pln_backend_cuda_create(int device);
 #endif

@@ -128,6 +128,22 @@ check "bench --mbu off: decode figures, no copy and no MBU" grep -q '"tokens_per
 check "bench at TP 1 says its MBU is per step" grep -q '"mbu_mode":"steps"' <<<"$out1"
 outs=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1,2 --steps 2 --context 4 --stream-mib 8 --mbu start --json 2>/dev/null)
 check "bench --mbu start: MBU against the start-up copy" mbu_ordered "$outs"
+# The host CPU beside the figures: non-empty vendor and name, family/model/stepping, and the SIMD
+# tier the CPU kernels run (PLN_CPU_ISA lowers it), in --json and on stderr in text mode.
+cpu_fields() { # every cpu_* field present, strings non-empty, numbers integers
+  grep -q '"cpu_name":"[^"]\{1,\}"' <<<"$1" && grep -q '"cpu_vendor":"[^"]\{1,\}"' <<<"$1" &&
+    grep -q '"cpu_family":-\{0,1\}[0-9]\{1,\}' <<<"$1" && grep -q '"cpu_model":-\{0,1\}[0-9]\{1,\}' <<<"$1" &&
+    grep -q '"cpu_stepping":-\{0,1\}[0-9]\{1,\}' <<<"$1" && grep -Eq '"cpu_isa":"(ref|c|avx2|avx512)"' <<<"$1"
+}
+check "bench --json names the CPU and its SIMD tier" cpu_fields "$out0"
+check_fails "the CPU field check can fail" "" cpu_fields "$(sed 's/"cpu_vendor":"[^"]*"/"cpu_vendor":""/' <<<"$out0")"
+check_fails "the CPU field check can fail on a missing field" "" cpu_fields "${out0//cpu_isa/cpu_simd}"
+err=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1 --steps 1 --context 4 --mbu off 2>&1 >/dev/null)
+check "bench prints the CPU line on stderr" grep -Eq '^cpu: [^ ].* \([^ ,]+, family -?[0-9]+ model -?[0-9]+ stepping -?[0-9]+\); CPU kernels: (ref|c|avx2|avx512)$' <<<"$err"
+outc=$(PLN_CPU_ISA=c "$POLLEN" bench --copy-only --threads 1 --stream-mib 8 --json 2>/dev/null)
+check "bench --copy-only: a positive copy bandwidth on the threads asked for" grep -Eq '^\{"stream_copy_gbs":[0-9.e+]*[1-9][0-9.e+]*,"threads":1,"stream_mib":8,' <<<"$outc"
+check "bench --copy-only names the CPU; PLN_CPU_ISA=c lowers the tier it reports" bash -c 'grep -q "\"cpu_isa\":\"c\"" <<<"$1"' _ "$outc"
+check_fails "bench --copy-only takes no set" "copy-only takes no SET" "$POLLEN" bench "$TMP/bloom-4h-tp1" --copy-only
 check_fails "bench --mbu with an unknown mode is refused, naming it" 'mbu.*"sometimes".*steps, start or off' "$POLLEN" bench "$TMP/bloom-4h-tp1" --mbu sometimes
 check_fails "missing set" "manifest.json" "$POLLEN" generate "$TMP/nonexistent" --prompt hi
 # Option values are checked whole and against their range; the message names the option and value.

@@ -19,7 +19,7 @@ for c in $cmds; do
   cb=$(awk '/^  --backend /{print index($0, "(default")}' <<<"$out")
   [ -n "$ci" ] && [ -n "$cb" ] && check "$c --help: --int-dot aligned with --backend ($ci = $cb)" test "$ci" = "$cb"
 done
-for f in --prompt-len --batch --context --steps --stream-mib --mbu --json --kv-dtype; do
+for f in --prompt-len --batch --context --steps --stream-mib --mbu --json --copy-only --kv-dtype; do
   check "bench --help documents $f" bash -c "'$POLLEN' bench --help | grep -Eq -- '^  (-[a-z], )?$f [^ ]* *[a-zA-Z(]'"
 done
 check "generate --help: --temperature defaults to greedy" bash -c "'$POLLEN' generate --help | grep -q -- '--temperature .*default: greedy'"

@@ -55,14 +55,14 @@ int cmd_bench(int argc, char **argv) {
     const char *dir = NULL, *batches = "1,8,32";
     int64_t prompt_len = 512, context = 32, steps = 16, stream_mib = 512;
     int threads = 0;
-    bool json = false, no_mmap = false, no_launch = false;
+    bool json = false, no_mmap = false, no_launch = false, copy_only = false;
     const char *mbu_mode = "steps";
     pln_engine_opts eo;
     pln_engine_opts_default(&eo);
     eo.populate = true;
     eo.no_block_sharing = true;   /* repeated prompts must be computed, not found in the prefix cache */
     pln_opt opts[] = {
-        PLN_O_POS("SET", dir, "the shard set", .flags = PLN_OPT_REQUIRED),
+        PLN_O_POS("SET", dir, "the shard set (required, except with --copy-only)"),
         PLN_O_STR("model", 'm', dir, "SET", "the shard set (instead of the positional SET)"),
         PLN_O_INT("prompt-len", 'p', prompt_len, 1, 1 << 20, "N", "prefill: one prompt of N random tokens (default {})"),
         PLN_O_STR("batch", 'b', batches, "B,B,...", "decode batch sizes, each measured in turn (default {})"),
@@ -72,6 +72,7 @@ int cmd_bench(int argc, char **argv) {
         PLN_O_INT("stream-mib", 0, stream_mib, 8, 1 << 16, "N", "MiB of the STREAM copy that measures the memory ceiling (default {})"),
         PLN_O_ENUM("mbu", 0, mbu_mode, "steps|start|off", "when that copy runs (default {}; see below)"),
         PLN_O_FLAG("json", 0, json, "print the results as one JSON object"),
+        PLN_O_FLAG("copy-only", 0, copy_only, "measure the STREAM copy alone (no SET): GB/s with --threads"),
         PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
         PLN_O_INT("device", 0, eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
         PLN_O_INT("gpus-per-node", 0, eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
@@ -83,16 +84,46 @@ int cmd_bench(int argc, char **argv) {
         PLN_O_END,
     };
     pln_opt_cmd cmd = {
-        .cmd = "bench", .synopsis = "pollen bench SET [options]", .opts = opts, .rank = pln_opt_env_rank(),
+        .cmd = "bench", .synopsis = "pollen bench SET [options]\n       pollen bench --copy-only [--threads N] [--stream-mib N] [--json]", .opts = opts, .rank = pln_opt_env_rank(),
         .epilog = "\nprefill: one prompt of --prompt-len random tokens; decode: each batch size B runs B sequences of\n"
                   "--context tokens for --steps steps. MBU (CPU backend) uses a STREAM copy measured here. --mbu steps\n"
                   "(default): at TP 1 the median over the steps of each step's bandwidth over a copy measured just\n"
                   "before it (arrays of --stream-mib/4, at least 64 MiB; under mpirun the copy at start-up).\n"
                   "--mbu start: the copy at start-up only, the steps back to back (the copies between steps evict\n"
                   "the caches: a model that fits in the last-level cache then reads from memory). --mbu off: no\n"
-                  "copy, no MBU. A GPU's ceiling is measured by tools/bench/gpu.sh instead.\n",
+                  "copy, no MBU. A GPU's ceiling is measured by tools/bench/gpu.sh instead. The host CPU (vendor,\n"
+                  "family/model/stepping, the SIMD tier the CPU kernels dispatch to) is printed on stderr, and with\n"
+                  "--json as cpu_* fields.\n",
     };
     pln_opt_parse_or_exit(&cmd, argc, argv);
+    pln_cpu_host host;
+    pln_cpu_host_describe(&host);
+    if (copy_only) {
+        const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
+        if (dir || (ws && strcmp(ws, "1"))) {
+            int rc = pln_opt_usage_error(&cmd, "--copy-only takes no SET and runs on one rank (got %s)", dir ? dir : "mpirun");
+            pln_opt_free(&cmd);
+            return rc;
+        }
+        pln_opt_free(&cmd);
+        threads = pln_cli_threads(threads, 1);
+        double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20);
+        if (json) {
+            json_t *o = json_pack("{s:f, s:i, s:I, s:s, s:s, s:i, s:i, s:i, s:s}", "stream_copy_gbs", gbs, "threads", threads,
+                                  "stream_mib", (json_int_t)stream_mib, "cpu_name", host.name, "cpu_vendor", host.vendor,
+                                  "cpu_family", host.family, "cpu_model", host.model, "cpu_stepping", host.stepping, "cpu_isa", host.isa);
+            char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+            puts(js);
+            free(js);
+            json_decref(o);
+        } else {
+            fprintf(stderr, "cpu: %s (%s, family %d model %d stepping %d); CPU kernels: %s\n", host.name, host.vendor,
+                    host.family, host.model, host.stepping, host.isa);
+            printf("STREAM copy: %.1f GB/s (%d threads, %lld MiB arrays, read + write bytes)\n", gbs, threads, (long long)stream_mib);
+        }
+        return 0;
+    }
+    if (!dir) { int rc = pln_opt_usage_error(&cmd, "missing SET"); pln_opt_free(&cmd); return rc; }
     pln_opt_free(&cmd);
     pln_map_set_no_mmap(no_mmap);
     int launched = pln_launch_self("bench", dir, argc, argv, no_launch, json);
@@ -100,6 +131,9 @@ int cmd_bench(int argc, char **argv) {
     pln_comm *comm = pln_comm_init(&argc, &argv);
     int rank = pln_comm_rank(comm);
     pln_map_fault_hint("--no-mmap reads the rank file into memory instead of mapping it");
+    if (rank == 0 && !json)
+        fprintf(stderr, "cpu: %s (%s, family %d model %d stepping %d); CPU kernels: %s\n", host.name, host.vendor,
+                host.family, host.model, host.stepping, host.isa);
     int nb = 0;
     int64_t *bs = parse_list(batches, &nb), maxb = 1;
     for (int i = 0; i < nb; i++) if (bs[i] > maxb) maxb = bs[i];
@@ -249,6 +283,12 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "prefill_tokens", json_integer(prompt_len));
         json_object_set_new(root, "prefill_tokens_per_s", json_real(prompt_len / best_pf));
         json_object_set_new(root, "context", json_integer(context));
+        json_object_set_new(root, "cpu_name", json_string(host.name));
+        json_object_set_new(root, "cpu_vendor", json_string(host.vendor));
+        json_object_set_new(root, "cpu_family", json_integer(host.family));
+        json_object_set_new(root, "cpu_model", json_integer(host.model));
+        json_object_set_new(root, "cpu_stepping", json_integer(host.stepping));
+        json_object_set_new(root, "cpu_isa", json_string(host.isa));
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(s);
         free(s);

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -367,6 +368,47 @@ double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes) {
     volatile double sink = c[n / 2];
     (void)sink;
     return 2.0 * (double)n * sizeof(double) / best / 1e9;
+}
+
+void pln_cpu_host_describe(pln_cpu_host *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->vendor, sizeof out->vendor, "unknown");
+    snprintf(out->name, sizeof out->name, "unknown");
+    out->family = out->model = out->stepping = -1;
+    out->isa = pln_cpu_isa_name(pln_cpu_isa_best());
+#ifdef PLN_CPU_X86
+    unsigned r[4], max;
+    if (!__get_cpuid(0, &max, &r[1], &r[2], &r[3])) return;
+    /* leaf 0: the vendor string in ebx, edx, ecx */
+    memcpy(out->vendor, &r[1], 4);
+    memcpy(out->vendor + 4, &r[3], 4);
+    memcpy(out->vendor + 8, &r[2], 4);
+    out->vendor[12] = '\0';
+    if (max >= 1 && __get_cpuid(1, &r[0], &r[1], &r[2], &r[3])) {
+        /* the displayed family adds the extended family only at 15, the model the extended
+         * model only at family 6 or 15 (Intel SDM vol. 2A, CPUID; AMD APM vol. 3) */
+        unsigned fam = (r[0] >> 8) & 0xf, mod = (r[0] >> 4) & 0xf;
+        if (fam == 0xf) fam += (r[0] >> 20) & 0xff;
+        if (fam == 0x6 || fam >= 0xf) mod += ((r[0] >> 16) & 0xf) << 4;
+        out->family = (int)fam;
+        out->model = (int)mod;
+        out->stepping = (int)(r[0] & 0xf);
+    }
+    unsigned emax = __get_cpuid_max(0x80000000u, NULL);
+    if (emax >= 0x80000004u) {
+        char brand[49];
+        for (unsigned l = 0; l < 3; l++) {
+            __get_cpuid(0x80000002u + l, &r[0], &r[1], &r[2], &r[3]);
+            memcpy(brand + 16 * l, r, 16);
+        }
+        brand[48] = '\0';
+        const char *b = brand;
+        while (*b == ' ') b++;
+        size_t n = strlen(b);
+        while (n > 0 && b[n - 1] == ' ') n--;
+        if (n > 0) snprintf(out->name, sizeof out->name, "%.*s", (int)n, b);
+    }
+#endif
 }
 
 double pln_cpu_copy_gbs(size_t bytes) {

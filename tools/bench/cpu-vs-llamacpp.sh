@@ -2,15 +2,26 @@
 # cpu-vs-llamacpp.sh — pollen against llama.cpp on the CPU, side by side (docs/BENCHMARKS.md "CPU
 # against llama.cpp"). Optional: no test needs it.
 #
-#   tools/bench/cpu-vs-llamacpp.sh [--build] [--threads N] [--reps R] [--layers K] [--model NAME]
+#   tools/bench/cpu-vs-llamacpp.sh [--build] [--avx2] [--threads N] [--reps R] [--layers K] [--model NAME]
 #
+# --model     the `pollen synth` model, on both sides: bloom-560m (default) or llama-3.2-1b (any
+#             model synth knows; the Llama family goes through the converter's LlamaModel, BLOOM's
+#             through BloomModel). Both sides keep the tied embedding as the checkpoint has it (no
+#             lm_head in pollen's set, no output.weight in the GGUF); the script checks that, and
+#             the layer count and vocabulary, before it times anything.
+# --avx2      no AVX-512 on either side: pollen's CPU kernels forced to their AVX2 tier
+#             (PLN_CPU_ISA=avx2; each run's cpu_isa is checked) and llama.cpp from a second build
+#             in $LLAMA_DIR/build-avx2 (-DGGML_NATIVE=OFF, AVX/AVX2/FMA/F16C/BMI2 on, every AVX-512
+#             and AMX option off; AVX-VNNI on where the CPU has it, as pollen's AVX2 tier uses it
+#             there); `objdump -d` must find no zmm register in its binaries. With --build, builds
+#             that second tree (the same three targets).
 # --build     fetches the llama-cpp-python sdist from PyPI (it vendors llama.cpp with its
 #             convert_hf_to_gguf.py; version $LLAMA_CPP_PYTHON_VERSION, default 0.3.36 = llama.cpp
 #             0c1e570), builds llama-bench, llama-batched-bench and llama-quantize (Release,
 #             -DGGML_NATIVE=ON, CPU only; about 5 min on 2 idle cores) and a Python venv for the
 #             converter (Debian's python3-torch + transformers from PyPI), all under $LLAMA_DIR
 #             (default build/llamacpp). Without --build those must already be there.
-# Then: `pollen synth` writes a random bloom-560m (--layers K keeps K layers), llama.cpp's own
+# Then: `pollen synth` writes the random --model (--layers K keeps K layers), llama.cpp's own
 # converter turns it into F16 GGUF (torch's float8 dtype names, missing from torch 1.13, are
 # stubbed; the synthetic tokenizer's unknown fingerprint is declared BLOOM's pre-tokenizer),
 # llama-quantize makes Q8_0, Q8_0 with an F16 embedding, Q4_0 and Q4_K_M (both with an F16
@@ -24,7 +35,10 @@
 # Each cell keeps the best of the R runs (the least disturbed); the ratio is pollen's throughput
 # over llama.cpp's, so > 1 means pollen is faster. Rows whose pollen dtype reshard refuses (int4
 # before it exists) print SKIP. The load average is printed before and after: figures from a
-# busy machine are not worth keeping. Scratch: $BENCH_DIR (default build/bench-llamacpp).
+# busy machine are not worth keeping. Above the table, the machine (tools/bench/machine.sh): CPU
+# model, vendor, family/model/stepping and microarchitecture, the SIMD flags, online CPUs and
+# threads used, memory, and the STREAM copy bandwidth on 1 thread and all CPUs (`pollen bench
+# --copy-only`). Scratch: $BENCH_DIR (default build/bench-llamacpp).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -32,11 +46,12 @@ POLLEN=$BUILD/pollen
 LLAMA_DIR=${LLAMA_DIR:-$BUILD/llamacpp}
 LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 DIR=${BENCH_DIR:-$BUILD/bench-llamacpp}
-THREADS=2; REPS=3; LAYERS=""; MODEL=bloom-560m; DO_BUILD=0
+THREADS=2; REPS=3; LAYERS=""; MODEL=bloom-560m; DO_BUILD=0; AVX2=0
 PROMPT_LEN=${PROMPT_LEN:-512}; CONTEXT=${CONTEXT:-32}; STEPS=${STEPS:-16}
 while [ $# -gt 0 ]; do
   case $1 in
     --build) DO_BUILD=1 ;;
+    --avx2) AVX2=1 ;;
     --threads) THREADS=$2; shift ;;
     --reps) REPS=$2; shift ;;
     --layers) LAYERS=$2; shift ;;
@@ -48,9 +63,24 @@ while [ $# -gt 0 ]; do
 done
 for v in "$THREADS" "$REPS"; do [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --threads/--reps want a positive integer, got '$v'" >&2; exit 2; }; done
 [ -z "$LAYERS" ] || [[ $LAYERS =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --layers wants a positive integer, got '$LAYERS'" >&2; exit 2; }
+[[ $MODEL =~ ^[a-z0-9.-]+$ ]] || { echo "cpu-vs-llamacpp.sh: --model wants a pollen synth model name (bloom-560m, llama-3.2-1b, ...), got '$MODEL'" >&2; exit 2; }
 [ -x "$POLLEN" ] || { echo "cpu-vs-llamacpp.sh: $POLLEN not built (make build/pollen)" >&2; exit 1; }
+# shellcheck source=tools/bench/machine.sh
+source tools/bench/machine.sh
 SRC_DIR=$LLAMA_DIR/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp
-BIN=$LLAMA_DIR/build/bin
+# --avx2: a second build without AVX-512 (ggml's x86 options: no -march=native, each extension
+# named; AVX-VNNI only where the CPU has it, as pollen's AVX2 tier uses it there too)
+if [ "$AVX2" = 1 ]; then
+  LLAMA_BUILD=$LLAMA_DIR/build-avx2
+  ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+    -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  if grep -qw avx_vnni /proc/cpuinfo; then ISA_FLAGS+=(-DGGML_AVX_VNNI=ON); else ISA_FLAGS+=(-DGGML_AVX_VNNI=OFF); fi
+else
+  LLAMA_BUILD=$LLAMA_DIR/build
+  ISA_FLAGS=(-DGGML_NATIVE=ON)
+fi
+BIN=$LLAMA_BUILD/bin
 PY=$LLAMA_DIR/venv/bin/python
 
 if [ "$DO_BUILD" = 1 ]; then
@@ -60,13 +90,13 @@ if [ "$DO_BUILD" = 1 ]; then
     python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$LLAMA_DIR"
   fi
   [ -d "$SRC_DIR" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
-  nice cmake -S "$SRC_DIR" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  nice cmake -S "$SRC_DIR" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$LLAMA_DIR/cmake.log" 2>&1 \
-    || { echo "cpu-vs-llamacpp.sh: cmake configure failed; see $LLAMA_DIR/cmake.log" >&2; exit 1; }
-  nice cmake --build "$LLAMA_DIR/build" --config Release -j "$(getconf _NPROCESSORS_ONLN)" \
-    --target llama-bench llama-batched-bench llama-quantize >"$LLAMA_DIR/build.log" 2>&1 \
-    || { echo "cpu-vs-llamacpp.sh: building llama.cpp failed; see $LLAMA_DIR/build.log" >&2; exit 1; }
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$LLAMA_BUILD.cmake.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: cmake configure failed; see $LLAMA_BUILD.cmake.log" >&2; exit 1; }
+  nice cmake --build "$LLAMA_BUILD" --config Release -j "$(getconf _NPROCESSORS_ONLN)" \
+    --target llama-bench llama-batched-bench llama-quantize >"$LLAMA_BUILD.build.log" 2>&1 \
+    || { echo "cpu-vs-llamacpp.sh: building llama.cpp failed; see $LLAMA_BUILD.build.log" >&2; exit 1; }
   if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "cpu-vs-llamacpp.sh: llama.cpp's converter needs torch: apt-get install python3-torch" >&2; exit 1
   fi
@@ -75,9 +105,22 @@ if [ "$DO_BUILD" = 1 ]; then
   echo "built llama.cpp (vendored by llama-cpp-python $LLAMA_CPP_PYTHON_VERSION) in $LLAMA_DIR"
 fi
 for t in llama-bench llama-batched-bench llama-quantize; do
-  [ -x "$BIN/$t" ] || { echo "cpu-vs-llamacpp.sh: $BIN/$t missing: run with --build first (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
+  [ -x "$BIN/$t" ] || { echo "cpu-vs-llamacpp.sh: $BIN/$t missing: run with --build$([ "$AVX2" = 0 ] || echo " --avx2") first (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
 done
 [ -x "$PY" ] || { echo "cpu-vs-llamacpp.sh: $PY missing: run with --build first" >&2; exit 1; }
+
+if [ "$AVX2" = 1 ]; then
+  export PLN_CPU_ISA=avx2
+  command -v objdump >/dev/null || { echo "cpu-vs-llamacpp.sh: --avx2 checks llama.cpp's binaries with objdump: apt-get install binutils" >&2; exit 1; }
+  ZMM_CHECK=""
+  for t in llama-bench llama-batched-bench; do
+    # instructions, those on ymm (AVX/AVX2) and those on zmm (AVX-512) registers
+    read -r n y z < <(objdump -d --no-show-raw-insn "$BIN/$t" | awk '/^ +[0-9a-f]+:\t/ { n++ } /%ymm/ { y++ } /%zmm/ { z++ } END { print n + 0, y + 0, z + 0 }')
+    [ "$n" -gt 0 ] || { echo "cpu-vs-llamacpp.sh: --avx2: objdump could not disassemble $BIN/$t" >&2; exit 1; }
+    [ "$z" = 0 ] || { echo "cpu-vs-llamacpp.sh: --avx2: $BIN/$t has $z instructions on zmm registers (AVX-512); rebuild with --build --avx2" >&2; exit 1; }
+    ZMM_CHECK+=" $t: $y ymm, $z zmm of $n instructions;"
+  done
+fi
 
 # ---- the model, on both sides ------------------------------------------------------------------
 mkdir -p "$DIR"
@@ -91,6 +134,8 @@ if [ ! -f "$f16" ]; then
   PYTHONPATH="$SRC_DIR:$SRC_DIR/gguf-py" "$PY" - "$src" --outtype f16 --outfile "$f16" <<'EOF' >"$DIR/convert.log" 2>&1 \
     || { echo "cpu-vs-llamacpp.sh: llama.cpp's converter failed; see $DIR/convert.log" >&2; tail -n 5 "$DIR/convert.log" >&2; exit 1; }
 import runpy, sys, torch
+# (for a Llama-family model the converter first looks for tokenizer.model and a byte-fallback
+# tokenizer.json; pollen synth writes a byte-level BPE one, so it reaches the same fingerprint.)
 for name in ("float8_e4m3fn", "float8_e5m2"):
     if not hasattr(torch, name):
         setattr(torch, name, torch.uint8)
@@ -132,6 +177,38 @@ PAIRS=(
 )
 # ONLY=REGEX keeps the pairs whose label matches (grep -E)
 
+# set_of OPTS: pollen's TP 1 set of the checkpoint for those reshard options (made once); on a
+# refusal prints reshard's message on stderr and fails
+set_of() {
+  local d=$DIR/$tag-$(tr ' ' '_' <<<"$1" | tr -d '-') err
+  # shellcheck disable=SC2086
+  if [ ! -d "$d" ] && ! err=$("$POLLEN" reshard "$src" -o "$d" --tp 1 $1 --quiet 2>&1); then
+    echo "$err" >&2; return 1
+  fi
+  echo "$d"
+}
+# The same model on both sides: layers, vocabulary rows and whether the output matrix is the tied
+# embedding (pollen's set has no lm_head tensor; the GGUF no output.weight) must agree, or the
+# tokens/s below would be for different shapes.
+ref_set=$(set_of "--dtype fp16") || { echo "cpu-vs-llamacpp.sh: pollen reshard --dtype fp16 of $src failed" >&2; exit 1; }
+p_shape=$("$POLLEN" inspect "$ref_set" | awk '
+  / n_layer [0-9]+/ { for (i = 1; i < NF; i++) if ($i == "n_layer") { l = $(i + 1); sub(/,/, "", l) } }
+  / vocab_padded [0-9]+/ { for (i = 1; i < NF; i++) if ($i == "vocab_padded") v = $(i + 1) }
+  $2 ~ /(^|\.)lm_head\.weight$/ { lm = 1 }
+  END { print l + 0, v + 0, lm ? "untied" : "tied" }')
+g_shape=$(PYTHONPATH="$SRC_DIR/gguf-py" "$PY" - "$f16" <<'EOF2'
+import sys
+from gguf import GGUFReader
+t = {x.name: [int(d) for d in x.shape] for x in GGUFReader(sys.argv[1]).tensors}
+layers = len({n.split(".")[1] for n in t if n.startswith("blk.")})
+print(layers, t["token_embd.weight"][1], "untied" if "output.weight" in t else "tied")
+EOF2
+) || { echo "cpu-vs-llamacpp.sh: could not read the tensors of $f16 with gguf-py" >&2; exit 1; }
+if [ "$p_shape" != "$g_shape" ]; then
+  echo "cpu-vs-llamacpp.sh: not the same model on both sides: pollen's set has (layers, vocab, output) = ($p_shape), llama.cpp's GGUF ($g_shape); remove $DIR/$tag* and rerun" >&2
+  exit 1
+fi
+
 # ---- runs ----------------------------------------------------------------------------------------
 num() { grep -o "\"$1\": *[-0-9.eE+]*" | head -n 1 | sed 's/.*: *//'; }
 best() { awk 'BEGIN { b = "" } $1 != "" && (b == "" || $1 > b) { b = $1 } END { print b }'; }
@@ -139,9 +216,14 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) pri
 # Both tools run with their OpenMP defaults (ggml's CPU backend is built with OpenMP too): a
 # forced OMP_WAIT_POLICY=passive, as this script once set, put every thread to sleep at each of
 # the ~150 barriers of a decode step and cost pollen about a quarter of its batch-1 speed.
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg); OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(default)}"
-echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights); $THREADS threads each; best of $REPS interleaved runs; f16 KV both"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(default)}"
+machine_report "$THREADS" "$POLLEN"
+if [ "$AVX2" = 1 ]; then
+  echo "# --avx2: pollen PLN_CPU_ISA=avx2 (cpu_isa checked in each run); llama.cpp $LLAMA_BUILD (objdump -d:${ZMM_CHECK%;})"
+else
+  echo "# SIMD: pollen's best tier ($("$POLLEN" bench --copy-only --stream-mib 8 --json 2>/dev/null | grep -o '"cpu_isa":"[a-z0-9]*"' | cut -d'"' -f4)); llama.cpp -DGGML_NATIVE=ON"
+fi
+echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights; both sides: $(awk '{ print $1 " layers, vocab " $2 ", " $3 " output" }' <<<"$p_shape")); $THREADS threads each; best of $REPS interleaved runs; f16 KV both"
 echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS --mbu off"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
 echo
@@ -150,10 +232,8 @@ echo "| --- | --- | --- | --- | --- | --- | --- |"
 for pair in "${PAIRS[@]}"; do
   IFS='|' read -r label popts gguf bopts <<<"$pair"
   [ -z "${ONLY:-}" ] || grep -qE "$ONLY" <<<"$label" || continue
-  set_dir=$DIR/$tag-$(tr ' ' '_' <<<"$popts" | tr -d '-')
-  # shellcheck disable=SC2086
-  if [ ! -d "$set_dir" ] && ! err=$("$POLLEN" reshard "$src" -o "$set_dir" --tp 1 $popts --quiet 2>&1); then
-    echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <<<"$err" | cut -c1-120) | | | | | |"
+  if ! set_dir=$(set_of "$popts" 2>"$DIR/reshard.err"); then
+    echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <"$DIR/reshard.err" | cut -c1-120) | | | | | |"
     continue
   fi
   : >"$DIR/p.txt"; : >"$DIR/l.txt"
@@ -162,6 +242,10 @@ for pair in "${PAIRS[@]}"; do
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch 1,8,32 --context "$CONTEXT" --steps "$STEPS" \
       --kv-dtype f16 --threads "$THREADS" --mbu off $bopts --json 2>/dev/null >"$DIR/pollen.json"
     pre=$(num prefill_tokens_per_s <"$DIR/pollen.json")
+    isa=$(grep -o '"cpu_isa":"[a-z0-9]*"' "$DIR/pollen.json" | cut -d'"' -f4)
+    if [ "$AVX2" = 1 ] && [ "$isa" != avx2 ]; then
+      echo "cpu-vs-llamacpp.sh: --avx2: pollen bench ran its ${isa:-unknown} kernels, not avx2" >&2; exit 1
+    fi
     dec=$(grep -o '"batch":[0-9]*,[^}]*"tokens_per_s":[0-9.e+]*' "$DIR/pollen.json" | sed 's/"batch":\([0-9]*\),.*"tokens_per_s":/\1 /')
     echo "$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")" >>"$DIR/p.txt"
     "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
@@ -181,4 +265,4 @@ for pair in "${PAIRS[@]}"; do
     "${P[0]:-0}" "${P[1]:-0}" "${P[2]:-0}" "${P[3]:-0}" "${L[0]:-0}" "${L[1]:-0}" "${L[2]:-0}" "${L[3]:-0}"
 done
 echo
-echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine_load_after

@@ -5,7 +5,9 @@
 # an int8 embedding, int4 g128 and g32), and runs `pollen bench` on each:
 # prefill tokens/s for a 512-token prompt, decode ms/token at batch 1, 8 and 32, and MBU against a
 # STREAM copy measured by the same process: the median over the steps of each step's bandwidth
-# over a copy measured just before it (this VM's bandwidth moves within seconds). Scratch goes to $BENCH_DIR (default build/bench-cpu).
+# over a copy measured just before it (this VM's bandwidth moves within seconds). Above the results,
+# the machine (tools/bench/machine.sh: CPU, flags, cores, memory, load, copy bandwidth); the load
+# average after them at the end. Scratch goes to $BENCH_DIR (default build/bench-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -20,7 +22,10 @@ PROMPT_LEN=${PROMPT_LEN:-512}
 # precisions: fp16, int8 per row, int8 groups of 32 with an int8 embedding, int4 groups of 128 / 32
 VARIANTS=${VARIANTS:-fp16 int8 int8-g32-emb8 int4-g128 int4-g32}
 mkdir -p "$DIR"
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GB"
+# shellcheck source=tools/bench/machine.sh
+source tools/bench/machine.sh
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine_report "${OMP_NUM_THREADS:-$(getconf _NPROCESSORS_ONLN)}" "$POLLEN"
 for spec in "bloom-560m $LAYERS_560M" "bloom-1b7 $LAYERS_1B7"; do
   set -- $spec; model=$1; layers=$2
   src=$DIR/$model-L$layers
@@ -39,3 +44,4 @@ for spec in "bloom-560m $LAYERS_560M" "bloom-1b7 $LAYERS_1B7"; do
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch "$BATCHES" --context "$CONTEXT" --steps "$STEPS"
   done
 done
+machine_load_after

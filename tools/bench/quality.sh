@@ -16,7 +16,8 @@
 #     so this is stricter than top-1 agreement), and how many continuations are identical.
 # Rows whose dtype `pollen reshard` refuses (int4 before it exists) print SKIP with the reason.
 # Quality does not depend on timing, so any machine gives the same numbers for the same build;
-# decode speed is `pollen bench`'s job (tools/bench/cpu.sh). Scratch: $BENCH_DIR.
+# decode speed is `pollen bench`'s job (tools/bench/cpu.sh). The machine is printed above the table
+# all the same (tools/bench/machine.sh). Scratch: $BENCH_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -74,7 +75,10 @@ numel_awk='{ s = $0; sub(/^[^[]*\[/, "", s); sub(/\].*/, "", s); n = split(s, d,
 
 FP16=""
 LIN_NUMEL=0; ALL_NUMEL=0
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+# shellcheck source=tools/bench/machine.sh
+source tools/bench/machine.sh
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine_report "$OMP_NUM_THREADS" "$POLLEN"
 echo "# model $MODEL; text $TEXT; pollen perplexity --ctx $CTX --stride $STRIDE; greedy: ${#PROMPTS[@]} prompts x $N_NEW tokens"
 echo
 echo "| set | bytes/weight (linear) | bytes/weight (all) | perplexity | KL vs fp16 (mean ± se) | KL p99 | KL max | top-1 agreement | greedy = fp16 (tokens) | identical continuations |"
@@ -115,3 +119,4 @@ for v in "${VARIANTS[@]}"; do
 done
 echo
 echo "tokens scored: $(json_num "$FP16.ppl.json" scored) of $(json_num "$FP16.ppl.json" tokens); uniform perplexity would be $(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | grep -o '[0-9]*$')"
+machine_load_after

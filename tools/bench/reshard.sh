@@ -6,8 +6,9 @@
 # the page cache, so a second floor writes with dd oflag=direct too (floorD, ratioD); whichever
 # write is faster on the day is the stricter reference. Warm cache (source in the page
 # cache) and cold cache (source evicted first with dd iflag=nocache). Also the peak RSS of a
-# reshard of a ~6 GB bf16 checkpoint (synth bloom-3b). Prints one table; figures go to
-# docs/BENCHMARKS.md with this command line.
+# reshard of a ~6 GB bf16 checkpoint (synth bloom-3b). Prints one table, the machine above it
+# (tools/bench/machine.sh: CPU, flags, cores, memory, load, copy bandwidth) and the load average
+# after it; figures go to docs/BENCHMARKS.md with this command line.
 #
 #   tools/bench/reshard.sh                      # bloom-1b7 fp16 source, TP 2, then the 6 GB RSS run
 #   MODEL=bloom-3b TP=4 RSS_RUN=0 tools/bench/reshard.sh
@@ -59,7 +60,10 @@ run_reshard() {
   rm -rf "$out"
 }
 
-echo "# pollen reshard benchmark — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GB", $2/1e6}' /proc/meminfo) RAM, $(uname -r)"
+# shellcheck source=tools/bench/machine.sh
+source tools/bench/machine.sh
+echo "# pollen reshard benchmark — $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine_report "$(getconf _NPROCESSORS_ONLN)" "$POLLEN"
 echo "# source: pollen synth --model $MODEL (fp16), TP $TP"
 t0=$(now); "$POLLEN" synth --model "$MODEL" -o "$DIR/src" --quiet; t1=$(now)
 SRC=$DIR/src
@@ -117,3 +121,4 @@ if [ "$RSS_RUN" = 1 ]; then
   done
   rm -rf "$base/out" "$SRC"
 fi
+machine_load_after

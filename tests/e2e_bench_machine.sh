@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# e2e_bench_machine.sh — tools/bench/machine.sh, the machine line every benchmark table starts
+# with: the microarchitecture table on known and unknown CPUs, and on this machine the CPU, the
+# flags, the CPU count, memory, load and a positive STREAM copy from `pollen bench --copy-only`.
+source "$(dirname "$0")/e2e.sh"
+# shellcheck source=tools/bench/machine.sh
+source tools/bench/machine.sh
+uarch_is() { [ "$(machine_uarch "$1" "$2" "$3" "$4")" = "$5" ]; }
+check "AMD family 25 model 17 is Zen 4 Genoa" uarch_is AuthenticAMD 25 17 1 'Zen 4 "Genoa"'
+check "AMD family 25 model 1 is Zen 3 Milan" uarch_is AuthenticAMD 25 1 1 'Zen 3 "Milan"'
+check "AMD family 26 model 2 is Zen 5 Turin" uarch_is AuthenticAMD 26 2 1 'Zen 5 "Turin"'
+check "AMD family 26 model 17 is Zen 5c Turin Dense" uarch_is AuthenticAMD 26 17 0 'Zen 5c "Turin Dense"'
+check "Intel 6/143 is Sapphire Rapids" uarch_is GenuineIntel 6 143 8 "Sapphire Rapids"
+check "Intel 6/85 stepping 7 is Cascade Lake" uarch_is GenuineIntel 6 85 7 "Cascade Lake"
+check "Intel 6/85 stepping 4 is Skylake-SP" uarch_is GenuineIntel 6 85 4 "Skylake-SP"
+check "an unknown model names nothing" uarch_is GenuineIntel 6 9999 0 ""
+check "an unknown vendor names nothing" uarch_is HygonGenuine 24 1 0 ""
+check_fails "the table check can fail" "" uarch_is AuthenticAMD 25 17 1 'Zen 5 "Turin"'
+out=$(MACHINE_STREAM_MIB=8 machine_report 3 "$POLLEN"; machine_load_after)
+echo "$out"
+check "the CPU line: model name, vendor, family/model/stepping in decimal" \
+  grep -Eq '^# machine: .+; [^ ]+ family [0-9?]+ model [0-9?]+ stepping [0-9?]+' <<<"$out"
+check "the CPU line names this machine's vendor" grep -q "; $(machine_cpuinfo vendor_id) family" <<<"$out"
+check "online CPUs and threads used" grep -Eq "^# flags:.*; $(getconf _NPROCESSORS_ONLN) online CPUs, 3 threads used; [0-9.]+ GiB memory" <<<"$out"
+if grep -qw avx2 /proc/cpuinfo; then check "the avx2 flag is listed" grep -Eq '^# flags:.* avx2( |;)' <<<"$out"; fi
+check "load average before and after" bash -c 'grep -Eq "^# load average before: [0-9.]+ [0-9.]+ [0-9.]+$" <<<"$1" && grep -Eq "^# load average after: [0-9.]+" <<<"$1"' _ "$out"
+check "a positive copy bandwidth on 1 thread and on all CPUs" \
+  grep -Eq "^# STREAM copy \(pollen bench --copy-only, 8 MiB arrays, read \+ write bytes\): ([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9]) GB/s on 1 thread, ([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9]) GB/s on $(getconf _NPROCESSORS_ONLN) threads$" <<<"$out"
+out=$(machine_report 1 "$TMP/no-pollen")
+check "without a pollen binary: no copy line, the rest still printed" bash -c '! grep -q "STREAM copy" <<<"$1" && grep -q "^# machine: " <<<"$1"' _ "$out"
+e2e_done
