@@ -291,6 +291,64 @@ static void test_linear(void) {
     test_linear_case(9, 4096, 1, true, 128, true, false);
 }
 
+/* SwiGLU in the gate|up projection's epilogue (linear.c SWIGLU_NOTE): on every tier, weight kind,
+ * path (GEMV, tiles, the batched float path, the integer-dot path, the batch-invariant mode) and
+ * row count (I not a multiple of the 16-, 32- or 48-row units), bit for bit what linear without an
+ * epilogue then swiglu give, and within fp32 rounding of silu(g) * u in double. */
+static void test_linear_swiglu_case(int64_t I, int64_t cols, int T, int kind, int64_t group, bool bias_on) {
+    test_weight tw = make_weight(2 * I, cols, kind, group);
+    float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * I) * 4);
+    float *h = malloc((size_t)(T * 2 * I) * 4), *ref = malloc((size_t)(T * I) * 4);
+    uint16_t *bias = bias_on ? rnd_f16((size_t)(2 * I), -0.5f, 0.5f) : NULL;
+    static const char *kn[] = {"F16", "I8", "", "", "I4"};
+    for (int mode = 0; mode < 3; mode++) {   /* float path, integer-dot path, batch-invariant */
+        if (mode == 1 && kind == 0) continue;
+        pln_cpu_set_int_dot(g_be, mode == 1);
+        pln_cpu_set_batch_invariant(g_be, mode == 2);
+        FOR_EACH_ISA(isa) {
+            memset(o, 0xff, (size_t)(T * I) * 4);
+            CHECK(g_be->linear(g_be, h, x, &tw.W, bias, T, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
+            CHECK(g_be->swiglu(g_be, ref, h, T, I) == 0, "swiglu: %s", pln_error());
+            CHECK(g_be->linear(g_be, o, x, &tw.W, bias, T, PLN_EPI_SWIGLU) == 0, "linear swiglu: %s", pln_error());
+            int bad = 0, far = 0;
+            for (int t = 0; t < T; t++)
+                for (int64_t i = 0; i < I; i++) {
+                    float got = o[t * I + i];
+                    bad += memcmp(&got, &ref[t * I + i], 4) != 0;
+                    double g = h[t * 2 * I + i], u = h[t * 2 * I + I + i], want = g / (1 + exp(-g)) * u;
+                    far += !(fabs(got - want) <= 8 * FLT_EPSILON * fabs(want) + 1e-30);
+                }
+            CHECK(bad == 0 && far == 0, "linear swiglu [%s] %s%s I=%lld K=%lld T=%d bias=%d mode=%d: %d differ from "
+                  "linear then swiglu, %d from silu(g) * u", g_isa, kn[kind], group ? "/group" : "", (long long)I,
+                  (long long)cols, T, bias_on, mode, bad, far);
+        }
+    }
+    pln_cpu_set_int_dot(g_be, false);
+    pln_cpu_set_batch_invariant(g_be, false);
+    free(tw.w); free(tw.scale); free(x); free(o); free(h); free(ref); free(bias);
+}
+
+static void test_linear_swiglu(void) {
+    static const int Ts[] = {1, 2, 3, 5, 9, 40, 70};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        int T = Ts[ti];
+        bool b = ti % 2;
+        test_linear_swiglu_case(37, 128, T, 0, 0, b);        /* fp16 */
+        test_linear_swiglu_case(64, 256, T, 1, 0, !b);      /* int8 per row */
+        test_linear_swiglu_case(37, 256, T, 1, 32, b);      /* int8 grouped */
+        test_linear_swiglu_case(53, 256, T, WQ_I4, 64, b);  /* int4 */
+    }
+    test_linear_swiglu_case(1, 64, 3, 0, 0, true);          /* one pair */
+    test_linear_swiglu_case(100, 512, 1, WQ_I4, 128, false);
+    /* the wrong shapes are refused */
+    test_weight tw = make_weight(3, 64, 0, 0);
+    float x[64] = {0}, o[8];
+    CHECK(g_be->linear(g_be, o, x, &tw.W, NULL, 1, PLN_EPI_SWIGLU) == -1 && strstr(pln_error(), "even"),
+          "SwiGLU on 3 rows: want an error naming the even row count, got \"%s\"", pln_error());
+    CHECK(g_be->linear_swiglu, "the cpu backend reports the SwiGLU epilogue");
+    free(tw.w); free(tw.scale);
+}
+
 /* The integer-dot path (off by default): on int8 weights at T >= 2 and int4 ones at any T, every tier (with and
  * without VNNI) agrees with the C tier to fp32 rounding; every tier equals the integer reference
  * (activations quantized per block of 32, exact integer dots, one scale product per block, summed
@@ -1429,6 +1487,7 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_rope();
     test_swiglu();
+    test_linear_swiglu();
     test_gqa();
     test_logit_process();
     test_topk();
