@@ -1437,12 +1437,40 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd, int n_kv) {
     free(kc); free(vc); free(kh); free(vh); free(table);
 }
 
+/* The Llama MLP's gate|up projection (llama-3.2-1b: I 8192 of hidden 2048) with SwiGLU in the
+ * linear's epilogue against linear then swiglu, interleaved call by call on the same weights (a
+ * loaded machine slows both alike): the best of `reps` of each, ms. */
+static void bench_swiglu(int64_t I, int64_t cols, int n_t, const int *Ts) {
+    static const struct { int kind; int64_t group; const char *name; } kinds[] = {
+        {0, 0, "F16    "}, {WQ_I8, 0, "I8     "}, {WQ_I4, 128, "I4 g128"}};
+    for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+        test_weight tw = make_weight(2 * I, cols, kinds[kd].kind, kinds[kd].group);
+        for (int ti = 0; ti < n_t; ti++) {
+            int T = Ts[ti];
+            float *x = rnd_vec((size_t)(T * cols), -1, 1), *h = malloc((size_t)(T * 2 * I) * 4), *o = malloc((size_t)(T * I) * 4);
+            double best[2] = {1e30, 1e30};
+            for (int r = 0; r < (T <= 8 ? 200 : 40); r++)
+                for (int f = 0; f < 2; f++) {
+                    double t0 = pln_now();
+                    if (f) g_be->linear(g_be, o, x, &tw.W, NULL, T, PLN_EPI_SWIGLU);
+                    else { g_be->linear(g_be, h, x, &tw.W, NULL, T, PLN_EPI_NONE); g_be->swiglu(g_be, o, h, T, I); }
+                    best[f] = fmin(best[f], pln_now() - t0);
+                }
+            printf("gate|up [%lld x %lld] %s T %4d: linear then swiglu %8.3f ms, SwiGLU epilogue %8.3f ms (%.2fx)\n",
+                   (long long)(2 * I), (long long)cols, kinds[kd].name, T, best[0] * 1e3, best[1] * 1e3, best[0] / best[1]);
+            free(x); free(h); free(o);
+        }
+        free(tw.w); free(tw.scale);
+    }
+}
+
 static int run_bench(int n_t, const int *Ts) {
     double copy = pln_cpu_copy_gbs((size_t)256 << 20);
     printf("threads %d (backend), isa %s\n", pln_cpu_threads(pln_cpu_of(g_be)), pln_cpu_isa_name(pln_cpu_isa_best()));
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
+    bench_swiglu(8192, 2048, n_t, Ts);          /* llama-3.2-1b's gate|up with and without the SwiGLU epilogue */
     bench_attention(512, 8, 16, 128, 0);
     bench_attention(512, 8, 16, 64, 0);
     bench_attention(512, 8, 32, 64, 8);     /* Llama-3.2-1B */
