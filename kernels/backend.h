@@ -72,6 +72,19 @@ typedef struct {
     const int32_t *seen_ids;     /* distinct token ids seen by each sequence (global ids) */
 } pln_logit_proc;
 
+/* What the linear op does to its result before storing it (the epilogue, while the tile is in
+ * registers or cache). 0 and 1 are false and true: callers may still pass a bool for GeLU. */
+typedef enum {
+    PLN_EPI_NONE = 0,
+    PLN_EPI_GELU = 1,      /* out = gelu(x · Wᵀ + b) (BLOOM's MLP, the tanh form) */
+    /* The Llama MLP's gate: W is the fused [gate ; up] projection, rows [0, I) gate and [I, 2I)
+     * up (I = W.rows / 2, the llama-tp-v1 layout), bias (if any) F16 [2I]; out is [T, I] with
+     * out[t, i] = silu(g) * u, g and u row i and row I + i of (x · Wᵀ + b) as the backend's
+     * activation dtype holds them: bit for bit what linear then swiglu gives. Only where the
+     * backend sets linear_swiglu. */
+    PLN_EPI_SWIGLU = 2,
+} pln_epilogue;
+
 typedef struct pln_backend pln_backend;
 struct pln_backend {
     const char *name;            /* "cpu" or "cuda": for messages; code asks the fields below */
@@ -115,9 +128,10 @@ struct pln_backend {
     int (*residual_layernorm)(pln_backend *be, void *x, const void *y, const uint16_t *bias,
                               const uint16_t *gamma, const uint16_t *beta, void *ln_out,
                               int32_t T, int64_t H, float eps);
-    /* out[T, W.rows] = in[T, W.cols] · Wᵀ (+ bias F16 [W.rows] if not NULL) (then GeLU if gelu). */
+    /* out[T, W.rows] = in[T, W.cols] · Wᵀ (+ bias F16 [W.rows] if not NULL), then the epilogue
+     * epi (PLN_EPI_GELU: GeLU; PLN_EPI_SWIGLU: out[T, W.rows / 2], see pln_epilogue). */
     int (*linear)(pln_backend *be, void *out, const void *in, const pln_weight *W,
-                  const uint16_t *bias, int32_t T, bool gelu);
+                  const uint16_t *bias, int32_t T, pln_epilogue epi);
     /* Splits qkv [T, n_head_local * 3 * head_dim] (per-head interleaved q,k,v) and appends each
      * token's k and v to the layer's cache at (tok_seq, tok_pos). */
     int (*kv_append)(pln_backend *be, const void *qkv, void *k_cache, void *v_cache,
@@ -164,6 +178,9 @@ struct pln_backend {
                 int32_t n_head_local, int32_t head_dim);
     /* out[T, I] = silu(in[T, 0:I]) * in[T, I:2I]: in is the fused gate|up projection [T, 2I]. */
     int (*swiglu)(pln_backend *be, void *out, const void *in, int32_t T, int64_t I);
+    /* true: linear takes PLN_EPI_SWIGLU (the model then runs no swiglu op: one pass less over the
+     * [T, 2I] projection, one launch less per layer on CUDA). */
+    bool linear_swiglu;
     /* kv_append, attention and append_attention take m->n_kv_head > 0 as the grouped layout above,
      * and slopes == NULL as no positional bias (rotary models). */
 

@@ -258,9 +258,11 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
         e->cfg = *pln_loader_config(e->ld);
         int idot = pln_engine_int_dot_choice("int_dot", opts->int_dot, e->cfg.dtype);
         if (idot < 0) rc = -1;
-        else if (idot == 1 && !e->be->set_int_dot)
+        else if (idot == 1 && !e->be->set_int_dot && !strcmp(opts->int_dot, "on"))
             rc = pln_errorf("int_dot on: the %s backend has no integer-dot path (it is the cpu backend's); "
                             "use --int-dot off or auto", e->backend_name);
+        /* auto on an int4 set asks for the path only where the backend has one: elsewhere (cuda)
+         * the backend's own kernels run, as with off */
         else if (idot != 2 && e->be->set_int_dot)
             e->be->set_int_dot(e->be, idot == 1);
     }

@@ -41,7 +41,7 @@ typedef struct {
                                    "auto" (on for int4 sets, off for the rest: docs/ARCHITECTURE.md
                                    "The integer-dot path"); NULL/"" = the backend's default
                                    (PLN_CPU_INT_DOT=1 on, else off). "on" on a backend without
-                                   one is an error. */
+                                   one is an error; "auto" there runs the backend's own kernels. */
     bool batch_invariant;       /* every token's results the same bits whatever shares its step
                                    (cpu: kernels/cpu/cpu.h pln_cpu_set_batch_invariant); false =
                                    the backend's default (PLN_CPU_BATCH_INVARIANT=1 on, else off).

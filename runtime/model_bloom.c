@@ -112,7 +112,7 @@ static int bloom_enqueue(pln_model *m, pln_kvcache *kv, const pln_attn_meta *met
     else OP(be->layernorm(be, m->ln, m->x, s->lnf_g, s->lnf_b, T, H, eps));
     for (int64_t i = 0; i < m->cfg.n_layer; i++) {
         const bloom_layer *L = &s->layers[i];
-        OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, false));
+        OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, PLN_EPI_NONE));
         if (be->append_attention)   /* fused where the backend can (one launch on CUDA decode steps) */
             OP(be->append_attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, s->slopes,
                                     m->n_head_local, m->head_dim));
@@ -121,11 +121,11 @@ static int bloom_enqueue(pln_model *m, pln_kvcache *kv, const pln_attn_meta *met
             OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], meta, s->slopes,
                              m->n_head_local, m->head_dim));
         }
-        OP(be->linear(be, m->y, m->attn, &L->dense, NULL, T, false));
+        OP(be->linear(be, m->y, m->attn, &L->dense, NULL, T, PLN_EPI_NONE));
         ALLREDUCE(m->y);
         OP(be->residual_layernorm(be, m->x, m->y, L->dense_b, L->ln2_g, L->ln2_b, m->ln, T, H, eps));
-        OP(be->linear(be, m->h4, m->ln, &L->h_to_4h, L->h_to_4h_b, T, true));
-        OP(be->linear(be, m->y, m->h4, &L->fourh_to_h, NULL, T, false));
+        OP(be->linear(be, m->h4, m->ln, &L->h_to_4h, L->h_to_4h_b, T, PLN_EPI_GELU));
+        OP(be->linear(be, m->y, m->h4, &L->fourh_to_h, NULL, T, PLN_EPI_NONE));
         ALLREDUCE(m->y);
         const uint16_t *ng = i + 1 < m->cfg.n_layer ? s->layers[i + 1].ln1_g : s->lnf_g;
         const uint16_t *nb = i + 1 < m->cfg.n_layer ? s->layers[i + 1].ln1_b : s->lnf_b;

@@ -4,7 +4,8 @@
  *   embed (vocab-parallel, all-reduce) → per layer: RMSNorm → fused qkv [q | k | v] (+ q/k/v
  *   biases) → rotary on q and k → KV append + grouped-query attention over this rank's q heads
  *   (its KV heads split, or replicated when TP exceeds their count) → o_proj (row-parallel,
- *   all-reduce) → x += out (+ o bias), RMSNorm → fused [gate ; up] → silu(gate) * up → down_proj
+ *   all-reduce) → x += out (+ o bias), RMSNorm → fused [gate ; up] with silu(gate) * up in its
+ *   epilogue (be->linear_swiglu; else a swiglu op after it) → down_proj
  *   (row-parallel, all-reduce) → x += out, next RMSNorm (or the final norm) → logits of this
  *   rank's vocab slice (lm_head, or the embedding when tied).
  * The rotary inverse frequencies are computed once on the host as transformers computes them
@@ -79,7 +80,7 @@ static int llama_create(pln_model *m, pln_loader *ld) {
     const pln_hf_config *hc = &c->hf;
     pln_backend *be = m->be;
     int tp = c->tp;
-    if (!be->rmsnorm || !be->residual_rmsnorm || !be->rope || !be->swiglu)
+    if (!be->rmsnorm || !be->residual_rmsnorm || !be->rope || (!be->swiglu && !be->linear_swiglu))
         return pln_errorf("the %s backend does not run the Llama family yet (it lacks the RMSNorm, rotary or SwiGLU op); "
                           "use --backend cpu", be->name);
     if (hc->n_kv_head < 1 || hc->head_dim < 2 || c->n_head % tp || hc->intermediate_size % tp ||
@@ -153,7 +154,7 @@ static int llama_enqueue(pln_model *m, pln_kvcache *kv, const pln_attn_meta *met
     OP(be->rmsnorm(be, m->ln, m->x, nl > 0 ? s->layers[0].in_norm : s->norm, T, H, eps));
     for (int64_t i = 0; i < nl; i++) {
         const llama_layer *L = &s->layers[i];
-        OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, false));
+        OP(be->linear(be, m->qkv, m->ln, &L->qkv, L->qkv_b, T, PLN_EPI_NONE));
         OP(be->rope(be, m->qkv, &meta, s->inv_freq, m->n_head_local, m->head_dim));
         if (be->append_attention)
             OP(be->append_attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], &meta, NULL, m->n_head_local,
@@ -162,12 +163,16 @@ static int llama_enqueue(pln_model *m, pln_kvcache *kv, const pln_attn_meta *met
             OP(be->kv_append(be, m->qkv, kv->k_pool[i], kv->v_pool[i], &meta, m->n_head_local, m->head_dim));
             OP(be->attention(be, m->attn, m->qkv, kv->k_pool[i], kv->v_pool[i], &meta, NULL, m->n_head_local, m->head_dim));
         }
-        OP(be->linear(be, m->y, m->attn, &L->o, NULL, T, false));
+        OP(be->linear(be, m->y, m->attn, &L->o, NULL, T, PLN_EPI_NONE));
         ALLREDUCE(m->y);
         OP(be->residual_rmsnorm(be, m->x, m->y, L->o_b, L->post_norm, m->ln, T, H, eps));
-        OP(be->linear(be, m->h4, m->ln, &L->gate_up, NULL, T, false));
-        OP(be->swiglu(be, m->h4b, m->h4, T, Fl));
-        OP(be->linear(be, m->y, m->h4b, &L->down, NULL, T, false));
+        if (be->linear_swiglu)   /* silu(gate) * up in the gate|up projection's epilogue */
+            OP(be->linear(be, m->h4b, m->ln, &L->gate_up, NULL, T, PLN_EPI_SWIGLU));
+        else {
+            OP(be->linear(be, m->h4, m->ln, &L->gate_up, NULL, T, PLN_EPI_NONE));
+            OP(be->swiglu(be, m->h4b, m->h4, T, Fl));
+        }
+        OP(be->linear(be, m->y, m->h4b, &L->down, NULL, T, PLN_EPI_NONE));
         ALLREDUCE(m->y);
         OP(be->residual_rmsnorm(be, m->x, m->y, NULL, i + 1 < nl ? s->layers[i + 1].in_norm : s->norm, m->ln, T, H, eps));
     }

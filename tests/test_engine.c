@@ -26,6 +26,28 @@
 static pln_comm *g_comm;
 static const char *g_kv_dtype;   /* the engines' --kv-dtype (NULL: the backend's own, f32 on cpu) */
 static bool g_batch_invariant;   /* the engines' --batch-invariant */
+static const char *g_backend;    /* the engines' backend (NULL: cpu) */
+
+/* "cpu-noswiglu": the CPU backend without the SwiGLU epilogue (linear_swiglu false), so the Llama
+ * model runs linear then the swiglu op, as on a backend that lacks the epilogue. The copy shares
+ * the CPU backend's context. */
+static pln_backend *g_noswiglu_inner;
+static void noswiglu_destroy(pln_backend *be) {
+    g_noswiglu_inner->destroy(g_noswiglu_inner);
+    free(be);
+}
+static pln_backend *noswiglu_create(int device) {
+    (void)device;
+    pln_backend *in = pln_backend_cpu_create();
+    if (!in) return NULL;
+    pln_backend *be = pln_xmalloc(sizeof *be);
+    *be = *in;
+    be->name = "cpu-noswiglu";
+    be->linear_swiglu = false;
+    be->destroy = noswiglu_destroy;
+    g_noswiglu_inner = in;
+    return be;
+}
 
 static pln_engine *open_set(const char *dir, int fail_at, int64_t kv_tokens) {
     pln_engine_opts o;
@@ -40,6 +62,7 @@ static pln_engine *open_set(const char *dir, int fail_at, int64_t kv_tokens) {
     o.fail_at_step = fail_at;
     o.kv_dtype = g_kv_dtype;
     o.batch_invariant = g_batch_invariant;
+    if (g_backend) o.backend = g_backend;
     pln_engine *e = pln_engine_open(&o, g_comm);
     if (!e) fprintf(stderr, "engine open %s: %s\n", dir, pln_error());
     return e;
@@ -818,6 +841,7 @@ int main(int argc, char **argv) {
     }
     test_begin("test_engine");
     g_comm = pln_comm_init(&argc, &argv);
+    CHECK(pln_backend_register("cpu-noswiglu", noswiglu_create) == 0, "register cpu-noswiglu: %s", pln_error());
     check_kvcache();
     if (!fixture_can_reshard()) {
         printf("SKIP: this build has no `pollen reshard` (needed to make shard sets from the fixtures)\n");
@@ -851,6 +875,23 @@ int main(int argc, char **argv) {
         CHECK(dir != NULL, "%s: reshard to TP 1 fp16", label);
         if (dir) {
             check_set(label, dir, &r, alone, sets[k].tol);
+            if (!strcmp(sets[k].model, "llama-gqa")) {
+                /* the SwiGLU epilogue (the CPU backend's default) against linear then swiglu: the
+                 * same bits in every prefill logit */
+                char lns[112];
+                snprintf(lns, sizeof lns, "%s linear then swiglu", label);
+                float *two[NPROMPT];
+                for (int i = 0; i < NPROMPT; i++) two[i] = pln_xmalloc(64 * V * 4);
+                g_backend = "cpu-noswiglu";
+                check_set(lns, dir, &r, two, sets[k].tol);
+                g_backend = NULL;
+                int same = 1;
+                for (int i = 0; i < NPROMPT; i++) same &= memcmp(two[i], alone[i], (size_t)r.n[i] * V * 4) == 0;
+                printf("%s: prefill logits with the SwiGLU epilogue and with linear then swiglu: %s %s\n", label,
+                       same ? "identical" : "DIFFER", same ? "OK" : "NOT OK");
+                CHECK(same, "%s: the SwiGLU epilogue changed the prefill logits", label);
+                for (int i = 0; i < NPROMPT; i++) free(two[i]);
+            }
             if (k <= 1) {
                 /* an F16 KV cache (rounding is its only difference) meets the same bounds */
                 char l16[80];

@@ -34,7 +34,7 @@ typedef struct {
     int32_t T, nh, hd;
     int64_t H, v0, vn;
     float eps;
-    bool gelu;
+    pln_epilogue epi;
     pln_weight W;
     pln_attn_meta meta;
 } rec_op;
@@ -95,7 +95,7 @@ static int run_op(pln_backend *in, const rec_op *o) {
     case OP_EMBED: return in->embed(in, o->out, o->ids, o->T, o->table, o->v0, o->vn, o->H);
     case OP_LN: return in->layernorm(in, o->out, o->in, o->g, o->b, o->T, o->H, o->eps);
     case OP_RLN: return in->residual_layernorm(in, o->x, o->y, o->bias, o->g, o->b, o->out, o->T, o->H, o->eps);
-    case OP_LINEAR: return in->linear(in, o->out, o->in, &o->W, o->bias, o->T, o->gelu);
+    case OP_LINEAR: return in->linear(in, o->out, o->in, &o->W, o->bias, o->T, o->epi);
     case OP_KV: return in->kv_append(in, o->qkv, (void *)o->kc, (void *)o->vc, &o->meta, o->nh, o->hd);
     case OP_ATTN: return in->attention(in, o->out, o->qkv, o->kc, o->vc, &o->meta, o->slopes, o->nh, o->hd);
     case OP_GATHER: return in->gather_rows(in, o->out, o->in, o->ids, o->T, o->H);
@@ -132,8 +132,8 @@ static int rb_rln(pln_backend *be, void *x, const void *y, const uint16_t *bias,
     return rb_op(be, &o);
 }
 static int rb_linear(pln_backend *be, void *out, const void *in, const pln_weight *W, const uint16_t *bias, int32_t T,
-                     bool gelu) {
-    rec_op o = {.kind = OP_LINEAR, .out = out, .in = in, .W = *W, .bias = bias, .T = T, .gelu = gelu};
+                     pln_epilogue epi) {
+    rec_op o = {.kind = OP_LINEAR, .out = out, .in = in, .W = *W, .bias = bias, .T = T, .epi = epi};
     return rb_op(be, &o);
 }
 static int rb_kv_append(pln_backend *be, const void *qkv, void *kc, void *vc, const pln_attn_meta *m, int32_t nh,

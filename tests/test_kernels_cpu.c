@@ -297,6 +297,64 @@ static void test_linear(void) {
     test_linear_case(7, 1104, 1, false, 0, false, false);
 }
 
+/* SwiGLU in the gate|up projection's epilogue (linear.c SWIGLU_NOTE): on every tier, weight kind,
+ * path (GEMV, tiles, the batched float path, the integer-dot path, the batch-invariant mode) and
+ * row count (I not a multiple of the 16-, 32- or 48-row units), bit for bit what linear without an
+ * epilogue then swiglu give, and within fp32 rounding of silu(g) * u in double. */
+static void test_linear_swiglu_case(int64_t I, int64_t cols, int T, int kind, int64_t group, bool bias_on) {
+    test_weight tw = make_weight(2 * I, cols, kind, group);
+    float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * I) * 4);
+    float *h = malloc((size_t)(T * 2 * I) * 4), *ref = malloc((size_t)(T * I) * 4);
+    uint16_t *bias = bias_on ? rnd_f16((size_t)(2 * I), -0.5f, 0.5f) : NULL;
+    static const char *kn[] = {"F16", "I8", "", "", "I4"};
+    for (int mode = 0; mode < 3; mode++) {   /* float path, integer-dot path, batch-invariant */
+        if (mode == 1 && kind == 0) continue;
+        pln_cpu_set_int_dot(g_be, mode == 1);
+        pln_cpu_set_batch_invariant(g_be, mode == 2);
+        FOR_EACH_ISA(isa) {
+            memset(o, 0xff, (size_t)(T * I) * 4);
+            CHECK(g_be->linear(g_be, h, x, &tw.W, bias, T, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
+            CHECK(g_be->swiglu(g_be, ref, h, T, I) == 0, "swiglu: %s", pln_error());
+            CHECK(g_be->linear(g_be, o, x, &tw.W, bias, T, PLN_EPI_SWIGLU) == 0, "linear swiglu: %s", pln_error());
+            int bad = 0, far = 0;
+            for (int t = 0; t < T; t++)
+                for (int64_t i = 0; i < I; i++) {
+                    float got = o[t * I + i];
+                    bad += memcmp(&got, &ref[t * I + i], 4) != 0;
+                    double g = h[t * 2 * I + i], u = h[t * 2 * I + I + i], want = g / (1 + exp(-g)) * u;
+                    far += !(fabs(got - want) <= 8 * FLT_EPSILON * fabs(want) + 1e-30);
+                }
+            CHECK(bad == 0 && far == 0, "linear swiglu [%s] %s%s I=%lld K=%lld T=%d bias=%d mode=%d: %d differ from "
+                  "linear then swiglu, %d from silu(g) * u", g_isa, kn[kind], group ? "/group" : "", (long long)I,
+                  (long long)cols, T, bias_on, mode, bad, far);
+        }
+    }
+    pln_cpu_set_int_dot(g_be, false);
+    pln_cpu_set_batch_invariant(g_be, false);
+    free(tw.w); free(tw.scale); free(x); free(o); free(h); free(ref); free(bias);
+}
+
+static void test_linear_swiglu(void) {
+    static const int Ts[] = {1, 2, 3, 5, 9, 40, 70};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        int T = Ts[ti];
+        bool b = ti % 2;
+        test_linear_swiglu_case(37, 128, T, 0, 0, b);        /* fp16 */
+        test_linear_swiglu_case(64, 256, T, 1, 0, !b);      /* int8 per row */
+        test_linear_swiglu_case(37, 256, T, 1, 32, b);      /* int8 grouped */
+        test_linear_swiglu_case(53, 256, T, WQ_I4, 64, b);  /* int4 */
+    }
+    test_linear_swiglu_case(1, 64, 3, 0, 0, true);          /* one pair */
+    test_linear_swiglu_case(100, 512, 1, WQ_I4, 128, false);
+    /* the wrong shapes are refused */
+    test_weight tw = make_weight(3, 64, 0, 0);
+    float x[64] = {0}, o[8];
+    CHECK(g_be->linear(g_be, o, x, &tw.W, NULL, 1, PLN_EPI_SWIGLU) == -1 && strstr(pln_error(), "even"),
+          "SwiGLU on 3 rows: want an error naming the even row count, got \"%s\"", pln_error());
+    CHECK(g_be->linear_swiglu, "the cpu backend reports the SwiGLU epilogue");
+    free(tw.w); free(tw.scale);
+}
+
 /* The integer-dot path (off by default): on int8 weights at T >= 2 and int4 ones at any T, every tier (with and
  * without VNNI) agrees with the C tier to fp32 rounding; every tier equals the integer reference
  * (activations quantized per block of 32, exact integer dots, one scale product per block, summed
@@ -1385,12 +1443,40 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd, int n_kv) {
     free(kc); free(vc); free(kh); free(vh); free(table);
 }
 
+/* The Llama MLP's gate|up projection (llama-3.2-1b: I 8192 of hidden 2048) with SwiGLU in the
+ * linear's epilogue against linear then swiglu, interleaved call by call on the same weights (a
+ * loaded machine slows both alike): the best of `reps` of each, ms. */
+static void bench_swiglu(int64_t I, int64_t cols, int n_t, const int *Ts) {
+    static const struct { int kind; int64_t group; const char *name; } kinds[] = {
+        {0, 0, "F16    "}, {WQ_I8, 0, "I8     "}, {WQ_I4, 128, "I4 g128"}};
+    for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+        test_weight tw = make_weight(2 * I, cols, kinds[kd].kind, kinds[kd].group);
+        for (int ti = 0; ti < n_t; ti++) {
+            int T = Ts[ti];
+            float *x = rnd_vec((size_t)(T * cols), -1, 1), *h = malloc((size_t)(T * 2 * I) * 4), *o = malloc((size_t)(T * I) * 4);
+            double best[2] = {1e30, 1e30};
+            for (int r = 0; r < (T <= 8 ? 200 : 40); r++)
+                for (int f = 0; f < 2; f++) {
+                    double t0 = pln_now();
+                    if (f) g_be->linear(g_be, o, x, &tw.W, NULL, T, PLN_EPI_SWIGLU);
+                    else { g_be->linear(g_be, h, x, &tw.W, NULL, T, PLN_EPI_NONE); g_be->swiglu(g_be, o, h, T, I); }
+                    best[f] = fmin(best[f], pln_now() - t0);
+                }
+            printf("gate|up [%lld x %lld] %s T %4d: linear then swiglu %8.3f ms, SwiGLU epilogue %8.3f ms (%.2fx)\n",
+                   (long long)(2 * I), (long long)cols, kinds[kd].name, T, best[0] * 1e3, best[1] * 1e3, best[0] / best[1]);
+            free(x); free(h); free(o);
+        }
+        free(tw.w); free(tw.scale);
+    }
+}
+
 static int run_bench(int n_t, const int *Ts) {
     double copy = pln_cpu_copy_gbs((size_t)256 << 20);
     printf("threads %d (backend), isa %s\n", pln_cpu_threads(pln_cpu_of(g_be)), pln_cpu_isa_name(pln_cpu_isa_best()));
     printf("STREAM-style copy: %.1f GB/s (read+write, 256 MiB arrays)\n", copy);
     bench_linear(8192, 2048, n_t, Ts, copy);    /* bloom-1b7's dense_h_to_4h */
     bench_linear(2048, 8192, n_t, Ts, copy);    /* and dense_4h_to_h */
+    bench_swiglu(8192, 2048, n_t, Ts);          /* llama-3.2-1b's gate|up with and without the SwiGLU epilogue */
     bench_attention(512, 8, 16, 128, 0);
     bench_attention(512, 8, 16, 64, 0);
     bench_attention(512, 8, 32, 64, 8);     /* Llama-3.2-1B */
@@ -1435,6 +1521,7 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_rope();
     test_swiglu();
+    test_linear_swiglu();
     test_gqa();
     test_logit_process();
     test_topk();

@@ -234,9 +234,10 @@ void pln_cpu_layernorm(pln_cpu *c, float *out, const float *in, const uint16_t *
 void pln_cpu_residual_layernorm(pln_cpu *c, float *x, const float *y, const uint16_t *bias,
                                 const uint16_t *gamma, const uint16_t *beta, float *ln_out,
                                 int32_t T, int64_t H, float eps);
-/* linear.c: rows [0, n_rows) of W only (logits uses n_rows = n_valid). */
+/* linear.c: rows [0, n_rows) of W only (logits uses n_rows = n_valid); PLN_EPI_SWIGLU: n_rows = W->rows
+ * (even), out [T, n_rows / 2] at stride ldo (linear.c SWIGLU_NOTE). */
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
-                    int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu);
+                    int64_t n_rows, const uint16_t *bias, int32_t T, pln_epilogue epi);
 /* rmsnorm.c */
 void pln_cpu_rmsnorm(pln_cpu *c, float *out, const float *in, const uint16_t *gamma, int32_t T,
                      int64_t H, float eps);

@@ -180,11 +180,14 @@ static int cpu_residual_layernorm(pln_backend *be, void *x, const void *y, const
 }
 
 static int cpu_linear(pln_backend *be, void *out, const void *in, const pln_weight *W,
-                      const uint16_t *bias, int32_t T, bool gelu) {
+                      const uint16_t *bias, int32_t T, pln_epilogue epi) {
     if (check_weight("linear", W)) return -1;
     NEED(T >= 0, "linear: bad token count %d", T);
     NEED(T == 0 || (out && in), "linear: NULL buffer");
-    pln_cpu_linear(pln_cpu_of(be), out, W->rows, in, W, W->rows, bias, T, gelu);
+    NEED(epi == PLN_EPI_NONE || epi == PLN_EPI_GELU || (epi == PLN_EPI_SWIGLU && W->rows % 2 == 0),
+         "linear: epilogue %d on [%lld, %lld] (SwiGLU needs an even row count: [gate ; up])", (int)epi,
+         (long long)W->rows, (long long)W->cols);
+    pln_cpu_linear(pln_cpu_of(be), out, epi == PLN_EPI_SWIGLU ? W->rows / 2 : W->rows, in, W, W->rows, bias, T, epi);
     return 0;
 }
 
@@ -279,7 +282,7 @@ static int cpu_logits(pln_backend *be, float *out, const void *x, const pln_weig
     NEED(S >= 0, "logits: bad row count %d", S);
     NEED(S == 0 || (out && x), "logits: NULL buffer");
     int64_t nv = n_valid < 0 ? 0 : n_valid > W->rows ? W->rows : n_valid;
-    pln_cpu_linear(pln_cpu_of(be), out, W->rows, x, W, nv, NULL, S, false);
+    pln_cpu_linear(pln_cpu_of(be), out, W->rows, x, W, nv, NULL, S, PLN_EPI_NONE);
     for (int32_t s = 0; s < S; s++)
         for (int64_t r = nv; r < W->rows; r++) out[(int64_t)s * W->rows + r] = -INFINITY;
     return 0;
@@ -340,7 +343,7 @@ pln_backend *pln_backend_cpu_create(void) {
     be->gather_rows = cpu_gather_rows; be->logits = cpu_logits;
     be->logit_process = cpu_logit_process; be->topk = cpu_topk;
     be->rmsnorm = cpu_rmsnorm; be->residual_rmsnorm = cpu_residual_rmsnorm;
-    be->rope = cpu_rope; be->swiglu = cpu_swiglu;
+    be->rope = cpu_rope; be->swiglu = cpu_swiglu; be->linear_swiglu = true;
     be->set_kv_dtype = cpu_set_kv_dtype;
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());

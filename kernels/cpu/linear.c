@@ -1,10 +1,16 @@
-/* linear.c — y = x · Wᵀ (+ bias) (then GeLU) from F16, I8 or packed int4 weights, fp32 accumulation; also
- * the logits (the tied embedding slice, rows beyond n_valid left to the caller).
+/* linear.c — y = x · Wᵀ (+ bias) (then GeLU, or SwiGLU) from F16, I8 or packed int4 weights, fp32
+ * accumulation; also the logits (the tied embedding slice, rows beyond n_valid left to the caller).
  *
  * Fast path: the weight is read from memory once per PLN_CPU_TCHUNK tokens. Threads take the
  * output rows 64 at a time (a contiguous 64-row stretch of W each), the micro kernel reuses each
  * weight vector for a block of tokens held in registers, and the epilogue (bias, GeLU) runs on
- * the tile while it is still in cache. */
+ * the tile while it is still in cache.
+ *
+ * SWIGLU_NOTE: with PLN_EPI_SWIGLU the unit of work is a stretch of output columns i of [T, I]:
+ * every path computes the gate rows r0 + i into the output and the matching up rows I + r0 + i
+ * into a small scratch tile with the very kernels it uses for any other rows, then silu_mul
+ * combines the two while both are in cache. The [T, 2I] projection is never written out, and each
+ * value is the one linear then swiglu would give (the same products, the same silu_mul). */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -45,17 +51,54 @@ static float weight_at(const pln_weight *W, int64_t r, int64_t k) {
     return pln_dequant_i8(((const int8_t *)W->w)[r * W->cols + k], scale);
 }
 
+static float dot_ref(const float *x, const pln_weight *W, int64_t r, const uint16_t *bias) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < W->cols; k++) acc += x[k] * weight_at(W, r, k);
+    if (bias) acc += pln_f16_to_f32(bias[r]);
+    return acc;
+}
+
 /* The reference: one dot product per output, written the obvious way. */
 static void linear_ref(float *out, int64_t ldo, const float *in, const pln_weight *W,
-                       int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
-    int64_t K = W->cols;
-    for (int32_t t = 0; t < T; t++)
-        for (int64_t r = 0; r < n_rows; r++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += in[t * K + k] * weight_at(W, r, k);
-            if (bias) acc += pln_f16_to_f32(bias[r]);
-            out[t * ldo + r] = gelu ? pln_gelu(acc) : acc;
+                       int64_t n_rows, const uint16_t *bias, int32_t T, pln_epilogue epi) {
+    int64_t K = W->cols, I = n_rows / 2;
+    for (int32_t t = 0; t < T; t++) {
+        if (epi == PLN_EPI_SWIGLU) {
+            for (int64_t i = 0; i < I; i++)
+                out[t * ldo + i] = pln_silu(dot_ref(in + t * K, W, i, bias)) * dot_ref(in + t * K, W, I + i, bias);
+            continue;
         }
+        for (int64_t r = 0; r < n_rows; r++) {
+            float acc = dot_ref(in + t * K, W, r, bias);
+            out[t * ldo + r] = epi == PLN_EPI_GELU ? pln_gelu(acc) : acc;
+        }
+    }
+}
+
+/* The SwiGLU epilogue of a tile (SWIGLU_NOTE): o[t * ldo + i] holds gate row r0 + i of token t,
+ * u[t * ldu + i] up row I + r0 + i, i < nr; o becomes silu(gate + bias) * (up + bias). */
+static void swiglu_tile(const pln_cpu_kernels *k, float *o, int64_t ldo, float *u, int64_t ldu, int64_t nt,
+                        const uint16_t *bias, int64_t r0, int64_t I, int64_t nr) {
+    for (int64_t t = 0; t < nt; t++) {
+        if (bias) {
+            k->bias_gelu(o + t * ldo, bias + r0, nr, false);
+            k->bias_gelu(u + t * ldu, bias + I + r0, nr, false);
+        }
+        k->silu_mul(o + t * ldo, o + t * ldo, u + t * ldu, nr);
+    }
+}
+
+/* rows rr .. rr + nr of W against nt tokens (ldx K) into out (ldo): the tier's tiled kernels */
+static void gemm_rows(const pln_cpu_kernels *k, float *out, int64_t ldo, const float *x, int64_t nt,
+                      const pln_weight *W, int64_t rr, int64_t nr) {
+    int64_t K = W->cols;
+    if (W->dtype == PLN_DTYPE_F16)
+        k->gemm_f16(out, ldo, x, K, nt, (const uint16_t *)W->w + rr * K, nr, K);
+    else if (W->dtype == PLN_DTYPE_U8)
+        k->gemm_i4(out, ldo, x, K, nt, (const uint8_t *)W->w + rr * (K / 2), W->scale + rr * (K / W->group), W->group,
+                   nr, K);
+    else
+        k->gemm_i8(out, ldo, x, K, nt, (const int8_t *)W->w + rr * K, W->scale + rr * (K / W->group), W->group, nr, K);
 }
 
 void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *sum) {
@@ -103,10 +146,13 @@ static bool use_q4n(const pln_cpu_kernels *k) {
 }
 
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
-                    int64_t n_rows, const uint16_t *bias, int32_t T, bool gelu) {
-    if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, gelu); return; }
+                    int64_t n_rows, const uint16_t *bias, int32_t T, pln_epilogue epi) {
+    if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, epi); return; }
     const pln_cpu_kernels *k = c->k;
     int64_t K = W->cols;
+    const bool gelu = epi == PLN_EPI_GELU, sw = epi == PLN_EPI_SWIGLU;
+    /* the output columns the work is split over: with SwiGLU one per gate/up pair */
+    const int64_t I = n_rows / 2, n_out = sw ? I : n_rows;
     if (T < PLN_CPU_BI_MIN_TOKENS && c->batch_invariant) {
         /* A few tokens do not take a batch's kernels: the one-token GEMV, grouped sums scaled once
          * per group, an int8 token off the integer-dot path, and rows summed in one pass instead
@@ -116,25 +162,32 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
          * bits it would get in any batch. A few-token step reads every weight for little work, so
          * the repeats cost compute, not memory traffic. */
         const int32_t P = PLN_CPU_BI_MIN_TOKENS;
-        float *xp = pln_xmalloc((size_t)(P * K) * sizeof(float)), *op = pln_xmalloc((size_t)(P * n_rows) * sizeof(float));
+        float *xp = pln_xmalloc((size_t)(P * K) * sizeof(float)), *op = pln_xmalloc((size_t)(P * n_out) * sizeof(float));
         for (int32_t t = 0; t < P; t++) memcpy(xp + t * K, in + (t < T ? t : T - 1) * K, (size_t)K * sizeof(float));
-        pln_cpu_linear(c, op, n_rows, xp, W, n_rows, bias, P, gelu);
-        for (int32_t t = 0; t < T; t++) memcpy(out + t * ldo, op + t * n_rows, (size_t)n_rows * sizeof(float));
+        pln_cpu_linear(c, op, n_out, xp, W, n_rows, bias, P, epi);
+        for (int32_t t = 0; t < T; t++) memcpy(out + t * ldo, op + t * n_out, (size_t)n_out * sizeof(float));
         free(xp);
         free(op);
         return;
     }
-    int64_t n_chunks = (n_rows + RCHUNK - 1) / RCHUNK;
+    int64_t n_chunks = (n_out + RCHUNK - 1) / RCHUNK;
     if (use_int_dot(c, W, T)) {
         /* one chunk of QCHUNK rows against the nt quantized tokens at xq */
+#define Q_ROWS(dst, ld, rr, nr)                                                                       \
+    do {                                                                                              \
+        const uint8_t *wc = (const uint8_t *)W->w + (rr) * rb;                                        \
+        const uint16_t *sc = W->scale + (rr) * (K / W->group);                                        \
+        if (plain) k->gemm_q4n(dst, ld, xq, xs, xsum, nt, wc, sc, W->group, nr, K);                   \
+        else k->gemm_q8(dst, ld, xq, xs, xsum, nt, wc, i4, sc, W->group, nr, K);                      \
+    } while (0)
 #define Q_CHUNK(ch)                                                                                   \
     do {                                                                                              \
-        int64_t r0 = (ch) * QCHUNK, nr = n_rows - r0 < QCHUNK ? n_rows - r0 : QCHUNK;                 \
-        const uint8_t *wc = (const uint8_t *)W->w + r0 * rb;                                          \
-        const uint16_t *sc = W->scale + r0 * (K / W->group);                                          \
-        if (plain) k->gemm_q4n(o + r0, ldo, xq, xs, xsum, nt, wc, sc, W->group, nr, K);               \
-        else k->gemm_q8(o + r0, ldo, xq, xs, xsum, nt, wc, i4, sc, W->group, nr, K);                  \
-        if (bias || gelu)                                                                             \
+        int64_t r0 = (ch) * QCHUNK, nr = n_out - r0 < QCHUNK ? n_out - r0 : QCHUNK;                   \
+        Q_ROWS(o + r0, ldo, r0, nr);                                                                  \
+        if (sw) {                                                                                     \
+            Q_ROWS(su, QCHUNK, I + r0, nr);                                                           \
+            swiglu_tile(k, o + r0, ldo, su, QCHUNK, nt, bias, r0, I, nr);                             \
+        } else if (bias || gelu)                                                                      \
             for (int64_t t = 0; t < nt; t++) k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu); \
     } while (0)
         /* Up to QTOK tokens are quantized once, straight into gemm_q8's token-interleaved layout,
@@ -142,7 +195,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
          * prefill repacks each weight once, not once per 64 tokens (profiled: the repack and a
          * scalar quantization had cost as much as the integer dots themselves). */
         bool i4 = W->dtype == PLN_DTYPE_U8;
-        int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_rows + QCHUNK - 1) / QCHUNK;
+        int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_out + QCHUNK - 1) / QCHUNK;
         int64_t qt = T < QTOK ? T : QTOK;
         /* a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights (STREAM_NOTE) */
         bool stream = T <= PLN_CPU_Q4N_MAX;
@@ -152,10 +205,14 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
         float *xs = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(float));
         int32_t *xsum = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(int32_t));
+        /* SwiGLU: each thread's up tile, [nt][QCHUNK] */
+        int nth = pln_cpu_threads(c);
+        float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)qt * QCHUNK * sizeof(float)) : NULL;
         for (int64_t t0 = 0; t0 < T; t0 += QTOK) {
             int64_t nt = T - t0 < QTOK ? T - t0 : QTOK;
-            #pragma omp parallel num_threads(pln_cpu_threads(c)) if (n_rows * K * nt > 65536)
+            #pragma omp parallel num_threads(nth) if (n_rows * K * nt > 65536)
             {
+                float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)qt * QCHUNK : NULL;
                 if (plain) {
                     #pragma omp for schedule(static)
                     for (int64_t t = 0; t < nt; t++)
@@ -179,7 +236,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         free(xq);
         free(xs);
         free(xsum);
+        free(su_all);
 #undef Q_CHUNK
+#undef Q_ROWS
         return;
     }
     if (T == 1 && k->gemv && !c->batch_invariant) {
@@ -187,9 +246,14 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
          * (STREAM_NOTE) */
         #pragma omp parallel for schedule(guided) num_threads(pln_cpu_threads(c)) if (n_rows * K > 65536)
         for (int64_t ch = 0; ch < n_chunks; ch++) {
-            int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
+            int64_t r0 = ch * RCHUNK, nr = n_out - r0 < RCHUNK ? n_out - r0 : RCHUNK;
             k->gemv(out + r0, in, W, r0, nr);
-            if (bias || gelu) k->bias_gelu(out + r0, bias ? bias + r0 : NULL, nr, gelu);
+            if (sw) {
+                float su[RCHUNK];
+                k->gemv(su, in, W, I + r0, nr);
+                swiglu_tile(k, out + r0, ldo, su, RCHUNK, 1, bias, r0, I, nr);
+            } else if (bias || gelu)
+                k->bias_gelu(out + r0, bias ? bias + r0 : NULL, nr, gelu);
         }
         return;
     }
@@ -197,22 +261,31 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         /* The batched float path (simd_avx512.c PANEL_NOTE): the activations packed once, then
          * each unit of PLN_CPU_PANEL_ROWS rows widens its weights once for all T tokens. */
         int nth = pln_cpu_threads(c);
-        int64_t np = (T + 31) / 32, n_pc = (n_rows + PLN_CPU_PANEL_ROWS - 1) / PLN_CPU_PANEL_ROWS;
+        int64_t np = (T + 31) / 32, n_pc = (n_out + PLN_CPU_PANEL_ROWS - 1) / PLN_CPU_PANEL_ROWS;
         float *xp = xalloc64((size_t)np * 32 * (size_t)K * sizeof(float));
         float *scr = xalloc64((size_t)nth * PLN_CPU_PANEL_SCRATCH * sizeof(float));
+        /* SwiGLU: each thread's up tile, [T][PLN_CPU_PANEL_ROWS] */
+        float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)T * PLN_CPU_PANEL_ROWS * sizeof(float)) : NULL;
         #pragma omp parallel num_threads(nth)
         {
             #pragma omp for schedule(static)
             for (int64_t p = 0; p < np; p++) k->pack_x(xp, in, K, T, K, p, p + 1);
             float *s = scr + (size_t)omp_get_thread_num() * PLN_CPU_PANEL_SCRATCH;
+            float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)T * PLN_CPU_PANEL_ROWS : NULL;
             #pragma omp for schedule(dynamic, 2)
             for (int64_t ch = 0; ch < n_pc; ch++) {
-                int64_t r0 = ch * PLN_CPU_PANEL_ROWS, nr = n_rows - r0 < PLN_CPU_PANEL_ROWS ? n_rows - r0 : PLN_CPU_PANEL_ROWS;
-                k->gemm_panel(out + r0, ldo, xp, T, W, r0, nr, bias ? bias + r0 : NULL, gelu, s);
+                int64_t r0 = ch * PLN_CPU_PANEL_ROWS, nr = n_out - r0 < PLN_CPU_PANEL_ROWS ? n_out - r0 : PLN_CPU_PANEL_ROWS;
+                if (sw) {
+                    k->gemm_panel(out + r0, ldo, xp, T, W, r0, nr, NULL, false, s);
+                    k->gemm_panel(su, PLN_CPU_PANEL_ROWS, xp, T, W, I + r0, nr, NULL, false, s);
+                    swiglu_tile(k, out + r0, ldo, su, PLN_CPU_PANEL_ROWS, T, bias, r0, I, nr);
+                } else
+                    k->gemm_panel(out + r0, ldo, xp, T, W, r0, nr, bias ? bias + r0 : NULL, gelu, s);
             }
         }
         free(xp);
         free(scr);
+        free(su_all);
         return;
     }
     /* One parallel region for all the token blocks (a 512-token prefill has 8): items go block
@@ -228,16 +301,13 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
         const float *x = in + t0 * K;
         float *o = out + t0 * ldo;
-        int64_t r0 = ch * RCHUNK, nr = n_rows - r0 < RCHUNK ? n_rows - r0 : RCHUNK;
-        if (W->dtype == PLN_DTYPE_F16)
-            k->gemm_f16(o + r0, ldo, x, K, nt, (const uint16_t *)W->w + r0 * K, nr, K);
-        else if (W->dtype == PLN_DTYPE_U8)
-            k->gemm_i4(o + r0, ldo, x, K, nt, (const uint8_t *)W->w + r0 * (K / 2),
-                       W->scale + r0 * (K / W->group), W->group, nr, K);
-        else
-            k->gemm_i8(o + r0, ldo, x, K, nt, (const int8_t *)W->w + r0 * K,
-                       W->scale + r0 * (K / W->group), W->group, nr, K);
-        if (bias || gelu)
+        int64_t r0 = ch * RCHUNK, nr = n_out - r0 < RCHUNK ? n_out - r0 : RCHUNK;
+        gemm_rows(k, o + r0, ldo, x, nt, W, r0, nr);
+        if (sw) {
+            float su[PLN_CPU_TCHUNK * RCHUNK];
+            gemm_rows(k, su, RCHUNK, x, nt, W, I + r0, nr);
+            swiglu_tile(k, o + r0, ldo, su, RCHUNK, nt, bias, r0, I, nr);
+        } else if (bias || gelu)
             for (int64_t t = 0; t < nt; t++)
                 k->bias_gelu(o + t * ldo + r0, bias ? bias + r0 : NULL, nr, gelu);
     }

@@ -231,6 +231,9 @@ __device__ __forceinline__ float pln_block_max(float v, float *scratch)
  * same results (round to nearest even) and stay the reference; these are just faster. */
 __device__ __forceinline__ float pln_h2f(__half h) { return __half2float(h); }
 __device__ __forceinline__ __half pln_f2h(float f) { return __float2half_rn(f); }
+/* The Llama MLP's gate in fp16 as transformers computes it: SiLU in fp32 rounded to fp16, times
+ * up, the product rounded by the caller's store (swiglu_kernel, and the linear's SwiGLU epilogue). */
+__device__ __forceinline__ float pln_swiglu_h(float g, float u) { return __half2float(__float2half_rn(pln_silu(g))) * u; }
 
 /* 16 bytes = 8 halves, loaded and stored in one instruction (LDG/STG/LDS/STS.128). The halves
  * travel as the raw bits of a uint4: a struct of four __half2 would be copied member by member

@@ -305,10 +305,10 @@ static int cu_swiglu(pln_backend *be, void *out, const void *in, int32_t T, int6
 }
 
 static int cu_linear(pln_backend *be, void *out, const void *in, const pln_weight *W, const uint16_t *bias, int32_t T,
-                     bool gelu)
+                     pln_epilogue epi)
 {
     CTX(be);
-    return pln_cuda_linear(c, out, false, in, W, bias, T, gelu, W->rows);
+    return pln_cuda_linear(c, out, false, in, W, bias, T, (int)epi, W->rows);
 }
 
 static int cu_kv_append(pln_backend *be, const void *qkv, void *k_cache, void *v_cache, const pln_attn_meta *m,
@@ -341,7 +341,7 @@ static int cu_gather_rows(pln_backend *be, void *out, const void *in, const int3
 static int cu_logits(pln_backend *be, float *out, const void *x, const pln_weight *W, int32_t S, int64_t n_valid)
 {
     CTX(be);
-    return pln_cuda_linear(c, out, true, x, W, NULL, S, false, n_valid);
+    return pln_cuda_linear(c, out, true, x, W, NULL, S, PLN_EPI_NONE, n_valid);
 }
 
 static int cu_logit_process(pln_backend *be, float *logits, int64_t v0, int64_t vn, const pln_logit_proc *p)
@@ -451,6 +451,7 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     be->residual_rmsnorm = cu_residual_rmsnorm;
     be->rope = cu_rope;
     be->swiglu = cu_swiglu;
+    be->linear_swiglu = true;
     be->linear = cu_linear;
     be->kv_append = cu_kv_append;
     be->attention = cu_attention;

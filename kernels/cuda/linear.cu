@@ -2,6 +2,7 @@
  * prefill and large batches, int4 GEMV and GEMM, a plain fallback for odd shapes. See linear.cuh. */
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -13,13 +14,30 @@ template <> __device__ __forceinline__ void store_out<float>(float *p, float v) 
 
 template <typename OT>
 __device__ __forceinline__ void epilogue(OT *out, int64_t N, int t, int64_t row, float v, float sc,
-                                         const __half *bias, int gelu, int64_t n_valid)
+                                         const __half *bias, int epi, int64_t n_valid)
 {
     v *= sc;
     if (bias) v += __half2float(bias[row]);
-    if (gelu) v = pln_gelu(v);
+    if (epi == PLN_EPI_GELU) v = pln_gelu(v);
     if (row >= n_valid) v = -INFINITY;
     store_out(out + (int64_t)t * N + row, v);
+}
+
+/* The SwiGLU epilogue (PLN_EPI_SWIGLU): pair i < I = N / 2 of token t from gate row i (value g,
+ * scale sg) and up row I + i (u, su) of the [gate ; up] weight; out is [T, I]. g and u are rounded
+ * to the output dtype first, as linear would store them, so the result is bit for bit linear then
+ * swiglu_kernel's. */
+template <typename OT>
+__device__ __forceinline__ void epilogue_swiglu(OT *out, int64_t I, int t, int64_t i, float g, float u, float sg,
+                                                float su, const __half *bias)
+{
+    g *= sg;
+    u *= su;
+    if (bias) { g += __half2float(bias[i]); u += __half2float(bias[I + i]); }
+    float v;
+    if constexpr (sizeof(OT) == 2) v = pln_swiglu_h(__half2float(__float2half_rn(g)), __half2float(__float2half_rn(u)));
+    else v = pln_silu(g) * u;
+    store_out(out + (int64_t)t * I + i, v);
 }
 
 /* ---- GEMV: T <= NT tokens, 16 weight rows per block, 4 warps splitting k --------------------
@@ -121,16 +139,20 @@ template <bool I8, bool GROUPED, int NT, typename OT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__restrict__ Wv,
             const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-            int64_t N, int64_t K, int gelu, int64_t n_valid, float *part, unsigned *cnt, int64_t per)
+            int64_t N, int64_t K, int epi, int64_t n_valid, float *part, unsigned *cnt, int64_t per)
 {
     constexpr int KS = I8 ? 64 : 32;            /* columns per warp step */
     constexpr int NTILES = NT / 8;
     constexpr int STRIDE = GEMV_WARPS * GEMV_U;  /* steps from one batch of a warp to its next */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g, rb = row0 + g + 8;
-    const bool va = ra < N, vb = rb < N;
+    /* SwiGLU: the block's rows g are gate rows p0 + g, its rows g + 8 the matching up rows
+     * I + p0 + g (8 pairs per block). After the loop I is rb - ra: no register holds it through
+     * the loop (at NT 8, grouped int8, one more live value made ptxas spill). */
+    const bool sw = epi == PLN_EPI_SWIGLU;
+    const int64_t row0 = (int64_t)blockIdx.x * (sw ? 8 : 16);
+    const int64_t ra = row0 + g, rb = sw ? (N >> 1) + row0 + g : row0 + g + 8;
+    const bool va = ra < (sw ? (N >> 1) : N), vb = sw ? va : rb < N;
     const char *W = (const char *)Wv;
     const int64_t rowbytes = I8 ? K : K * 2;
     const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
@@ -181,16 +203,31 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
     __syncthreads();
     const int kspl = gridDim.y;
     float *mine = kspl > 1 ? part + ((int64_t)blockIdx.x * kspl + blockIdx.y) * 16 * NT : nullptr;
+    const int64_t I = rb - ra;   /* SwiGLU only */
+    if (sw && kspl == 1) {
+        for (int i = threadIdx.x; i < 8 * NT; i += blockDim.x) {
+            const int t = i / 8, r = i % 8;
+            const int64_t p = row0 + r;
+            if (t >= T || p >= I) continue;
+            float vg = 0.0f, vu = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) { vg += red[w][r][t]; vu += red[w][r + 8][t]; }
+            const bool s1 = I8 && !GROUPED;
+            epilogue_swiglu(out, I, t, p, vg, vu, s1 ? __half2float(scale[p]) : 1.0f,
+                            s1 ? __half2float(scale[I + p]) : 1.0f, bias);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
         int t = i / 16, r = i % 16;           /* consecutive threads: consecutive rows */
         int64_t row = row0 + r;
-        if (t >= T || row >= N) continue;
+        if (t >= T || (sw ? r % 8 + row0 >= I : row >= N)) continue;
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < GEMV_WARPS; w++) v += red[w][r][t];
         if (kspl > 1) { mine[i] = v; continue; }
         float sc = (I8 && !GROUPED) ? __half2float(scale[row]) : 1.0f;
-        epilogue(out, N, t, row, v, sc, bias, gelu, n_valid);
+        epilogue(out, N, t, row, v, sc, bias, epi, n_valid);
     }
     if (kspl == 1) return;
     /* split-k: the last block of this row tile to arrive sums the splits' partials (fp32, in
@@ -208,6 +245,29 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
     __threadfence();
     /* 16-byte reads (4 rows of one token) through L2; elements no block wrote are never used */
     const float4 *tile = (const float4 *)(part + (int64_t)blockIdx.x * kspl * 16 * NT);
+    if (sw) {
+        /* a token's gate rows 0-7 are its float4s 0 and 1, the up rows 8-15 its float4s 2 and 3 */
+        for (int i2 = threadIdx.x; i2 < 2 * NT; i2 += blockDim.x) {
+            const int t = i2 / 2, j = i2 % 2;
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+            for (int y = 0; y < kspl; y++) {
+                const float4 pa = __ldcg(tile + (int64_t)y * 4 * NT + 4 * t + j);
+                const float4 pb = __ldcg(tile + (int64_t)y * 4 * NT + 4 * t + j + 2);
+                a.x += pa.x; a.y += pa.y; a.z += pa.z; a.w += pa.w;
+                b.x += pb.x; b.y += pb.y; b.z += pb.z; b.w += pb.w;
+            }
+            const float va4[4] = {a.x, a.y, a.z, a.w}, vb4[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t p = row0 + 4 * j + e;
+                if (t >= T || p >= I) continue;
+                const bool s1 = I8 && !GROUPED;
+                epilogue_swiglu(out, I, t, p, va4[e], vb4[e], s1 ? __half2float(scale[p]) : 1.0f,
+                                s1 ? __half2float(scale[I + p]) : 1.0f, bias);
+            }
+        }
+        return;
+    }
     for (int i4 = threadIdx.x; i4 < 4 * NT; i4 += blockDim.x) {
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int y = 0; y < kspl; y++) {
@@ -221,7 +281,7 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
             const int64_t row = row0 + r;
             if (t >= T || row >= N) continue;
             float sc = (I8 && !GROUPED) ? __half2float(scale[row]) : 1.0f;
-            epilogue(out, N, t, row, vv[j], sc, bias, gelu, n_valid);
+            epilogue(out, N, t, row, vv[j], sc, bias, epi, n_valid);
         }
     }
 }
@@ -230,23 +290,32 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
 template <typename OT>
 __global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bool i8,
                                     const __half *scale, int64_t G, const __half *bias, int T,
-                                    int64_t N, int64_t K, int gelu, int64_t n_valid)
+                                    int64_t N, int64_t K, int epi, int64_t n_valid)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    if (wid >= (int64_t)T * N) return;
-    int t = (int)(wid / N);
-    int64_t row = wid % N;
-    float s = 0.0f;
-    for (int64_t k = lane; k < K; k += 32) {
-        float w;
-        if (i8) w = pln_dequant_i8(((const int8_t *)Wv)[row * K + k], __half2float(scale[row * (K / G) + k / G]));
-        else w = __half2float(((const __half *)Wv)[row * K + k]);
-        s += w * __half2float(x[(int64_t)t * K + k]);
+    const bool sw = epi == PLN_EPI_SWIGLU;
+    const int64_t NO = sw ? N / 2 : N;   /* outputs per token: SwiGLU pairs gate row i with up row N / 2 + i */
+    if (wid >= (int64_t)T * NO) return;
+    int t = (int)(wid / NO);
+    int64_t row = wid % NO;
+    float s = 0.0f, su = 0.0f;
+    for (int h = 0; h < (sw ? 2 : 1); h++) {
+        const int64_t rr = row + h * NO;
+        float a = 0.0f;
+        for (int64_t k = lane; k < K; k += 32) {
+            float w;
+            if (i8) w = pln_dequant_i8(((const int8_t *)Wv)[rr * K + k], __half2float(scale[rr * (K / G) + k / G]));
+            else w = __half2float(((const __half *)Wv)[rr * K + k]);
+            a += w * __half2float(x[(int64_t)t * K + k]);
+        }
+        a = pln_warp_sum(a);
+        if (h == 0) s = a; else su = a;
     }
-    s = pln_warp_sum(s);
-    if (lane == 0) epilogue(out, N, t, row, s, 1.0f, bias, gelu, n_valid);
+    if (lane != 0) return;
+    if (sw) epilogue_swiglu(out, NO, t, row, s, su, 1.0f, 1.0f, bias);
+    else epilogue(out, N, t, row, s, 1.0f, bias, epi, n_valid);
 }
 
 /* ---- int4 (packed, docs/FORMAT.md "int4 weight-only") ------------------------------------------
@@ -282,15 +351,18 @@ template <int NT, typename OT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-               int64_t N, int64_t K, int gelu, int64_t n_valid)
+               int64_t N, int64_t K, int epi, int64_t n_valid)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     constexpr int NTILES = NT / 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g, rb = row0 + g + 8;
-    const bool va = ra < N, vb = rb < N;
+    /* SwiGLU: rows g gate p0 + g, rows g + 8 up I + p0 + g, as in gemv_kernel */
+    const bool sw = epi == PLN_EPI_SWIGLU;
+    const int64_t I = N / 2;
+    const int64_t row0 = (int64_t)blockIdx.x * (sw ? 8 : 16);
+    const int64_t ra = row0 + g, rb = sw ? I + row0 + g : row0 + g + 8;
+    const bool va = ra < (sw ? I : N), vb = sw ? va : rb < N;
     const int64_t rowbytes = K / 2;
     const int4 *pa = (const int4 *)(W + (va ? ra : 0) * rowbytes) + q;
     const int4 *pb = (const int4 *)(W + (vb ? rb : 0) * rowbytes) + q;
@@ -352,6 +424,18 @@ gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
     }
     __syncthreads();
+    if (sw) {
+        for (int i = threadIdx.x; i < 8 * NT; i += blockDim.x) {
+            const int t = i / 8, r = i % 8;
+            const int64_t p = row0 + r;
+            if (t >= T || p >= I) continue;
+            float vg = 0.0f, vu = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) { vg += red[w][r][t]; vu += red[w][r + 8][t]; }
+            epilogue_swiglu(out, I, t, p, vg, vu, 1.0f, 1.0f, bias);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
         int t = i / 16, r = i % 16;
         int64_t row = row0 + r;
@@ -359,7 +443,7 @@ gemv_i4_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < GEMV_WARPS; w++) v += red[w][r][t];
-        epilogue(out, N, t, row, v, 1.0f, bias, gelu, n_valid);
+        epilogue(out, N, t, row, v, 1.0f, bias, epi, n_valid);
     }
 }
 
@@ -408,7 +492,7 @@ template <int WQ, int BT, typename OT>
 __global__ void __launch_bounds__(128)
 gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t *__restrict__ W,
                const __half *__restrict__ scale, int64_t G, const __half *__restrict__ bias, int T,
-               int64_t N, int64_t K, int gelu, int64_t n_valid, float *part, unsigned *cnt, int per)
+               int64_t N, int64_t K, int epi, int64_t n_valid, float *part, unsigned *cnt, int per)
 {
     constexpr bool I4 = WQ == WQ_I4;
     constexpr int KS = I4 ? 128 : 64;   /* columns per k-step */
@@ -420,10 +504,14 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
     __shared__ __align__(16) int4 ws[GEMM_STAGES][2][128];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 64 + warp * 16;
+    /* SwiGLU: a warp's rows g are gate rows p0 + g, its rows g + 8 the up rows I + p0 + g (32
+     * pairs per block): each lane holds a pair's gate and up sums for the same tokens */
+    const bool sw = epi == PLN_EPI_SWIGLU;
+    const int64_t I = N / 2;
+    const int64_t row0 = (int64_t)blockIdx.x * (sw ? 32 : 64) + warp * (sw ? 8 : 16);
     const int t0 = blockIdx.y * BT;
-    const int64_t ra = row0 + g, rb = row0 + g + 8;
-    const bool va = ra < N, vb = rb < N;
+    const int64_t ra = row0 + g, rb = sw ? I + row0 + g : row0 + g + 8;
+    const bool va = ra < (sw ? I : N), vb = sw ? va : rb < N;
     const int64_t rowbytes = I4 ? K / 2 : K;   /* either way 64 bytes per row and step */
     const uint8_t *pa = W + (va ? ra : 0) * rowbytes + 16 * q;
     const uint8_t *pb = W + (vb ? rb : 0) * rowbytes + 16 * q;
@@ -547,6 +635,32 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         __threadfence();
         /* 16-byte reads (4 rows of one token) through L2, the splits in a loop kept rolled */
         const float4 *t4 = (const float4 *)tile;
+        if (sw) {
+            /* token t, warp w: local rows 16 w + 0..7 gate (float4s 4 w, 4 w + 1 of the token's 16),
+             * 16 w + 8..15 up (4 w + 2, 4 w + 3) */
+            for (int i2 = tid; i2 < 8 * BT; i2 += 128) {
+                const int lt = i2 / 8, w = (i2 % 8) / 2, j = i2 % 2;
+                const int64_t at = (int64_t)lt * 16 + 4 * w + j;
+                float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+#pragma unroll 1
+                for (int y = 0; y < kspl; y++) {
+                    const float4 pa = __ldcg(t4 + (int64_t)y * 16 * BT + at);
+                    const float4 pb = __ldcg(t4 + (int64_t)y * 16 * BT + at + 2);
+                    a.x += pa.x; a.y += pa.y; a.z += pa.z; a.w += pa.w;
+                    b.x += pb.x; b.y += pb.y; b.z += pb.z; b.w += pb.w;
+                }
+                const float va4[4] = {a.x, a.y, a.z, a.w}, vb4[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = t0 + lt;
+                    const int64_t p = (int64_t)blockIdx.x * 32 + 8 * w + 4 * j + e;
+                    if (t >= T || p >= I) continue;
+                    epilogue_swiglu(out, I, t, p, va4[e], vb4[e], WQ == WQ_I8 ? __half2float(scale[p]) : 1.0f,
+                                    WQ == WQ_I8 ? __half2float(scale[I + p]) : 1.0f, bias);
+                }
+            }
+            return;
+        }
         for (int i4 = tid; i4 < 16 * BT; i4 += 128) {
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 1
@@ -560,7 +674,7 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
                 const int i = 4 * i4 + j, t = t0 + i / 64;
                 const int64_t row = (int64_t)blockIdx.x * 64 + i % 64;
                 if (t >= T || row >= N) continue;
-                epilogue(out, N, t, row, vv[j], WQ == WQ_I8 ? __half2float(scale[row]) : 1.0f, bias, gelu, n_valid);
+                epilogue(out, N, t, row, vv[j], WQ == WQ_I8 ? __half2float(scale[row]) : 1.0f, bias, epi, n_valid);
             }
         }
         return;
@@ -570,13 +684,22 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
         if (va) sca = __half2float(scale[ra]);
         if (vb) scb = __half2float(scale[rb]);
     }
+    if (sw) {
+#pragma unroll
+        for (int n = 0; n < NTILES; n++) {
+            int t = t0 + n * 8 + 2 * q;
+            if (va && t < T) epilogue_swiglu(out, I, t, ra, acc[n][0], acc[n][2], sca, scb, bias);
+            if (va && t + 1 < T) epilogue_swiglu(out, I, t + 1, ra, acc[n][1], acc[n][3], sca, scb, bias);
+        }
+        return;
+    }
 #pragma unroll
     for (int n = 0; n < NTILES; n++) {
         int t = t0 + n * 8 + 2 * q;
-        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], sca, bias, gelu, n_valid);
-        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], sca, bias, gelu, n_valid);
-        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], scb, bias, gelu, n_valid);
-        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], scb, bias, gelu, n_valid);
+        if (va && t < T) epilogue(out, N, t, ra, acc[n][0], sca, bias, epi, n_valid);
+        if (va && t + 1 < T) epilogue(out, N, t + 1, ra, acc[n][1], sca, bias, epi, n_valid);
+        if (vb && t < T) epilogue(out, N, t, rb, acc[n][2], scb, bias, epi, n_valid);
+        if (vb && t + 1 < T) epilogue(out, N, t + 1, rb, acc[n][3], scb, bias, epi, n_valid);
     }
 }
 
@@ -584,22 +707,31 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
  * per (row, token), pln_i4_get as the CPU reference reads it. */
 template <typename OT>
 __global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *W, const __half *scale,
-                                       int64_t G, const __half *bias, int T, int64_t N, int64_t K, int gelu,
+                                       int64_t G, const __half *bias, int T, int64_t N, int64_t K, int epi,
                                        int64_t n_valid)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    if (wid >= (int64_t)T * N) return;
-    int t = (int)(wid / N);
-    int64_t row = wid % N;
-    const uint8_t *wr = W + row * (K / 2);
-    float s = 0.0f;
-    for (int64_t k = lane; k < K; k += 32)
-        s += pln_dequant_i4(pln_i4_get(wr, k), __half2float(scale[row * (K / G) + k / G])) *
-             __half2float(x[(int64_t)t * K + k]);
-    s = pln_warp_sum(s);
-    if (lane == 0) epilogue(out, N, t, row, s, 1.0f, bias, gelu, n_valid);
+    const bool sw = epi == PLN_EPI_SWIGLU;
+    const int64_t NO = sw ? N / 2 : N;   /* as linear_naive_kernel */
+    if (wid >= (int64_t)T * NO) return;
+    int t = (int)(wid / NO);
+    int64_t row = wid % NO;
+    float s = 0.0f, su = 0.0f;
+    for (int h = 0; h < (sw ? 2 : 1); h++) {
+        const int64_t rr = row + h * NO;
+        const uint8_t *wr = W + rr * (K / 2);
+        float a = 0.0f;
+        for (int64_t k = lane; k < K; k += 32)
+            a += pln_dequant_i4(pln_i4_get(wr, k), __half2float(scale[rr * (K / G) + k / G])) *
+                 __half2float(x[(int64_t)t * K + k]);
+        a = pln_warp_sum(a);
+        if (h == 0) s = a; else su = a;
+    }
+    if (lane != 0) return;
+    if (sw) epilogue_swiglu(out, NO, t, row, s, su, 1.0f, 1.0f, bias);
+    else epilogue(out, N, t, row, s, 1.0f, bias, epi, n_valid);
 }
 
 /* ---- GeLU/-inf pass for the cuBLASLt path when an epilogue cannot do it ------------------- */
@@ -744,9 +876,10 @@ static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in,
 #define GEMV_FILL_PER_SM 4
 template <bool I8, bool GROUPED, typename OT>
 static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weight *W, const __half *b,
-                       int T, int gelu, int64_t n_valid)
+                       int T, int epi, int64_t n_valid)
 {
-    const int blocks = pln_cdiv(W->rows, 16);
+    /* SwiGLU: 8 gate/up pairs per block (gemv_kernel) */
+    const int blocks = epi == PLN_EPI_SWIGLU ? pln_cdiv(W->rows / 2, 8) : pln_cdiv(W->rows, 16);
     const int64_t nsteps = W->cols / (I8 ? 64 : 32);
     const int64_t target = (int64_t)GEMV_FILL_PER_SM * (c->sm_count > 0 ? c->sm_count : 1);
     int64_t kspl = 1;
@@ -771,13 +904,13 @@ static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weig
     const __half *sc = (const __half *)W->scale;
     if (T <= 8)
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 8, OT>)(
-            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, epi, n_valid, part, cnt, per);
     else if (T <= 16)
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, 16, OT>)(
-            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, epi, n_valid, part, cnt, per);
     else
         PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_kernel<I8, GROUPED, GEMV_MAX_T, OT>)(
-            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+            out, x, W->w, sc, W->group, b, T, W->rows, W->cols, epi, n_valid, part, cnt, per);
     return 0;
 }
 
@@ -790,12 +923,14 @@ static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weig
 #define GEMM_MIN_SPLIT_STEPS 8
 template <int WQ, typename OT>
 static int launch_gemm(pln_cuda_ctx *c, OT *out, const __half *x, const uint8_t *w, const pln_weight *W,
-                       const __half *b, int T, int gelu, int64_t n_valid)
+                       const __half *b, int T, int epi, int64_t n_valid)
 {
     const __half *sc = (const __half *)W->scale;
     const int bt = WQ != WQ_I4 && T > 32 ? 64 : 32;
     const int nk = (int)(W->cols / (WQ == WQ_I4 ? 128 : 64));
-    const int64_t tiles = (int64_t)pln_cdiv(W->rows, 64) * pln_cdiv(T, bt);
+    /* SwiGLU: 32 gate/up pairs per block (gemm_wq_kernel) */
+    const int row_tiles = epi == PLN_EPI_SWIGLU ? pln_cdiv(W->rows / 2, 32) : pln_cdiv(W->rows, 64);
+    const int64_t tiles = (int64_t)row_tiles * pln_cdiv(T, bt);
     const int64_t target = (int64_t)GEMM_FILL_PER_SM * (c->sm_count > 0 ? c->sm_count : 1);
     int64_t kspl = 1;
     if (tiles < target) {
@@ -813,13 +948,13 @@ static int launch_gemm(pln_cuda_ctx *c, OT *out, const __half *x, const uint8_t 
         cnt = pln_cuda_attn_counters(c, (size_t)tiles);
         if (!cnt) return -1;
     }
-    dim3 grid((unsigned)pln_cdiv(W->rows, 64), (unsigned)pln_cdiv(T, bt), (unsigned)kspl);
+    dim3 grid((unsigned)row_tiles, (unsigned)pln_cdiv(T, bt), (unsigned)kspl);
     if (bt == 64)
         PLN_LAUNCH(grid, 128, 0, c->stream, gemm_wq_kernel<WQ, WQ == WQ_I4 ? 32 : 64, OT>)(
-            out, x, w, sc, W->group, b, T, W->rows, W->cols, gelu, n_valid, part, cnt, per);
+            out, x, w, sc, W->group, b, T, W->rows, W->cols, epi, n_valid, part, cnt, per);
     else
         PLN_LAUNCH(grid, 128, 0, c->stream, gemm_wq_kernel<WQ, 32, OT>)(out, x, w, sc, W->group, b, T, W->rows,
-                                                                         W->cols, gelu, n_valid, part, cnt, per);
+                                                                         W->cols, epi, n_valid, part, cnt, per);
     return 0;
 }
 
@@ -827,21 +962,23 @@ static int launch_gemm(pln_cuda_ctx *c, OT *out, const __half *x, const uint8_t 
  * the 128-column step, or pointers not 16-byte aligned), by the same path rules as linear_typed. */
 template <typename OT>
 static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weight *W,
-                           const uint16_t *bias, int T, bool gelu, int64_t n_valid)
+                           const uint16_t *bias, int T, int epi, int64_t n_valid)
 {
     const __half *x = (const __half *)in;
     const __half *b = (const __half *)bias;
     const __half *sc = (const __half *)W->scale;
     const uint8_t *w = (const uint8_t *)W->w;
+    const bool sw = epi == PLN_EPI_SWIGLU;
+    const int64_t n_out = sw ? W->rows / 2 : W->rows;   /* outputs per token */
     const bool fast = W->cols % 128 == 0 && W->group % 32 == 0 && ((uintptr_t)W->w % 16 == 0) &&
                       ((uintptr_t)in % 16 == 0);
     pln_linear_path path = c->linear_path;
     if (path == PLN_LINEAR_AUTO) path = T <= GEMV_MAX_T_Q ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
     if (path == PLN_LINEAR_GEMV && T > GEMV_MAX_T) path = PLN_LINEAR_GEMM;
     if (!fast) path = PLN_LINEAR_NAIVE;
-    const int ig = gelu ? 1 : 0;
+    const int ig = epi;
     if (path == PLN_LINEAR_GEMV) {
-        dim3 grid((unsigned)pln_cdiv(W->rows, 16));
+        dim3 grid((unsigned)(sw ? pln_cdiv(n_out, 8) : pln_cdiv(W->rows, 16)));
         if (T <= 8)
             PLN_LAUNCH(grid, GEMV_WARPS * 32, 0, c->stream, gemv_i4_kernel<8, OT>)(out, x, w, sc, W->group, b, T,
                                                                                   W->rows, W->cols, ig, n_valid);
@@ -854,7 +991,7 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
     } else if (path == PLN_LINEAR_GEMM) {
         if (launch_gemm<WQ_I4, OT>(c, out, x, w, W, b, T, ig, n_valid)) return -1;
     } else {
-        int64_t threads = (int64_t)T * W->rows * 32;
+        int64_t threads = (int64_t)T * n_out * 32;
         PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_i4_kernel<OT>)(out, x, w, sc, W->group, b,
                                                                                             T, W->rows, W->cols, ig,
                                                                                             n_valid);
@@ -865,11 +1002,12 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
 
 template <typename OT>
 static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weight *W,
-                        const uint16_t *bias, int T, bool gelu, int64_t n_valid)
+                        const uint16_t *bias, int T, int epi, int64_t n_valid)
 {
     const __half *x = (const __half *)in;
     const __half *b = (const __half *)bias;
     const bool i8 = W->dtype == PLN_DTYPE_I8;
+    const bool sw = epi == PLN_EPI_SWIGLU, gelu = epi == PLN_EPI_GELU;
     const bool grouped = i8 && W->group != W->cols;
     /* Fast kernels need whole 16-byte steps: cols a multiple of 64 (int8 step) or 32 (fp16),
      * groups of whole 16-column chunks, 16-byte aligned rows. */
@@ -879,7 +1017,7 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
     if (path == PLN_LINEAR_AUTO) path = T <= (i8 ? GEMV_MAX_T_Q : GEMV_MAX_T_F16) ? PLN_LINEAR_GEMV : PLN_LINEAR_GEMM;
     if (path == PLN_LINEAR_GEMV && T > GEMV_MAX_T) path = PLN_LINEAR_GEMM;
     if (!fast) path = PLN_LINEAR_NAIVE;
-    const int ig = gelu ? 1 : 0;
+    const int ig = epi;
 
     if (path == PLN_LINEAR_GEMV) {
         int rc = !i8      ? launch_gemv<false, false, OT>(c, out, x, W, b, T, ig, n_valid)
@@ -898,10 +1036,18 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
     }
     if (path == PLN_LINEAR_GEMM) {
         /* The epilogue does bias (+ GeLU) when it can; a bias that is not 16-byte aligned, GeLU
-         * when the epilogue is turned off, and the -inf padding rows go through post_kernel. */
+         * when the epilogue is turned off, and the -inf padding rows go through post_kernel.
+         * cuBLASLt has no SwiGLU epilogue: the [T, 2I] projection goes to scratch and
+         * swiglu_kernel makes out of it (two launches, as linear then swiglu). */
         const bool lt_bias = bias && ((uintptr_t)bias & 15) == 0;
         const bool lt_gelu = gelu && c->gelu_epilogue && (lt_bias || !bias);
-        int lt = linear_cublaslt(c, out, sizeof(OT) == 4, in, W, lt_bias ? bias : NULL, T, lt_gelu);
+        OT *lt_out = out;
+        if (sw) {
+            if (sizeof(OT) != 2) return pln_errorf("linear: the SwiGLU epilogue writes fp16 activations only");
+            lt_out = (OT *)pln_cuda_scratch(c, (size_t)T * (size_t)W->rows * sizeof(__half));
+            if (!lt_out) return -1;
+        }
+        int lt = linear_cublaslt(c, lt_out, sizeof(OT) == 4, in, W, lt_bias ? bias : NULL, T, lt_gelu);
         if (lt < 0) return -1;
         if (lt > 0) {
             /* cuBLASLt has no algorithm for this shape: the plain kernel is slow but correct. */
@@ -916,13 +1062,14 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
         const bool pg = gelu && !lt_gelu;
         if (pb || pg || n_valid < W->rows) {
             int64_t n = (int64_t)T * W->rows;
-            PLN_LAUNCH(pln_cdiv(n, 256), 256, 0, c->stream, post_kernel<OT>)(out, T, W->rows, pb, pg ? 1 : 0, n_valid);
+            PLN_LAUNCH(pln_cdiv(n, 256), 256, 0, c->stream, post_kernel<OT>)(lt_out, T, W->rows, pb, pg ? 1 : 0, n_valid);
             cudaCheckLaunch();
         }
+        if (sw) return pln_cuda_swiglu(c, out, lt_out, T, W->rows / 2);
         return 0;
     }
 naive:
-    int64_t threads = (int64_t)T * W->rows * 32;
+    int64_t threads = (int64_t)T * (sw ? W->rows / 2 : W->rows) * 32;
     PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_kernel<OT>)(
         out, x, W->w, i8, (const __half *)W->scale, i8 ? W->group : 1, b, T, W->rows, W->cols, ig, n_valid);
     cudaCheckLaunch();
@@ -930,16 +1077,21 @@ naive:
 }
 
 int pln_cuda_linear(pln_cuda_ctx *c, void *out, bool out_f32, const void *in, const pln_weight *W,
-                    const uint16_t *bias, int32_t T, bool gelu, int64_t n_valid)
+                    const uint16_t *bias, int32_t T, int epi, int64_t n_valid)
 {
     if (T <= 0) return 0;
+    if (epi != PLN_EPI_NONE && epi != PLN_EPI_GELU && epi != PLN_EPI_SWIGLU)
+        return pln_errorf("linear: unknown epilogue %d", epi);
+    if (epi == PLN_EPI_SWIGLU && (W->rows % 2 || out_f32))
+        return pln_errorf("linear: the SwiGLU epilogue needs an even row count ([gate ; up], got %lld) and fp16 output",
+                          (long long)W->rows);
     if (W->dtype == PLN_DTYPE_U8) {   /* packed int4 */
         if (!W->scale || W->group <= 0 || W->group % 32 || W->cols % W->group)
             return pln_errorf("linear: int4 weight [%lld, %lld] needs scales with a group that is a multiple of 32 and "
                               "divides the columns (group %lld)", (long long)W->rows, (long long)W->cols, (long long)W->group);
         if (n_valid > W->rows) n_valid = W->rows;
-        if (out_f32) return linear_i4_typed<float>(c, (float *)out, in, W, bias, T, gelu, n_valid);
-        return linear_i4_typed<__half>(c, (__half *)out, in, W, bias, T, gelu, n_valid);
+        if (out_f32) return linear_i4_typed<float>(c, (float *)out, in, W, bias, T, epi, n_valid);
+        return linear_i4_typed<__half>(c, (__half *)out, in, W, bias, T, epi, n_valid);
     }
     if (W->dtype != PLN_DTYPE_F16 && W->dtype != PLN_DTYPE_I8)
         return pln_errorf("linear: weight dtype %s is not supported (F16, I8 or packed int4)", pln_dtype_name(W->dtype));
@@ -947,6 +1099,6 @@ int pln_cuda_linear(pln_cuda_ctx *c, void *out, bool out_f32, const void *in, co
         return pln_errorf("linear: int8 weight [%lld, %lld] needs scales with a group dividing the columns (group %lld)",
                           (long long)W->rows, (long long)W->cols, (long long)W->group);
     if (n_valid > W->rows) n_valid = W->rows;
-    if (out_f32) return linear_typed<float>(c, (float *)out, in, W, bias, T, gelu, n_valid);
-    return linear_typed<__half>(c, (__half *)out, in, W, bias, T, gelu, n_valid);
+    if (out_f32) return linear_typed<float>(c, (float *)out, in, W, bias, T, epi, n_valid);
+    return linear_typed<__half>(c, (__half *)out, in, W, bias, T, epi, n_valid);
 }

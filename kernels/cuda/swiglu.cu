@@ -6,11 +6,6 @@
 
 #define SWIGLU_THREADS 256
 
-__device__ __forceinline__ float swiglu_h(float g, float u)
-{
-    return __half2float(__float2half_rn(pln_silu(g))) * u;
-}
-
 __global__ void __launch_bounds__(SWIGLU_THREADS)
 swiglu_kernel(__half *out, const __half *in, int64_t I, bool vec)
 {
@@ -26,11 +21,11 @@ swiglu_kernel(__half *out, const __half *in, int64_t I, bool vec)
         pln_h8_to_f(((const pln_h8 *)g)[v], gf);
         pln_h8_to_f(((const pln_h8 *)u)[v], uf);
 #pragma unroll
-        for (int j = 0; j < 8; j++) gf[j] = swiglu_h(gf[j], uf[j]);
+        for (int j = 0; j < 8; j++) gf[j] = pln_swiglu_h(gf[j], uf[j]);
         ((pln_h8 *)o)[v] = pln_f_to_h8(gf);
     } else {
         for (int64_t i = (int64_t)blockIdx.x * SWIGLU_THREADS + threadIdx.x; i < I; i += (int64_t)gridDim.x * SWIGLU_THREADS)
-            o[i] = __float2half_rn(swiglu_h(__half2float(g[i]), __half2float(u[i])));
+            o[i] = __float2half_rn(pln_swiglu_h(__half2float(g[i]), __half2float(u[i])));
     }
 }
 

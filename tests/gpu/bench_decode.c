@@ -585,6 +585,7 @@ static int do_llama(void *arg, int it)
     case 5: return be->linear(be, a->gub, a->ln, &a->gu, NULL, B, false);
     case 6: return be->swiglu(be, a->act, a->gub, B, a->sh->inter);
     case 7: return be->linear(be, a->y, a->act, &a->down, NULL, B, false);
+    case 8: return be->linear(be, a->act, a->ln, &a->gu, NULL, B, PLN_EPI_SWIGLU);   /* what the model runs */
     }
     return -1;
 }
@@ -593,8 +594,10 @@ static void llama_ops(int32_t ctx)
 {
     static const llama_shape shapes[2] = {{"llama3.1-8b-tp1", 4096, 32, 8, 14336, 32},
                                           {"llama3.1-70b-tp8", 8192, 8, 1, 3584, 80}};
-    static const char *names[8] = {"qkv_proj", "rope", "attention", "o_proj", "residual+rmsnorm", "gate_up_proj",
-                                   "swiglu", "down_proj"};
+    /* gate_up_proj and swiglu apart, for comparison; the step sums gate_up+swiglu, the fused
+     * epilogue the model runs (backend.h linear_swiglu) */
+    static const char *names[9] = {"qkv_proj", "rope", "attention", "o_proj", "residual+rmsnorm", "gate_up_proj",
+                                   "swiglu", "down_proj", "gate_up+swiglu"};
     const int32_t D = 128, BS_L = 16;
     for (int si = 0; si < 2; si++) {
         const llama_shape *sh = &shapes[si];
@@ -644,7 +647,8 @@ static void llama_ops(int32_t ctx)
             a.meta = m;
             if (be->sync(be)) DIE("llama state");
             double step_ms = 0;
-            for (int w = 0; w < 8; w++) {
+            for (int w = 0; w < 9; w++) {
+                if (w == 8 && !be->linear_swiglu) continue;
                 a.which = w;
                 double ms = time_ms(do_llama, &a, 3, 4 * LL_ROT), bytes = 0;
                 switch (w) {
@@ -656,9 +660,11 @@ static void llama_ops(int32_t ctx)
                 case 5: bytes = wbytes(&a.gu) + (double)B * (H + 2 * I) * 2; break;
                 case 6: bytes = (double)B * I * 2 * 3; break;
                 case 7: bytes = wbytes(&a.down) + (double)B * (I + H) * 2; break;
+                case 8: bytes = wbytes(&a.gu) + (double)B * (H + I) * 2; break;
                 }
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
-                step_ms += ms * sh->layers * (w == 4 ? 2 : 1);
+                const bool fused = be->linear_swiglu;
+                if (!(fused && (w == 5 || w == 6))) step_ms += ms * sh->layers * (w == 4 ? 2 : 1);
                 printf("  op %-18s %s batch %d: %8.1f us  %7.0f GB/s  (%3.0f%% of copy)\n", names[w], sh->name, B, ms * 1e3,
                        gbs, 100 * gbs / g_copy_gbs);
                 char key[128];

@@ -52,6 +52,13 @@ run_tp() { # run_tp TP SET args...: one process per rank; ranks share GPU 0 unle
   return $rc
 }
 check_tp_fidelity run_tp " on $BACKEND$HARNESS" 1e-2 5e-2 1e-2 "${SPECS[@]}"
+# An int4 set under generate's default --int-dot (auto: on for int4 sets, but only the cpu
+# backend has that path): the CUDA backend runs it with its own kernels, as it runs int8 (its
+# values against the cpu backend: test_cuda_e2e).
+check "llama-gqa int4: reshard" "$POLLEN" reshard tests/fixtures/models/llama-gqa/bf16-st -o "$TMP/lg-int4" --tp 1 \
+  --dtype int4 --group-size 32 --quiet
+check "llama-gqa int4 on $BACKEND$HARNESS: generate with the default --int-dot runs" \
+  run_tp 1 "$TMP/lg-int4" --token-ids 1,5,9,100,200 --max-new-tokens 4 --quiet
 # The launch budget per decode layer at TP 2 (test_cuda_e2e checks it at TP 1): from the
 # harness's launch log, so only here.
 E2E_BIN=${PLN_BUILD:-build}/emu/tests-gpu/test_cuda_e2e

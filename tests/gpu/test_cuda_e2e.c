@@ -212,12 +212,17 @@ static void check_graphs(const char *label, const char *dir, const ref_t *r)
  * all-reduces are not counted (NCCL does not run on the harness; on a GPU they add 2 per layer at
  * TP > 1). */
 #define LAUNCH_BUDGET_PER_LAYER 7
+/* The Llama family's layer: qkv GEMV (biases in its epilogue), rotary, attention with the KV
+ * append fused, o_proj GEMV, residual + RMSNorm, gate|up GEMV with SwiGLU in its epilogue, down_proj
+ * GEMV, residual + RMSNorm (9 with SwiGLU as a launch of its own). */
+#define LAUNCH_BUDGET_PER_LAYER_LLAMA 8
 
 /* The launch budget of one decode step (batch 1, position n, op by op) from the harness's launch
- * log: the launches between the embedding's two LayerNorms and gather_rows (the logits' rows),
- * divided by the layers. Run at TP 1 here and at TP 2 under mpirun (--launches DIR, from
- * tests/gpu/e2e_cuda_tp.sh). */
-static void check_launches(const char *label, const char *dir, const ref_t *r)
+ * log: the launches between the first layer's norm and gather_rows (the logits' rows), divided by
+ * the layers; head: the launches before the first layer (BLOOM: the embedding and its two
+ * LayerNorms, 3; Llama: the embedding and the first RMSNorm, 2). Run at TP 1 here and at TP 2
+ * under mpirun (--launches DIR, from tests/gpu/e2e_cuda_tp.sh). */
+static void check_launches(const char *label, const char *dir, const ref_t *r, size_t head, int budget)
 {
     setenv("PLN_GRAPHS", "0", 1);
     pln_engine *e = open_set(dir, g_gpu);
@@ -246,18 +251,17 @@ static void check_launches(const char *label, const char *dir, const ref_t *r)
     for (size_t i = 0; i < n && !gather; i++)
         if (strstr(pln_emu_launch_at(n0 + i)->kernel, "gather")) gather = i;
     const char *k0 = n ? pln_emu_launch_at(n0)->kernel : "";
-    CHECK(rc == 0 && gather > 3 && strstr(k0, "embed"), "%s: the step starts with the embedding (%s) and gathers the "
+    CHECK(rc == 0 && gather > head && strstr(k0, "embed"), "%s: the step starts with the embedding (%s) and gathers the "
           "logits' rows (launch %zu of %zu)", label, k0, gather, n);
-    double per_layer = gather > 3 ? (double)(gather - 3) / (double)info.n_layer : 1e9;
+    double per_layer = gather > head ? (double)(gather - head) / (double)info.n_layer : 1e9;
     printf("%s %s TP %d decode step at batch 1: %zu launches, %.2f per layer (budget %d) %s\n", label, g_gpu, info.tp, n,
-           per_layer, LAUNCH_BUDGET_PER_LAYER, per_layer <= LAUNCH_BUDGET_PER_LAYER ? "OK" : "NOT OK");
+           per_layer, budget, per_layer <= budget ? "OK" : "NOT OK");
     for (size_t i = 0; i < n; i++) {
         const pln_emu_launch_rec *l = pln_emu_launch_at(n0 + i);
-        if (i < gather && i >= 3 && i < 3 + (gather - 3) / (size_t)info.n_layer)
+        if (i < gather && i >= head && i < head + (gather - head) / (size_t)info.n_layer)
             printf("  layer 0 launch: %s grid %u,%u,%u block %u\n", l->kernel, l->grid[0], l->grid[1], l->grid[2], l->block[0]);
     }
-    CHECK(per_layer <= LAUNCH_BUDGET_PER_LAYER, "%s: %.2f launches per layer > budget %d", label, per_layer,
-          LAUNCH_BUDGET_PER_LAYER);
+    CHECK(per_layer <= budget, "%s: %.2f launches per layer > budget %d", label, per_layer, budget);
     pln_engine_shutdown(e);
     pln_engine_close(e);
 }
@@ -280,7 +284,7 @@ int main(int argc, char **argv)
     if (argc > 2 && !strcmp(argv[1], "--launches")) {   /* only the launch budget, on the set argv[2] (bloom-4h) */
         ref_t r;
         if (ref_open(&r, "tests/fixtures/models/bloom-4h/reference-f16.safetensors")) CHECK(0, "bloom-4h: reference opens");
-        else { check_launches("bloom-4h", argv[2], &r); pln_safetensors_close(&r.st); }
+        else { check_launches("bloom-4h", argv[2], &r, 3, LAUNCH_BUDGET_PER_LAYER); pln_safetensors_close(&r.st); }
         pln_comm_free(g_comm);
         return test_done();
     }
@@ -297,7 +301,7 @@ int main(int argc, char **argv)
         if (dir) check_fp16(label, dir, &r);
         if (dir) check_graphs(label, dir, &r);
 #ifdef PLN_CUDA_EMU
-        if (dir) check_launches(label, dir, &r);
+        if (dir) check_launches(label, dir, &r, 3, LAUNCH_BUDGET_PER_LAYER);
 #endif
         if (dir && k == 0) {   /* LayerNorm rows over several blocks (two launches each), prefill and graphs */
             char ls[96];
@@ -330,11 +334,13 @@ int main(int argc, char **argv)
      * fp32 forward with BLOOM's bounds. llama-gqa: 8 q / 2 KV heads, untied head (its bf16 weights
      * become fp16 exactly, so reference-bf16), and grouped decode as graphs; qwen2-bias: q/k/v
      * biases from fp32 weights; llama3-tied: one KV head, llama3 rotary scaling, tied head. Graphs
-     * on one set only: on the harness they cost 5 s a set. */
-    struct { const char *model, *src, *ref; bool graphs; } lsets[] = {
-        {"llama-gqa", "bf16-st", "reference-bf16", true},
-        {"qwen2-bias", "fp32-bin", "reference-f16", false},
-        {"llama3-tied", "fp16-bin", "reference-f16", false},
+     * on one set only: on the harness they cost 5 s a set. int8 (per row) and int4 (groups of 32)
+     * sets against the CPU engine on the same set, as BLOOM's, and the launch budget, on
+     * llama-gqa and qwen2-bias. */
+    struct { const char *model, *src, *ref; bool graphs, quant; } lsets[] = {
+        {"llama-gqa", "bf16-st", "reference-bf16", true, true},
+        {"qwen2-bias", "fp32-bin", "reference-f16", false, true},
+        {"llama3-tied", "fp16-bin", "reference-f16", false, false},
     };
     for (size_t k = 0; k < sizeof lsets / sizeof lsets[0]; k++) {
         char label[64], path[256];
@@ -346,7 +352,26 @@ int main(int argc, char **argv)
         CHECK(dir != NULL, "%s: reshard fp16", label);
         if (dir) check_fp16(label, dir, &r);
         if (dir && lsets[k].graphs) check_graphs(label, dir, &r);
+#ifdef PLN_CUDA_EMU
+        if (dir && lsets[k].quant) check_launches(label, dir, &r, 2, LAUNCH_BUDGET_PER_LAYER_LLAMA);
+#endif
         free(dir);
+        if (lsets[k].quant) {
+            dir = fixture_reshard(lsets[k].model, lsets[k].src, 1, "int8");
+            CHECK(dir != NULL, "%s: reshard int8", label);
+            if (dir) check_int8(label, dir, &r);
+            free(dir);
+            dir = pln_xasprintf("%s/%s-%s-tp1-int4g32", test_tmpdir(), lsets[k].model, lsets[k].src);
+            char *cmd = pln_xasprintf("%s/pollen reshard tests/fixtures/models/%s/%s -o %s --tp 1 --dtype int4 --group-size 32 "
+                                      "--quiet", fixture_build(), lsets[k].model, lsets[k].src, dir);
+            int src = system(cmd);
+            CHECK(src == 0, "%s: %s", label, cmd);
+            char l4[96];
+            snprintf(l4, sizeof l4, "%s int4 g32", label);
+            if (src == 0) check_int8(l4, dir, &r);
+            free(cmd);
+            free(dir);
+        }
         pln_safetensors_close(&r.st);
     }
 #ifdef PLN_CUDA_EMU

@@ -377,6 +377,67 @@ static void test_linear_ex(pln_dtype dt, int64_t rows, int64_t cols, int64_t gro
     free_host_weight(&hw); free(hb); free(x); free(want); free(got);
 }
 
+/* SwiGLU in the gate|up linear's epilogue (backend.h PLN_EPI_SWIGLU), on every path (GEMV, GEMM
+ * or cuBLASLt, the plain kernels, split-k): bit for bit linear then swiglu on the same backend,
+ * and within the linear's bounds of the CPU backend's fused result. rows = 2 I. */
+static void test_linear_swiglu(pln_dtype dt, int64_t I, int64_t cols, int64_t group, int32_t T, bool bias)
+{
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s [%lld x %lld] T %d%s G%lld", dt == PLN_DTYPE_F16 ? "f16" : dt == PLN_DTYPE_U8 ? "i4" : "i8",
+             (long long)(2 * I), (long long)cols, T, bias ? " +bias" : "", (long long)group);
+    host_weight hw = make_weight(dt, 2 * I, cols, group);
+    uint16_t *hb = rnd_f16((size_t)(2 * I), -0.5f, 0.5f);
+    size_t nin = (size_t)T * cols, nout = (size_t)T * I;
+    float *x = rnd_act(nin, -1, 1);
+    float *want = pln_xmalloc(nout * 4), *got = pln_xmalloc(nout * 4), *two = pln_xmalloc(nout * 4);
+    void *cb[2];
+    pln_weight cw = up_weight(g_cpu, &hw, cb);
+    void *cx = up_act(g_cpu, x, nin), *cbias = bias ? up(g_cpu, hb, (size_t)(2 * I) * 2) : NULL;
+    void *co = poisoned(g_cpu, nout * 4);
+    CHECK(g_cpu->linear(g_cpu, co, cx, &cw, cbias, T, PLN_EPI_SWIGLU) == 0, "cpu linear swiglu: %s", pln_error());
+    down_act(g_cpu, want, co, nout);
+    void *gb[2];
+    pln_weight gw = up_weight(g_gpu, &hw, gb);
+    void *gx = up_act(g_gpu, x, nin), *gbias = bias ? up(g_gpu, hb, (size_t)(2 * I) * 2) : NULL;
+    void *go = dalloc(g_gpu, nout * g_gpu->act_size), *gh = dalloc(g_gpu, 2 * nout * g_gpu->act_size);
+    CHECK(g_gpu->linear_swiglu, "the %s backend reports the SwiGLU epilogue", g_gpu->name);
+    for (int path = 0; path < 6; path++) {
+        if ((path == 1 || path == 4) && T > 32) continue;
+        if (path == 4 && (g_self || dt == PLN_DTYPE_U8)) continue;
+        if (path == 5 && (g_self || dt == PLN_DTYPE_F16)) continue;
+        if (g_self && path) continue;
+        set_path(path == 4 ? 1 : path == 5 ? 2 : path);
+        if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 3);
+        poison(g_gpu, go, nout * g_gpu->act_size);
+        CHECK(g_gpu->linear(g_gpu, gh, gx, &gw, gbias, T, PLN_EPI_NONE) == 0, "cuda linear (%s): %s", path_name[path], pln_error());
+        CHECK(g_gpu->swiglu(g_gpu, go, gh, T, I) == 0, "cuda swiglu: %s", pln_error());
+        down_act(g_gpu, two, go, nout);
+        poison(g_gpu, go, nout * g_gpu->act_size);
+        CHECK(g_gpu->linear(g_gpu, go, gx, &gw, gbias, T, PLN_EPI_SWIGLU) == 0, "cuda linear swiglu (%s): %s", path_name[path],
+              pln_error());
+        if (path >= 4) pln_cuda_set_gemv_splits(g_gpu, 0);
+        down_act(g_gpu, got, go, nout);
+        size_t differ = 0;
+        for (size_t i = 0; i < nout; i++) differ += memcmp(&got[i], &two[i], 4) != 0;
+        printf("linear+swiglu/%s %s: %zu of %zu differ from linear then swiglu %s\n", path_name[path], shape, differ, nout,
+               differ ? "NOT OK" : "OK");
+        CHECK(differ == 0, "linear+swiglu/%s %s: %zu outputs differ from linear then swiglu", path_name[path], shape, differ);
+        char op[40];
+        snprintf(op, sizeof op, "linear+swiglu/%s", path_name[path]);
+        report(op, shape, got, want, nout, 5e-3);
+        report_elems(op, shape, got, want, nout, I, 0.1);
+    }
+    set_path(0);
+    /* an odd row count is no [gate ; up] pair */
+    pln_weight odd = gw;
+    odd.rows = 2 * I - 1;
+    CHECK(g_gpu->linear(g_gpu, go, gx, &odd, NULL, T, PLN_EPI_SWIGLU) != 0, "SwiGLU on %lld rows must fail", (long long)odd.rows);
+    g_cpu->free(g_cpu, cb[0]); g_cpu->free(g_cpu, cb[1]); g_cpu->free(g_cpu, cx); g_cpu->free(g_cpu, cbias); g_cpu->free(g_cpu, co);
+    g_gpu->free(g_gpu, gb[0]); g_gpu->free(g_gpu, gb[1]); g_gpu->free(g_gpu, gx); g_gpu->free(g_gpu, gbias); g_gpu->free(g_gpu, go);
+    g_gpu->free(g_gpu, gh);
+    free_host_weight(&hw); free(hb); free(x); free(want); free(got); free(two);
+}
+
 /* ---- logits (F32 out, padding rows -inf), logit_process, topk --------------------------------- */
 /* Each kernel path (as linear), including the cuBLASLt F32 output with the -inf pass after it
  * (S > 16 on fp16) and the int8 GEMM's F32 epilogue over several 64-token tiles. */
@@ -1223,6 +1284,15 @@ int main(int argc, char **argv)
     test_swiglu(3, 64);
     test_swiglu(2, 1000);
     test_swiglu(4, 13);                               /* element path */
+    /* SwiGLU in the gate|up linear: fp16, int8 per row and grouped, int4; decode (GEMV), prefill
+     * (GEMM / cuBLASLt), pairs not a multiple of a block's 8 or 32, columns the plain kernels take */
+    test_linear_swiglu(PLN_DTYPE_F16, 64, 256, 0, 1, false);
+    test_linear_swiglu(PLN_DTYPE_F16, 37, 128, 0, 20, true);
+    test_linear_swiglu(PLN_DTYPE_I8, 64, 256, 256, 3, true);
+    test_linear_swiglu(PLN_DTYPE_I8, 40, 256, 32, 40, false);
+    test_linear_swiglu(PLN_DTYPE_U8, 37, 256, 32, 2, true);
+    test_linear_swiglu(PLN_DTYPE_U8, 64, 256, 64, 40, false);
+    test_linear_swiglu(PLN_DTYPE_F16, 5, 96, 0, 3, true);    /* 5 pairs: a part-full GEMV block */
     test_sampling(3, 1003, 0, 5, false);
     test_sampling(2, 502, 501, 1, false);
     test_sampling(4, 250, 0, 40, true);

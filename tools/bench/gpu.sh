@@ -162,7 +162,7 @@ table() {
     BEGIN {
       while ((getline line < res) > 0) { split(line, w, " "); if (!(w[1] in val)) val[w[1]] = w[2] }
       nm = split("llama3.1-8b-tp1 llama3.1-70b-tp8", M, " ")
-      no = split("qkv_proj rope attention o_proj residual+rmsnorm gate_up_proj swiglu down_proj", O, " ")
+      no = split("qkv_proj rope attention o_proj residual+rmsnorm gate_up_proj swiglu gate_up+swiglu down_proj", O, " ")
       for (i = 1; i <= nm; i++) {
         for (j = 1; j <= no; j++) { k = "llama_" M[i] "_" O[j]
           printf "  %-17s %-17s batch 1 %9s   batch 8 %9s\n", M[i], O[j], f(k "_b1_us", 1) "/" f(k "_b1_gbs", 0),
