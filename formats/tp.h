@@ -189,14 +189,22 @@ int8_t pln_tp_quant_one(float x, float inv_scale);
 /* How a group's int4 scale is chosen. */
 typedef enum {
     PLN_TP_I4_ABSMAX = 0,  /* scale = fp16(absmax / 7): no value clipped (the baseline) */
-    PLN_TP_I4_SEARCH,      /* the scale of least squared error over a grid of clipping ratios, each
-                            * refined by least squares for its rounding (what reshard writes) */
+    PLN_TP_I4_SEARCH,      /* the scale of least weighted squared error (weights w^2 + mean(w^2) of
+                            * the group) over a grid of clipping ratios (what reshard writes) */
 } pln_tp_i4_method;
 
 /* Quantizes one row of cols values (cols % 32 == 0, group % 32 == 0, group divides cols) into
- * cols/2 packed bytes and cols/group fp16 scales; adds the row's error to *err (double sums in
- * a fixed order: deterministic). The error is measured with the stored (fp16) scale. */
+ * cols/2 packed bytes and cols/group fp16 scales; adds the row's error to *err (per-group float
+ * sums in a fixed lane order, added up in double: deterministic). The error is measured with the
+ * stored (fp16) scale. Uses AVX-512 or AVX2 where the CPU has them; every result is bit-identical
+ * to the plain C path's. Thread-safe. */
 void pln_tp_quant_row_i4(const float *w, int64_t cols, int64_t group, pln_tp_i4_method method,
                          uint8_t *packed, uint16_t *scales, pln_tp_qerr *err);
+/* The code paths of pln_tp_quant_row_i4. */
+typedef enum { PLN_TP_ISA_C = 0, PLN_TP_ISA_AVX2, PLN_TP_ISA_AVX512 } pln_tp_isa;
+/* pln_tp_quant_row_i4 on the given path; false (nothing written) when this build or CPU lacks it.
+ * For the test that holds every SIMD path to the C one. */
+bool pln_tp_quant_row_i4_isa(pln_tp_isa isa, const float *w, int64_t cols, int64_t group, pln_tp_i4_method method,
+                             uint8_t *packed, uint16_t *scales, pln_tp_qerr *err);
 
 #endif

@@ -391,9 +391,23 @@ static double asym_err(const float *w, int64_t n) {
     return best;
 }
 
+/* The search's objective (formats/tp.c): squared error weighted by w^2 + mean(w^2) of the group,
+ * here in double from the stored nibbles and scale. */
+static double weighted_err(const float *w, int64_t n, const uint8_t *pk, uint16_t sc) {
+    double msq = 0, e = 0, s = pln_f16_to_f32(sc);
+    for (int64_t j = 0; j < n; j++) msq += (double)w[j] * w[j];
+    msq /= (double)n;
+    for (int64_t j = 0; j < n; j++) {
+        double d = (double)w[j] - pln_i4_get(pk, j) * s;
+        e += ((double)w[j] * w[j] + msq) * d * d;
+    }
+    return e;
+}
+
 /* int4 quantization: packing round-trips, exactly representable groups come back exactly, the
- * searched scale is never worse than absmax on any group and clearly better on Gaussian and
- * heavy-tailed weights (the figures FORMAT.md quotes), and the zero-point variant's error. */
+ * searched scale is never worse than absmax by its own objective on any group and clearly better
+ * in plain weight error on Gaussian and heavy-tailed weights (the figures FORMAT.md quotes), and
+ * the zero-point variant's error. */
 static void test_int4_quant(void) {
     uint8_t row[64];
     memset(row, 0, sizeof row);
@@ -440,8 +454,10 @@ static void test_int4_quant(void) {
             for (int64_t g0 = 0; g0 < N; g0 += G) {
                 pln_tp_qerr a1 = {0}, s1 = {0};
                 pln_tp_quant_row_i4(data[d] + g0, G, G, PLN_TP_I4_ABSMAX, p, s, &a1);
+                double wa = weighted_err(data[d] + g0, G, p, s[0]);
                 pln_tp_quant_row_i4(data[d] + g0, G, G, PLN_TP_I4_SEARCH, p, s, &s1);
-                worse += s1.err2 > a1.err2;
+                /* the search compares in float: a near-tie may come out a rounding worse in double */
+                worse += weighted_err(data[d] + g0, G, p, s[0]) > wa * (1 + 1e-5);
                 pln_tp_qerr_merge(&ea, &a1);
                 pln_tp_qerr_merge(&es, &s1);
             }
@@ -452,14 +468,44 @@ static void test_int4_quant(void) {
                    dname[d], (long long)G, ra, rs, 100 * (1 - rs / ra), rz, 100 * (rz / rs - 1));
             sym_rms[d][gi] = rs;
             zp_rms[d][gi] = rz;
-            CHECK(worse == 0, "%s g%lld: the search made %d groups worse than absmax", dname[d], (long long)G, worse);
+            CHECK(worse == 0, "%s g%lld: the search made %d groups worse than absmax (weighted error)", dname[d], (long long)G, worse);
             CHECK(rs < 0.95 * ra, "%s g%lld: searched scale %.4f not clearly below absmax %.4f", dname[d], (long long)G, rs, ra);
         }
-    /* At equal bytes a zero point buys nothing: its extra fp16 per group makes g128 cost 4.25 bits
-     * per weight, what symmetric g64 costs, and symmetric g64 is as good or better */
+    /* At equal bytes a zero point buys little: its extra fp16 per group makes g128 cost 4.25 bits
+     * per weight, what symmetric g64 costs; symmetric g64 (searched for the model's output, not for
+     * the least weight error) comes within 5 % of zero-point g128 on Gaussian weights (whose
+     * error the zero-point search minimizes) and is clearly better on heavy-tailed ones */
     for (int d = 0; d < 2; d++) {
         printf("int4 %-12s at 4.25 bits/weight: symmetric g64 %.4f, zero-point g128 %.4f\n", dname[d], sym_rms[d][1], zp_rms[d][2]);
-        CHECK(sym_rms[d][1] <= zp_rms[d][2] * 1.02, "%s: zero-point g128 %.4f clearly beats symmetric g64 %.4f", dname[d], zp_rms[d][2], sym_rms[d][1]);
+        CHECK(sym_rms[d][1] <= zp_rms[d][2] * (d ? 0.95 : 1.05), "%s: zero-point g128 %.4f against symmetric g64 %.4f", dname[d],
+              zp_rms[d][2], sym_rms[d][1]);
+    }
+    /* every SIMD path this CPU has (AVX2, AVX-512) and the C path: the same bytes, scales and
+     * sums for Gaussian, heavy-tailed, zero, tiny, huge and NaN values, every group size */
+    for (int isa = PLN_TP_ISA_AVX2; isa <= PLN_TP_ISA_AVX512; isa++) {
+        enum { C = 512 };
+        float *v = malloc(C * sizeof *v);
+        uint8_t pa[C / 2], pc[C / 2];
+        uint16_t sa[C / 32], scc[C / 32];
+        int diff = 0, ran = 0;
+        for (int rep = 0; rep < 40; rep++) {
+            for (int j = 0; j < C; j++) v[j] = (rep & 1 ? h : g)[(rep * C + j) % N];
+            if (rep % 5 == 2) for (int j = 0; j < 64; j++) v[j] = 0;                 /* an all-zero group */
+            if (rep % 5 == 3) { v[7] = 1e30f; v[40] = -3e-41f; v[41] = 6e-8f; }     /* huge, subnormal, tiny */
+            if (rep % 5 == 4) { v[3] = NAN; v[100] = -INFINITY; }
+            for (int64_t G = 32; G <= 128; G *= 2) {
+                pln_tp_qerr ea = {0}, ec = {0};
+                if (!pln_tp_quant_row_i4_isa((pln_tp_isa)isa, v, C, G, PLN_TP_I4_SEARCH, pa, sa, &ea)) continue;
+                ran++;
+                pln_tp_quant_row_i4_isa(PLN_TP_ISA_C, v, C, G, PLN_TP_I4_SEARCH, pc, scc, &ec);
+                bool same = !memcmp(pa, pc, sizeof pa) && !memcmp(sa, scc, (size_t)(C / G) * 2) &&
+                            !memcmp(&ea, &ec, sizeof ea);
+                diff += !same;
+            }
+        }
+        printf("int4 %s path: %s\n", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", ran ? "checked against C" : "not on this CPU");
+        CHECK(diff == 0, "int4 %s and C paths differ in %d of %d rows", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", diff, ran);
+        free(v);
     }
     free(g); free(h); free(p); free(s);
 }
