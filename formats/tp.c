@@ -298,6 +298,15 @@ size_t pln_tp_row_bytes(const pln_tp_entry *e) {
     return (size_t)e->cols * (e->transform == PLN_TP_QUANT_I8 ? 1 : 2);
 }
 
+uint32_t pln_tp_work_per_byte(const pln_tp_entry *e) {
+    switch (e->transform) {
+    case PLN_TP_TO_F16: return 1;
+    case PLN_TP_QUANT_I8: return 2;
+    case PLN_TP_QUANT_I4: return e->group > 0 ? 4 + (uint32_t)(256 / e->group) : 6;
+    default: return 0;
+    }
+}
+
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e) {
     return (uint64_t)e->shape[0] * (uint64_t)e->shape[1] * pln_dtype_size(e->dtype);
 }

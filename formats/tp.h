@@ -126,6 +126,12 @@ bool pln_tp_is_quant(const pln_tp_entry *e);
 /* Bytes of one stored row of a matrix entry: cols x 2 (F16), cols (I8), cols / 2 (packed I4). */
 size_t pln_tp_row_bytes(const pln_tp_entry *e);
 
+/* The relative CPU cost of converting one source byte into entry e, for progress and ETA: fp16
+ * rounding (or copy) 1, int8 2, int4 4 + 256 / group (the scale search: 6 at G = 128, 12 at
+ * G = 32), scale entries 0 (made with their weight). Ratios of reshard's CPU time per source byte
+ * on bloom-560m (docs/BENCHMARKS.md, "Reshard"). */
+uint32_t pln_tp_work_per_byte(const pln_tp_entry *e);
+
 /* Bytes of the rank tensor (rows + pad_rows for the data, per-group scales for scale entries). */
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e);
 

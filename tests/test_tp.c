@@ -677,6 +677,49 @@ static void test_rank_files_int8(void) {
     pln_ckpt_close(&ck);
 }
 
+/* The progress bar's work units (pln_tp_work_per_byte) and its ETA: a BLOOM-560m-shaped int4
+ * reshard spends most of its time after the fp16 embedding, so the embedding must not fill half
+ * the bar (it is half the bytes). */
+static void test_work_weights(void) {
+    pln_tp_model m = {.vocab_size = 250880, .hidden = 1024, .n_head = 16, .n_layer = 24};
+    const struct { bool int8, int4; int64_t g; uint32_t lin; } v[] = {
+        {false, false, 0, 1}, {true, false, 0, 2}, {true, false, 128, 2}, {false, true, 32, 12}, {false, true, 64, 8}, {false, true, 128, 6}};
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        pln_tp_opts o = {.tp = 1, .int8 = v[k].int8, .int4 = v[k].int4, .group_size = v[k].g};
+        pln_tp_entry *e;
+        size_t n;
+        CHECK(pln_tp_plan(&m, &o, 0, &e, &n) == 0, "plan: %s", pln_error());
+        uint64_t bytes = 0, work = 0, emb_bytes = 0, emb_work = 0;
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t w = pln_tp_work_per_byte(&e[i]);
+            bool lin = e[i].transform == PLN_TP_QUANT_I8 || e[i].transform == PLN_TP_QUANT_I4 ||
+                       (e[i].transform == PLN_TP_TO_F16 && e[i].ndim == 2 && strncmp(e[i].name, "word_", 5));
+            if (e[i].transform == PLN_TP_QUANT_SCALE) { bad += w != 0; continue; }
+            bad += lin ? w != v[k].lin : w != 1;
+            uint64_t b = (uint64_t)(e[i].rows * e[i].cols) * 2;   /* an fp16 source */
+            bytes += b; work += b * w;
+            if (!strcmp(e[i].source, "word_embeddings.weight")) { emb_bytes += b; emb_work += b * w; }
+        }
+        CHECK(bad == 0, "%s g%lld: %d entries with the wrong work weight", v[k].int4 ? "int4" : v[k].int8 ? "int8" : "fp16",
+              (long long)v[k].g, bad);
+        if (v[k].int4 && v[k].g == 128) {
+            double fb = (double)emb_bytes / (double)bytes, fw = (double)emb_work / (double)work;
+            printf("bloom-560m int4 g128: the fp16 embedding is %.1f%% of the bytes, %.1f%% of the work\n", 100 * fb, 100 * fw);
+            CHECK(fb > 0.45 && fw < 0.15, "embedding share: bytes %.3f work %.3f", fb, fw);
+            /* the ETA after the embedding, at its pace: the rest at 6 units per byte */
+            double t_emb = 1.0;   /* seconds the embedding took */
+            double eta = pln_progress_eta(t_emb, emb_work, work);
+            CHECK(fabs(eta - t_emb * (double)(work - emb_work) / (double)emb_work) < 1e-9 && eta > 5 * t_emb,
+                  "ETA after the embedding %.2f s (embedding 1 s)", eta);
+        }
+        free(e);
+    }
+    CHECK(pln_progress_eta(10, 25, 100) == 30, "ETA 10 s for a quarter: 30 s left");
+    CHECK(pln_progress_eta(10, 0, 100) == 0 && pln_progress_eta(10, 100, 100) == 0 && pln_progress_eta(0, 5, 100) == 0,
+          "no ETA before progress, after the end, or at time 0");
+}
+
 int main(void) {
     test_begin("test_tp");
     test_order_and_shapes();
@@ -698,6 +741,7 @@ int main(void) {
     test_matches_layout(6, 96, 3, 4, 32, true);
     test_matches_layout(4, 128, 1, 4, 128, true);
     test_int4_plan();
+    test_work_weights();
     test_int4_quant();
     test_rank_files_fp16();
     test_rank_files_int8();
