@@ -786,11 +786,18 @@ static float prep_c(const float *x, int64_t n, float *wt) {
     return amax;
 }
 
+/* The search rounds half to even (one instruction in SIMD; here the 1.5 * 2^23 trick, exact for
+ * |v| <= 2^22), the stored q half away from zero (quant4): at an exact tie both are the same
+ * distance away, so only the last bits of a score can differ. The clamp is written so that a NaN
+ * becomes 7 as SIMD min/max make it (its error is NaN either way, and never wins). */
 static float werr_c(const float *x, const float *wt, int64_t n, float s) {
     float inv = 1.0f / s, acc[I4_LANES] = {0};
     for (int64_t j = 0; j < n; j += I4_LANES)
         for (int l = 0; l < I4_LANES; l++) {
-            float d = x[j + l] - (float)quant4(x[j + l], inv) * s;
+            float v = x[j + l] * inv;
+            v = v < 7.0f ? v : 7.0f;
+            v = v > -8.0f ? v : -8.0f;
+            float d = x[j + l] - ((v + 12582912.0f) - 12582912.0f) * s;   /* IEEE: no reassociation */
             acc[l] += wt[j + l] * (d * d);
         }
     return lanes_sum16(acc);
@@ -856,11 +863,15 @@ static TP_AVX2_TGT float prep_avx2(const float *x, int64_t n, float *wt) {
 
 static TP_AVX2_TGT float werr_avx2(const float *x, const float *wt, int64_t n, float s) {
     const __m256 inv = _mm256_set1_ps(1.0f / s), sv = _mm256_set1_ps(s);
+    const __m256 hi = _mm256_set1_ps(7.0f), lo = _mm256_set1_ps(-8.0f);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; j += I4_LANES) {
         __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + 8);
-        __m256 d0 = _mm256_sub_ps(v0, _mm256_mul_ps(_mm256_cvtepi32_ps(q4_lanes8(v0, inv)), sv));
-        __m256 d1 = _mm256_sub_ps(v1, _mm256_mul_ps(_mm256_cvtepi32_ps(q4_lanes8(v1, inv)), sv));
+        __m256 r0 = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(v0, inv), hi), lo);
+        __m256 r1 = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(v1, inv), hi), lo);
+        r0 = _mm256_round_ps(r0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r1 = _mm256_round_ps(r1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 d0 = _mm256_sub_ps(v0, _mm256_mul_ps(r0, sv)), d1 = _mm256_sub_ps(v1, _mm256_mul_ps(r1, sv));
         a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(wt + j), _mm256_mul_ps(d0, d0)));
         a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(wt + j + 8), _mm256_mul_ps(d1, d1)));
     }
@@ -900,24 +911,15 @@ static TP_AVX2_TGT void emit_avx2(const float *x, int64_t n, float s, uint8_t *p
 /* The search's inner loop 16 lanes wide: one vector is the 16 lanes, reduced by the same tree.
  * (The weights and the packing stay 8 wide: a small share of the time.) */
 #define TP_AVX512_TGT __attribute__((target("avx512f")))
-static inline TP_AVX512_TGT __m512i q4_lanes16(__m512 x, __m512 inv) {
-    const __m512i one = _mm512_set1_epi32(1);
-    __m512 v = _mm512_mul_ps(x, inv);
-    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
-    v = _mm512_min_ps(v, _mm512_set1_ps(7.0f));
-    v = _mm512_max_ps(v, _mm512_set1_ps(-8.0f));
-    __m512i t = _mm512_cvttps_epi32(v);
-    __m512 frac = _mm512_sub_ps(v, _mm512_cvtepi32_ps(t));
-    t = _mm512_mask_add_epi32(t, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ), t, one);
-    return _mm512_mask_sub_epi32(t, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), t, one);
-}
-
 static TP_AVX512_TGT float werr_avx512(const float *x, const float *wt, int64_t n, float s) {
     const __m512 inv = _mm512_set1_ps(1.0f / s), sv = _mm512_set1_ps(s);
+    const __m512 hi = _mm512_set1_ps(7.0f), lo = _mm512_set1_ps(-8.0f);
     __m512 a = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; j += I4_LANES) {
         __m512 v = _mm512_loadu_ps(x + j);
-        __m512 d = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(q4_lanes16(v, inv)), sv));
+        __m512 r = _mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(v, inv), hi), lo);
+        r = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 d = _mm512_sub_ps(v, _mm512_mul_ps(r, sv));
         a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_loadu_ps(wt + j), _mm512_mul_ps(d, d)));
     }
     return sum16_avx2(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
