@@ -731,8 +731,9 @@ int cmd_reshard(int argc, char **argv) {
                             "round to nearest even; values past +-65504 clamped to +-65504 and counted (tensors.*.clamped)",
                             "int8", "symmetric, per rank slice after the TP split: q = round(w/scale) in [-127, 127], scale = fp16(absmax/127) per group, 1.0 for an all-zero group",
                             "int4", "symmetric, per rank slice after the TP split, groups of group_size columns: q = round(w/scale) in [-8, 7], "
-                                    "scale = the fp16 scale of least squared error among absmax/D for D in 6.75..9.5 (clipping search), each "
-                                    "refined by least squares; packed two per byte (docs/FORMAT.md)",
+                                    "scale = the fp16 scale of least squared error, each value's weighted by w^2 + mean(w^2) of its group, "
+                                    "among absmax/D for D = 7, 6.5..9.25 step 0.25, then the best D +-0.125 (clipping search); "
+                                    "packed two per byte (docs/FORMAT.md)",
                             "tool", "pollen " PLN_VERSION_STRING " reshard"));
         pln_manifest man = {
             .config = ck.config, .tp = o.tp, .dtype = o.int4 ? "int4" : o.int8 ? "int8" : "fp16", .group_size = o.group_size,
