@@ -1004,3 +1004,12 @@ bool pln_tp_quant_row_i4_isa(pln_tp_isa isa, const float *w, int64_t cols, int64
     quant_row_i4(o, w, cols, group, method, packed, scales, err);
     return true;
 }
+
+bool pln_tp_i4_score_isa(pln_tp_isa isa, const float *x, int64_t n, float s, float *score) {
+    const i4_ops *o = i4_ops_of(isa);
+    if (!o || n % 32 || n > 4096) return false;
+    float wt[4096];
+    o->prep(x, n, wt);
+    *score = o->werr(x, wt, n, s);
+    return true;
+}

@@ -212,5 +212,9 @@ typedef enum { PLN_TP_ISA_C = 0, PLN_TP_ISA_AVX2, PLN_TP_ISA_AVX512 } pln_tp_isa
  * For the test that holds every SIMD path to the C one. */
 bool pln_tp_quant_row_i4_isa(pln_tp_isa isa, const float *w, int64_t cols, int64_t group, pln_tp_i4_method method,
                              uint8_t *packed, uint16_t *scales, pln_tp_qerr *err);
+/* The search's score of scale s for one group x[0..n) (n % 32 == 0, n <= 4096) on the given path:
+ * its weighted squared error. false when the path is missing. For the test that holds every
+ * path's scores to the C path's bits (a score differing in its last bit rarely changes a choice). */
+bool pln_tp_i4_score_isa(pln_tp_isa isa, const float *x, int64_t n, float s, float *score);
 
 #endif

@@ -503,6 +503,22 @@ static void test_int4_quant(void) {
                 diff += !same;
             }
         }
+        /* the scores themselves, bit for bit: 480 groups x 14 scales around each group's absmax / 7 */
+        int sdiff = 0, sran = 0;
+        for (int k = 0; k < 480; k++) {
+            int64_t G = 32 << (k % 3);
+            const float *x = (k & 1 ? h : g) + (size_t)(k * 128) % (N - 128);
+            float amax = 0;
+            for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(x[j]));
+            for (int c = 0; c < 14; c++) {
+                float cs = pln_f16_to_f32(pln_f32_to_f16(amax / (6.5f + 0.25f * (float)c))), a = 0, b = 0;
+                if (!pln_tp_i4_score_isa((pln_tp_isa)isa, x, G, cs, &a)) continue;
+                pln_tp_i4_score_isa(PLN_TP_ISA_C, x, G, cs, &b);
+                sran++;
+                sdiff += memcmp(&a, &b, sizeof a) != 0;
+            }
+        }
+        CHECK(sdiff == 0, "int4 %s scores differ from C's in %d of %d", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", sdiff, sran);
         printf("int4 %s path: %s\n", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", ran ? "checked against C" : "not on this CPU");
         CHECK(diff == 0, "int4 %s and C paths differ in %d of %d rows", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", diff, ran);
         free(v);
