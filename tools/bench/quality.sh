@@ -161,8 +161,23 @@ LTHREADS=${OMP_NUM_THREADS:-1}
 echo
 echo "llama.cpp on the same checkpoint and text: \`llama-perplexity --kl-divergence -c $CTX\` against its own F16 GGUF (llama.cpp vendored by $(basename "$(dirname "$(dirname "$LSRC")")"))"
 echo
-echo "| llama.cpp type | bits/weight (file) | perplexity | KL vs F16 (mean ± se) | KL p99 | KL max | top-1 agreement |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
+echo "| llama.cpp type | bits/weight (linear) | linear tensors stored as | perplexity | KL vs F16 (mean ± se) | KL p99 | KL max | top-1 agreement |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+# bits per weight of the four linear weights of every layer, and the types llama-quantize gave them
+# (K-quants need rows of 256: narrower rows fall back to other types, which the table shows)
+gguf_linear() {
+  PYTHONPATH="$LSRC/gguf-py" "$LPY" - "$1" <<'EOF'
+import collections, re, sys
+import gguf
+r = gguf.GGUFReader(sys.argv[1])
+nb = ne = 0
+types = collections.Counter()
+for t in r.tensors:
+    if re.fullmatch(r"blk\.\d+\.(attn_qkv|attn_output|ffn_up|ffn_down)\.weight", t.name):
+        nb += int(t.n_bytes); ne += int(t.n_elements); types[t.tensor_type.name] += 1
+print("%.3f|%s" % (8 * nb / ne, ", ".join("%s x%d" % kv for kv in sorted(types.items()))))
+EOF
+}
 for t in Q8_0 Q4_0 Q4_1 Q4_K_M; do
   g=$DIR/llama-$t.gguf
   if ! "$LBIN/llama-quantize" --token-embedding-type f16 --output-tensor-type f16 "$F16G" "$g" "$t" "$LTHREADS" >"$DIR/llama-quantize-$t.log" 2>&1; then
@@ -177,8 +192,8 @@ for t in Q8_0 Q4_0 Q4_1 Q4_K_M; do
   p99=$(grep -m1 '99.0%   KLD:' "$log" | awk '{ print $NF }')
   kmax=$(grep -m1 'Maximum KLD:' "$log" | awk '{ print $NF }')
   top=$(grep -m1 'Same top p:' "$log" | sed 's/.*: *//; s/ *±.*//')
-  bpw=$(awk -v a="$(stat -c %s "$g")" -v b="$ALL_NUMEL" 'BEGIN { printf "%.2f", 8 * a / b }')
-  echo "| $t | $bpw | $ppl | $kld | $p99 | $kmax | $top% |"
+  lin=$(gguf_linear "$g")
+  echo "| $t | ${lin%%|*} | ${lin#*|} | $ppl | $kld | $p99 | $kmax | $top% |"
 done
 echo
-echo "bits/weight (file): the GGUF's size over the fp16 set's element count, embedding F16 as in pollen's int8/int4 sets without --quantize-embedding (compare with 8 x pollen's bytes/weight (all)); tokens scored: $(grep -o 'calculating perplexity over [0-9]* chunks' "$DIR/llama-f16.log" | grep -o '[0-9]*') windows of $CTX, the second half of each."
+echo "bits/weight (linear): the four linear weights of every layer, scales included (pollen's int4 g32 and Q4_0: 4.5; compare with 8 x pollen's bytes/weight (linear)); token embedding and output F16 on both sides; tokens scored: $(grep -o 'calculating perplexity over [0-9]* chunks' "$DIR/llama-f16.log" | grep -o '[0-9]*') windows of $CTX, the second half of each."
