@@ -736,15 +736,16 @@ static uint16_t scale16(float s) {
  * than the same error on a small one, because large weights are the ones whose products dominate
  * the layer's output (the calibration-free stand-in for activation-aware weighting; llama.cpp
  * weights its K-quant searches the same way, sigma^2 + x^2). Plain squared error, the previous
- * objective, clips the largest weights to round the bulk more finely: lower weight error (about 10 %
- * below absmax) but a worse model. On bloom-kjv int4 g32 (tools/bench/quality.sh, windows of 128)
+ * objective, clips the largest weights to round the bulk more finely: lower weight error (11-14 %
+ * below absmax on Gaussian weights, against 9-10 % now) but a worse model. On bloom-kjv int4 g32 (tools/bench/quality.sh, windows of 128)
  * the mean KL to fp16 went from 1.96e-4 (plain squared error) to 1.59e-4, and at g128 from 3.28e-4
  * to 2.23e-4; Q4_0's rounding (absmax with the sign of the extreme on the -8 level, which needs a
  * negative scale the format does not have) measured 1.81e-4 and 2.18e-4 on the same meter.
  *
  * Sums over a group run in I4_LANES float lanes (element j in lane j % 16) reduced by one fixed
- * tree, in the C path and the AVX2 path alike, so both choose the same scale for every input (no
- * FMA in either: a fused multiply-add would round differently). */
+ * tree, in the C, AVX2 and AVX-512 paths alike, so all choose the same scale for every input (no
+ * FMA in any: the Makefile builds this file with -ffp-contract=off, since a fused multiply-add
+ * rounds differently; test_tp compares the paths' scores bit for bit). */
 #define I4_LANES 16
 
 static inline float lanes_sum16(const float *a) {
