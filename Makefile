@@ -100,6 +100,10 @@ $(LIB): $(LIB_OBJS)
 $(BUILD)/pollen: $(TOOL_OBJS) $(LIB) $(CUDA_SO)
 	$(CC) $(LDFLAGS) $(TOOL_OBJS) $(POLLEN_LIB) $(LDLIBS) -o $@
 
+# formats/tp.c's SIMD conversions give the bits of its plain C code: no multiply-add contraction
+# (target("avx512f") implies FMA, and GCC fuses separate multiply and add intrinsics by default).
+$(BUILD)/formats/tp.o: CFLAGS += -ffp-contract=off
+
 # Position-independent: nccl.c goes into the shared object (nvcc gets -fPIC in NVCCFLAGS).
 $(CUC_SRCS:%.c=$(BUILD)/%.o): CFLAGS += -fPIC
 

@@ -1075,13 +1075,21 @@ void pln_progress_init(pln_progress *p, const char *label, uint64_t total, bool 
     memset(p, 0, sizeof *p);
     p->label = label;
     p->total = total;
+    p->work_total = total;
     p->t0 = pln_now();
     p->enabled = !quiet && isatty(2);
 }
 
+void pln_progress_set_work(pln_progress *p, uint64_t total_work) { p->work_total = total_work; }
+
+double pln_progress_eta(double elapsed, uint64_t done, uint64_t total) {
+    if (!done || done >= total || !(elapsed > 0)) return 0;
+    return elapsed * (double)(total - done) / (double)done;
+}
+
 static void progress_draw(pln_progress *p, bool final) {
     double t = pln_now() - p->t0;
-    double frac = p->total ? (double)p->done / (double)p->total : 1.0;
+    double frac = p->work_total ? (double)p->work_done / (double)p->work_total : 1.0;
     if (frac > 1) frac = 1;
     char bar[31];
     int fill = (int)(frac * 30);
@@ -1089,7 +1097,7 @@ static void progress_draw(pln_progress *p, bool final) {
     bar[30] = 0;
     char a[32], b[32], r[32];
     double rate = t > 0 ? (double)p->done / t : 0;
-    double eta = rate > 0 ? (double)(p->total - (p->done < p->total ? p->done : p->total)) / rate : 0;
+    double eta = pln_progress_eta(t, p->work_done, p->work_total);
     fprintf(stderr, "\r%-10s [%s] %5.1f%%  %s / %s  %s/s  %s %3.0fs ", p->label, bar, 100 * frac,
             pln_human_bytes((double)p->done, a, sizeof a), pln_human_bytes((double)p->total, b, sizeof b),
             pln_human_bytes(rate, r, sizeof r), final ? "took" : "ETA", final ? t : eta);
@@ -1097,14 +1105,17 @@ static void progress_draw(pln_progress *p, bool final) {
     fflush(stderr);
 }
 
-void pln_progress_add(pln_progress *p, uint64_t n) {
+void pln_progress_add_work(pln_progress *p, uint64_t n, uint64_t work) {
     p->done += n;
+    p->work_done += work;
     if (!p->enabled) return;
     double t = pln_now();
     if (t - p->last_draw < 0.1) return;
     p->last_draw = t;
     progress_draw(p, false);
 }
+
+void pln_progress_add(pln_progress *p, uint64_t n) { pln_progress_add_work(p, n, n); }
 
 void pln_progress_done(pln_progress *p) {
     if (p->enabled) progress_draw(p, true);

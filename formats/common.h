@@ -170,15 +170,24 @@ int pln_copy_file(const char *src, const char *dst);
 double pln_now(void);   /* monotonic seconds */
 typedef struct {
     const char *label;
-    uint64_t total, done;
+    uint64_t total, done;            /* bytes: what the bar prints, and the rate */
+    uint64_t work_total, work_done;  /* what the bar's fill and the ETA count (bytes unless set) */
     double t0, last_draw;
     bool enabled;          /* false when quiet or stderr is not a terminal */
 } pln_progress;
 /* Enabled only when !quiet and stderr is a terminal. */
 void pln_progress_init(pln_progress *p, const char *label, uint64_t total_bytes, bool quiet);
-/* Adds n bytes; redraws at most 10 times a second: bar, bytes, rate, ETA. Thread-safe enough
- * for one updater; call from one thread. */
+/* Makes the fill and the ETA count units of work instead of bytes (a job whose bytes cost
+ * unequal time: reshard's fp16 copy against its int4 search); total_work as init's bytes. */
+void pln_progress_set_work(pln_progress *p, uint64_t total_work);
+/* Adds n bytes (and n units of work); redraws at most 10 times a second: bar, bytes, rate, ETA.
+ * Thread-safe enough for one updater; call from one thread. */
 void pln_progress_add(pln_progress *p, uint64_t n);
+/* Adds n bytes that cost `work` units (after pln_progress_set_work). */
+void pln_progress_add_work(pln_progress *p, uint64_t n, uint64_t work);
+/* Seconds left when `done` of `total` units took `elapsed` seconds, at the same pace; 0 before
+ * any progress and once done reaches total. */
+double pln_progress_eta(double elapsed, uint64_t done, uint64_t total);
 void pln_progress_done(pln_progress *p);
 /* "1.23 GB" */
 const char *pln_human_bytes(double bytes, char *buf, size_t len);

@@ -126,6 +126,12 @@ bool pln_tp_is_quant(const pln_tp_entry *e);
 /* Bytes of one stored row of a matrix entry: cols x 2 (F16), cols (I8), cols / 2 (packed I4). */
 size_t pln_tp_row_bytes(const pln_tp_entry *e);
 
+/* The relative CPU cost of converting one source byte into entry e, for progress and ETA: fp16
+ * rounding (or copy) 1, int8 2, int4 4 + 256 / group (the scale search: 6 at G = 128, 12 at
+ * G = 32), scale entries 0 (made with their weight). Ratios of reshard's CPU time per source byte
+ * on bloom-560m (docs/BENCHMARKS.md, "Reshard"). */
+uint32_t pln_tp_work_per_byte(const pln_tp_entry *e);
+
 /* Bytes of the rank tensor (rows + pad_rows for the data, per-group scales for scale entries). */
 uint64_t pln_tp_entry_nbytes(const pln_tp_entry *e);
 
@@ -189,14 +195,26 @@ int8_t pln_tp_quant_one(float x, float inv_scale);
 /* How a group's int4 scale is chosen. */
 typedef enum {
     PLN_TP_I4_ABSMAX = 0,  /* scale = fp16(absmax / 7): no value clipped (the baseline) */
-    PLN_TP_I4_SEARCH,      /* the scale of least squared error over a grid of clipping ratios, each
-                            * refined by least squares for its rounding (what reshard writes) */
+    PLN_TP_I4_SEARCH,      /* the scale of least weighted squared error (weights w^2 + mean(w^2) of
+                            * the group) over a grid of clipping ratios (what reshard writes) */
 } pln_tp_i4_method;
 
 /* Quantizes one row of cols values (cols % 32 == 0, group % 32 == 0, group divides cols) into
- * cols/2 packed bytes and cols/group fp16 scales; adds the row's error to *err (double sums in
- * a fixed order: deterministic). The error is measured with the stored (fp16) scale. */
+ * cols/2 packed bytes and cols/group fp16 scales; adds the row's error to *err (per-group float
+ * sums in a fixed lane order, added up in double: deterministic). The error is measured with the
+ * stored (fp16) scale. Uses AVX-512 or AVX2 where the CPU has them; every result is bit-identical
+ * to the plain C path's. Thread-safe. */
 void pln_tp_quant_row_i4(const float *w, int64_t cols, int64_t group, pln_tp_i4_method method,
                          uint8_t *packed, uint16_t *scales, pln_tp_qerr *err);
+/* The code paths of pln_tp_quant_row_i4. */
+typedef enum { PLN_TP_ISA_C = 0, PLN_TP_ISA_AVX2, PLN_TP_ISA_AVX512 } pln_tp_isa;
+/* pln_tp_quant_row_i4 on the given path; false (nothing written) when this build or CPU lacks it.
+ * For the test that holds every SIMD path to the C one. */
+bool pln_tp_quant_row_i4_isa(pln_tp_isa isa, const float *w, int64_t cols, int64_t group, pln_tp_i4_method method,
+                             uint8_t *packed, uint16_t *scales, pln_tp_qerr *err);
+/* The search's score of scale s for one group x[0..n) (n % 32 == 0, n <= 4096) on the given path:
+ * its weighted squared error. false when the path is missing. For the test that holds every
+ * path's scores to the C path's bits (a score differing in its last bit rarely changes a choice). */
+bool pln_tp_i4_score_isa(pln_tp_isa isa, const float *x, int64_t n, float s, float *score);
 
 #endif

@@ -391,9 +391,23 @@ static double asym_err(const float *w, int64_t n) {
     return best;
 }
 
+/* The search's objective (formats/tp.c): squared error weighted by w^2 + mean(w^2) of the group,
+ * here in double from the stored nibbles and scale. */
+static double weighted_err(const float *w, int64_t n, const uint8_t *pk, uint16_t sc) {
+    double msq = 0, e = 0, s = pln_f16_to_f32(sc);
+    for (int64_t j = 0; j < n; j++) msq += (double)w[j] * w[j];
+    msq /= (double)n;
+    for (int64_t j = 0; j < n; j++) {
+        double d = (double)w[j] - pln_i4_get(pk, j) * s;
+        e += ((double)w[j] * w[j] + msq) * d * d;
+    }
+    return e;
+}
+
 /* int4 quantization: packing round-trips, exactly representable groups come back exactly, the
- * searched scale is never worse than absmax on any group and clearly better on Gaussian and
- * heavy-tailed weights (the figures FORMAT.md quotes), and the zero-point variant's error. */
+ * searched scale is never worse than absmax by its own objective on any group and clearly better
+ * in plain weight error on Gaussian and heavy-tailed weights (the figures FORMAT.md quotes), and
+ * the zero-point variant's error. */
 static void test_int4_quant(void) {
     uint8_t row[64];
     memset(row, 0, sizeof row);
@@ -440,8 +454,10 @@ static void test_int4_quant(void) {
             for (int64_t g0 = 0; g0 < N; g0 += G) {
                 pln_tp_qerr a1 = {0}, s1 = {0};
                 pln_tp_quant_row_i4(data[d] + g0, G, G, PLN_TP_I4_ABSMAX, p, s, &a1);
+                double wa = weighted_err(data[d] + g0, G, p, s[0]);
                 pln_tp_quant_row_i4(data[d] + g0, G, G, PLN_TP_I4_SEARCH, p, s, &s1);
-                worse += s1.err2 > a1.err2;
+                /* the search compares in float: a near-tie may come out a rounding worse in double */
+                worse += weighted_err(data[d] + g0, G, p, s[0]) > wa * (1 + 1e-5);
                 pln_tp_qerr_merge(&ea, &a1);
                 pln_tp_qerr_merge(&es, &s1);
             }
@@ -452,14 +468,60 @@ static void test_int4_quant(void) {
                    dname[d], (long long)G, ra, rs, 100 * (1 - rs / ra), rz, 100 * (rz / rs - 1));
             sym_rms[d][gi] = rs;
             zp_rms[d][gi] = rz;
-            CHECK(worse == 0, "%s g%lld: the search made %d groups worse than absmax", dname[d], (long long)G, worse);
+            CHECK(worse == 0, "%s g%lld: the search made %d groups worse than absmax (weighted error)", dname[d], (long long)G, worse);
             CHECK(rs < 0.95 * ra, "%s g%lld: searched scale %.4f not clearly below absmax %.4f", dname[d], (long long)G, rs, ra);
         }
-    /* At equal bytes a zero point buys nothing: its extra fp16 per group makes g128 cost 4.25 bits
-     * per weight, what symmetric g64 costs, and symmetric g64 is as good or better */
+    /* At equal bytes a zero point buys little: its extra fp16 per group makes g128 cost 4.25 bits
+     * per weight, what symmetric g64 costs; symmetric g64 (searched for the model's output, not for
+     * the least weight error) comes within 5 % of zero-point g128 on Gaussian weights (whose
+     * error the zero-point search minimizes) and is clearly better on heavy-tailed ones */
     for (int d = 0; d < 2; d++) {
         printf("int4 %-12s at 4.25 bits/weight: symmetric g64 %.4f, zero-point g128 %.4f\n", dname[d], sym_rms[d][1], zp_rms[d][2]);
-        CHECK(sym_rms[d][1] <= zp_rms[d][2] * 1.02, "%s: zero-point g128 %.4f clearly beats symmetric g64 %.4f", dname[d], zp_rms[d][2], sym_rms[d][1]);
+        CHECK(sym_rms[d][1] <= zp_rms[d][2] * (d ? 0.95 : 1.05), "%s: zero-point g128 %.4f against symmetric g64 %.4f", dname[d],
+              zp_rms[d][2], sym_rms[d][1]);
+    }
+    /* every SIMD path this CPU has (AVX2, AVX-512) and the C path: the same bytes, scales and
+     * sums for Gaussian, heavy-tailed, zero, tiny, huge and NaN values, every group size */
+    for (int isa = PLN_TP_ISA_AVX2; isa <= PLN_TP_ISA_AVX512; isa++) {
+        enum { C = 512 };
+        float *v = malloc(C * sizeof *v);
+        uint8_t pa[C / 2], pc[C / 2];
+        uint16_t sa[C / 32], scc[C / 32];
+        int diff = 0, ran = 0;
+        for (int rep = 0; rep < 40; rep++) {
+            for (int j = 0; j < C; j++) v[j] = (rep & 1 ? h : g)[(rep * C + j) % N];
+            if (rep % 5 == 2) for (int j = 0; j < 64; j++) v[j] = 0;                 /* an all-zero group */
+            if (rep % 5 == 3) { v[7] = 1e30f; v[40] = -3e-41f; v[41] = 6e-8f; }     /* huge, subnormal, tiny */
+            if (rep % 5 == 4) { v[3] = NAN; v[100] = -INFINITY; }
+            for (int64_t G = 32; G <= 128; G *= 2) {
+                pln_tp_qerr ea = {0}, ec = {0};
+                if (!pln_tp_quant_row_i4_isa((pln_tp_isa)isa, v, C, G, PLN_TP_I4_SEARCH, pa, sa, &ea)) continue;
+                ran++;
+                pln_tp_quant_row_i4_isa(PLN_TP_ISA_C, v, C, G, PLN_TP_I4_SEARCH, pc, scc, &ec);
+                bool same = !memcmp(pa, pc, sizeof pa) && !memcmp(sa, scc, (size_t)(C / G) * 2) &&
+                            !memcmp(&ea, &ec, sizeof ea);
+                diff += !same;
+            }
+        }
+        /* the scores themselves, bit for bit: 480 groups x 14 scales around each group's absmax / 7 */
+        int sdiff = 0, sran = 0;
+        for (int k = 0; k < 480; k++) {
+            int64_t G = 32 << (k % 3);
+            const float *x = (k & 1 ? h : g) + (size_t)(k * 128) % (N - 128);
+            float amax = 0;
+            for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(x[j]));
+            for (int c = 0; c < 14; c++) {
+                float cs = pln_f16_to_f32(pln_f32_to_f16(amax / (6.5f + 0.25f * (float)c))), a = 0, b = 0;
+                if (!pln_tp_i4_score_isa((pln_tp_isa)isa, x, G, cs, &a)) continue;
+                pln_tp_i4_score_isa(PLN_TP_ISA_C, x, G, cs, &b);
+                sran++;
+                sdiff += memcmp(&a, &b, sizeof a) != 0;
+            }
+        }
+        CHECK(sdiff == 0, "int4 %s scores differ from C's in %d of %d", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", sdiff, sran);
+        printf("int4 %s path: %s\n", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", ran ? "checked against C" : "not on this CPU");
+        CHECK(diff == 0, "int4 %s and C paths differ in %d of %d rows", isa == PLN_TP_ISA_AVX2 ? "AVX2" : "AVX-512", diff, ran);
+        free(v);
     }
     free(g); free(h); free(p); free(s);
 }
@@ -631,6 +693,49 @@ static void test_rank_files_int8(void) {
     pln_ckpt_close(&ck);
 }
 
+/* The progress bar's work units (pln_tp_work_per_byte) and its ETA: a BLOOM-560m-shaped int4
+ * reshard spends most of its time after the fp16 embedding, so the embedding must not fill half
+ * the bar (it is half the bytes). */
+static void test_work_weights(void) {
+    pln_tp_model m = {.vocab_size = 250880, .hidden = 1024, .n_head = 16, .n_layer = 24};
+    const struct { bool int8, int4; int64_t g; uint32_t lin; } v[] = {
+        {false, false, 0, 1}, {true, false, 0, 2}, {true, false, 128, 2}, {false, true, 32, 12}, {false, true, 64, 8}, {false, true, 128, 6}};
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        pln_tp_opts o = {.tp = 1, .int8 = v[k].int8, .int4 = v[k].int4, .group_size = v[k].g};
+        pln_tp_entry *e;
+        size_t n;
+        CHECK(pln_tp_plan(&m, &o, 0, &e, &n) == 0, "plan: %s", pln_error());
+        uint64_t bytes = 0, work = 0, emb_bytes = 0, emb_work = 0;
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t w = pln_tp_work_per_byte(&e[i]);
+            bool lin = e[i].transform == PLN_TP_QUANT_I8 || e[i].transform == PLN_TP_QUANT_I4 ||
+                       (e[i].transform == PLN_TP_TO_F16 && e[i].ndim == 2 && strncmp(e[i].name, "word_", 5));
+            if (e[i].transform == PLN_TP_QUANT_SCALE) { bad += w != 0; continue; }
+            bad += lin ? w != v[k].lin : w != 1;
+            uint64_t b = (uint64_t)(e[i].rows * e[i].cols) * 2;   /* an fp16 source */
+            bytes += b; work += b * w;
+            if (!strcmp(e[i].source, "word_embeddings.weight")) { emb_bytes += b; emb_work += b * w; }
+        }
+        CHECK(bad == 0, "%s g%lld: %d entries with the wrong work weight", v[k].int4 ? "int4" : v[k].int8 ? "int8" : "fp16",
+              (long long)v[k].g, bad);
+        if (v[k].int4 && v[k].g == 128) {
+            double fb = (double)emb_bytes / (double)bytes, fw = (double)emb_work / (double)work;
+            printf("bloom-560m int4 g128: the fp16 embedding is %.1f%% of the bytes, %.1f%% of the work\n", 100 * fb, 100 * fw);
+            CHECK(fb > 0.45 && fw < 0.15, "embedding share: bytes %.3f work %.3f", fb, fw);
+            /* the ETA after the embedding, at its pace: the rest at 6 units per byte */
+            double t_emb = 1.0;   /* seconds the embedding took */
+            double eta = pln_progress_eta(t_emb, emb_work, work);
+            CHECK(fabs(eta - t_emb * (double)(work - emb_work) / (double)emb_work) < 1e-9 && eta > 5 * t_emb,
+                  "ETA after the embedding %.2f s (embedding 1 s)", eta);
+        }
+        free(e);
+    }
+    CHECK(pln_progress_eta(10, 25, 100) == 30, "ETA 10 s for a quarter: 30 s left");
+    CHECK(pln_progress_eta(10, 0, 100) == 0 && pln_progress_eta(10, 100, 100) == 0 && pln_progress_eta(0, 5, 100) == 0,
+          "no ETA before progress, after the end, or at time 0");
+}
+
 int main(void) {
     test_begin("test_tp");
     test_order_and_shapes();
@@ -652,6 +757,7 @@ int main(void) {
     test_matches_layout(6, 96, 3, 4, 32, true);
     test_matches_layout(4, 128, 1, 4, 128, true);
     test_int4_plan();
+    test_work_weights();
     test_int4_quant();
     test_rank_files_fp16();
     test_rank_files_int8();

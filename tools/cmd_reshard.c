@@ -372,6 +372,7 @@ static int convert_tensor(rs_ctx *c, size_t i) {
     st->e0 = e0; st->src = t; st->quant = quant;
     int64_t k = chunk_rows(e0);
     size_t esz = pln_dtype_size(t->dtype);
+    uint64_t work = pln_tp_work_per_byte(e0);   /* the progress bar's units per source byte */
     rs_job jobs[tp];
     memset(jobs, 0, sizeof jobs);
     uint64_t scale_bytes = 0;
@@ -415,7 +416,8 @@ static int convert_tensor(rs_ctx *c, size_t i) {
                 pipe_push(&c->pipe, RS_OP_WRITE, r, NULL, b, NULL, (size_t)nr * row_out);
                 int64_t real = lr >= e->rows ? 0 : (e->rows - lr < nr ? e->rows - lr : nr);
                 if (real && !e->n_segs) src_release(t, e->row0 + lr, e->row0 + lr + real);
-                pln_progress_add(&c->progress, (uint64_t)real * (uint64_t)e->cols * esz);
+                uint64_t nb = (uint64_t)real * (uint64_t)e->cols * esz;
+                pln_progress_add_work(&c->progress, nb, nb * work);
             }
         }
         for (int r = 0; r < tp && !rc; r++) pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
@@ -450,7 +452,8 @@ static int convert_tensor(rs_ctx *c, size_t i) {
                 }
             }
             src_release(t, lr, lr + nr);
-            pln_progress_add(&c->progress, (uint64_t)nr * (uint64_t)e0->src_shape[1] * esz);
+            uint64_t nb = (uint64_t)nr * (uint64_t)e0->src_shape[1] * esz;
+            pln_progress_add_work(&c->progress, nb, nb * work);
         }
         for (int r = 0; r < tp && !rc; r++) pipe_push(&c->pipe, RS_OP_END, r, NULL, NULL, NULL, 0);
     }
@@ -569,10 +572,15 @@ int cmd_reshard(int argc, char **argv) {
     c.stats = pln_xcalloc(c.n, sizeof *c.stats);
     if (pln_tp_find_sources(&ck, c.plans[0], c.n, c.srcs)) pln_die("%s", pln_error());
     /* Tensors the layout does not use: the tied lm_head is expected; anything else is worth a word. */
-    uint64_t total_in = 0;
+    /* The progress bar shows bytes read but fills (and estimates the time left) by work: an int4
+     * byte costs several fp16 bytes, and the fp16 embedding comes first (pln_tp_work_per_byte). */
+    uint64_t total_in = 0, total_work = 0;
     for (size_t i = 0; i < c.n; i++)
         if (c.plans[0][i].transform != PLN_TP_QUANT_SCALE)
-            for (int k = 0; k < PLN_TP_MAX_SEGS && c.srcs[i].t[k]; k++) total_in += c.srcs[i].t[k]->nbytes;
+            for (int k = 0; k < PLN_TP_MAX_SEGS && c.srcs[i].t[k]; k++) {
+                total_in += c.srcs[i].t[k]->nbytes;
+                total_work += c.srcs[i].t[k]->nbytes * pln_tp_work_per_byte(&c.plans[0][i]);
+            }
     for (int64_t i = 0; i < ck.n_tensors; i++) {
         const char *nm = ck.tensors[i].name;
         if (!strcmp(nm, "lm_head.weight")) continue;
@@ -632,6 +640,7 @@ int cmd_reshard(int argc, char **argv) {
     if (!rc) {
         t_loop = pln_now();
         pln_progress_init(&c.progress, "reshard", total_in, quiet);
+        pln_progress_set_work(&c.progress, total_work);
         pipe_start(&c.pipe, writers, o.tp);
         for (size_t i = 0; i < c.n && !rc; i++) {
             if (c.plans[0][i].transform == PLN_TP_QUANT_SCALE) continue;
@@ -700,8 +709,9 @@ int cmd_reshard(int argc, char **argv) {
                             "round to nearest even; values past +-65504 clamped to +-65504 and counted (tensors.*.clamped)",
                             "int8", "symmetric, per rank slice after the TP split: q = round(w/scale) in [-127, 127], scale = fp16(absmax/127) per group, 1.0 for an all-zero group",
                             "int4", "symmetric, per rank slice after the TP split, groups of group_size columns: q = round(w/scale) in [-8, 7], "
-                                    "scale = the fp16 scale of least squared error among absmax/D for D in 6.75..9.5 (clipping search), each "
-                                    "refined by least squares; packed two per byte (docs/FORMAT.md)",
+                                    "scale = the fp16 scale of least squared error, each value's weighted by w^2 + mean(w^2) of its group, "
+                                    "among absmax/D for D = 7, 6.5..9.25 step 0.25, then the best D +-0.125 (clipping search); "
+                                    "packed two per byte (docs/FORMAT.md)",
                             "tool", "pollen " PLN_VERSION_STRING " reshard"));
         pln_manifest man = {
             .config = ck.config, .tp = o.tp, .dtype = o.int4 ? "int4" : o.int8 ? "int8" : "fp16", .group_size = o.group_size,

@@ -17,7 +17,8 @@
 #             that second tree (the same three targets).
 # --build     fetches the llama-cpp-python sdist from PyPI (it vendors llama.cpp with its
 #             convert_hf_to_gguf.py; version $LLAMA_CPP_PYTHON_VERSION, default 0.3.36 = llama.cpp
-#             0c1e570), builds llama-bench, llama-batched-bench and llama-quantize (Release,
+#             0c1e570), builds llama-bench, llama-batched-bench, llama-quantize and llama-perplexity
+#             (tools/bench/quality.sh's llama.cpp table) (Release,
 #             -DGGML_NATIVE=ON, CPU only; about 5 min on 2 idle cores) and a Python venv for the
 #             converter (Debian's python3-torch + transformers from PyPI), all under $LLAMA_DIR
 #             (default build/llamacpp). Without --build those must already be there.
@@ -95,7 +96,7 @@ if [ "$DO_BUILD" = 1 ]; then
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$LLAMA_BUILD.cmake.log" 2>&1 \
     || { echo "cpu-vs-llamacpp.sh: cmake configure failed; see $LLAMA_BUILD.cmake.log" >&2; exit 1; }
   nice cmake --build "$LLAMA_BUILD" --config Release -j "$(getconf _NPROCESSORS_ONLN)" \
-    --target llama-bench llama-batched-bench llama-quantize >"$LLAMA_BUILD.build.log" 2>&1 \
+    --target llama-bench llama-batched-bench llama-quantize llama-perplexity >"$LLAMA_BUILD.build.log" 2>&1 \
     || { echo "cpu-vs-llamacpp.sh: building llama.cpp failed; see $LLAMA_BUILD.build.log" >&2; exit 1; }
   if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "cpu-vs-llamacpp.sh: llama.cpp's converter needs torch: apt-get install python3-torch" >&2; exit 1

@@ -7,16 +7,21 @@ meet again, so the share of generated tokens equal to fp16's depends on a few ne
 script makes SEEDS int4 quantizations that are equally good by every averaged measure and
 different only in which weights round up or down: each linear weight's columns are multiplied
 by 1 + 0.03·N(0, 1) (seeded), quantized as `pollen reshard --dtype int4` does (per group of G
-columns: the fp16 scale of least squared error among absmax/D for D in 6.75..9.5, each refined by
-the least-squares scale of its rounding; round half away from zero, clamp to [-8, 7]), and
-divided back, written as an fp16 checkpoint (fake quantization: the same weights an int4 set
-holds, run through pollen's fp16 kernels). For each, and for pollen's own int4 set, it prints the
-mean KL against fp16 and the teacher-forced top-1 agreement on the held-out text
-(`pollen perplexity --kl-base`), and the free-running greedy agreement over every held-out verse
+columns: the fp16 scale absmax/D, D = 7, then 6.5..9.25 step 0.25, then the best D ± 0.125, of
+least squared error with each value's weighted by w² + mean(w²) of the group; round half away
+from zero, clamp to [-8, 7]; formats/tp.c rounds half to even while scoring, which moves no
+score beyond its last bits), and divided back, written as an fp16 checkpoint (fake quantization:
+the same weights an int4 set holds, run through pollen's fp16 kernels). With --q4-0 one more
+checkpoint holds llama.cpp's Q4_0 rounding of the unscaled weights (ggml's
+quantize_row_q4_0_ref: per 32 columns d = the signed value of largest magnitude / -8, q =
+min(15, trunc(w/d + 8.5)) - 8, d stored as fp16), and pollen's own int4 set is also scored with
+--int-dot off, so that both sit on the same fp16 kernels. For each, and for pollen's own int4
+set, it prints the mean KL against fp16 and the teacher-forced top-1 agreement on the held-out
+text (`pollen perplexity --kl-base`), and the free-running greedy agreement over every held-out verse
 (its first W words, 32 greedy tokens) for each W in --words.
 
     tools/bench/greedy_spread.py [--pollen build/pollen] [--model tests/fixtures/models/bloom-kjv]
-                                 [--group 32] [--seeds 4] [--words 6,9] [--dir DIR]
+                                 [--group 32] [--seeds 4] [--words 6,9] [--q4-0] [--dir DIR]
 
 Needs numpy and safetensors (any Python environment with them; make_fixtures.py's venv has them).
 """
@@ -30,7 +35,7 @@ import subprocess
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-GRID = [6.75, 7.0, 7.25, 7.5, 7.75, 8.0, 8.25, 8.5, 8.75, 9.0, 9.5]
+GRID = [6.5 + 0.25 * c for c in range(12)]
 LINEAR = re.compile(r"(self_attention\.(query_key_value|dense)|mlp\.dense_(h_to_4h|4h_to_h))\.weight$")
 
 
@@ -49,21 +54,35 @@ def fake_int4(W, G):
     Wg = W.reshape(R, K // G, G)
     amax = np.abs(Wg).max(-1, keepdims=True)
     amax[amax == 0] = 1e-8
-    best = f16(amax / 7.0)
-    bq = q4(Wg, best)
-    be = ((Wg - bq * best) ** 2).sum(-1, keepdims=True)
-    for D in GRID:
+    wt = Wg * Wg + (Wg * Wg).mean(-1, keepdims=True)
+
+    def score(D):
         s = f16(amax / D)
-        for p in range(2):
-            q = q4(Wg, s)
-            e = ((Wg - q * s) ** 2).sum(-1, keepdims=True)
-            m = e < be
-            best, be, bq = np.where(m, s, best), np.where(m, e, be), np.where(m, q, bq)
-            if p:
-                break
-            wq, qq = (Wg * q).sum(-1, keepdims=True), (q * q).sum(-1, keepdims=True)
-            s = f16(np.where((qq > 0) & (wq > 0), wq / np.maximum(qq, 1e-30), s))
+        q = q4(Wg, s)
+        return s, q, (wt * (Wg - q * s) ** 2).sum(-1, keepdims=True)
+
+    best, bq, be = score(7.0)
+    bd = np.full_like(amax, 7.0)
+    for D in GRID:
+        s, q, e = score(np.float32(D))
+        m = e < be
+        best, bq, be, bd = np.where(m, s, best), np.where(m, q, bq), np.where(m, e, be), np.where(m, D, bd)
+    for off in (-0.125, 0.125):
+        s, q, e = score((bd + off).astype(np.float32))
+        m = e < be
+        best, bq, be = np.where(m, s, best), np.where(m, q, bq), np.where(m, e, be)
     return (bq * best).reshape(R, K)
+
+
+def fake_q4_0(W):
+    """llama.cpp's Q4_0 (ggml quantize_row_q4_0_ref) of W [R, K], dequantized: blocks of 32."""
+    R, K = W.shape
+    x = W.reshape(R, K // 32, 32).astype(np.float32)
+    mx = np.take_along_axis(x, np.abs(x).argmax(-1)[..., None], -1)   # first of the largest |x|
+    d = mx / np.float32(-8)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.minimum(15, np.trunc(x * inv + np.float32(8.5))) - 8
+    return (q * f16(d)).reshape(R, K)
 
 
 def run(*args):
@@ -77,6 +96,7 @@ def main():
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--words", default="6,9")
+    ap.add_argument("--q4-0", action="store_true", help="also llama.cpp's Q4_0 rounding (groups of 32)")
     ap.add_argument("--dir", default="build/bench-greedy-spread")
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -112,9 +132,9 @@ def main():
     reshard(a.model, base, "--dtype", "fp16")
     ref = {w: greedy(base, w) for w in words}
 
-    def row(name, set_dir):
+    def row(name, set_dir, *opts):
         j = json.loads(run(a.pollen, "perplexity", set_dir, "--file", text, "--ctx", "256", "--stride", "128",
-                           "--kl-base", base, "--json"))
+                           "--kl-base", base, "--json", *opts))
         cells = []
         for w in words:
             got, eq, tot, ident = greedy(set_dir, w), 0, 0, 0
@@ -133,6 +153,25 @@ def main():
     reshard(a.model, own, "--dtype", "int4", "--group-size", str(a.group))
     row("pollen reshard --dtype int4", own)
     src = load_file(os.path.join(a.model, "model.safetensors"))
+
+    def fake_set(name, fn):
+        t = dict(src)
+        for n in sorted(t):
+            if LINEAR.search(n):
+                t[n] = fn(t[n].astype(np.float32)).astype(np.float16)
+        d = os.path.join(a.dir, name)
+        os.makedirs(d)
+        for f in ("config.json", "tokenizer.json"):
+            shutil.copy(os.path.join(a.model, f), d)
+        save_file(t, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+        reshard(d, d + ".set", "--dtype", "fp16")
+        return d + ".set"
+
+    if a.q4_0:
+        row("pollen reshard --dtype int4, --int-dot off", own, "--int-dot", "off")
+        row("pollen's search, fake-quantized (fp16 kernels)", fake_set("pollen", lambda W: fake_int4(W, a.group)))
+        if a.group == 32:
+            row("llama.cpp Q4_0 rounding, fake-quantized (fp16 kernels)", fake_set("q4_0", fake_q4_0))
     for seed in range(1, a.seeds + 1):
         rng = np.random.default_rng(seed)
         t = dict(src)

@@ -15,6 +15,13 @@
 #     fp16 set's at the same position (after a first difference the continuations usually part,
 #     so this is stricter than top-1 agreement), and how many continuations are identical.
 # Rows whose dtype `pollen reshard` refuses (int4 before it exists) print SKIP with the reason.
+# With LLAMA_DIR (a llama.cpp built by tools/bench/cpu-vs-llamacpp.sh --build: llama-quantize,
+# llama-perplexity and the converter's venv), a second table puts llama.cpp beside it on the same
+# checkpoint and text: its converter makes an F16 GGUF, llama-quantize Q8_0, Q4_0, Q4_1 and Q4_K_M
+# (token embedding and output kept F16, as pollen keeps its embedding), and `llama-perplexity
+# --kl-divergence` against the F16 GGUF's logits, windows of CTX tokens (llama.cpp scores the
+# second half of each window, pollen every STRIDE tokens: the two meters see the same text but not
+# the same tokens, so compare each tool's quantizations against its own fp16, row by row).
 # Quality does not depend on timing, so any machine gives the same numbers for the same build;
 # decode speed is `pollen bench`'s job (tools/bench/cpu.sh). The machine is printed above the table
 # all the same (tools/bench/machine.sh). Scratch: $BENCH_DIR.
@@ -120,3 +127,78 @@ done
 echo
 echo "tokens scored: $(json_num "$FP16.ppl.json" scored) of $(json_num "$FP16.ppl.json" tokens); uniform perplexity would be $(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | grep -o '[0-9]*$')"
 machine_load_after
+
+# ---- llama.cpp beside it (LLAMA_DIR) ----
+LLAMA_DIR=${LLAMA_DIR:-}
+[ -n "$LLAMA_DIR" ] || { echo; echo "(llama.cpp: set LLAMA_DIR to a tools/bench/cpu-vs-llamacpp.sh --build tree for its table)"; exit 0; }
+LSRC=$(ls -d "$LLAMA_DIR"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | tail -n 1)
+LBIN=$LLAMA_DIR/build/bin
+LPY=$LLAMA_DIR/venv/bin/python
+for f in "$LBIN/llama-quantize" "$LBIN/llama-perplexity" "$LPY"; do
+  [ -x "$f" ] || { echo "quality.sh: $f missing: run tools/bench/cpu-vs-llamacpp.sh --build (LLAMA_DIR=$LLAMA_DIR)" >&2; exit 1; }
+done
+[ -n "$LSRC" ] || { echo "quality.sh: no llama.cpp source under $LLAMA_DIR" >&2; exit 1; }
+F16G=$DIR/llama-f16.gguf
+# llama.cpp's converter with cpu-vs-llamacpp.sh's two shims (torch's float8 names; a tokenizer
+# fingerprint in no list is declared BLOOM's pre-tokenizer).
+PYTHONPATH="$LSRC:$LSRC/gguf-py" "$LPY" - "$MODEL" --outtype f16 --outfile "$F16G" <<'EOF' >"$DIR/llama-convert.log" 2>&1 \
+  || { echo "quality.sh: llama.cpp's converter failed; see $DIR/llama-convert.log" >&2; exit 1; }
+import runpy, sys, torch
+for name in ("float8_e4m3fn", "float8_e5m2"):
+    if not hasattr(torch, name):
+        setattr(torch, name, torch.uint8)
+import conversion.base as base
+for cls in vars(base).values():
+    if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
+        orig = cls.get_vocab_base_pre
+        def pre(self, tokenizer, _orig=orig):
+            try:
+                return _orig(self, tokenizer)
+            except NotImplementedError:
+                return "bloom"
+        cls.get_vocab_base_pre = pre
+sys.argv[0] = sys.modules["conversion"].__file__.rsplit("/conversion/", 1)[0] + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF
+LTHREADS=${OMP_NUM_THREADS:-1}
+"$LBIN/llama-perplexity" -m "$F16G" -f "$TEXT" -c "$CTX" -t "$LTHREADS" --kl-divergence-base "$DIR/llama-base.kld" >"$DIR/llama-f16.log" 2>&1 \
+  || { echo "quality.sh: llama-perplexity (F16 base) failed; see $DIR/llama-f16.log" >&2; exit 1; }
+echo
+echo "llama.cpp on the same checkpoint and text: \`llama-perplexity --kl-divergence -c $CTX\` against its own F16 GGUF (llama.cpp vendored by $(basename "$(dirname "$(dirname "$LSRC")")"))"
+echo
+echo "| llama.cpp type | bits/weight (linear) | linear tensors stored as | perplexity | KL vs F16 (mean ± se) | KL p99 | KL max | top-1 agreement |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+# bits per weight of the four linear weights of every layer, and the types llama-quantize gave them
+# (K-quants need rows of 256: narrower rows fall back to other types, which the table shows)
+gguf_linear() {
+  PYTHONPATH="$LSRC/gguf-py" "$LPY" - "$1" <<'EOF'
+import collections, re, sys
+import gguf
+r = gguf.GGUFReader(sys.argv[1])
+nb = ne = 0
+types = collections.Counter()
+for t in r.tensors:
+    if re.fullmatch(r"blk\.\d+\.(attn_qkv|attn_output|ffn_up|ffn_down)\.weight", t.name):
+        nb += int(t.n_bytes); ne += int(t.n_elements); types[t.tensor_type.name] += 1
+print("%.3f|%s" % (8 * nb / ne, ", ".join("%s x%d" % kv for kv in sorted(types.items()))))
+EOF
+}
+for t in Q8_0 Q4_0 Q4_1 Q4_K_M; do
+  g=$DIR/llama-$t.gguf
+  if ! "$LBIN/llama-quantize" --token-embedding-type f16 --output-tensor-type f16 "$F16G" "$g" "$t" "$LTHREADS" >"$DIR/llama-quantize-$t.log" 2>&1; then
+    echo "| $t | SKIP: llama-quantize failed (see $DIR/llama-quantize-$t.log) | | | | | |"; continue
+  fi
+  log=$DIR/llama-$t.log
+  if ! "$LBIN/llama-perplexity" -m "$g" -f "$TEXT" -c "$CTX" -t "$LTHREADS" --kl-divergence-base "$DIR/llama-base.kld" --kl-divergence >"$log" 2>&1; then
+    echo "| $t | SKIP: llama-perplexity failed (see $log) | | | | | |"; continue
+  fi
+  ppl=$(grep -m1 'Mean PPL(Q) ' "$log" | sed 's/.*: *//; s/ *± */ ± /')
+  kld=$(grep -m1 'Mean    KLD:' "$log" | sed 's/.*KLD: *//; s/ *± */ ± /')
+  p99=$(grep -m1 '99.0%   KLD:' "$log" | awk '{ print $NF }')
+  kmax=$(grep -m1 'Maximum KLD:' "$log" | awk '{ print $NF }')
+  top=$(grep -m1 'Same top p:' "$log" | sed 's/.*: *//; s/ *±.*//')
+  lin=$(gguf_linear "$g")
+  echo "| $t | ${lin%%|*} | ${lin#*|} | $ppl | $kld | $p99 | $kmax | $top% |"
+done
+echo
+echo "bits/weight (linear): the four linear weights of every layer, scales included (pollen's int4 g32 and Q4_0: 4.5; compare with 8 x pollen's bytes/weight (linear)); token embedding and output F16 on both sides; tokens scored: $(grep -o 'calculating perplexity over [0-9]* chunks' "$DIR/llama-f16.log" | grep -o '[0-9]*') windows of $CTX, the second half of each."
