@@ -655,8 +655,8 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
         void *dbt = up(be, bt, (size_t)S * max_blocks * 4), *dsl = nkv == 0 || alibi ? up(be, slopes, (size_t)nh * 4) : NULL;
         void *dps = up(be, ps, (size_t)T * 4), *dpp = up(be, pp, (size_t)T * 4);
         void *dds = up(be, ds, (size_t)S * 4), *ddp = up(be, dp, (size_t)S * 4);
-        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt, nkv};
-        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt, nkv};
+        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt, nkv, 0};
+        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt, nkv, 0};
         void *qp = up_act(be, qkv_p, (size_t)T * W), *qd = up_act(be, qkv_d, (size_t)S * W);
         void *op = poisoned(be, np * be->act_size), *od = poisoned(be, nd * be->act_size);
         CHECK(be->kv_append(be, qp, kc, vc, &mp, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
@@ -907,7 +907,7 @@ static void test_rope(int32_t T, int32_t nh, int32_t nkv, int32_t D, double thet
         res[b] = pln_xmalloc(n * 4);
         void *dq = up_act(be, x, n), *dp = up(be, pos, (size_t)T * 4), *dsq = up(be, seq, (size_t)T * 4);
         void *dbt = up(be, bt, 4), *di = up(be, inv, (size_t)D / 2 * 4);
-        pln_attn_meta m = {T, 1, 1 << 20, 1, 0, dsq, dp, dbt, nkv};
+        pln_attn_meta m = {T, 1, 1 << 20, 1, 0, dsq, dp, dbt, nkv, 0};
         CHECK(be->rope(be, dq, &m, di, nh, D) == 0, "rope on %s: %s", be->name, pln_error());
         down_act(be, res[b], dq, n);
         be->free(be, dq); be->free(be, dp); be->free(be, dsq); be->free(be, dbt); be->free(be, di);
@@ -1045,7 +1045,7 @@ static void test_errors(void)
     CHECK(g_gpu->linear(g_gpu, o, x, &wb, NULL, 1, false) != 0, "bf16 weights must fail");
     /* the grouped-query contract: rotary needs the grouped layout, and the KV heads must divide
      * the q heads (checked before any launch: the metadata pointers are never read) */
-    pln_attn_meta mg = {1, 1, 16, 1, 1, (const int32_t *)x, (const int32_t *)x, (const int32_t *)x, 0};
+    pln_attn_meta mg = {1, 1, 16, 1, 1, (const int32_t *)x, (const int32_t *)x, (const int32_t *)x, 0, 0};
     CHECK(g_gpu->rope(g_gpu, o, &mg, (const float *)x, 4, 8) != 0 && strstr(pln_error(), "grouped"),
           "rope on the BLOOM layout must fail naming the grouped layout: %s", pln_error());
     mg.n_kv_head = 3;
