@@ -3,7 +3,7 @@
  * numerics over kernels/backend.h:
  *   embed (vocab-parallel, all-reduce) → per layer: RMSNorm → fused qkv [q | k | v] (+ q/k/v
  *   biases) → rotary on q and k → KV append + grouped-query attention over this rank's q heads
- *   (its KV heads split, or replicated when TP exceeds their count; Mistral's sliding window) → o_proj (row-parallel,
+ *   (its KV heads split, or replicated when TP exceeds their count) → o_proj (row-parallel,
  *   all-reduce) → x += out (+ o bias), RMSNorm → fused [gate ; up] → silu(gate) * up → down_proj
  *   (row-parallel, all-reduce) → x += out, next RMSNorm (or the final norm) → logits of this
  *   rank's vocab slice (lm_head, or the embedding when tied).
