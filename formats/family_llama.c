@@ -140,15 +140,17 @@ static int llama_config_from_json(json_t *o, const char *where, pln_hf_config *c
     c->max_position_embeddings = 2048;
     if (get_int(o, where, "max_position_embeddings", &c->max_position_embeddings, &found)) return -1;
     if (c->max_position_embeddings < 1) return pln_errorf("%s: key \"max_position_embeddings\" must be positive", where);
-    /* Mistral attends within a window; Qwen2 only with use_sliding_window (and then per layer). */
+    /* Mistral attends within a window on every layer (pln_attn_meta.window); Qwen2 only with
+     * use_sliding_window, and then on the layers from max_window_layers on: refused. */
     c->sliding_window = 0;
     bool qwen2 = !strcmp(type, "qwen2");
     if (!qwen2 || get_bool(o, "use_sliding_window", false)) {
         if (get_int(o, where, "sliding_window", &c->sliding_window, &found)) return -1;
         if (found && c->sliding_window < 1) return pln_errorf("%s: key \"sliding_window\" must be positive or null", where);
         if (qwen2 && found)
-            return pln_errorf("%s: key \"use_sliding_window\" is true; pollen runs Qwen2 models without a sliding window only "
-                              "(set it to false if the model was trained so)", where);
+            return pln_errorf("%s: key \"use_sliding_window\" is true; pollen runs Qwen2's per-layer sliding windows "
+                              "(\"max_window_layers\") not yet, only Mistral's window on every layer (set "
+                              "\"use_sliding_window\" to false if the model was trained so)", where);
         if (!found) c->sliding_window = 0;
     }
     c->tie_word_embeddings = get_bool(o, "tie_word_embeddings", false);

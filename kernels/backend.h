@@ -60,6 +60,11 @@ typedef struct {
      *        and q head h reads KV head h / (n_head_local / n_kv_head) (n_kv_head divides
      *        n_head_local). */
     int32_t n_kv_head;
+    /* Sliding-window attention (host value; Mistral's sliding_window): > 0, token t attends only
+     * to keys j with tok_pos[t] - window < j <= tok_pos[t] (transformers' mask: the token itself
+     * and the window - 1 keys before it); 0 attends to every key 0..tok_pos[t]. The cache keeps
+     * every key; the kernels skip the ones before the window. */
+    int32_t window;
 } pln_attn_meta;
 
 /* Per-sequence logits processing, HF order: repetition penalty (divide positive, multiply

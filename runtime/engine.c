@@ -278,12 +278,6 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
         e->model = pln_model_create(e->be, comm, e->ld);
         if (!e->model) rc = -1;
     }
-    /* Attention runs over the whole context: a model trained with a shorter window (Mistral's
-     * sliding_window) would see different keys than transformers shows it past the window. */
-    if (!rc && e->cfg.hf.sliding_window > 0 && e->opts.max_seq_len > e->cfg.hf.sliding_window)
-        rc = pln_errorf("%s: config.json's sliding_window is %lld but a context of %d tokens was asked for; pollen attends "
-                        "to the whole context, so ask for at most %lld (serve: --max-total-tokens)", e->shard_dir,
-                        (long long)e->cfg.hf.sliding_window, e->opts.max_seq_len, (long long)e->cfg.hf.sliding_window);
     if (!rc) {
         pln_model *m = e->model;
         uint64_t per_tok = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_kv_local, m->head_dim);

@@ -27,6 +27,7 @@ typedef struct {
     llama_layer *layers;
     const uint16_t *norm;
     float *inv_freq;            /* device [head_dim / 2] */
+    int32_t window;             /* Mistral's sliding_window (pln_attn_meta.window); 0 = none */
 } llama_state;
 
 /* KV heads per rank: split when tp divides them, else the one KV head a rank's q heads read
@@ -92,6 +93,8 @@ static int llama_create(pln_model *m, pln_loader *ld) {
     m->head_dim = (int32_t)hc->head_dim;
     m->n_head_local = (int32_t)(c->n_head / tp);
     m->n_kv_local = kv_local(hc, tp);
+    /* a window at least as long as any context the cache can hold is no window */
+    s->window = hc->sliding_window > 0 && hc->sliding_window < INT32_MAX ? (int32_t)hc->sliding_window : 0;
     int64_t H = m->H, D = hc->head_dim, A = (int64_t)m->n_head_local * D, Fl = hc->intermediate_size / tp;
     int64_t Q = (int64_t)(m->n_head_local + 2 * m->n_kv_local) * D;
     m->w_qkv = Q;
@@ -148,6 +151,7 @@ static int llama_enqueue(pln_model *m, pln_kvcache *kv, const pln_attn_meta *met
     const int64_t nl = m->cfg.n_layer;
     pln_attn_meta meta = *meta0;
     meta.n_kv_head = m->n_kv_local;   /* the grouped-query layout */
+    meta.window = s->window;
     int rc = failed ? -1 : 0;
 #define OP(call) do { if (rc == 0 && (call) != 0) rc = -1; } while (0)
 #define ALLREDUCE(buf) do { if (pln_comm_allreduce(m->comm, buf, (size_t)T * (size_t)H, adt) != 0 && rc == 0) rc = -1; } while (0)

@@ -6,8 +6,10 @@
 # prefill logits and the 20-step greedy continuations' ids and log-probs against transformers,
 # every TP size equal to TP 1 within 1e-5; int8 (per row, grouped with an int8 embedding and
 # lm_head) and int4 within the bound of their recorded quantization error; verify --source over
-# the fused tensors; the document's stdlib reader and inspect; and the refusals (a TP size the
-# heads do not allow, an unsupported rope_scaling or model_type, a context past the sliding window).
+# the fused tensors; the document's stdlib reader and inspect; Mistral's sliding window (the
+# mistral-sw weights with sliding_window 8, prompts and 20 greedy tokens well past it, against
+# transformers at every TP size); and the refusals (a TP size the heads do not allow, an
+# unsupported rope_scaling or model_type, Qwen2's per-layer windows).
 source "$(dirname "$0")/e2e.sh"
 CMP=${PLN_BUILD:-build}/tests/test_engine
 if ! "$POLLEN" reshard --help >/dev/null 2>&1 || ! command -v mpirun >/dev/null || [ ! -x "$CMP" ]; then
@@ -154,10 +156,27 @@ check_fails "an unknown model_type refused, listing the known ones" "\"model_typ
   "$POLLEN" reshard "$TMP/gptneox" -o "$TMP/x" --tp 1 --dtype fp16 --quiet
 mk_src mlpbias 's/"mlp_bias": false/"mlp_bias": true/'
 check_fails "mlp_bias refused" "\"mlp_bias\" is true" "$POLLEN" reshard "$TMP/mlpbias" -o "$TMP/x" --tp 1 --dtype fp16 --quiet
+rm -rf "$TMP/qwen2sw"; cp -r "$M/qwen2-bias/fp32-bin" "$TMP/qwen2sw"
+sed -i 's/"use_sliding_window": false/"use_sliding_window": true/; s/"sliding_window": null/"sliding_window": 8/' "$TMP/qwen2sw/config.json"
+check_fails "Qwen2's per-layer windows refused, naming the keys" "\"use_sliding_window\" is true.*\"max_window_layers\"" \
+  "$POLLEN" reshard "$TMP/qwen2sw" -o "$TMP/x" --tp 1 --dtype fp16 --quiet
+
+# Mistral's sliding window: the mistral-sw weights with config.json's sliding_window 8 (transformers'
+# reference-f16-window8 on the same prompts; up to 19 prompt tokens and 20 generated ones, so the
+# prefill and every decode step reach past the window) at every TP size the heads allow.
 rm -rf "$TMP/sw"; cp -r "$M/mistral-sw/fp16-st" "$TMP/sw"; sed -i 's/"sliding_window": 4096/"sliding_window": 8/' "$TMP/sw/config.json"
-check "a sliding window of 8: reshard" "$POLLEN" reshard "$TMP/sw" -o "$TMP/sw-set" --tp 1 --dtype fp16 --quiet
-ids=$("$CMP" --print-ids "$M/mistral-sw/reference-f16.safetensors")
-# shellcheck disable=SC2086
-check_fails "a context past the sliding window refused" "sliding_window is 8 but a context of [0-9]+ tokens" \
-  "$POLLEN" generate "$TMP/sw-set" $ids --max-new-tokens 20 --quiet
+REF=$M/mistral-sw/reference-f16-window8.safetensors
+ids=$("$CMP" --print-ids "$REF")
+for tp in 1 2 4; do
+  check "sliding window 8 TP $tp: reshard" "$POLLEN" reshard "$TMP/sw" -o "$TMP/sw-tp$tp" --tp $tp --dtype fp16 --quiet
+  # shellcheck disable=SC2086
+  check "sliding window 8 TP $tp: generate" run_np $tp "$TMP/sw-tp$tp" $ids --max-new-tokens 20 --json --quiet \
+    --dump-logits "$TMP/sw-tp$tp.st" >"$TMP/sw-tp$tp.json"
+  check "sliding window 8 TP $tp: prefill logits vs transformers" "$CMP" --cmp-ref "$TMP/sw-tp$tp.st" "$REF" 1e-5
+  check "sliding window 8 TP $tp: greedy ids and logprobs vs transformers" "$CMP" --cmp-greedy "$TMP/sw-tp$tp.json" "$REF" 1e-4
+  [ $tp = 1 ] || check "sliding window 8 TP $tp: logits equal TP 1" "$CMP" --cmp-dump "$TMP/sw-tp$tp.st" "$TMP/sw-tp1.st" 1e-5
+done
+# ... and the full-context reference no longer matches: the window is what the numbers above test.
+check_fails "sliding window 8: greedy differs from the full-context reference" "ids differ from transformers" \
+  "$CMP" --cmp-greedy "$TMP/sw-tp1.json" "$M/mistral-sw/reference-f16.safetensors" 1e-4
 e2e_done

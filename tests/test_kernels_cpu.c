@@ -764,8 +764,8 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     float *out = malloc((size_t)(T2 * ow) * 4);
     FOR_EACH_ISA(isa) {
         for (size_t i = 0; i < pool; i++) { kc[i] = NAN; vc[i] = NAN; }   /* unwritten rows must never be read */
-        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
-        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
+        pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0, 0};
+        pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0, 0};
         CHECK(g_be->kv_append(g_be, qkv1, kc, vc, &m1, n_head, head_dim) == 0, "kv_append 1: %s", pln_error());
         CHECK(g_be->kv_append(g_be, qkv2, kc, vc, &m2, n_head, head_dim) == 0, "kv_append 2: %s", pln_error());
         /* the cache layout exactly as backend.h defines it */
@@ -786,7 +786,7 @@ static void test_attention_case(int n_head, int head_dim, int block_size, bool l
     /* a bad block table is an error, not a wild write */
     int32_t saved = table[1 * max_blocks + 0];
     table[1 * max_blocks + 0] = -1;
-    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
+    pln_attn_meta mb = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0, 0};
     CHECK(g_be->attention(g_be, out, qkv2, kc, vc, &mb, slopes, n_head, head_dim) == -1 && strstr(pln_error(), "block"),
           "attention with an unassigned block: want an error, got \"%s\"", pln_error());
     table[1 * max_blocks + 0] = saved;
@@ -848,8 +848,8 @@ static void test_attention_f16_case(int n_head, int head_dim, int block_size, bo
     for (int s = 0; s < S; s++) for (int j = 0; j < prior[s]; j++, t++) { seq1[t] = s; pos1[t] = j; }
     t = 0;
     for (int s = S - 1; s >= 0; s--) for (int j = prior[s]; j < prior[s] + fed[s]; j++, t++) { seq2[t] = s; pos2[t] = j; }
-    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0};
-    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0};
+    pln_attn_meta m1 = {T1, S, block_size, max_blocks, max_len, seq1, pos1, table, 0, 0};
+    pln_attn_meta m2 = {T2, S, block_size, max_blocks, max_len, seq2, pos2, table, 0, 0};
     size_t pool = (size_t)n_blocks * n_head * block_size * head_dim;
     float *kc = malloc(pool * 4), *vc = malloc(pool * 4);
     uint16_t *kh = malloc(pool * 2), *vh = malloc(pool * 2);
@@ -1004,7 +1004,7 @@ static void test_rope_case(int n_head, int n_kv, int head_dim, double theta, boo
     int32_t seq[T], table[1] = {0};
     int32_t pos[T];
     for (int t = 0; t < T; t++) { seq[t] = 0; pos[t] = positions[(t * 5) % T]; }   /* out of order */
-    pln_attn_meta m = {T, 1, 1 << 20, 1, 0, seq, pos, table, n_kv};
+    pln_attn_meta m = {T, 1, 1 << 20, 1, 0, seq, pos, table, n_kv, 0};
     FOR_EACH_ISA(isa) {
         memcpy(got, x, (size_t)(T * width) * 4);
         CHECK(g_be->rope(g_be, got, &m, inv, n_head, head_dim) == 0, "rope: %s", pln_error());
@@ -1047,7 +1047,7 @@ static void test_rope(void) {
     /* the BLOOM layout has no rotary heads; odd head_dim has no pairs */
     int32_t seq[1] = {0}, pos[1] = {0}, table[1] = {0};
     float q[3 * 8] = {0}, inv[4] = {1, 1, 1, 1};
-    pln_attn_meta m0 = {1, 1, 16, 1, 1, seq, pos, table, 0};
+    pln_attn_meta m0 = {1, 1, 16, 1, 1, seq, pos, table, 0, 0};
     CHECK(g_be->rope(g_be, q, &m0, inv, 1, 8) == -1 && strstr(pln_error(), "grouped"),
           "rope on the BLOOM layout: want an error, got \"%s\"", pln_error());
 }
@@ -1083,8 +1083,9 @@ static void test_swiglu(void) {
  * decode step), every output against a double-precision reference over the whole history, where
  * q head h reads KV head h / (n_head / n_kv). f16: the KV cache in F16, the reference over keys
  * and values rounded the same way. Every token's output must also be the same bits when it is
- * attended alone (batch invariance). */
-static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bool f16, bool alibi) {
+ * attended alone (batch invariance). window > 0: a sliding window, the reference over keys
+ * pos - window < j <= pos only. */
+static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bool f16, bool alibi, int window) {
     enum { S = 4, STEPS = 3 };
     /* tokens per sequence in each step (0: the sequence sits the step out) */
     static const int32_t fed[STEPS][S] = {{5, 70, 1, 33}, {1, 9, 1, 1}, {1, 1, 1, 1}};
@@ -1129,7 +1130,7 @@ static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bo
                     memcpy(qkv + T * width, hist[s] + j * width, (size_t)width * 4);
                 }
             for (int s = 0; s < S; s++) done[s] += fed[k][s];
-            pln_attn_meta m = {T, S, block_size, max_blocks, max_len, seq, pos, table, n_kv};
+            pln_attn_meta m = {T, S, block_size, max_blocks, max_len, seq, pos, table, n_kv, window};
             CHECK(be->kv_append(be, qkv, kc, vc, &m, n_head, head_dim) == 0, "gqa kv_append: %s", pln_error());
             CHECK(be->attention(be, out, qkv, kc, vc, &m, alibi ? slopes : NULL, n_head, head_dim) == 0,
                   "gqa attention: %s", pln_error());
@@ -1139,25 +1140,26 @@ static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bo
                     int g = h / (n_head / n_kv);
                     const double *q = hr[s] + p * width + h * head_dim;   /* q is never rounded */
                     double mx = -INFINITY, sum = 0;
-                    for (int j = 0; j <= p; j++) {
+                    int lo = window > 0 && p >= window ? p - window + 1 : 0;
+                    for (int j = lo; j <= p; j++) {
                         const double *kr = hr[s] + j * width + k0 + g * head_dim;
                         double d = 0;
                         for (int e = 0; e < head_dim; e++) d += q[e] * kr[e];
                         sc[j] = d / sqrt((double)head_dim) + (alibi ? (double)slopes[h] * j : 0.0);
                         mx = fmax(mx, sc[j]);
                     }
-                    for (int j = 0; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                    for (int j = lo; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
                     for (int e = 0; e < head_dim; e++) {
                         double acc = 0;
-                        for (int j = 0; j <= p; j++) acc += sc[j] / sum * hr[s][j * width + v0 + g * head_dim + e];
+                        for (int j = lo; j <= p; j++) acc += sc[j] / sum * hr[s][j * width + v0 + g * head_dim + e];
                         want[t * ow + h * head_dim + e] = acc;
                     }
                 }
             }
             double md = 0;
             for (int64_t i = 0; i < T * ow; i++) md = fmax(md, fabs(out[i] - want[i]));
-            CHECK(md < 2e-6, "gqa attention [%s] heads %d/%d d=%d bs=%d kv %s%s step %d (%d tokens): max diff %g",
-                  iname, n_head, n_kv, head_dim, block_size, f16 ? "f16" : "f32", alibi ? " alibi" : "", k, T, md);
+            CHECK(md < 2e-6, "gqa attention [%s] heads %d/%d d=%d bs=%d kv %s%s window %d step %d (%d tokens): max diff %g",
+                  iname, n_head, n_kv, head_dim, block_size, f16 ? "f16" : "f32", alibi ? " alibi" : "", window, k, T, md);
             /* the cache rows exactly where backend.h puts them */
             int bad = 0;
             for (int t = 0; t < T; t++)
@@ -1174,13 +1176,13 @@ static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bo
             /* batch invariance: each token alone gives its bits of the shared step */
             int diff = 0;
             for (int t = 0; t < T; t++) {
-                pln_attn_meta m1 = {1, S, block_size, max_blocks, max_len, seq + t, pos + t, table, n_kv};
+                pln_attn_meta m1 = {1, S, block_size, max_blocks, max_len, seq + t, pos + t, table, n_kv, window};
                 CHECK(be->attention(be, one, qkv + t * width, kc, vc, &m1, alibi ? slopes : NULL, n_head, head_dim) == 0,
                       "gqa attention alone: %s", pln_error());
                 diff += memcmp(one, out + t * ow, (size_t)ow * 4) != 0;
             }
-            CHECK(diff == 0, "gqa attention [%s] heads %d/%d d=%d kv %s step %d: %d of %d tokens differ when attended alone",
-                  iname, n_head, n_kv, head_dim, f16 ? "f16" : "f32", k, diff, T);
+            CHECK(diff == 0, "gqa attention [%s] heads %d/%d d=%d kv %s window %d step %d: %d of %d tokens differ when attended alone",
+                  iname, n_head, n_kv, head_dim, f16 ? "f16" : "f32", window, k, diff, T);
         }
     }
     pln_backend_destroy(be);
@@ -1190,16 +1192,23 @@ static void test_gqa_case(int n_head, int n_kv, int head_dim, int block_size, bo
 
 static void test_gqa(void) {
     for (int f16 = 0; f16 < 2; f16++) {
-        test_gqa_case(8, 1, 64, 16, f16, false);
-        test_gqa_case(8, 2, 128, 16, f16, false);
-        test_gqa_case(4, 4, 64, 7, f16, false);      /* n_kv == n_head: MHA in the grouped layout */
-        test_gqa_case(32, 2, 16, 5, f16, false);     /* 16 q heads per KV head: two decode runs */
-        test_gqa_case(6, 3, 24, 32, f16, true);      /* ALiBi in the grouped layout */
+        test_gqa_case(8, 1, 64, 16, f16, false, 0);
+        test_gqa_case(8, 2, 128, 16, f16, false, 0);
+        test_gqa_case(4, 4, 64, 7, f16, false, 0);      /* n_kv == n_head: MHA in the grouped layout */
+        test_gqa_case(32, 2, 16, 5, f16, false, 0);     /* 16 q heads per KV head: two decode runs */
+        test_gqa_case(6, 3, 24, 32, f16, true, 0);      /* ALiBi in the grouped layout */
+        /* Mistral's sliding window: shorter than a block, across blocks, the token alone, and
+         * inside a block longer than a stretch (keys 0..63 | 64..127 of a 128-row block) */
+        test_gqa_case(8, 2, 64, 16, f16, false, 8);
+        test_gqa_case(4, 2, 16, 5, f16, false, 33);
+        test_gqa_case(4, 1, 32, 16, f16, false, 1);
+        test_gqa_case(8, 2, 64, 128, f16, false, 70);
+        test_gqa_case(6, 3, 24, 32, f16, true, 12);     /* with ALiBi: slopes at the window's keys */
     }
     /* a KV-head count that does not divide the q heads is refused */
     int32_t seq[1] = {0}, pos[1] = {0}, table[1] = {0};
     float q[8 * 5] = {0}, o[8 * 3], kc[64], vc[64];
-    pln_attn_meta m = {1, 1, 4, 1, 1, seq, pos, table, 2};
+    pln_attn_meta m = {1, 1, 4, 1, 1, seq, pos, table, 2, 0};
     CHECK(g_be->attention(g_be, o, q, kc, vc, &m, NULL, 3, 8) == -1 && strstr(pln_error(), "KV heads"),
           "3 q heads over 2 KV heads: want an error, got \"%s\"", pln_error());
 }
@@ -1424,7 +1433,7 @@ static void bench_attention(int ctx, int n_seq, int n_head, int hd, int n_kv) {
         int32_t *seq = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4);
         for (int t = 0; t < T; t++) { seq[t] = prefill ? 0 : t; pos[t] = prefill ? t : ctx - 1; }
         float *qkv = rnd_vec((size_t)(T * width), -1, 1), *out = malloc((size_t)T * n_head * hd * 4);
-        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, n_kv};
+        pln_attn_meta m = {T, n_seq, bs, max_blocks, ctx, seq, pos, table, n_kv, 0};
         g_be->attention(g_be, out, qkv, kp, vp, &m, sl, n_head, hd);
         double best = 1e30;
         for (int r = 0; r < 5; r++) {

@@ -10,7 +10,9 @@
  * Head layouts (pln_attn_meta.n_kv_head): BLOOM's per-head interleaved q, k, v with one KV head
  * per q head (n_kv = n_head), or grouped-query with all q heads, then the k heads, then the v
  * heads, q head h reading KV head h / (n_head / n_kv). One code path serves both: qkv_layout says
- * where a head's rows are, and BLOOM is the group of one. */
+ * where a head's rows are, and BLOOM is the group of one.
+ * Sliding window (pln_attn_meta.window > 0): a query at position p reads keys
+ * p - window < j <= p only; the keys before are never visited (key_start). */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -41,6 +43,11 @@ static inline int64_t kv_offset(const pln_attn_meta *m, int32_t s, int32_t j, in
                                 int32_t n_head, int32_t head_dim) {
     int64_t b = m->block_table[(int64_t)s * m->max_blocks + j / m->block_size];
     return ((b * n_head + h) * m->block_size + j % m->block_size) * head_dim;
+}
+
+/* The first key a query at position pos reads: 0, or the start of its sliding window. */
+static inline int32_t key_start(const pln_attn_meta *m, int32_t pos) {
+    return m->window > 0 && pos >= m->window ? pos - m->window + 1 : 0;
 }
 
 /* n values of src into a cache row at element offset off. */
@@ -85,7 +92,8 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
                        int32_t n_kv, int32_t head_dim, float *scores, bool f16) {
     float scale = 1.0f / sqrtf((float)head_dim);
     float mx = -INFINITY;
-    for (int32_t j = 0; j <= pos; j++) {
+    int32_t j0 = key_start(m, pos);
+    for (int32_t j = j0; j <= pos; j++) {
         int64_t kj = kv_offset(m, s, j, h, n_kv, head_dim);
         float dot = 0.0f;
         for (int32_t d = 0; d < head_dim; d++) dot += q[d] * kv_at(k_cache, kj + d, f16);
@@ -93,9 +101,9 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
         if (scores[j] > mx) mx = scores[j];
     }
     float sum = 0.0f;
-    for (int32_t j = 0; j <= pos; j++) { scores[j] = expf(scores[j] - mx); sum += scores[j]; }
+    for (int32_t j = j0; j <= pos; j++) { scores[j] = expf(scores[j] - mx); sum += scores[j]; }
     for (int32_t d = 0; d < head_dim; d++) o[d] = 0.0f;
-    for (int32_t j = 0; j <= pos; j++) {
+    for (int32_t j = j0; j <= pos; j++) {
         int64_t vj = kv_offset(m, s, j, h, n_kv, head_dim);
         float p = scores[j] / sum;
         for (int32_t d = 0; d < head_dim; d++) o[d] += p * kv_at(v_cache, vj + d, f16);
@@ -117,7 +125,9 @@ static void attend_ref(float *o, const float *q, const void *k_cache, const void
  * located once and read from cache by all of them, and their independent updates overlap in the
  * core where one query's chain (scores -> max -> exp -> o) would leave it idle. Every query's
  * arithmetic is the same whoever shares its walk (the stretches end at block and KCHUNK
- * boundaries, the last one at its own position): the batch-invariant promise. */
+ * boundaries, the last one at its own position): the batch-invariant promise. A sliding window
+ * keeps it: the walk starts at the stretch (block start + a multiple of KCHUNK) that holds the
+ * group's first key, and each query's first stretch starts at its own first key. */
 static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stride, const float *qkv,
                           int64_t qkv_stride, int32_t nq, const void *k_cache, const void *v_cache,
                           const pln_attn_meta *m, int32_t s, const int32_t *pos, int32_t h, float slope,
@@ -126,13 +136,16 @@ static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stri
     float scale = 1.0f / sqrtf((float)head_dim);
     float sc[QGROUP][KCHUNK];
     pln_softmax_state st[QGROUP];
-    int32_t last = 0;
+    int32_t last = 0, first = INT32_MAX, lo[QGROUP];
     for (int32_t i = 0; i < nq; i++) {
         st[i] = (pln_softmax_state){-INFINITY, 0.0f};
         memset(out + i * out_stride, 0, (size_t)head_dim * sizeof(float));
         if (pos[i] > last) last = pos[i];
+        lo[i] = key_start(m, pos[i]);
+        if (lo[i] < first) first = lo[i];
     }
-    for (int32_t j0 = 0; j0 <= last;) {
+    int32_t b0 = first - first % m->block_size;
+    for (int32_t j0 = b0 + (first - b0) / KCHUNK * KCHUNK; j0 <= last;) {
         int32_t in_block = m->block_size - j0 % m->block_size;
         int32_t n = last + 1 - j0;
         if (n > in_block) n = in_block;
@@ -153,19 +166,21 @@ static void attend_online(const pln_cpu_kernels *k, float *out, int64_t out_stri
             }
         }
         for (int32_t qi = 0; qi < nq; qi++) {
-            if (pos[qi] < j0) continue;
-            int32_t nk = pos[qi] + 1 - j0 < n ? pos[qi] + 1 - j0 : n;   /* causal: keys <= pos */
+            if (pos[qi] < j0 || lo[qi] >= j0 + n) continue;
+            int32_t js = lo[qi] > j0 ? lo[qi] : j0;                            /* window: keys >= lo */
+            int32_t nk = pos[qi] + 1 - js < j0 + n - js ? pos[qi] + 1 - js : j0 + n - js;   /* causal: keys <= pos */
+            int64_t qoff = off + (int64_t)(js - j0) * head_dim;
             const float *q = qkv + qi * qkv_stride;
             float *o = out + qi * out_stride, *c_sc = sc[qi];
-            if (f16) k->dots_f16(c_sc, q, (const uint16_t *)k_cache + off, nk, head_dim);
-            else k->dots(c_sc, q, (const float *)k_cache + off, nk, head_dim);
-            float bm = k->score_max(c_sc, nk, scale, slope, j0);
+            if (f16) k->dots_f16(c_sc, q, (const uint16_t *)k_cache + qoff, nk, head_dim);
+            else k->dots(c_sc, q, (const float *)k_cache + qoff, nk, head_dim);
+            float bm = k->score_max(c_sc, nk, scale, slope, js);
             float m_new = st[qi].m > bm ? st[qi].m : bm;
             /* exp(0) = 1 exactly: no call when the running max holds (the usual case) */
             float c = st[qi].m == -INFINITY ? 0.0f : st[qi].m == m_new ? 1.0f : expf(st[qi].m - m_new);
             float l = st[qi].s * c + k->exp_sum(c_sc, nk, m_new);
-            if (f16) k->weighted_sum_f16(o, c, c_sc, (const uint16_t *)v_cache + off, nk, head_dim);
-            else k->weighted_sum(o, c, c_sc, (const float *)v_cache + off, nk, head_dim);
+            if (f16) k->weighted_sum_f16(o, c, c_sc, (const uint16_t *)v_cache + qoff, nk, head_dim);
+            else k->weighted_sum(o, c, c_sc, (const float *)v_cache + qoff, nk, head_dim);
             st[qi].m = m_new; st[qi].s = l;
         }
         j0 += n;
@@ -203,7 +218,8 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_ca
         if (t == 0 || t - grp[n_grp - 1] >= QGROUP || m->tok_seq[t] != m->tok_seq[t - 1]) grp[n_grp++] = t;
     grp[n_grp] = T;
     int64_t n_work = (int64_t)n_grp * n_head;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)m->max_pos * T * n_head * head_dim > 32768)
+    int32_t span = m->window > 0 && m->window < m->max_pos ? m->window : m->max_pos;   /* keys per query, at most */
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)span * T * n_head * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
         /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
          * read the same keys and values while they are still in cache (and, grouped-query, the

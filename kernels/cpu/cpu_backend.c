@@ -199,6 +199,7 @@ static int check_meta(const char *op, const pln_attn_meta *m, int32_t n_head, in
     NEED(n_head > 0 && head_dim > 0, "%s: bad head count %d / head_dim %d", op, n_head, head_dim);
     NEED(m->n_kv_head >= 0 && (m->n_kv_head == 0 || n_head % m->n_kv_head == 0),
          "%s: %d KV heads do not divide the %d q heads (grouped-query layout)", op, m->n_kv_head, n_head);
+    NEED(m->window >= 0, "%s: sliding window %d must be 0 (none) or positive", op, m->window);
     NEED(m->n_tokens >= 0 && m->n_seqs >= 0 && m->block_size > 0 && m->max_blocks > 0,
          "%s: bad metadata (tokens %d, seqs %d, block_size %d, max_blocks %d)", op, m->n_tokens,
          m->n_seqs, m->block_size, m->max_blocks);

@@ -1,7 +1,10 @@
 /* attention.cu — paged flash-decoding for decode steps; split-key attention (one block per token,
  * head and key chunk) and the merge of the chunks' partial softmax states. See attention.cuh.
  * Every kernel reads q, k and v through pln_qkv_layout (kv_append.cuh): BLOOM's interleaved heads
- * are the grouped-query layout's group of one, and slopes == NULL is no positional bias. */
+ * are the grouped-query layout's group of one, and slopes == NULL is no positional bias.
+ * Sliding window (pln_attn_meta.window > 0): a token at position p reads keys p - window < j <= p;
+ * the splits and chunks cover that span from its first key (key_start), so the keys before the
+ * window cost nothing. */
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/kv_append.cuh"
 
@@ -14,13 +17,26 @@ __device__ __forceinline__ const __half *kv_row(const __half *cache, const int32
     return cache + (((int64_t)blk * nh + h) * bs + j % bs) * D;
 }
 
-/* Token t0 + blockIdx.x. nsplit == 1: writes the normalized output. Else the chunk's state, for
+/* The first key a token at position pos reads: 0, or the start of its sliding window. */
+__device__ __forceinline__ int key_start(int pos, int window)
+{
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
+/* Keys a token reads at most in a step: max_pos, or the window when shorter. */
+static inline int key_span(const pln_attn_meta *m)
+{
+    return m->window > 0 && m->window < m->max_pos ? m->window : m->max_pos;
+}
+
+/* Token t0 + blockIdx.x, keys from its first (key_start) on. nsplit == 1: writes the normalized output. Else the chunk's state, for
  * the launch's tokens only (local index blockIdx.x): pm/ps [tokens, nh, nsplit] and
  * pacc [tokens, nh, nsplit, D] (sum of exp(score - m) * v, not normalized). */
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *qkv, const __half *kc,
                   const __half *vc, const int32_t *tok_seq, const int32_t *tok_pos, const int32_t *block_table,
-                  int bs, int max_blocks, const float *slopes, int nh, pln_qkv_layout L, int D, int nsplit, int t0)
+                  int bs, int max_blocks, const float *slopes, int nh, pln_qkv_layout L, int D, int nsplit, int t0,
+                  int window)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     pln_pdl_trigger();
@@ -30,7 +46,7 @@ attn_chunk_kernel(__half *out, float *pm, float *ps, float *pacc, const __half *
     __shared__ float scratch[32];
     const int t = t0 + (int)blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
     const int seq = tok_seq[t], pos = tok_pos[t];
-    const int j0 = sp * PLN_ATTN_CHUNK;
+    const int j0 = key_start(pos, window) + sp * PLN_ATTN_CHUNK;
     const int j1 = min(j0 + PLN_ATTN_CHUNK, pos + 1);
     const int64_t pidx = ((int64_t)blockIdx.x * nh + h) * nsplit + sp;
     if (j0 >= j1) {   /* this chunk lies past the token's last key: an empty state */
@@ -129,7 +145,7 @@ template <int DPL>   /* dimensions per lane for p·V: D / 32, or 1 for D < 32 (l
 __global__ void __launch_bounds__(128)
 attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __half *vc, const int32_t *tok_seq,
                     const int32_t *tok_pos, const int32_t *block_table, int bs, int max_blocks, const float *slopes,
-                    int nh, pln_qkv_layout L, int D, int T)
+                    int nh, pln_qkv_layout L, int D, int T, int window)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     pln_pdl_trigger();
@@ -144,8 +160,12 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
     const int kvh = h / L.group, nkv = L.nkv;
     for (int sub = 0; sub < nq;) {
         const int seq = tok_seq[t0 + sub];
-        int e = sub + 1, maxpos = tok_pos[t0 + sub];
-        while (e < nq && tok_seq[t0 + e] == seq) { maxpos = max(maxpos, tok_pos[t0 + e]); e++; }
+        int e = sub + 1, maxpos = tok_pos[t0 + sub], minpos = maxpos;
+        while (e < nq && tok_seq[t0 + e] == seq) {
+            maxpos = max(maxpos, tok_pos[t0 + e]);
+            minpos = min(minpos, tok_pos[t0 + e]);
+            e++;
+        }
         const int run = e - sub;
         const int32_t *bt = block_table + (int64_t)seq * max_blocks;
         __syncthreads();   /* the previous run is done with qs */
@@ -154,15 +174,16 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
             qs[qi * D + d] = __half2float(qkv[(int64_t)(t0 + sub + qi) * L.stride + (int64_t)h * L.q_step + d]) * inv_norm;
         }
         float m[4], l[4], acc[4][DPL];
-        int pos[4];
+        int pos[4], lo[4];
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             m[w] = -INFINITY; l[w] = 0.0f;
             pos[w] = warp + 4 * w < run ? tok_pos[t0 + sub + warp + 4 * w] : -1;
+            lo[w] = key_start(pos[w], window);
 #pragma unroll
             for (int i = 0; i < DPL; i++) acc[w][i] = 0.0f;
         }
-        for (int k0 = 0; k0 <= maxpos; k0 += PREFILL_KC) {
+        for (int k0 = key_start(minpos, window); k0 <= maxpos; k0 += PREFILL_KC) {
             __syncthreads();
             for (int i = threadIdx.x; i < PREFILL_KC * (D / 8); i += blockDim.x) {
                 int r = i / (D / 8), c = i % (D / 8), j = k0 + r;
@@ -177,8 +198,8 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
             __syncthreads();
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                const int p = pos[w];
-                if (k0 > p) continue;   /* warp-uniform: this query has no keys in the chunk */
+                const int p = pos[w], lw = lo[w];
+                if (k0 > p || k0 + PREFILL_KC <= lw) continue;   /* warp-uniform: no keys of this query in the chunk */
                 const float *q = qs + (warp + 4 * w) * D;
                 float sc[2];
 #pragma unroll
@@ -191,7 +212,7 @@ attn_prefill_kernel(__half *out, const __half *qkv, const __half *kc, const __ha
 #pragma unroll
                         for (int i = 0; i < 8; i++) a += q[d8 * 8 + i] * kf[i];
                     }
-                    sc[u] = j <= p ? a + slope * (float)j : -INFINITY;
+                    sc[u] = j <= p && j >= lw ? a + slope * (float)j : -INFINITY;
                 }
                 const float cm = pln_warp_max(fmaxf(sc[0], sc[1]));
                 const float mn = fmaxf(m[w], cm);
@@ -274,7 +295,7 @@ __global__ void __launch_bounds__(DEC_THREADS, QH > 1 ? 1 : 0)
 attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt, const __half *qkv,
                    __half *kc, __half *vc, const int32_t *tok_seq, const int32_t *tok_pos,
                    const int32_t *block_table, int bs_shift, int max_blocks, const float *slopes, int nh,
-                   pln_qkv_layout L, int runs, int D, int nsplit, int keys_per_split, int t0, int append)
+                   pln_qkv_layout L, int runs, int D, int nsplit, int keys_per_split, int t0, int append, int window)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     pln_pdl_trigger();
@@ -288,7 +309,7 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
     const int h0 = kvh * L.group + run * QH, nq = min(QH, L.group - run * QH);   /* this block's q heads */
     const int g = threadIdx.x / G, part = threadIdx.x % G;
     const int seq = tok_seq[t], pos = tok_pos[t];
-    const int j0 = sp * keys_per_split, j1 = min(j0 + keys_per_split, pos + 1);
+    const int j0 = key_start(pos, window) + sp * keys_per_split, j1 = min(j0 + keys_per_split, pos + 1);
     const int nk = max(j1 - j0, 0);
     const bool lane_on = part * 8 < D;
     const int32_t *bt = block_table + (int64_t)seq * max_blocks;
@@ -440,22 +461,23 @@ static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         while (QH < L.group && QH < DEC_MAX_QH) QH *= 2;
     const int runs = pln_cdiv(L.group, QH);
     const int64_t blocks = (int64_t)T * L.nkv * runs;   /* per split */
+    const int span = key_span(m);   /* keys per token, at most: splits cover [key_start, pos] */
     int bs_shift = 0;
     while ((1 << bs_shift) < bs) bs_shift++;
     int nsplit = c->attn_splits;
     if (nsplit <= 0) {
         const int by_sm = pln_cdiv(2 * (int64_t)(c->sm_count > 0 ? c->sm_count : 1), blocks);
-        nsplit = min(by_sm, pln_cdiv(m->max_pos, DEC_MIN_KEYS));
+        nsplit = min(by_sm, pln_cdiv(span, DEC_MIN_KEYS));
     }
     nsplit = max(1, min(nsplit, 65535));
     const size_t per_split = (size_t)T * nh * (2 + (size_t)D) * sizeof(float);
     const size_t cap = c->attn_scratch ? c->attn_scratch : PLN_ATTN_SCRATCH;
     if (nsplit > 1 && (size_t)nsplit * per_split > cap) nsplit = cap / per_split > 1 ? (int)(cap / per_split) : 1;
-    int kps = pln_cdiv(m->max_pos, nsplit);
+    int kps = pln_cdiv(span, nsplit);
     /* the split's block-table entries in shared memory: at most 8192 (32 KB); longer splits are split more */
     if (kps / bs + 2 > 8192) {
-        nsplit = pln_cdiv(m->max_pos, (int64_t)8190 * bs);
-        kps = pln_cdiv(m->max_pos, nsplit);
+        nsplit = pln_cdiv(span, (int64_t)8190 * bs);
+        kps = pln_cdiv(span, nsplit);
     }
     const size_t smem = ((size_t)kps / bs + 2) * sizeof(int);
     float *pm = nullptr, *ps = nullptr, *pacc = nullptr;
@@ -473,7 +495,7 @@ static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     PLN_LAUNCH(grid, DEC_THREADS, smem, c->stream, attn_decode_kernel<GG, QQ>)(                                      \
         (__half *)out, pm, ps, pacc, cnt, (const __half *)qkv, (__half *)k_cache, (__half *)v_cache,                \
         m->tok_seq, m->tok_pos, m->block_table, bs_shift, m->max_blocks, slopes, nh, L, runs, D, nsplit, kps, 0,    \
-        append ? 1 : 0)
+        append ? 1 : 0, m->window)
     switch (G * 16 + QH) {
     case 2 * 16 + 1: DEC_LAUNCH(2, 1); break;
     case 4 * 16 + 1: DEC_LAUNCH(4, 1); break;
@@ -503,6 +525,7 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     if (((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)
         return pln_errorf("attention: qkv and the KV cache must be 16-byte aligned");
     if (m->max_pos <= 0) return pln_errorf("attention: max_pos %d must be positive", m->max_pos);
+    if (m->window < 0) return pln_errorf("attention: sliding window %d must be 0 (none) or positive", m->window);
     if (m->n_kv_head < 0 || (m->n_kv_head > 0 && nh % m->n_kv_head != 0))
         return pln_errorf("attention: %d KV heads do not divide the %d q heads (grouped-query layout)", m->n_kv_head, nh);
     const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, nh, D, false);
@@ -516,20 +539,20 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         if (D == 128)
             PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<4>)(
                 (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
-                nh, L, D, T);
+                nh, L, D, T, m->window);
         else if (D == 64)
             PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<2>)(
                 (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
-                nh, L, D, T);
+                nh, L, D, T, m->window);
         else
             PLN_LAUNCH(grid, 128, 0, c->stream, attn_prefill_kernel<1>)(
                 (__half *)out, q, kc, vc, m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes,
-                nh, L, D, T);
+                nh, L, D, T, m->window);
         cudaCheckLaunch();
         return 0;
     }
-    const int nsplit = pln_cdiv(m->max_pos, PLN_ATTN_CHUNK);
-    if (nsplit > 65535) return pln_errorf("attention: %d keys is over the %d the kernel can split", m->max_pos,
+    const int nsplit = pln_cdiv(key_span(m), PLN_ATTN_CHUNK);
+    if (nsplit > 65535) return pln_errorf("attention: %d keys is over the %d the kernel can split", key_span(m),
                                           65535 * PLN_ATTN_CHUNK);
     /* The partial states of a long prefill would need T x heads x splits x (D + 2) floats (3.8 GB
      * for an 8k-token prompt of one BLOOM-176B rank): tokens go in groups whose states fit
@@ -551,7 +574,8 @@ int pln_cuda_attention(pln_cuda_ctx *c, void *out, const void *qkv, const void *
         dim3 grid((unsigned)n, (unsigned)nh, (unsigned)nsplit);
         PLN_LAUNCH(grid, ATTN_THREADS, 0, c->stream, attn_chunk_kernel)(
             (__half *)out, pm, ps, pacc, (const __half *)qkv, (const __half *)k_cache, (const __half *)v_cache,
-            m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, L, D, nsplit, t0);
+            m->tok_seq, m->tok_pos, m->block_table, m->block_size, m->max_blocks, slopes, nh, L, D, nsplit, t0,
+            m->window);
         cudaCheckLaunch();
         if (nsplit > 1) {
             PLN_LAUNCH(dim3((unsigned)n, (unsigned)nh), D, 0, c->stream, attn_merge_kernel)(
@@ -567,7 +591,7 @@ int pln_cuda_append_attention(pln_cuda_ctx *c, void *out, const void *qkv, void 
                               int32_t head_dim)
 {
     const int D = head_dim;
-    if (m->n_tokens > 0 && D % 8 == 0 && D > 0 && D <= 256 && m->max_pos > 0 && m->n_kv_head >= 0 &&
+    if (m->n_tokens > 0 && D % 8 == 0 && D > 0 && D <= 256 && m->max_pos > 0 && m->n_kv_head >= 0 && m->window >= 0 &&
         (m->n_kv_head == 0 || n_head_local % m->n_kv_head == 0) &&
         !(((uintptr_t)qkv | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
         const int dec = attn_decode(c, out, qkv, k_cache, v_cache, m, slopes, n_head_local, D, true);

@@ -227,7 +227,7 @@ static void state_make(state_t *s, int32_t T, int32_t S, int32_t ctx, bool prefi
         fill(s->k[i], pool / 2, PLN_DTYPE_F16, -1, 1);
         fill(s->v[i], pool / 2, PLN_DTYPE_F16, -1, 1);
     }
-    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt, 0};
+    pln_attn_meta m = {T, S, BS, s->max_blocks, prefill ? T : ctx + 1, s->seq, s->pos, s->bt, 0, 0};
     s->meta = m;
     /* keys + values read by one decode step over all layers */
     s->kv_bytes_read = prefill ? 0 : (uint64_t)S * (ctx + 1) * NHL * HD * 2 * 2 * NL;
@@ -643,7 +643,7 @@ static void llama_ops(int32_t ctx)
             for (int i = 0; i < B * max_blocks; i++) h[i] = i;
             be->upload(be, a.bt, h, (size_t)B * max_blocks * 4);
             free(h);
-            pln_attn_meta m = {B, B, BS_L, max_blocks, ctx + 1, a.seq, a.pos, a.bt, (int32_t)sh->nkv};
+            pln_attn_meta m = {B, B, BS_L, max_blocks, ctx + 1, a.seq, a.pos, a.bt, (int32_t)sh->nkv, 0};
             a.meta = m;
             if (be->sync(be)) DIE("llama state");
             double step_ms = 0;

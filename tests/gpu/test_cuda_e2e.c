@@ -3,8 +3,8 @@
  * HF generate identical, the four prompts batched (prefills and decodes of different lengths in
  * one step, so decode attention runs at several positions at once), int8 and int4 (groups of 32)
  * sets against the CPU engine on the same set, and decode steps replayed as CUDA graphs against
- * the same steps op by op; the Llama family (llama-gqa, qwen2-bias, llama3-tied) in fp16 against
- * transformers too. Shard sets are made with `pollen reshard` from tests/fixtures. On the
+ * the same steps op by op; the Llama family (llama-gqa, qwen2-bias, llama3-tied, and mistral-sw
+ * with a sliding window of 8) in fp16 against transformers too. Shard sets are made with `pollen reshard` from tests/fixtures. On the
  * CPU harness also the launch budget: kernels per layer of one decode step, from the launch log
  * (`--launches DIR`: only that, on a bloom-4h set, for tests/gpu/e2e_cuda_tp.sh at TP 2).
  *
@@ -373,6 +373,34 @@ int main(int argc, char **argv)
             free(dir);
         }
         pln_safetensors_close(&r.st);
+    }
+    /* Mistral's sliding window: the mistral-sw weights with config.json's sliding_window set to 8
+     * (weights unchanged) against transformers' reference-f16-window8, whose prompts and greedy
+     * tokens run past the window; decode as graphs too (the window is a kernel argument they keep). */
+    {
+        const char *label = "mistral-sw/fp16-st window 8";
+        ref_t r;
+        if (ref_open(&r, "tests/fixtures/models/mistral-sw/reference-f16-window8.safetensors")) {
+            CHECK(0, "%s: reference opens", label);
+        } else {
+            char *src = pln_xasprintf("%s/mistral-sw-window8", test_tmpdir());
+            char *dir = pln_xasprintf("%s-tp1-fp16", src);
+            char *cmd = pln_xasprintf("rm -rf %s && cp -r tests/fixtures/models/mistral-sw/fp16-st %s && "
+                                      "sed -i 's/\"sliding_window\": 4096/\"sliding_window\": 8/' %s/config.json && "
+                                      "grep -q '\"sliding_window\": 8' %s/config.json && "
+                                      "%s/pollen reshard %s -o %s --tp 1 --dtype fp16 --quiet",
+                                      src, src, src, src, fixture_build(), src, dir);
+            int rc = system(cmd);
+            CHECK(rc == 0, "%s: %s", label, cmd);
+            if (rc == 0) {
+                check_fp16(label, dir, &r);
+                check_graphs(label, dir, &r);
+            }
+            free(cmd);
+            free(dir);
+            free(src);
+            pln_safetensors_close(&r.st);
+        }
     }
 #ifdef PLN_CUDA_EMU
     printf("%zu kernel launches ran on the CPU harness, %zu reports\n", pln_emu_launch_count(), pln_emu_report_count());

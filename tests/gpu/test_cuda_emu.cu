@@ -369,7 +369,7 @@ static void check_decode_attention_fence(void)
     void *kc = upl(hk.data(), cache * 2), *vc = upl(hv.data(), cache * 2), *qkv = upl(hq.data(), hq.size() * 2);
     void *dbt = upl(bt, sizeof bt), *dseq = upl(&seq, 4), *dpos = upl(&pos, 4), *dsl = upl(slopes, sizeof slopes);
     void *o1 = be->alloc(be, (size_t)nh * D * 2), *o4 = be->alloc(be, (size_t)nh * D * 2);
-    pln_attn_meta m = {1, 1, bs, nblk, ctx + 1, (const int32_t *)dseq, (const int32_t *)dpos, (const int32_t *)dbt, 0};
+    pln_attn_meta m = {1, 1, bs, nblk, ctx + 1, (const int32_t *)dseq, (const int32_t *)dpos, (const int32_t *)dbt, 0, 0};
     int old = pln_cuda_set_attn_splits(be, 1);
     CHECK(be->attention(be, o1, qkv, kc, vc, &m, (const float *)dsl, nh, D) == 0, "decode attention, 1 split: %s", pln_error());
     pln_cuda_set_attn_splits(be, 4);

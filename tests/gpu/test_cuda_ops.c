@@ -598,10 +598,11 @@ static double alibi_slope64(int h, int n_head)
 }
 
 /* ref and tol [Tq, nh, D] for queries t (qkv row qrow[t], sequence qseq[t] at qpos[t]) over the keys
- * j <= qpos[t] whose qkv rows are krow[seq * kstride + j]. */
+ * j <= qpos[t] whose qkv rows are krow[seq * kstride + j]; window > 0: only the keys
+ * qpos[t] - window < j (a sliding window). */
 static void attn_ref64(int32_t Tq, const float *const *qrow, const int32_t *qseq, const int32_t *qpos,
                        const float *const *krow, int32_t kstride, int32_t nh, int32_t D, int32_t n_head,
-                       int32_t h0, double u_out, double *ref, double *tol)
+                       int32_t h0, int32_t window, double u_out, double *ref, double *tol)
 {
     const double e32 = ldexp(1.0, -24), sq = sqrt((double)D);
     double *sc = pln_xmalloc((size_t)kstride * sizeof *sc), *es = pln_xmalloc((size_t)kstride * sizeof *es);
@@ -609,9 +610,9 @@ static void attn_ref64(int32_t Tq, const float *const *qrow, const int32_t *qseq
         for (int32_t h = 0; h < nh; h++) {
             const double slope = alibi_slope64(h0 + h, n_head);
             const float *q = qrow[t] + (size_t)h * 3 * D;
-            const int32_t n = qpos[t] + 1;
+            const int32_t n = qpos[t] + 1, j0 = window > 0 && n > window ? n - window : 0;
             double m = -INFINITY;
-            for (int32_t j = 0; j < n; j++) {
+            for (int32_t j = j0; j < n; j++) {
                 const float *k = krow[(size_t)qseq[t] * kstride + j] + (size_t)h * 3 * D + D;
                 double dot = 0, mag = 0;
                 for (int32_t i = 0; i < D; i++) { dot += (double)q[i] * k[i]; mag += fabs((double)q[i] * k[i]); }
@@ -620,20 +621,20 @@ static void attn_ref64(int32_t Tq, const float *const *qrow, const int32_t *qseq
                 if (sc[j] > m) m = sc[j];
             }
             double z = 0;
-            for (int32_t j = 0; j < n; j++) { sc[j] = exp(sc[j] - m); z += sc[j]; es[j] += 2 * e32 * fabs(m); }
+            for (int32_t j = j0; j < n; j++) { sc[j] = exp(sc[j] - m); z += sc[j]; es[j] += 2 * e32 * fabs(m); }
             for (int32_t d = 0; d < D; d++) {
                 double r = 0, pv = 0;
-                for (int32_t j = 0; j < n; j++) {
+                for (int32_t j = j0; j < n; j++) {
                     const double v = krow[(size_t)qseq[t] * kstride + j][(size_t)h * 3 * D + 2 * D + d];
                     r += sc[j] / z * v;
                     pv += sc[j] / z * fabs(v);
                 }
                 double se = 0;
-                for (int32_t j = 0; j < n; j++)
+                for (int32_t j = j0; j < n; j++)
                     se += sc[j] / z * es[j] * fabs(krow[(size_t)qseq[t] * kstride + j][(size_t)h * 3 * D + 2 * D + d] - r);
                 const size_t o = ((size_t)t * nh + h) * D + d;
                 ref[o] = r;
-                tol[o] = u_out * fabs(r) + 2 * (2 * (n + 2) * e32 + ldexp(1.0, -20)) * pv + 2 * se + 1e-30;
+                tol[o] = u_out * fabs(r) + 2 * (2 * (n - j0 + 2) * e32 + ldexp(1.0, -20)) * pv + 2 * se + 1e-30;
             }
         }
     free(sc);
@@ -663,20 +664,22 @@ static size_t report64(const char *op, const char *shape, const float *got, cons
  * decode token per sequence. n_head is the model's, heads h0.. are this rank's. nkv 0: BLOOM's
  * interleaved heads with ALiBi; nkv > 0: the grouped-query layout with nkv KV heads, ALiBi when
  * alibi, else no positional bias (slopes NULL: the Llama family). mag: the inputs' magnitude (large
- * ones make a softmax without its max subtraction overflow). The float64 check below covers
- * BLOOM's layout (nkv 0). */
+ * ones make a softmax without its max subtraction overflow). window > 0: a sliding window
+ * (pln_attn_meta.window) on every step. The float64 check below covers BLOOM's layout (nkv 0). */
 static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, int32_t n_head, int32_t h0, int32_t S,
-                              const int32_t *ctx, int32_t block_size, float mag)
+                              const int32_t *ctx, int32_t block_size, float mag, int32_t window)
 {
     char shape[128];
     int32_t T = 0, maxc = 0;
     for (int s = 0; s < S; s++) { T += ctx[s]; if (ctx[s] > maxc) maxc = ctx[s]; }
+    char win[24] = "";
+    if (window > 0) snprintf(win, sizeof win, ", window %d", window);
     if (nkv > 0)
-        snprintf(shape, sizeof shape, "gqa %d/%d x %d%s, %d seqs, ctx up to %d, bs %d%s", nh, nkv, D, alibi ? " alibi" : "",
-                 S, maxc + 1, block_size, mag > 2 ? ", large" : "");
+        snprintf(shape, sizeof shape, "gqa %d/%d x %d%s, %d seqs, ctx up to %d, bs %d%s%s", nh, nkv, D,
+                 alibi ? " alibi" : "", S, maxc + 1, block_size, mag > 2 ? ", large" : "", win);
     else
-        snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d%s", nh, D, S, maxc + 1, block_size,
-                 mag > 2 ? ", large" : "");
+        snprintf(shape, sizeof shape, "heads %d x %d, %d seqs, ctx up to %d, bs %d%s%s", nh, D, S, maxc + 1, block_size,
+                 mag > 2 ? ", large" : "", win);
     const int32_t cache_heads = nkv > 0 ? nkv : nh;
     const int32_t max_blocks = (maxc + 1 + block_size - 1) / block_size;
     const int32_t n_blocks = S * max_blocks + 3;
@@ -716,8 +719,8 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
         void *dbt = up(be, bt, (size_t)S * max_blocks * 4), *dsl = nkv == 0 || alibi ? up(be, slopes, (size_t)nh * 4) : NULL;
         void *dps = up(be, ps, (size_t)T * 4), *dpp = up(be, pp, (size_t)T * 4);
         void *dds = up(be, ds, (size_t)S * 4), *ddp = up(be, dp, (size_t)S * 4);
-        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt, nkv};
-        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt, nkv};
+        pln_attn_meta mp = {T, S, block_size, max_blocks, maxc, dps, dpp, dbt, nkv, window};
+        pln_attn_meta md = {S, S, block_size, max_blocks, maxc + 1, dds, ddp, dbt, nkv, window};
         void *qp = up_act(be, qkv_p, (size_t)T * W), *qd = up_act(be, qkv_d, (size_t)S * W);
         void *op = poisoned(be, np * be->act_size), *od = poisoned(be, nd * be->act_size);
         CHECK(be->kv_append(be, qp, kc, vc, &mp, nh, D) == 0, "kv_append on %s: %s", be->name, pln_error());
@@ -839,10 +842,10 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
         double *rd = pln_xmalloc(nd * 8), *td16 = pln_xmalloc(nd * 8), *td32 = pln_xmalloc(nd * 8);
         const double u16 = ldexp(1.0, -11), u32 = ldexp(1.0, -24);
         const double ucpu = g_cpu->act_dtype == PLN_DTYPE_F32 ? u32 : u16, ugpu = g_gpu->act_dtype == PLN_DTYPE_F32 ? u32 : u16;
-        attn_ref64(T, qp_rows, ps, pp, krow, kstride, nh, D, n_head, h0, ucpu, rp, tp32);
-        attn_ref64(T, qp_rows, ps, pp, krow, kstride, nh, D, n_head, h0, ugpu, rp, tp16);
-        attn_ref64(S, qd_rows, ds, dp, krow, kstride, nh, D, n_head, h0, ucpu, rd, td32);
-        attn_ref64(S, qd_rows, ds, dp, krow, kstride, nh, D, n_head, h0, ugpu, rd, td16);
+        attn_ref64(T, qp_rows, ps, pp, krow, kstride, nh, D, n_head, h0, window, ucpu, rp, tp32);
+        attn_ref64(T, qp_rows, ps, pp, krow, kstride, nh, D, n_head, h0, window, ugpu, rp, tp16);
+        attn_ref64(S, qd_rows, ds, dp, krow, kstride, nh, D, n_head, h0, window, ucpu, rd, td32);
+        attn_ref64(S, qd_rows, ds, dp, krow, kstride, nh, D, n_head, h0, window, ugpu, rd, td16);
         typedef struct { const char *op; const float *got; bool prefill, gpu; } f64case;
         f64case cases[16];
         char splitname[NSPLITCASE][32];
@@ -895,7 +898,7 @@ static void test_attention_ex(int32_t nh, int32_t nkv, bool alibi, int32_t D, in
 static void test_attention(int32_t nh, int32_t D, int32_t n_head, int32_t h0, int32_t S, const int32_t *ctx,
                            int32_t block_size, float mag)
 {
-    test_attention_ex(nh, 0, true, D, n_head, h0, S, ctx, block_size, mag);
+    test_attention_ex(nh, 0, true, D, n_head, h0, S, ctx, block_size, mag, 0);
 }
 
 /* ---- the Llama family: RMSNorm, rotary, SwiGLU ----------------------------------------------
@@ -968,7 +971,7 @@ static void test_rope(int32_t T, int32_t nh, int32_t nkv, int32_t D, double thet
         res[b] = pln_xmalloc(n * 4);
         void *dq = up_act(be, x, n), *dp = up(be, pos, (size_t)T * 4), *dsq = up(be, seq, (size_t)T * 4);
         void *dbt = up(be, bt, 4), *di = up(be, inv, (size_t)D / 2 * 4);
-        pln_attn_meta m = {T, 1, 1 << 20, 1, 0, dsq, dp, dbt, nkv};
+        pln_attn_meta m = {T, 1, 1 << 20, 1, 0, dsq, dp, dbt, nkv, 0};
         CHECK(be->rope(be, dq, &m, di, nh, D) == 0, "rope on %s: %s", be->name, pln_error());
         down_act(be, res[b], dq, n);
         be->free(be, dq); be->free(be, dp); be->free(be, dsq); be->free(be, dbt); be->free(be, di);
@@ -1106,7 +1109,7 @@ static void test_errors(void)
     CHECK(g_gpu->linear(g_gpu, o, x, &wb, NULL, 1, false) != 0, "bf16 weights must fail");
     /* the grouped-query contract: rotary needs the grouped layout, and the KV heads must divide
      * the q heads (checked before any launch: the metadata pointers are never read) */
-    pln_attn_meta mg = {1, 1, 16, 1, 1, (const int32_t *)x, (const int32_t *)x, (const int32_t *)x, 0};
+    pln_attn_meta mg = {1, 1, 16, 1, 1, (const int32_t *)x, (const int32_t *)x, (const int32_t *)x, 0, 0};
     CHECK(g_gpu->rope(g_gpu, o, &mg, (const float *)x, 4, 8) != 0 && strstr(pln_error(), "grouped"),
           "rope on the BLOOM layout must fail naming the grouped layout: %s", pln_error());
     mg.n_kv_head = 3;
@@ -1262,15 +1265,22 @@ int main(int argc, char **argv)
      * one run of 8 with a query idle), one ALiBi case in the grouped layout, long contexts on the
      * split-K path (the decode splits forced above included) */
     int32_t ctx_gqa[3] = {3, 40, 130};
-    test_attention_ex(8, 2, false, 64, 8, 0, 3, ctx_gqa, 16, 2);
-    test_attention_ex(8, 1, false, 128, 8, 0, 3, ctx_gqa, 16, 2);
-    test_attention_ex(4, 4, false, 128, 4, 0, 3, ctx_gqa, 8, 2);
-    test_attention_ex(7, 1, false, 64, 7, 0, 3, ctx_gqa, 16, 2);
-    test_attention_ex(16, 1, false, 64, 16, 0, 3, ctx_gqa, 16, 2);
-    test_attention_ex(6, 3, true, 64, 6, 0, 3, ctx_gqa, 16, 2);
-    test_attention_ex(4, 2, false, 32, 4, 0, 3, ctx_gqa, 16, 2);   /* head_dim 32: one q head per block */
+    test_attention_ex(8, 2, false, 64, 8, 0, 3, ctx_gqa, 16, 2, 0);
+    test_attention_ex(8, 1, false, 128, 8, 0, 3, ctx_gqa, 16, 2, 0);
+    test_attention_ex(4, 4, false, 128, 4, 0, 3, ctx_gqa, 8, 2, 0);
+    test_attention_ex(7, 1, false, 64, 7, 0, 3, ctx_gqa, 16, 2, 0);
+    test_attention_ex(16, 1, false, 64, 16, 0, 3, ctx_gqa, 16, 2, 0);
+    test_attention_ex(6, 3, true, 64, 6, 0, 3, ctx_gqa, 16, 2, 0);
+    test_attention_ex(4, 2, false, 32, 4, 0, 3, ctx_gqa, 16, 2, 0);   /* head_dim 32: one q head per block */
     int32_t ctx_gqa_long[2] = {300, 520};
-    test_attention_ex(2, 1, false, 128, 2, 0, 2, ctx_gqa_long, 16, 2);
+    test_attention_ex(2, 1, false, 128, 2, 0, 2, ctx_gqa_long, 16, 2, 0);
+    /* Mistral's sliding window on every path (the float64 check too, in BLOOM's layout): shorter
+     * than a block, the token alone, across the decode splits, inside the tiled prefill's chunks */
+    test_attention_ex(8, 2, false, 64, 8, 0, 3, ctx_gqa, 16, 2, 8);
+    test_attention_ex(4, 2, false, 128, 4, 0, 3, ctx_gqa, 16, 2, 1);
+    test_attention_ex(2, 1, false, 128, 2, 0, 2, ctx_gqa_long, 16, 2, 100);
+    test_attention_ex(2, 0, true, 64, 8, 2, 2, ctx_mid, 16, 2, 20);
+    test_attention_ex(4, 0, true, 16, 4, 0, 3, ctx_small, 4, 2, 5);
     test_rmsnorm(3, 64);
     test_rmsnorm(5, 13);                              /* element path */
     test_rmsnorm(2, 4096);                            /* Llama-3.1-8B's hidden: register path */
@@ -1331,8 +1341,8 @@ int main(int argc, char **argv)
         /* Llama-3.1-8B at TP 1 (32 q / 8 KV heads of 128, hidden 4096, intermediate 14336) and a
          * Llama-3.1-70B rank at TP 8 (8 q heads / 1 KV head, hidden 8192, 28672 / 8) */
         int32_t ctx_llama[4] = {1, 300, 700, 1300};
-        test_attention_ex(32, 8, false, 128, 32, 0, 4, ctx_llama, 16, 2);
-        test_attention_ex(8, 1, false, 128, 64, 0, 4, ctx_llama, 16, 2);
+        test_attention_ex(32, 8, false, 128, 32, 0, 4, ctx_llama, 16, 2, 0);
+        test_attention_ex(8, 1, false, 128, 64, 0, 4, ctx_llama, 16, 2, 0);
         test_rmsnorm(8, 4096);
         test_rmsnorm(8, 8192);
         test_rope(32, 32, 8, 128, 500000, true);
