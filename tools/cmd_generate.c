@@ -354,14 +354,19 @@ int cmd_generate(int argc, char **argv) {
         free(s);
         json_decref(root);
     } else if (rc == 0) {
-        /* The results go to stdout, --quiet or not; the timings are chatter (stderr). */
+        /* The results go to stdout, --quiet or not; the timings are chatter (stderr). One prompt
+         * prints as the stream does (no "[1] "), so `--quiet > out.txt` holds the same text as a
+         * streamed run; several are numbered. */
         if (!stream && tok)
-            for (int i = 0; i < n_seq; i++) printf("[%d] %s%s\n", i + 1, g[i].text ? g[i].text : "", g[i].gen ? g[i].gen : "");
-        else if (!stream) {
-            /* No tokenizer: the ids are the result (never an empty "[1] "). */
             for (int i = 0; i < n_seq; i++) {
-                printf("[%d]", i + 1);
-                for (int32_t j = 0; j < g[i].n_out; j++) printf(" %d", (int)g[i].out[j]);
+                if (n_seq > 1) printf("[%d] ", i + 1);
+                printf("%s%s\n", g[i].text ? g[i].text : "", g[i].gen ? g[i].gen : "");
+            }
+        else if (!stream) {
+            /* No tokenizer: the ids are the result (never an empty line). */
+            for (int i = 0; i < n_seq; i++) {
+                if (n_seq > 1) printf("[%d] ", i + 1);
+                for (int32_t j = 0; j < g[i].n_out; j++) printf(j ? " %d" : "%d", (int)g[i].out[j]);
                 printf("\n");
             }
             fprintf(stderr, "pollen: %s records no tokenizer, so the results above are token ids, not text (--json "
