@@ -58,7 +58,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pollen: unknown command '%s' (did you mean %s?)\nsee pollen --help\n", argv[1], best);
         return 2;
     }
-    fprintf(stderr, "pollen: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
+    /* nothing close: name the commands in one line, as an unknown option is (no usage dump) */
+    fprintf(stderr, "pollen: unknown command '%s' (commands:", argv[1]);
+    for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++) fprintf(stderr, " %s", g_cmds[i].name);
+    fprintf(stderr, ")\nsee pollen --help\n");
     return 2;
 }
