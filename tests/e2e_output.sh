@@ -10,7 +10,7 @@ F=tests/fixtures/models/bloom-4h/fp16-st
 "$POLLEN" reshard $F -o "$TMP/i8" --tp 2 --dtype int8 >"$TMP/r.out" 2>"$TMP/r.err"
 check "reshard int8: exit 0" test $? = 0
 check "reshard int8: nothing on stdout by default (no per-tensor table)" test ! -s "$TMP/r.out"
-check "reshard int8: the one-line summary on stderr" grep -q "^wrote $TMP/i8: TP 2 int8" "$TMP/r.err"
+check "reshard int8: the one-line summary on stderr" grep -q "^wrote $TMP/i8: TP 2 int8, 2 files, " "$TMP/r.err"
 check "reshard int8: the largest error in one line, pointing at --stats" \
   grep -q "largest quantization error: rel_rms .*--stats prints every tensor" "$TMP/r.err"
 check "reshard int8: no table on stderr either" bash -c "! grep -q '^h\.0\.' '$TMP/r.err'"
@@ -39,7 +39,8 @@ check "reshard --quiet with an unused source tensor: exit 0" test $? = 0
 check "reshard --quiet: still warns that the unused tensor is ignored" \
   grep -q "source tensor extra.weight is not part of the bloom-tp-v1 layout; ignored" "$TMP/ex.err"
 # ---- generate
-"$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 --quiet
+"$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 2>"$TMP/f1.err"
+check "reshard TP 1: the summary says 1 file" grep -q "^wrote $TMP/f1: TP 1 fp16, 1 file, " "$TMP/f1.err"
 "$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 >"$TMP/g.out" 2>"$TMP/g.err"
 check "generate: the text on stdout" grep -q "^Hello" "$TMP/g.out"
 check "generate: stdout holds only the text (one line)" test "$(wc -l <"$TMP/g.out")" = 1
