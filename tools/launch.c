@@ -186,6 +186,9 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
          * cores unless asked, and binds each rank to one core by default: a rank's threads
          * (cores / ranks of them) need the cores of the node instead. */
         if (geteuid() == 0) av[n++] = (char *)"--allow-run-as-root";
+        /* Every rank that fails says why itself; mpirun's boxes about a non-zero exit only
+         * repeat it (a rank killed by a signal is reported below instead). */
+        av[n++] = (char *)"-q";
         if (tp > usable_cores()) av[n++] = (char *)"--oversubscribe";
         av[n++] = (char *)"--bind-to";
         av[n++] = (char *)"none";
@@ -264,6 +267,11 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
         kill(to ? to : pid, sig);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
+    /* mpirun -q says nothing of a rank killed by a signal; it exits 128 + the signal. */
+    if (WIFEXITED(status) && WEXITSTATUS(status) > 128 && !forwarded) {
+        int rsig = WEXITSTATUS(status) - 128;
+        fprintf(stderr, "pollen %s: a rank was killed by signal %d (%s)\n", cmd, rsig, strsignal(rsig));
+    }
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return 1;
