@@ -41,10 +41,12 @@ check "reshard --quiet: still warns that the unused tensor is ignored" \
 # ---- generate
 "$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 2>"$TMP/f1.err"
 check "reshard TP 1: the summary says 1 file" grep -q "^wrote $TMP/f1: TP 1 fp16, 1 file, " "$TMP/f1.err"
-"$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 >"$TMP/g.out" 2>"$TMP/g.err"
+"$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 --threads 1 >"$TMP/g.out" 2>"$TMP/g.err"
 check "generate: the text on stdout" grep -q "^Hello" "$TMP/g.out"
 check "generate: stdout holds only the text (one line)" test "$(wc -l <"$TMP/g.out")" = 1
 check "generate: the timing line on stderr" grep -q "^load .* s | prefill .* | decode" "$TMP/g.err"
+check "generate: the timing line counts in words (1 token, 3 steps, 1 thread)" \
+  grep -q "^load .* s | prefill 1 token in .* | decode 3 steps, .* 1 thread/rank)$" "$TMP/g.err"
 "$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 --quiet >"$TMP/q.out" 2>"$TMP/q.err"
 check "generate --quiet: exit 0" test $? = 0
 check "generate --quiet: still prints the text" grep -q "^Hello" "$TMP/q.out"

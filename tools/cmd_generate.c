@@ -379,10 +379,10 @@ int cmd_generate(int argc, char **argv) {
             if (info.load_bytes_per_s > 0)
                 fprintf(stderr, "weights: %.2f GB per rank streamed to the device at %.2f GB/s\n", info.weight_bytes / 1e9,
                         info.load_bytes_per_s / 1e9);
-            fprintf(stderr, "load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
-                    "(batch %d, TP %d %s, %d threads/rank)\n", t_load, (long long)ptoks, t_prefill * 1e3,
-                    t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps ? decode_ms / n_steps : 0.0, n_seq,
-                    info.tp, info.dtype, threads);
+            fprintf(stderr, "load %.2f s | prefill %lld token%s in %.1f ms (%.0f tok/s) | decode %d step%s, %.2f ms/step "
+                    "(batch %d, TP %d %s, %d thread%s/rank)\n", t_load, (long long)ptoks, ptoks == 1 ? "" : "s",
+                    t_prefill * 1e3, t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps == 1 ? "" : "s",
+                    n_steps ? decode_ms / n_steps : 0.0, n_seq, info.tp, info.dtype, threads, threads == 1 ? "" : "s");
         }
     }
     if (rc == 0 && dump) {
