@@ -5,7 +5,8 @@
 # /generate from a parent that holds neither the port nor the rank files, and SIGTERM or SIGINT
 # to that parent drain rank 0 and end every rank with exit 0 (no process of the set left);
 # a rank that fails (a corrupted rank-1 file, a --kl-base of another TP) ends the job non-zero
-# with that rank's message and no mpirun box after it; a rank killed by a signal is named;
+# with that rank's message and no mpirun box after it; a rank killed by a signal is named, and so
+# is mpirun failing before any rank ran;
 # --no-launch keeps the rank-count error; under an explicit mpirun nothing launches again; no
 # mpirun on PATH is a clear error naming the package; more ranks than cores oversubscribe; bench
 # and perplexity launch too; a TP-1 set never launches. Every wait is bounded.
@@ -86,6 +87,14 @@ echo "$err" | tail -n 5
 check "corrupted rank-1 file: exit non-zero, not a hang (exit $rc)" test $rc != 0 -a $rc != 124
 check "corrupted rank-1 file: rank 1's message names the file" grep -q "rank 1: .*rank-1-of-2.pln" <<<"$err"
 check "corrupted rank-1 file: no Open MPI box repeating it (mpirun -q)" bash -c "! grep -Eq 'Primary job|mpirun detected' <<<'$err'"
+check "corrupted rank-1 file: the ranks ran (no 'before any rank ran')" bash -c "! grep -q 'before any rank ran' <<<'$err'"
+# mpirun itself failing (-q hides its message): pollen says so and gives the command to see why
+if mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+  err=$(OMPI_MCA_rmaps_base_mapping_policy=bogus timeout 120 "$POLLEN" generate "$S2" --prompt hi --quiet 2>&1 >/dev/null); rc=$?
+  check "mpirun failing before any rank: exit non-zero (got $rc)" test $rc != 0 -a $rc != 124
+  check "... pollen says mpirun failed and how to see why" \
+    grep -q "^pollen generate: mpirun exited with status [0-9]* before any rank ran; run its command without -q to see why: mpirun -np 2 " <<<"$err"
+fi
 bad_gone() { for _ in $(seq 100); do pgrep -f -- "$BAD" >/dev/null || return 0; sleep 0.1; done; pkill -KILL -f -- "$BAD"; return 1; }
 check "no rank of the bad set left" bad_gone
 

@@ -1,6 +1,7 @@
 /* main.c — the `pollen` command line: dispatches to one file per subcommand (tools/cmd_*.c). */
 #include "formats/common.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 #include "tools/opt.h"
 
 #include <stdio.h>
@@ -34,6 +35,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    pln_launch_rank_started();
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
