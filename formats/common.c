@@ -579,9 +579,11 @@ void pln_outdir_cleanup_on_signal(const char *tmp_path) {
 }
 
 static char g_exit_who[64];
+static bool g_exit_quiet_term;
 static void exit_signal_handler(int sig) {
     if (g_committing) { g_pending_sig = sig; return; }
     if (sig == SIGPIPE) { remove_tmp_signal_safe(); die_of(sig); }   /* `pollen inspect | head`: quietly, as before */
+    if (sig == SIGTERM && g_exit_quiet_term) { remove_tmp_signal_safe(); die_of(sig); }
     sig_puts("\npollen");
     if (g_exit_who[0]) { sig_puts(" "); sig_puts(g_exit_who); }
     sig_puts(": interrupted by ");
@@ -593,6 +595,13 @@ static void exit_signal_handler(int sig) {
 
 void pln_exit_on_signal(const char *who) {
     snprintf(g_exit_who, sizeof g_exit_who, "%s", who ? who : "");
+    /* A rank other than 0 of a set pollen started itself (tools/launch.c sets PLN_LAUNCHED) gets
+     * no signal of the user's (they go to rank 0): a SIGTERM there is mpirun ending the job after
+     * another rank failed, and that rank has said why. */
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank) rank = getenv("PMIX_RANK");
+    if (!rank) rank = getenv("PMI_RANK");
+    g_exit_quiet_term = getenv("PLN_LAUNCHED") && rank && strcmp(rank, "0") != 0;
     set_term_handlers(exit_signal_handler);
 }
 

@@ -19,6 +19,11 @@ check "a CPU generate opens no CUDA library at run time" bash -c "grep -q 'file=
 if [ ! -e "$SO" ]; then
   echo "SKIP: $SO not built (CUDA=0 build): the loader's checks need it"; e2e_done; exit 0
 fi
+# a CUDA=0 pollen never opens the library, even when one from an earlier CUDA build lies beside it
+if "$POLLEN" generate "$TMP/s" --token-ids 5 --max-new-tokens 1 --backend cuda 2>&1 | grep -q "this build has no CUDA backend"; then
+  echo "SKIP: $POLLEN is a CUDA=0 build ($SO is from another build): the loader's checks need a CUDA build"
+  e2e_done; exit 0
+fi
 check "libpollen-cuda.so links the CUDA runtime" bash -c "ldd '$SO' | grep -q libcudart"
 LD_DEBUG=files "$POLLEN" generate "$TMP/s" --token-ids 5,17 --max-new-tokens 1 --backend cuda >/dev/null 2>"$TMP/ldc.log"
 check "--backend cuda does open libpollen-cuda.so and cudart (the check above can see them)" \
@@ -34,7 +39,7 @@ cp "$POLLEN" "$TMP/bin/pollen"
 check_fails "--backend cuda without libpollen-cuda.so: names it" \
   "the CUDA backend needs $TMP/bin/libpollen-cuda.so .*cannot open shared object file.*or use --backend cpu" \
   "$TMP/bin/pollen" generate "$TMP/s" --token-ids 5,17 --max-new-tokens 1 --backend cuda
-check "... and the CPU backend there still works" bash -c "\"$TMP/bin/pollen\" generate \"$TMP/s\" --token-ids 5,17 --max-new-tokens 1 --quiet | grep -q '^\\[1\\] '"
+check "... and the CPU backend there still works" bash -c "\"$TMP/bin/pollen\" generate \"$TMP/s\" --token-ids 5,17 --max-new-tokens 1 --quiet | wc -l | grep -qx 1"
 # An unloadable library (not an ELF file): the loader's reason, still no crash.
 cp "$POLLEN" "$TMP/bad/pollen"
 echo "not a shared object" >"$TMP/bad/libpollen-cuda.so"

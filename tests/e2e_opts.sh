@@ -69,6 +69,10 @@ serve --max-num-seq --max-num-seqs $TMP/s1
 serve --hostnme --hostname $TMP/s1
 EOF
 check_usage "a mistyped command gets a suggestion too" "^pollen: unknown command 'genrate' \\(did you mean generate\\?\\)$" "$P" genrate
+check_usage "an unknown command with nothing close: the commands in one line" \
+  "^pollen: unknown command 'frobnicate' \\(commands: inspect reshard verify synth generate serve bench perplexity tokenize template\\)$" \
+  "$P" frobnicate
+check "an unknown command: no usage dump" bash -c "! '$P' frobnicate 2>&1 | grep -q usage:"
 check_usage "no suggestion when nothing is close" '^pollen serve: unknown option --frobnicate$' "$P" serve "$TMP/s1" --frobnicate
 check_usage "an unknown short option" '^pollen reshard: unknown option -z$' "$P" reshard $F/fp16-st -z
 check_usage "a missing value" '^pollen generate: --prompt needs a value$' "$P" generate "$TMP/s1" --prompt

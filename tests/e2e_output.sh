@@ -10,7 +10,7 @@ F=tests/fixtures/models/bloom-4h/fp16-st
 "$POLLEN" reshard $F -o "$TMP/i8" --tp 2 --dtype int8 >"$TMP/r.out" 2>"$TMP/r.err"
 check "reshard int8: exit 0" test $? = 0
 check "reshard int8: nothing on stdout by default (no per-tensor table)" test ! -s "$TMP/r.out"
-check "reshard int8: the one-line summary on stderr" grep -q "^wrote $TMP/i8: TP 2 int8" "$TMP/r.err"
+check "reshard int8: the one-line summary on stderr" grep -q "^wrote $TMP/i8: TP 2 int8, 2 files, " "$TMP/r.err"
 check "reshard int8: the largest error in one line, pointing at --stats" \
   grep -q "largest quantization error: rel_rms .*--stats prints every tensor" "$TMP/r.err"
 check "reshard int8: no table on stderr either" bash -c "! grep -q '^h\.0\.' '$TMP/r.err'"
@@ -39,16 +39,23 @@ check "reshard --quiet with an unused source tensor: exit 0" test $? = 0
 check "reshard --quiet: still warns that the unused tensor is ignored" \
   grep -q "source tensor extra.weight is not part of the bloom-tp-v1 layout; ignored" "$TMP/ex.err"
 # ---- generate
-"$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 --quiet
-"$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 >"$TMP/g.out" 2>"$TMP/g.err"
+"$POLLEN" reshard $F -o "$TMP/f1" --tp 1 --dtype fp16 2>"$TMP/f1.err"
+check "reshard TP 1: the summary says 1 file" grep -q "^wrote $TMP/f1: TP 1 fp16, 1 file, " "$TMP/f1.err"
+"$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 --threads 1 >"$TMP/g.out" 2>"$TMP/g.err"
 check "generate: the text on stdout" grep -q "^Hello" "$TMP/g.out"
 check "generate: stdout holds only the text (one line)" test "$(wc -l <"$TMP/g.out")" = 1
 check "generate: the timing line on stderr" grep -q "^load .* s | prefill .* | decode" "$TMP/g.err"
+check "generate: the timing line counts in words (1 token, 3 steps, 1 thread)" \
+  grep -q "^load .* s | prefill 1 token in .* | decode 3 steps, .* 1 thread/rank)$" "$TMP/g.err"
 "$POLLEN" generate "$TMP/f1" --prompt "Hello" --max-new-tokens 4 --quiet >"$TMP/q.out" 2>"$TMP/q.err"
 check "generate --quiet: exit 0" test $? = 0
-check "generate --quiet: still prints the text" grep -q "^\[1\] Hello" "$TMP/q.out"
-check "generate --quiet: the same text as without it" test "$(sed 's/^\[1\] //' "$TMP/q.out")" = "$(cat "$TMP/g.out")"
+check "generate --quiet: still prints the text" grep -q "^Hello" "$TMP/q.out"
+check "generate --quiet: the same stdout as without it (no \"[1] \" for one prompt)" \
+  test "$(cat "$TMP/q.out")" = "$(cat "$TMP/g.out")"
 check "generate --quiet: nothing on stderr" test ! -s "$TMP/q.err"
+"$POLLEN" generate "$TMP/f1" --prompt "Hello" --prompt "Hi" --max-new-tokens 2 --quiet >"$TMP/m.out" 2>"$TMP/m.err"
+check "generate --quiet, two prompts: one numbered line each" \
+  bash -c "test \$(wc -l <'$TMP/m.out') = 2 && grep -q '^\[1\] Hello' '$TMP/m.out' && grep -q '^\[2\] Hi' '$TMP/m.out'"
 "$POLLEN" generate "$TMP/f1" --prompt "Hello" --prompt "Hi" --max-new-tokens 2 --json --quiet >"$TMP/j.out" 2>"$TMP/j.err"
 check "generate --json --quiet: one JSON line with both results" \
   bash -c "test \$(wc -l <'$TMP/j.out') = 1 && test \$(grep -o '\"finish_reason\"' '$TMP/j.out' | wc -l) = 2"
@@ -56,7 +63,7 @@ check "generate --json --quiet: nothing on stderr" test ! -s "$TMP/j.err"
 # a set without a tokenizer: the ids are the result (never an empty "[1] "), the reason on stderr
 "$POLLEN" generate "$TMP/nt" --token-ids 5,17,42 --max-new-tokens 3 --quiet >"$TMP/n.out" 2>"$TMP/n.err"
 check "generate on a set without a tokenizer: exit 0" test $? = 0
-check "... prints the generated ids" grep -Eq '^\[1\] [0-9]+ [0-9]+ [0-9]+$' "$TMP/n.out"
+check "... prints the generated ids" grep -Eq '^[0-9]+ [0-9]+ [0-9]+$' "$TMP/n.out"
 check "... and says why they are ids, even with --quiet" grep -q "records no tokenizer.*reshard with the model's tokenizer.json" "$TMP/n.err"
 check_fails "a text prompt on a set without a tokenizer" "records no tokenizer.*--token-ids" \
   "$POLLEN" generate "$TMP/nt" --prompt hi --max-new-tokens 1

@@ -4,7 +4,9 @@
 # with --quiet) a command line that gives it too when pasted; `serve` answers /health and
 # /generate from a parent that holds neither the port nor the rank files, and SIGTERM or SIGINT
 # to that parent drain rank 0 and end every rank with exit 0 (no process of the set left);
-# a rank that fails (a corrupted rank-1 file) ends the job non-zero with that rank's message;
+# a rank that fails (a corrupted rank-1 file, a --kl-base of another TP) ends the job non-zero
+# with that rank's message and no mpirun box after it; a rank killed by a signal is named, and so
+# is mpirun failing before any rank ran;
 # --no-launch keeps the rank-count error; under an explicit mpirun nothing launches again; no
 # mpirun on PATH is a clear error naming the package; more ranks than cores oversubscribe; bench
 # and perplexity launch too; a TP-1 set never launches. Every wait is bounded.
@@ -84,6 +86,15 @@ err=$(timeout 120 "$POLLEN" generate "$BAD" --prompt hi --quiet 2>&1 >/dev/null)
 echo "$err" | tail -n 5
 check "corrupted rank-1 file: exit non-zero, not a hang (exit $rc)" test $rc != 0 -a $rc != 124
 check "corrupted rank-1 file: rank 1's message names the file" grep -q "rank 1: .*rank-1-of-2.pln" <<<"$err"
+check "corrupted rank-1 file: no Open MPI box repeating it (mpirun -q)" bash -c "! grep -Eq 'Primary job|mpirun detected' <<<'$err'"
+check "corrupted rank-1 file: the ranks ran (no 'before any rank ran')" bash -c "! grep -q 'before any rank ran' <<<'$err'"
+# mpirun itself failing (-q hides its message): pollen says so and gives the command to see why
+if mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+  err=$(OMPI_MCA_rmaps_base_mapping_policy=bogus timeout 120 "$POLLEN" generate "$S2" --prompt hi --quiet 2>&1 >/dev/null); rc=$?
+  check "mpirun failing before any rank: exit non-zero (got $rc)" test $rc != 0 -a $rc != 124
+  check "... pollen says mpirun failed and how to see why" \
+    grep -q "^pollen generate: mpirun exited with status [0-9]* before any rank ran; run its command without -q to see why: mpirun -np 2 " <<<"$err"
+fi
 bad_gone() { for _ in $(seq 100); do pgrep -f -- "$BAD" >/dev/null || return 0; sleep 0.1; done; pkill -KILL -f -- "$BAD"; return 1; }
 check "no rank of the bad set left" bad_gone
 
@@ -125,5 +136,21 @@ printf 'Hello world. This is a test of the self launch, with a few words to scor
 out=$(timeout 120 "$POLLEN" perplexity "$S2" --file "$TMP/text.txt" --ctx 8 --json 2>/dev/null)
 check "perplexity self-launched: TP 2 results" grep -q '"tp":2' <<<"$out"
 check "perplexity self-launched: a perplexity" grep -q '"ppl":[0-9]' <<<"$out"
+# rank 0 refuses (a base of another TP): its message alone, not mpirun's boxes nor rank 1's SIGTERM
+err=$(timeout 120 "$POLLEN" perplexity "$S2" --file "$TMP/text.txt" --kl-base "$S1" --quiet 2>&1 >/dev/null); rc=$?
+check "perplexity --kl-base of another TP, self-launched: exit 1 (got $rc)" test $rc = 1
+check "... rank 0's message" grep -q "the base set is TP=1 and .* is TP=2" <<<"$err"
+check "... and nothing else (no mpirun box, no 'interrupted by SIGTERM' from rank 1)" test "$(wc -l <<<"$err")" = 1
+# a rank killed by a signal: mpirun -q says nothing of it, pollen does
+check "serve self-launched starts (rank-1 kill case)" start_server srvkill "$POLLEN" serve "$S2"
+R1=
+for p in $(pgrep -f -- "serve $S2"); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && R1=$p
+done
+check "rank 1 found" test -n "$R1"
+kill -KILL "$R1" 2>/dev/null
+finish "$SRV_PID" 60
+check "rank 1 killed: the parent exits non-zero (got $RC)" test "$RC" != 0 -a "$RC" != 999
+check "rank 1 killed: pollen names the signal" grep -q "^pollen serve: a rank was killed by signal 9 " "$TMP/srvkill.log"
 check "nothing of the set left at the end" gone 10
 e2e_done

@@ -354,14 +354,19 @@ int cmd_generate(int argc, char **argv) {
         free(s);
         json_decref(root);
     } else if (rc == 0) {
-        /* The results go to stdout, --quiet or not; the timings are chatter (stderr). */
+        /* The results go to stdout, --quiet or not; the timings are chatter (stderr). One prompt
+         * prints as the stream does (no "[1] "), so `--quiet > out.txt` holds the same text as a
+         * streamed run; several are numbered. */
         if (!stream && tok)
-            for (int i = 0; i < n_seq; i++) printf("[%d] %s%s\n", i + 1, g[i].text ? g[i].text : "", g[i].gen ? g[i].gen : "");
-        else if (!stream) {
-            /* No tokenizer: the ids are the result (never an empty "[1] "). */
             for (int i = 0; i < n_seq; i++) {
-                printf("[%d]", i + 1);
-                for (int32_t j = 0; j < g[i].n_out; j++) printf(" %d", (int)g[i].out[j]);
+                if (n_seq > 1) printf("[%d] ", i + 1);
+                printf("%s%s\n", g[i].text ? g[i].text : "", g[i].gen ? g[i].gen : "");
+            }
+        else if (!stream) {
+            /* No tokenizer: the ids are the result (never an empty line). */
+            for (int i = 0; i < n_seq; i++) {
+                if (n_seq > 1) printf("[%d] ", i + 1);
+                for (int32_t j = 0; j < g[i].n_out; j++) printf(j ? " %d" : "%d", (int)g[i].out[j]);
                 printf("\n");
             }
             fprintf(stderr, "pollen: %s records no tokenizer, so the results above are token ids, not text (--json "
@@ -374,10 +379,10 @@ int cmd_generate(int argc, char **argv) {
             if (info.load_bytes_per_s > 0)
                 fprintf(stderr, "weights: %.2f GB per rank streamed to the device at %.2f GB/s\n", info.weight_bytes / 1e9,
                         info.load_bytes_per_s / 1e9);
-            fprintf(stderr, "load %.2f s | prefill %lld tokens in %.1f ms (%.0f tok/s) | decode %d steps, %.2f ms/step "
-                    "(batch %d, TP %d %s, %d threads/rank)\n", t_load, (long long)ptoks, t_prefill * 1e3,
-                    t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps ? decode_ms / n_steps : 0.0, n_seq,
-                    info.tp, info.dtype, threads);
+            fprintf(stderr, "load %.2f s | prefill %lld token%s in %.1f ms (%.0f tok/s) | decode %d step%s, %.2f ms/step "
+                    "(batch %d, TP %d %s, %d thread%s/rank)\n", t_load, (long long)ptoks, ptoks == 1 ? "" : "s",
+                    t_prefill * 1e3, t_prefill > 0 ? ptoks / t_prefill : 0.0, n_steps, n_steps == 1 ? "" : "s",
+                    n_steps ? decode_ms / n_steps : 0.0, n_seq, info.tp, info.dtype, threads, threads == 1 ? "" : "s");
         }
     }
     if (rc == 0 && dump) {

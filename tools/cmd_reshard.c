@@ -761,8 +761,8 @@ int cmd_reshard(int argc, char **argv) {
         }
         if (stats && !clamped) printf("(no value needed clamping to fp16's range)\n");
         if (!quiet) {
-            fprintf(stderr, "wrote %s: TP %d %s, %d files, %s from %s in %.2f s (%s/s in)\n", out, o.tp,
-                    o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp, pln_human_bytes((double)total_out, a, sizeof a),
+            fprintf(stderr, "wrote %s: TP %d %s, %d file%s, %s from %s in %.2f s (%s/s in)\n", out, o.tp,
+                    o.int4 ? "int4" : o.int8 ? "int8" : "fp16", o.tp, o.tp == 1 ? "" : "s", pln_human_bytes((double)total_out, a, sizeof a),
                     pln_human_bytes((double)total_in, b, sizeof b), dt,
                     pln_human_bytes(dt > 0 ? (double)total_in / dt : 0, rate, sizeof rate));
             if (worst)

@@ -22,6 +22,17 @@
 /* Set in mpirun's environment (so in every rank's): a rank never launches again, even under an
  * MPI whose variables pln_comm_launched does not know. */
 #define LAUNCHED_ENV "PLN_LAUNCHED"
+/* The pid of the process that ran mpirun: each rank sends it SIGUSR1 once it runs. */
+#define LAUNCH_PID_ENV "PLN_LAUNCH_PID"
+
+void pln_launch_rank_started(void) {
+    const char *s = getenv(LAUNCH_PID_ENV);
+    if (!s) return;
+    char *end;
+    long pid = strtol(s, &end, 10);
+    if (*end == 0 && pid > 1) kill((pid_t)pid, SIGUSR1);
+    unsetenv(LAUNCH_PID_ENV);   /* once: not from what this rank may run in turn */
+}
 
 /* PATH lookup as execvp does it; NULL when not found. */
 static char *find_in_path(const char *name) {
@@ -186,6 +197,9 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
          * cores unless asked, and binds each rank to one core by default: a rank's threads
          * (cores / ranks of them) need the cores of the node instead. */
         if (geteuid() == 0) av[n++] = (char *)"--allow-run-as-root";
+        /* Every rank that fails says why itself; mpirun's boxes about a non-zero exit only
+         * repeat it (a rank killed by a signal is reported below instead). */
+        av[n++] = (char *)"-q";
         if (tp > usable_cores()) av[n++] = (char *)"--oversubscribe";
         av[n++] = (char *)"--bind-to";
         av[n++] = (char *)"none";
@@ -194,15 +208,13 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
     for (int i = 0; i < argc; i++) av[n++] = argv[i];
     av[n] = NULL;
 
-    if (!quiet) {
-        char *line = NULL;
-        size_t len = 0, cap = 0;
-        for (int i = 0; i < n; i++) append_quoted(&line, &len, &cap, av[i]);
+    char *line = NULL;
+    size_t len = 0, cap = 0;
+    for (int i = 0; i < n; i++) append_quoted(&line, &len, &cap, av[i]);
+    if (!quiet)
         fprintf(stderr, "pollen: starting %d ranks: %s\n"
                         "pollen: (to start them with a launcher of your own, see docs/SERVING.md, \"Ranks and launchers\")\n",
                 tp, line);
-        free(line);
-    }
     fflush(stdout);
     fflush(stderr);
 
@@ -213,16 +225,21 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
     sigaddset(&wait_set, SIGTERM);
     sigaddset(&wait_set, SIGHUP);
     sigaddset(&wait_set, SIGCHLD);
+    sigaddset(&wait_set, SIGUSR1);
     sigprocmask(SIG_BLOCK, &wait_set, &old);
     signal(SIGCHLD, SIG_DFL);   /* an ignored SIGCHLD (inherited) would reap mpirun out of our sight */
     /* Set here, not in the child (only async-signal-safe calls there): this process is the
      * launch too, and never launches again either. */
     setenv(LAUNCHED_ENV, "1", 1);
     pid_t parent = getpid();
+    char parent_s[24];
+    snprintf(parent_s, sizeof parent_s, "%d", (int)parent);
+    setenv(LAUNCH_PID_ENV, parent_s, 1);
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "pollen %s: cannot start mpirun: fork: %s\n", cmd, strerror(errno));
         sigprocmask(SIG_SETMASK, &old, NULL);
+        free(line);
         free(av);
         free(mpirun);
         return 1;
@@ -247,10 +264,12 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
     free(mpirun);
 
     int forwarded = 0, status = 0;
+    bool started = false;
     for (;;) {
         siginfo_t si;
         int sig = sigwaitinfo(&wait_set, &si);
         if (sig < 0) continue;
+        if (sig == SIGUSR1) { started = true; continue; }
         if (sig == SIGCHLD) {
             pid_t w = waitpid(pid, &status, WNOHANG);
             if (w == pid) break;
@@ -263,7 +282,18 @@ int pln_launch_self(const char *cmd, const char *set_dir, int argc, char **argv,
         pid_t to = forwarded++ ? 0 : find_rank0(pid);
         kill(to ? to : pid, sig);
     }
+    signal(SIGUSR1, SIG_IGN);   /* a late rank's word, still pending, is dropped, not fatal */
     sigprocmask(SIG_SETMASK, &old, NULL);
+    /* mpirun -q says nothing of a rank killed by a signal (it exits 128 + the signal), nor of its
+     * own failures before any rank ran (the ranks say why they fail themselves). */
+    if (WIFEXITED(status) && WEXITSTATUS(status) > 128 && !forwarded) {
+        int rsig = WEXITSTATUS(status) - 128;
+        fprintf(stderr, "pollen %s: a rank was killed by signal %d (%s)\n", cmd, rsig, strsignal(rsig));
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && !started && !forwarded) {
+        fprintf(stderr, "pollen %s: mpirun exited with status %d before any rank ran; run its command without -q to "
+                        "see why: %s\n", cmd, WEXITSTATUS(status), line);
+    }
+    free(line);
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return 1;

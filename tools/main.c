@@ -1,6 +1,7 @@
 /* main.c — the `pollen` command line: dispatches to one file per subcommand (tools/cmd_*.c). */
 #include "formats/common.h"
 #include "tools/cmd.h"
+#include "tools/launch.h"
 #include "tools/opt.h"
 
 #include <stdio.h>
@@ -34,6 +35,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    pln_launch_rank_started();
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -58,7 +60,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pollen: unknown command '%s' (did you mean %s?)\nsee pollen --help\n", argv[1], best);
         return 2;
     }
-    fprintf(stderr, "pollen: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
+    /* nothing close: name the commands in one line, as an unknown option is (no usage dump) */
+    fprintf(stderr, "pollen: unknown command '%s' (commands:", argv[1]);
+    for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++) fprintf(stderr, " %s", g_cmds[i].name);
+    fprintf(stderr, ")\nsee pollen --help\n");
     return 2;
 }
