@@ -130,29 +130,9 @@ src=$DIR/$tag
 [ -d "$src" ] || "$POLLEN" synth --model "$MODEL" ${LAYERS:+--layers "$LAYERS"} -o "$src" --quiet
 f16=$DIR/$tag-f16.gguf
 if [ ! -f "$f16" ]; then
-  # llama.cpp's converter, with two shims: torch 1.13 lacks the float8 dtypes its tables name, and
-  # a synthetic tokenizer's fingerprint is in no list, so it is declared BLOOM's pre-tokenizer.
-  PYTHONPATH="$SRC_DIR:$SRC_DIR/gguf-py" "$PY" - "$src" --outtype f16 --outfile "$f16" <<'EOF' >"$DIR/convert.log" 2>&1 \
+  # llama.cpp's converter, with two shims (tools/bench/llamacpp_convert.py says which and why)
+  PYTHONPATH="$SRC_DIR:$SRC_DIR/gguf-py" "$PY" tools/bench/llamacpp_convert.py "$src" --outtype f16 --outfile "$f16" >"$DIR/convert.log" 2>&1 \
     || { echo "cpu-vs-llamacpp.sh: llama.cpp's converter failed; see $DIR/convert.log" >&2; tail -n 5 "$DIR/convert.log" >&2; exit 1; }
-import runpy, sys, torch
-# (for a Llama-family model the converter first looks for tokenizer.model and a byte-fallback
-# tokenizer.json; pollen synth writes a byte-level BPE one, so it reaches the same fingerprint.)
-for name in ("float8_e4m3fn", "float8_e5m2"):
-    if not hasattr(torch, name):
-        setattr(torch, name, torch.uint8)
-import conversion.base as base
-for cls in vars(base).values():
-    if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
-        orig = cls.get_vocab_base_pre
-        def pre(self, tokenizer, _orig=orig):
-            try:
-                return _orig(self, tokenizer)
-            except NotImplementedError:
-                return "bloom"
-        cls.get_vocab_base_pre = pre
-sys.argv[0] = sys.modules["conversion"].__file__.rsplit("/conversion/", 1)[0] + "/convert_hf_to_gguf.py"
-runpy.run_path(sys.argv[0], run_name="__main__")
-EOF
 fi
 quant() { # quant NAME TYPE [llama-quantize options]: $DIR/$tag-NAME.gguf from the F16 one
   local out=$DIR/$tag-$1.gguf type=$2 log=$DIR/quantize-$1.log; shift 2

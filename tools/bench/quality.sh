@@ -139,27 +139,9 @@ for f in "$LBIN/llama-quantize" "$LBIN/llama-perplexity" "$LPY"; do
 done
 [ -n "$LSRC" ] || { echo "quality.sh: no llama.cpp source under $LLAMA_DIR" >&2; exit 1; }
 F16G=$DIR/llama-f16.gguf
-# llama.cpp's converter with cpu-vs-llamacpp.sh's two shims (torch's float8 names; a tokenizer
-# fingerprint in no list is declared BLOOM's pre-tokenizer).
-PYTHONPATH="$LSRC:$LSRC/gguf-py" "$LPY" - "$MODEL" --outtype f16 --outfile "$F16G" <<'EOF' >"$DIR/llama-convert.log" 2>&1 \
+# llama.cpp's converter with two shims (tools/bench/llamacpp_convert.py says which and why)
+PYTHONPATH="$LSRC:$LSRC/gguf-py" "$LPY" tools/bench/llamacpp_convert.py "$MODEL" --outtype f16 --outfile "$F16G" >"$DIR/llama-convert.log" 2>&1 \
   || { echo "quality.sh: llama.cpp's converter failed; see $DIR/llama-convert.log" >&2; exit 1; }
-import runpy, sys, torch
-for name in ("float8_e4m3fn", "float8_e5m2"):
-    if not hasattr(torch, name):
-        setattr(torch, name, torch.uint8)
-import conversion.base as base
-for cls in vars(base).values():
-    if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
-        orig = cls.get_vocab_base_pre
-        def pre(self, tokenizer, _orig=orig):
-            try:
-                return _orig(self, tokenizer)
-            except NotImplementedError:
-                return "bloom"
-        cls.get_vocab_base_pre = pre
-sys.argv[0] = sys.modules["conversion"].__file__.rsplit("/conversion/", 1)[0] + "/convert_hf_to_gguf.py"
-runpy.run_path(sys.argv[0], run_name="__main__")
-EOF
 LTHREADS=${OMP_NUM_THREADS:-1}
 "$LBIN/llama-perplexity" -m "$F16G" -f "$TEXT" -c "$CTX" -t "$LTHREADS" --kl-divergence-base "$DIR/llama-base.kld" >"$DIR/llama-f16.log" 2>&1 \
   || { echo "quality.sh: llama-perplexity (F16 base) failed; see $DIR/llama-f16.log" >&2; exit 1; }
