@@ -34,7 +34,7 @@ signal_during_load() {
   # "pausing" line would send the signal before the child is even a pollen process (a background
   # job of a script starts with SIGINT ignored, so that signal would be lost).
   rm -f "$TMP/load.out" "$TMP/load.err"
-  PLN_TEST_LOAD_DELAY_MS=120000 "$@" >"$TMP/load.out" 2>"$TMP/load.err" &
+  PLN_TEST_LOAD_DELAY_MS=120000 env --default-signal "$@" >"$TMP/load.out" 2>"$TMP/load.err" &
   local pid=$!
   wait_line "$TMP/load.err" "rank 0 \(pid [0-9]+\) pausing" 30
   local target=$pid
@@ -83,12 +83,12 @@ wait_writing() {
 # interrupt_write LABEL SIG OUT LAUNCH...: signals LAUNCH once it is writing its temporary output.
 interrupt_write() {
   local label=$1 sig=$2 out=$3; shift 3
-  # job control on: a background job of a script otherwise starts with SIGINT and SIGQUIT
-  # ignored, and pollen leaves an ignored signal ignored (SIGINT, SIGTERM, SIGHUP excepted)
-  set -m
-  PLN_FAULT_DELAY_MS=100 "$@" >"$TMP/w.out" 2>"$TMP/w.err" &
+  # Every signal at its default action in the child: a background job of a script starts with
+  # SIGINT and SIGQUIT ignored, a test run itself started in the background (make test &) or
+  # under nohup passes ignored signals down, and pollen leaves an ignored signal ignored (SIGINT,
+  # SIGTERM, SIGHUP excepted), as nohup expects. (env execs, so $! is pollen.)
+  PLN_FAULT_DELAY_MS=100 env --default-signal "$@" >"$TMP/w.out" 2>"$TMP/w.err" &
   local pid=$!
-  set +m
   check "$label: temporary output being written" wait_writing "$out" $pid
   kill -$sig $pid
   wait_exit $pid 60
