@@ -58,10 +58,19 @@ done
 # The CUDA kernels executed on the CPU (kernels/cuda/emu, built into $BUILD/emu/ where clang++ and
 # the CUDA headers exist): the harness's self-test, every op check against the CPU backend, and
 # the engine against the transformers fixtures at TP 1 and (MPI for NCCL) TP 2.
+# In the sanitized build (build-san) the op-by-op check is left to the plain pass: under ASan
+# its fibers run about 5x slower (803 s on a quiet 2-core machine), too close to the timeout
+# and to CI's time budget; the harness's self-test and the whole-model checks, which run every
+# kernel family through the same harness, still run there. PLN_SAN_EMU_OPS=1 runs it anyway.
+emu_tests="test_cuda_emu test_cuda_ops test_cuda_e2e"
+case $BUILD in
+  *-san) [ "${PLN_SAN_EMU_OPS:-0}" = 1 ] || emu_tests="test_cuda_emu test_cuda_e2e" ;;
+esac
 if [ -x "$BUILD/emu/tests-gpu/test_cuda_ops" ]; then
-  for t in test_cuda_emu test_cuda_ops test_cuda_e2e; do
+  for t in $emu_tests; do
     [ -x "$BUILD/emu/tests-gpu/$t" ] && run_one "emu-$t" timeout 900 "$BUILD/emu/tests-gpu/$t"
   done
+  case " $emu_tests " in *" test_cuda_ops "*) ;; *) echo "note  emu-test_cuda_ops runs in the plain pass only (PLN_SAN_EMU_OPS=1 runs it here)" ;; esac
   run_one emu-e2e_cuda_tp env PLN_CUDA_EMU=1 timeout 900 bash tests/gpu/e2e_cuda_tp.sh
   echo "note  the CUDA kernels above ran on the CPU harness; cuBLASLt and NCCL are not exercised there (make test-gpu)"
 else
