@@ -1106,9 +1106,16 @@ typedef struct {
     pcre2_match_data *mds[TOK_MAX_PRE + 1];   /* stage k's pattern's match data */
     size_t span_cap[TOK_MAX_PRE + 1];
     tok_buf norm_a, norm_b, key;
+    /* elementary steps done (symbols made, pair lookups, heap moves, ids out, regex calls and the
+     * bytes they advance over): the deterministic cost that pln_tok_last_work reports */
+    uint64_t work;
 } tok_work;
 
+static _Thread_local uint64_t tok_last_work;
+uint64_t pln_tok_last_work(void) { return tok_last_work; }
+
 static void tok_out(tok_work *w, int32_t id) {
+    w->work++;
     if (w->n == w->cap) { w->cap = w->cap ? w->cap * 2 : 64; w->ids = pln_xrealloc(w->ids, w->cap * sizeof *w->ids); }
     w->ids[w->n++] = id;
 }
@@ -1124,8 +1131,10 @@ static void tok_heap_push(tok_work *w, uint32_t rank, int32_t pos, int32_t new_i
     }
     struct tok_merge m = {rank, pos, new_id};
     size_t i = w->heap_n++;
+    w->work++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
+        w->work++;
         if (!tok_merge_less(&m, &w->heap[p])) break;
         w->heap[i] = w->heap[p];
         i = p;
@@ -1136,8 +1145,10 @@ static void tok_heap_push(tok_work *w, uint32_t rank, int32_t pos, int32_t new_i
 static struct tok_merge tok_heap_pop(tok_work *w) {
     struct tok_merge top = w->heap[0], last = w->heap[--w->heap_n];
     size_t i = 0, n = w->heap_n;
+    w->work++;
     for (;;) {
         size_t c = 2 * i + 1;
+        w->work++;
         if (c >= n) break;
         if (c + 1 < n && tok_merge_less(&w->heap[c + 1], &w->heap[c])) c++;
         if (!tok_merge_less(&w->heap[c], &last)) break;
@@ -1150,6 +1161,7 @@ static struct tok_merge tok_heap_pop(tok_work *w) {
 
 static void tok_try_pair(const pln_tokenizer *t, tok_work *w, int32_t pos) {
     int32_t nx = w->sym_next[pos];
+    w->work++;
     if (nx < 0) return;
     uint32_t rank; int32_t new_id;
     if (tok_pair_find(t, w->sym_id[pos], w->sym_id[nx], &rank, &new_id)) tok_heap_push(w, rank, pos, new_id);
@@ -1166,6 +1178,7 @@ static void tok_sym_reserve(tok_work *w, size_t n) {
 }
 
 static void tok_sym_add(tok_work *w, int32_t *m, int32_t id, uint32_t len) {
+    w->work++;
     tok_sym_reserve(w, (size_t)*m + 1);
     w->sym_id[*m] = id; w->sym_len[*m] = len;
     w->sym_prev[*m] = *m - 1; w->sym_next[*m] = *m + 1;
@@ -1217,6 +1230,7 @@ static int32_t tok_symbols_chars(const pln_tokenizer *t, tok_work *w, const uint
 static int32_t tok_symbols_bytes(const pln_tokenizer *t, tok_work *w, const uint8_t *s, size_t n) {
     tok_sym_reserve(w, n);
     int32_t m = 0;
+    w->work += n;
     for (size_t i = 0; i < n; i++) {
         int32_t id = t->byte_id[s[i]];
         if (id < 0) {
@@ -1349,6 +1363,7 @@ static int tok_normalize(const pln_tokenizer *t, tok_work *w, const uint8_t *s, 
         const tok_norm *d = &t->norm[k];
         tok_buf *out = bufs[nb];
         out->n = 0;
+        w->work += 1 + cn;
         switch (d->kind) {
         case TN_PREPEND:
             if (cn == 0) continue;
@@ -1467,11 +1482,13 @@ static int tok_split(const pln_tokenizer *t, tok_work *w, int k, const tok_pre *
             tok_span_add(w, k, &ns, ms, me, true);
         }
         gap = me;
+        size_t from = pos;
         if (me > ms) pos = me;
         else {                                   /* empty match: step one character */
             if (ms >= n) break;
             pos = ms + tok_utf8_len(s + ms, n - ms);
         }
+        w->work += 1 + (pos - from);
     }
     if (direct) return gap < n ? tok_pre_run(t, w, k + 1, s + gap, n - gap, first && gap == 0) : 0;
     if (gap < n) tok_span_add(w, k, &ns, gap, n, false);
@@ -1689,6 +1706,7 @@ static int tok_encode(const pln_tokenizer *t, const char *text, size_t len, bool
         if (w.mds[k]) pcre2_match_data_free(w.mds[k]);
     }
     free(w.norm_a.p); free(w.norm_b.p); free(w.key.p);
+    tok_last_work = w.work;
     if (rc) { free(w.ids); return -1; }
     if (w.n == 0) { free(w.ids); return 0; }
     *ids_out = w.ids;

@@ -50,6 +50,11 @@ int pln_tok_encode(const pln_tokenizer *t, const char *text, size_t len, int32_t
 int pln_tok_encode_special(const pln_tokenizer *t, const char *text, size_t len, bool add_special,
                            int32_t **ids_out, size_t *n_out);
 
+/* The elementary steps the calling thread's last encode took (symbols, pair lookups, heap moves,
+ * ids written, regex calls and the bytes they advanced over): a deterministic cost, so a test can
+ * tell linear from quadratic work without a clock. */
+uint64_t pln_tok_last_work(void);
+
 /* Decodes n ids to a malloc'd NUL-terminated string (length in *len_out if not NULL).
  * skip_special drops special tokens. Invalid UTF-8 → U+FFFD (one per maximal invalid
  * subsequence, like Rust's from_utf8_lossy). Out-of-range ids are skipped. Never returns NULL. */
