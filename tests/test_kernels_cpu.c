@@ -7,7 +7,9 @@
  *
  *   build/tests/test_kernels_cpu            the checks (a few seconds)
  *   build/tests/test_kernels_cpu --bench [T...]   GEMV/GEMM bandwidth and FLOP/s against a STREAM-style
- *                                           copy measured in the same run (tools/bench/kernels_cpu.sh) */
+ *                                           copy measured in the same run (tools/bench/kernels_cpu.sh)
+ *   build/tests/test_kernels_cpu --bench-panel [T...]   the batched float path against the tiles,
+ *                                           interleaved, on Llama-3.2-1B's shapes */
 #include "tests/test.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
@@ -1503,6 +1505,45 @@ static int run_bench(int n_t, const int *Ts) {
     return 0;
 }
 
+/* The batched float path against the tiles it replaces (--bench-panel [T...]): Llama-3.2-1B's
+ * shapes (gate|up [16384 x 2048], down [2048 x 8192], qkv [3072 x 2048]) at T = 32, 64, 512 by
+ * default, each weight kind on the float path, the tiles (the batch-invariant mode, which takes
+ * them at every step size) and the panel called in turn on the same weights so that a loaded
+ * machine slows both alike: the best of the reps of each, GFLOP/s. */
+static int run_bench_panel(int n_t, const int *Ts) {
+    static const struct { int64_t rows, cols; const char *name; } shapes[] = {
+        {16384, 2048, "gate|up"}, {2048, 8192, "down   "}, {3072, 2048, "qkv    "}};
+    static const struct { int kind; int64_t group; const char *name; } kinds[] = {
+        {0, 0, "F16    "}, {WQ_I8, 0, "I8     "}, {WQ_I8, 32, "I8 g32 "}, {WQ_I4, 32, "I4 g32 "}};
+    printf("threads %d (backend), isa %s\n", pln_cpu_threads(pln_cpu_of(g_be)), pln_cpu_of(g_be)->k ? pln_cpu_of(g_be)->k->name : "ref");
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+            int64_t rows = shapes[sh].rows, cols = shapes[sh].cols;
+            test_weight tw = make_weight(rows, cols, kinds[kd].kind, kinds[kd].group);
+            for (int ti = 0; ti < n_t; ti++) {
+                int T = Ts[ti];
+                float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
+                double flop = 2.0 * (double)rows * (double)cols * T, best[2] = {1e30, 1e30};
+                int reps = flop > 2e10 ? 3 : flop > 2e9 ? 6 : 12;
+                for (int r = 0; r < reps; r++)
+                    for (int f = 0; f < 2; f++) {
+                        pln_cpu_set_batch_invariant(g_be, !f);
+                        double t0 = pln_now();
+                        g_be->linear(g_be, o, x, &tw.W, NULL, T, PLN_EPI_NONE);
+                        best[f] = fmin(best[f], pln_now() - t0);
+                    }
+                printf("%s %s [%5lld x %4lld] T %4d: tiles %8.2f ms %6.1f GFLOP/s, panel %8.2f ms %6.1f GFLOP/s (%.2fx)\n",
+                       shapes[sh].name, kinds[kd].name, (long long)rows, (long long)cols, T, best[0] * 1e3, flop / best[0] / 1e9,
+                       best[1] * 1e3, flop / best[1] / 1e9, best[0] / best[1]);
+                fflush(stdout);
+                free(x); free(o);
+            }
+            free(tw.w); free(tw.scale);
+        }
+    pln_cpu_set_batch_invariant(g_be, false);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     test_begin("test_kernels_cpu");
     g_be = pln_backend_create("cpu", 0);
@@ -1512,6 +1553,12 @@ int main(int argc, char **argv) {
         int Ts[16] = {1, 8, 32, 128}, n_t = argc > 2 ? 0 : 4;
         for (int i = 2; i < argc && n_t < 16; i++) if (atoi(argv[i]) > 0) Ts[n_t++] = atoi(argv[i]);
         return run_bench(n_t, Ts);
+    }
+    if (argc > 1 && !strcmp(argv[1], "--bench-panel")) {
+        /* token counts to time: the arguments after --bench-panel, else 32 64 512 */
+        int Ts[16] = {32, 64, 512}, n_t = argc > 2 ? 0 : 3;
+        for (int i = 2; i < argc && n_t < 16; i++) if (atoi(argv[i]) > 0) Ts[n_t++] = atoi(argv[i]);
+        return run_bench_panel(n_t, Ts);
     }
     printf("instruction sets:");
     for (int i = 0; i < PLN_CPU_ISA_COUNT; i++)

@@ -15,6 +15,7 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 #define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 
 INL __m256 load_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -885,9 +886,204 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
         }
 }
 
+/* ---- The batched float path: packed activations, weights widened once per panel ----
+ * PANEL_NOTE (as simd_avx512.c's, with 8-float vectors): at PLN_CPU_PANEL_MIN tokens or more the
+ * dot-product tiles above spend a widen per weight vector for only 2 tokens' FMAs and sum every
+ * result horizontally. Here the activations are packed once per call (pack_x_avx2: the panel
+ * layout linear.c shares with the AVX-512 tier, 32 tokens side by side per column), a stretch of
+ * PLN_CPU_PANEL_ROWS weight rows is widened to fp32 once per PKC2 columns (dequantized: q x scale
+ * is exact in fp32), and the micro kernel keeps 6 rows x 16 tokens of results in 12 of the 16 ymm
+ * registers: per column, two activation loads and six broadcast weights feed 12 FMAs, and no
+ * result is ever summed horizontally. Each output is a sum over PKC2 columns in one fp32
+ * accumulator, and those block sums are added in order (the tiles' error bound, a different
+ * order: cpu.h pln_cpu_set_batch_invariant). The rows a call covers are fixed and every token's
+ * arithmetic is its own lane, so the bits depend neither on the threads nor on the number of
+ * tokens. */
+#define PMR2 6                      /* rows per micro tile */
+#define PKC2 128                    /* columns per block: PANEL_ROWS x PKC2 floats widened (24 KiB) */
+#define PTB2 256                    /* tokens per pass over the weights (PTB2 / 32 panels) */
+_Static_assert(PLN_CPU_PANEL_ROWS % PMR2 == 0, "micro tiles fill a panel call");
+_Static_assert(PKC2 % 32 == 0, "int4 blocks hold whole 32-column blocks");
+_Static_assert(PLN_CPU_PANEL_SCRATCH >= PLN_CPU_PANEL_ROWS * PKC2 + PLN_CPU_PANEL_ROWS * PTB2, "scratch holds wf and cb");
+
+/* 8 vectors r[i] (8 floats each) transposed in place: r[c] becomes element c of every r[i]. */
+INL void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {   /* u[4i + c], 128-bit lane l: rows 4i..4i+3 of column 4l + c */
+        u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
+/* Panels p0 <= p < p1 of the tokens (cpu.h): xp + p 32 K holds column k of tokens 32p..32p+31 at
+ * [32 k ..], tokens past nt as zeros. */
+static TGT void pack_x_avx2(float *xp, const float *x, int64_t ldx, int64_t nt, int64_t K, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = xp + p * 32 * K;
+        /* the four quarters of a column's line in turn, 8 columns at a time */
+        for (int64_t k = 0; k < K; k += 8) {
+            int64_t kn = K - k < 8 ? K - k : 8;
+            for (int h = 0; h < 4; h++) {
+                int64_t t0 = 32 * p + 8 * h;
+                __m256 r[8];
+                if (t0 + 8 <= nt && kn == 8) {
+                    UNROLL8 for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(x + (t0 + j) * ldx + k);
+                } else {
+                    for (int j = 0; j < 8; j++) {
+                        float b[8] = {0};
+                        if (t0 + j < nt) memcpy(b, x + (t0 + j) * ldx + k, (size_t)kn * sizeof(float));
+                        r[j] = _mm256_loadu_ps(b);
+                    }
+                }
+                transpose8(r);
+                if (kn == 8) {
+                    UNROLL8 for (int c = 0; c < 8; c++) _mm256_store_ps(dst + (k + c) * 32 + 8 * h, r[c]);
+                } else {
+                    for (int c = 0; c < kn; c++) _mm256_store_ps(dst + (k + c) * 32 + 8 * h, r[c]);
+                }
+            }
+        }
+    }
+}
+
+/* Rows [0, nr) of W from row r0, columns [k0, k0 + kc), widened to fp32 at wf[i * PKC2 + k - k0];
+ * rows nr..nr_pad - 1 zeros. */
+static TGT void widen_rows(float *wf, const pln_weight *W, int64_t r0, int64_t nr, int64_t nr_pad, int64_t k0,
+                           int64_t kc) {
+    int64_t K = W->cols, ng = W->dtype == PLN_DTYPE_F16 ? 1 : K / W->group, group = W->dtype == PLN_DTYPE_F16 ? K : W->group;
+    for (int64_t i = 0; i < nr; i++) {
+        float *d = wf + i * PKC2;
+        int64_t r = r0 + i, k = 0;
+        if (W->dtype == PLN_DTYPE_F16) {
+            const uint16_t *w = (const uint16_t *)W->w + r * K + k0;
+            for (; k + 8 <= kc; k += 8) _mm256_store_ps(d + k, load_f16(w + k));
+            for (; k < kc; k++) d[k] = pln_f16_to_f32(w[k]);
+        } else if (W->dtype == PLN_DTYPE_I8) {
+            const int8_t *w = (const int8_t *)W->w + r * K;
+            const uint16_t *s = W->scale + r * ng;
+            /* whole groups' vectors: one scale each (a vector across two groups: the loop below) */
+            int64_t g = k0 / group, gend = (g + 1) * group - k0;   /* group g ends before column gend */
+            __m256 sv = _mm256_set1_ps(_cvtsh_ss(s[g]));
+            for (; k + 8 <= kc; k += 8) {
+                if (k + 8 > gend) {
+                    if (k != gend) break;
+                    g++;
+                    gend += group;
+                    sv = _mm256_set1_ps(_cvtsh_ss(s[g]));
+                    if (k + 8 > gend) break;
+                }
+                _mm256_store_ps(d + k, _mm256_mul_ps(load_i8(w + k0 + k), sv));
+            }
+            for (; k < kc; k++) d[k] = (float)w[k0 + k] * _cvtsh_ss(s[(k0 + k) / group]);
+        } else {   /* int4: k0 and kc are multiples of 32; group is 32, 64 or 128 (FORMAT.md) */
+            int gshift = group == 32 ? 5 : group == 64 ? 6 : group == 128 ? 7 : -1;
+            const uint8_t *w = (const uint8_t *)W->w + r * (K / 2);
+            const uint16_t *s = W->scale + r * ng;
+            for (; k < kc; k += 32) {
+                __m256 v[4], sv = _mm256_set1_ps(_cvtsh_ss(s[gshift >= 0 ? (k0 + k) >> gshift : (k0 + k) / group]));
+                load_i4x32(w + (k0 + k) / 2, v);
+                UNROLL for (int q = 0; q < 4; q++) _mm256_store_ps(d + k + 8 * q, _mm256_mul_ps(v[q], sv));
+            }
+        }
+    }
+    for (int64_t i = nr; i < nr_pad; i++) memset(wf + i * PKC2, 0, (size_t)kc * sizeof(float));
+}
+
+/* The weights' next block (rows of rowb bytes, 1 << shift pieces of ub bytes each, a piece at
+ * most a cache line), requested one piece per column of the micro kernel up to end: spread over
+ * the block's arithmetic, as simd_avx512.c's pf_stream, for the same reason. */
+typedef struct { const char *base; int64_t rowb, ub; int shift; int64_t next, end; } pf_stream;
+
+INL void pf_step(pf_stream *s) {
+    if (s->next < s->end) {
+        _mm_prefetch(s->base + (s->next >> s->shift) * s->rowb + (s->next & ((1 << s->shift) - 1)) * s->ub, _MM_HINT_T0);
+        s->next++;
+    }
+}
+
+/* 6 rows (wf, PKC2 apart) x NV vectors of 8 tokens (xp, 32 floats per column), kc columns. */
+INL void panel_mk(const int NV, __m256 acc[PMR2][2], const float *wf, const float *xp, int64_t kc, pf_stream *pf) {
+    UNROLL8 for (int i = 0; i < PMR2; i++) {
+        acc[i][0] = _mm256_setzero_ps();
+        acc[i][1] = _mm256_setzero_ps();
+    }
+    _Pragma("GCC unroll 2") for (int64_t k = 0; k < kc; k++) {
+        __m256 x0 = _mm256_load_ps(xp + 32 * k), x1 = NV == 2 ? _mm256_load_ps(xp + 32 * k + 8) : x0;
+        pf_step(pf);
+        UNROLL8 for (int i = 0; i < PMR2; i++) {
+            __m256 b = _mm256_broadcast_ss(wf + i * PKC2 + k);
+            acc[i][0] = _mm256_fmadd_ps(b, x0, acc[i][0]);
+            if (NV == 2) acc[i][1] = _mm256_fmadd_ps(b, x1, acc[i][1]);
+        }
+    }
+}
+
+static TGT void gemm_panel_avx2(float *out, int64_t ldo, const float *xp, int64_t nt, const pln_weight *W,
+                                int64_t r0, int64_t nr, const uint16_t *bias, bool gelu, float *scratch) {
+    int64_t K = W->cols, nr_pad = (nr + PMR2 - 1) / PMR2 * PMR2;
+    float *wf = scratch, *cb = scratch + PLN_CPU_PANEL_ROWS * PKC2;
+    int es2 = W->dtype == PLN_DTYPE_F16 ? 4 : W->dtype == PLN_DTYPE_I8 ? 2 : 1;   /* bytes per element x 2 */
+    int64_t rowb = K * es2 / 2, blkb = PKC2 * es2 / 2;                              /* bytes of a row, of its block */
+    int64_t ub = blkb < 64 ? blkb : 64;
+    int shift = 0;
+    while ((ub << shift) < blkb) shift++;                                           /* pieces per row of a block */
+    for (int64_t t0 = 0; t0 < nt; t0 += PTB2) {
+        int64_t tn = nt - t0 < PTB2 ? nt - t0 : PTB2, np = (tn + 31) / 32;
+        for (int64_t k0 = 0; k0 < K; k0 += PKC2) {
+            int64_t kc = K - k0 < PKC2 ? K - k0 : PKC2;
+            bool first = k0 == 0, last = k0 + kc == K;
+            widen_rows(wf, W, r0, nr, nr_pad, k0, kc);
+            /* the next block of these rows, or the first block of the rows after them */
+            pf_stream pf = {.base = (const char *)W->w + (last ? (r0 + nr) * rowb : r0 * rowb + (k0 + kc) * es2 / 2),
+                            .rowb = rowb, .ub = ub, .shift = shift, .next = 0};
+            int64_t quota = (nr << shift) / (np * (nr_pad / PMR2)) + 1;
+            for (int64_t p = 0; p < np; p++) {
+                const float *xb = xp + (t0 / 32 + p) * 32 * K + k0 * 32;
+                int64_t pt = tn - 32 * p < 32 ? tn - 32 * p : 32;   /* tokens in this panel */
+                for (int64_t m = 0; m < nr_pad; m += PMR2) {
+                    float *c = cb + (m / PMR2 * (PTB2 / 32) + p) * PMR2 * 32;   /* this tile's block sums */
+                    pf.end = pf.next + quota < (nr << shift) ? pf.next + quota : (nr << shift);
+                    /* the panel's two halves of 16 tokens: a half of at most 8 takes one vector */
+                    for (int h = 0; h < 2 && 16 * h < pt; h++) {
+                        __m256 acc[PMR2][2];
+                        int64_t ht = pt - 16 * h;
+                        if (ht > 8) panel_mk(2, acc, wf + m * PKC2, xb + 16 * h, kc, &pf);
+                        else panel_mk(1, acc, wf + m * PKC2, xb + 16 * h, kc, &pf);
+                        UNROLL8 for (int i = 0; i < PMR2; i++) {
+                            for (int v = 0; v < 2; v++) {
+                                float *cv = c + i * 32 + 16 * h + 8 * v;
+                                __m256 s = acc[i][v];
+                                if (!first) s = _mm256_add_ps(_mm256_load_ps(cv), s);
+                                _mm256_store_ps(cv, s);
+                            }
+                        }
+                    }
+                    if (last) {
+                        int64_t mr = nr - m < PMR2 ? nr - m : PMR2;
+                        for (int64_t j = 0; j < pt; j++)
+                            for (int64_t i = 0; i < mr; i++) out[(t0 + 32 * p + j) * ldo + m + i] = c[i * 32 + j];
+                    }
+                }
+                if (last && (bias || gelu))
+                    for (int64_t j = 0; j < pt; j++) bias_gelu_avx2(out + (t0 + 32 * p + j) * ldo, bias, nr, gelu);
+            }
+        }
+    }
+}
+
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .quant_act = quant_act_avx2,
-    .gemv = gemv_avx2,
+    .pack_x = pack_x_avx2, .gemm_panel = gemm_panel_avx2, .gemv = gemv_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
