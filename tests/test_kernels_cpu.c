@@ -270,11 +270,12 @@ static void test_linear(void) {
     test_linear_case(203, 512, 9, WQ_I4, 128, true, false);
     test_linear_case(21, 4096, 9, WQ_I4, 32, false, true);
     test_linear_case(21, 4096, 1, WQ_I4, 128, false, false);
-    /* the batched float path (PLN_CPU_PANEL_MIN tokens and more on AVX-512): full and part-full
-     * 32-token panels (a last one of <= 16 or > 16 tokens), several passes over the token blocks,
-     * row counts that leave a part-full 12-row tile or 48-row unit, columns that leave a part
-     * block (fp16, per-row int8) and groups that straddle its 16-column vectors */
-    static const int TP[] = {32, 33, 47, 48, 64, 100, 300};
+    /* the batched float path (pln_cpu_panel_min tokens and more on AVX2 and AVX-512): full and
+     * part-full 32-token panels (a last one of <= 16 or > 16 tokens, and on AVX2 halves of <= 8 or
+     * > 8), several passes over the token blocks, row counts that leave a part-full micro tile
+     * (12 rows on AVX-512, 6 on AVX2) or 48-row unit, columns that leave a part block (fp16,
+     * per-row int8) and groups that straddle the 16- or 8-column vectors */
+    static const int TP[] = {32, 33, 47, 48, 52, 60, 64, 84, 90, 100, 300};
     for (size_t ti = 0; ti < sizeof TP / sizeof TP[0]; ti++) {
         int T = TP[ti];
         test_linear_case(5, 7, T, false, 0, true, false);
@@ -596,7 +597,7 @@ static void test_gelu(void) {
  * outputs are the same bits at every step size from one token up, for every weight kind, with the
  * integer-dot path off and on, on every tier (with and without VNNI): a one-token step (a decode,
  * or the suffix a prefix-cache hit leaves) included. By default the batched float path
- * (PLN_CPU_PANEL_MIN tokens and more) is invariant among its own step sizes and within fp32
+ * (pln_cpu_panel_min tokens and more) is invariant among its own step sizes and within fp32
  * rounding of the tiles. */
 static void test_batch_invariance(void) {
     static const struct { int kind; int64_t group; const char *name; } kinds[] = {
@@ -630,17 +631,29 @@ static void test_batch_invariance(void) {
         }
         pln_cpu_no_vnni = false;
         pln_cpu_set_int_dot(g_be, false);
-        pln_cpu_set_isa(g_be, pln_cpu_isa_best());
-        /* default: T >= PLN_CPU_PANEL_MIN among themselves bit for bit, fewer within rounding */
-        pln_cpu_set_batch_invariant(g_be, false);
-        g_be->linear(g_be, b, x, &tw.W, bias, 100, true);
-        for (int T = PLN_CPU_PANEL_MIN; T <= 64; T += 16) {
-            g_be->linear(g_be, a, x, &tw.W, bias, T, true);
-            CHECK(!memcmp(a, b, (size_t)(T * rows) * 4), "default %s: T=%d differs from T=100", kinds[kd].name, T);
+        /* default: T >= pln_cpu_panel_min among themselves bit for bit, fewer within rounding; on
+         * every tier, and on those with a batched float path (AVX2, AVX-512) T = 100 is not the
+         * tiles' bits (the batch-invariant mode's), so the path was taken */
+        FOR_EACH_ISA(isa) {
+            if (isa < PLN_CPU_ISA_C) continue;
+            pln_cpu_set_batch_invariant(g_be, true);
+            g_be->linear(g_be, a, x, &tw.W, bias, 100, true);
+            pln_cpu_set_batch_invariant(g_be, false);
+            g_be->linear(g_be, b, x, &tw.W, bias, 100, true);
+            bool panel = pln_cpu_of(g_be)->k->gemm_panel != NULL;
+            CHECK(panel == (isa == PLN_CPU_ISA_AVX2 || isa == PLN_CPU_ISA_AVX512), "tier %s: has a batched float path", g_isa);
+            CHECK(panel == (memcmp(a, b, (size_t)(100 * rows) * 4) != 0),
+                  "default %s, tier %s: T=100 %s the tiles' bits", kinds[kd].name, g_isa, panel ? "has" : "lacks");
+            for (int T = pln_cpu_panel_min(pln_cpu_of(g_be)->k, &tw.W); T <= 80; T += 16) {
+                g_be->linear(g_be, a, x, &tw.W, bias, T, true);
+                CHECK(!memcmp(a, b, (size_t)(T * rows) * 4), "default %s, tier %s: T=%d differs from T=100", kinds[kd].name,
+                      g_isa, T);
+            }
+            g_be->linear(g_be, a, x, &tw.W, bias, 5, true);
+            double d = test_rel_l2(a, b, (size_t)(5 * rows));
+            CHECK(d <= 1e-5, "default %s, tier %s: T=5 against T=100: rel %.3g", kinds[kd].name, g_isa, d);
         }
-        g_be->linear(g_be, a, x, &tw.W, bias, 5, true);
-        double d = test_rel_l2(a, b, (size_t)(5 * rows));
-        CHECK(d <= 1e-5, "default %s: T=5 against T=100: rel %.3g", kinds[kd].name, d);
+        pln_cpu_set_isa(g_be, pln_cpu_isa_best());
         free(tw.w); free(tw.scale);
     }
     free(x); free(a); free(b); free(bias);
@@ -1508,8 +1521,14 @@ static int run_bench(int n_t, const int *Ts) {
 /* The batched float path against the tiles it replaces (--bench-panel [T...]): Llama-3.2-1B's
  * shapes (gate|up [16384 x 2048], down [2048 x 8192], qkv [3072 x 2048]) at T = 32, 64, 512 by
  * default, each weight kind on the float path, the tiles (the batch-invariant mode, which takes
- * them at every step size) and the panel called in turn on the same weights so that a loaded
- * machine slows both alike: the best of the reps of each, GFLOP/s. */
+ * them at every step size) and the panel called in turn on the same weights, so that a loaded
+ * machine slows both alike: the best of each in GFLOP/s, and the median over the pairs of the
+ * ratio of their times (the figure a shared machine's bursts of other work disturb least). */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static int run_bench_panel(int n_t, const int *Ts) {
     static const struct { int64_t rows, cols; const char *name; } shapes[] = {
         {16384, 2048, "gate|up"}, {2048, 8192, "down   "}, {3072, 2048, "qkv    "}};
@@ -1523,18 +1542,25 @@ static int run_bench_panel(int n_t, const int *Ts) {
             for (int ti = 0; ti < n_t; ti++) {
                 int T = Ts[ti];
                 float *x = rnd_vec((size_t)(T * cols), -1, 1), *o = malloc((size_t)(T * rows) * 4);
-                double flop = 2.0 * (double)rows * (double)cols * T, best[2] = {1e30, 1e30};
-                int reps = flop > 2e10 ? 3 : flop > 2e9 ? 6 : 12;
-                for (int r = 0; r < reps; r++)
+                double flop = 2.0 * (double)rows * (double)cols * T, best[2] = {1e30, 1e30}, ratio[64];
+                int reps = flop > 2e10 ? 7 : flop > 2e9 ? 15 : 31;
+                for (int r = 0; r <= reps; r++) {   /* the first pair warms up */
+                    double dt[2];
                     for (int f = 0; f < 2; f++) {
                         pln_cpu_set_batch_invariant(g_be, !f);
                         double t0 = pln_now();
                         g_be->linear(g_be, o, x, &tw.W, NULL, T, PLN_EPI_NONE);
-                        best[f] = fmin(best[f], pln_now() - t0);
+                        dt[f] = pln_now() - t0;
                     }
-                printf("%s %s [%5lld x %4lld] T %4d: tiles %8.2f ms %6.1f GFLOP/s, panel %8.2f ms %6.1f GFLOP/s (%.2fx)\n",
+                    if (!r) continue;
+                    for (int f = 0; f < 2; f++) best[f] = fmin(best[f], dt[f]);
+                    ratio[r - 1] = dt[0] / dt[1];
+                }
+                qsort(ratio, (size_t)reps, sizeof ratio[0], cmp_double);
+                printf("%s %s [%5lld x %4lld] T %4d: tiles %8.2f ms %6.1f GFLOP/s, panel %8.2f ms %6.1f GFLOP/s; "
+                       "panel speed-up, median of %d pairs %.2fx (quartiles %.2f-%.2f)\n",
                        shapes[sh].name, kinds[kd].name, (long long)rows, (long long)cols, T, best[0] * 1e3, flop / best[0] / 1e9,
-                       best[1] * 1e3, flop / best[1] / 1e9, best[0] / best[1]);
+                       best[1] * 1e3, flop / best[1] / 1e9, reps, ratio[reps / 2], ratio[reps / 4], ratio[3 * reps / 4]);
                 fflush(stdout);
                 free(x); free(o);
             }

@@ -58,13 +58,16 @@ typedef struct {
      * (K / group) + k / group] with q = pln_i4_get(row, k); group % 32 == 0, K % group == 0. */
     void (*gemm_i4)(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                     const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
-    /* The batched float path (NULL where the tier has none; simd_avx512.c PANEL_NOTE): from
-     * PLN_CPU_PANEL_MIN tokens the driver packs the activations once, pack_x writing panels p0 <= p
-     * < p1 of 32 tokens each (xp + 32 p K: column k of the panel's tokens at [32 k ..], tokens past
-     * nt zero; xp 64-byte aligned), and gemm_panel computes out[t * ldo + i] for all nt tokens and
-     * rows r0 + i, i < nr <= PLN_CPU_PANEL_ROWS, of W (any dtype, the same products as above),
-     * then adds bias + r0 (may be NULL) and applies GeLU if gelu; scratch: PLN_CPU_PANEL_SCRATCH
-     * floats, 64-byte aligned, this thread's own. */
+    /* The batched float path (AVX2 and AVX-512, NULL in the C tier; simd_avx512.c PANEL_NOTE,
+     * simd_avx2.c PANEL_NOTE): from PLN_CPU_PANEL_MIN tokens the driver packs the activations
+     * once, pack_x writing panels p0 <= p < p1 of 32 tokens each (xp + 32 p K: column k of the
+     * panel's tokens at [32 k ..], tokens past nt zero; xp 64-byte aligned; the same layout in
+     * both tiers), and gemm_panel computes out[t * ldo + i] for all nt tokens and rows r0 + i, i <
+     * nr <= PLN_CPU_PANEL_ROWS, of W (any dtype, the same products as above), then adds bias + r0
+     * (may be NULL) and applies GeLU if gelu; scratch: PLN_CPU_PANEL_SCRATCH floats, 64-byte
+     * aligned, this thread's own. Each output is a sum over blocks of the tier's KC columns in
+     * one fp32 accumulator, the block sums added in order: its bits depend on neither the
+     * threads nor the number of tokens. */
     /* One token (decode) on the float path, not in batch-invariant mode (NULL where the tier
      * has none; simd_avx512.c GEMV_NOTE): out[i] = the products above for rows r0 + i, i < nr,
      * of W (any dtype), x one token's K floats. Rows are read one at a time, in order. */
@@ -72,6 +75,10 @@ typedef struct {
     void (*pack_x)(float *xp, const float *x, int64_t ldx, int64_t nt, int64_t K, int64_t p0, int64_t p1);
     void (*gemm_panel)(float *out, int64_t ldo, const float *xp, int64_t nt, const pln_weight *W, int64_t r0,
                        int64_t nr, const uint16_t *bias, bool gelu, float *scratch);
+    /* The tokens from which F16 and per-row int8 weights take gemm_panel, where more than
+     * PLN_CPU_PANEL_MIN (0: PLN_CPU_PANEL_MIN; pln_cpu_panel_min): their tiles scale nothing per
+     * group, and on AVX2 (Zen 3) they kept up with the panel below 64 tokens. */
+    int32_t panel_min_plain;
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
      * token-interleaved so that a tile of tokens finds its operands side by side: xq holds int8
      * column k of token t at xq[4 * ((k / 4) * nt + t) + k % 4] (4-byte groups of columns, all nt
@@ -122,6 +129,12 @@ typedef struct {
      * the tier's exp: pln_silu within a few ulp). */
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
 } pln_cpu_kernels;
+
+/* The step size from which linear.c runs W on the tier's gemm_panel (where it has one). */
+static inline int32_t pln_cpu_panel_min(const pln_cpu_kernels *k, const pln_weight *W) {
+    bool plain = W->dtype == PLN_DTYPE_F16 || (W->dtype == PLN_DTYPE_I8 && W->group == W->cols);
+    return plain && k->panel_min_plain > PLN_CPU_PANEL_MIN ? k->panel_min_plain : PLN_CPU_PANEL_MIN;
+}
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;
 #if defined(__x86_64__) || defined(__i386__)

@@ -2,7 +2,8 @@
  * baseline x86-64). 8 floats per vector; F16 weights widened with vcvtph2ps, I8 weights with
  * vpmovsxbd + vcvtdq2ps and scaled in registers: no matrix is ever converted. A tile is up to
  * 4 weight rows x 2 tokens of accumulators (8 of the 16 ymm registers), so each weight vector
- * loaded from memory serves 2 tokens and each activation vector 4 rows. */
+ * loaded from memory serves 2 tokens and each activation vector 4 rows. Steps of
+ * PLN_CPU_PANEL_MIN tokens or more take the batched float path instead (PANEL_NOTE below). */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -902,6 +903,11 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
 #define PMR2 6                      /* rows per micro tile */
 #define PKC2 128                    /* columns per block: PANEL_ROWS x PKC2 floats widened (24 KiB) */
 #define PTB2 256                    /* tokens per pass over the weights (PTB2 / 32 panels) */
+/* F16 and per-row int8 take the panel from this many tokens (cpu.h panel_min_plain): their tiles
+ * widen a weight vector for 2 tokens' FMAs with no scale per group, and at 32 tokens they ran
+ * level with the panel or ahead of it (docs/ARCHITECTURE.md); grouped int8 and int4 gain from
+ * PLN_CPU_PANEL_MIN. */
+#define PANEL_MIN_PLAIN 64
 _Static_assert(PLN_CPU_PANEL_ROWS % PMR2 == 0, "micro tiles fill a panel call");
 _Static_assert(PKC2 % 32 == 0, "int4 blocks hold whole 32-column blocks");
 _Static_assert(PLN_CPU_PANEL_SCRATCH >= PLN_CPU_PANEL_ROWS * PKC2 + PLN_CPU_PANEL_ROWS * PTB2, "scratch holds wf and cb");
@@ -1083,7 +1089,7 @@ static TGT void gemm_panel_avx2(float *out, int64_t ldo, const float *xp, int64_
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .quant_act = quant_act_avx2,
-    .pack_x = pack_x_avx2, .gemm_panel = gemm_panel_avx2, .gemv = gemv_avx2,
+    .pack_x = pack_x_avx2, .gemm_panel = gemm_panel_avx2, .panel_min_plain = PANEL_MIN_PLAIN, .gemv = gemv_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
