@@ -26,11 +26,6 @@
 #define QCHUNK 32
 /* Tokens quantized at once for the integer-dot path (QTOK x K bytes: 7 MiB at BLOOM-176B width). */
 #define QTOK 512
-/* The batched float path packs activations of fewer floats than this on the calling thread
- * (pln_cpu_linear). */
-#ifndef PACK_SERIAL
-#define PACK_SERIAL (1 << 20)
-#endif
 
 /* 64-byte aligned (the packed panels are read with aligned loads); dies on out-of-memory as
  * pln_xmalloc does. */
@@ -263,27 +258,19 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         return;
     }
     if (k->gemm_panel && T >= pln_cpu_panel_min(k, W) && !c->batch_invariant) {
-        /* The batched float path (simd_avx512.c and simd_avx2.c PANEL_NOTE): the activations packed once, then
-         * each unit of PLN_CPU_PANEL_ROWS rows widens its weights once for all T tokens. */
+        /* The batched float path (simd_avx512.c and simd_avx2.c PANEL_NOTE): the activations
+         * packed once, then each unit of PLN_CPU_PANEL_ROWS rows widens its weights once for all T
+         * tokens. */
         int nth = pln_cpu_threads(c);
         int64_t np = (T + 31) / 32, n_pc = (n_out + PLN_CPU_PANEL_ROWS - 1) / PLN_CPU_PANEL_ROWS;
         float *xp = xalloc64((size_t)np * 32 * (size_t)K * sizeof(float));
         float *scr = xalloc64((size_t)nth * PLN_CPU_PANEL_SCRATCH * sizeof(float));
         /* SwiGLU: each thread's up tile, [T][PLN_CPU_PANEL_ROWS] */
         float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)T * PLN_CPU_PANEL_ROWS * sizeof(float)) : NULL;
-        /* A few panels are packed here, before the threads start: inside the region the pack
-         * needs a barrier, where on a shared machine the thread that packed waits for one the OS
-         * has descheduled (2 threads beside another 2-thread job, AVX2, 32-token qkv step: the
-         * barrier made the step 2x the time of one thread's). Many panels (a long prefill, whose
-         * step is long enough to hide a barrier) are packed by all the threads. */
-        bool pack_all = (double)np * 32 * (double)K < PACK_SERIAL;
-        if (pack_all) k->pack_x(xp, in, K, T, K, 0, np);
         #pragma omp parallel num_threads(nth)
         {
-            if (!pack_all) {
-                #pragma omp for schedule(static)
-                for (int64_t p = 0; p < np; p++) k->pack_x(xp, in, K, T, K, p, p + 1);
-            }
+            #pragma omp for schedule(static)
+            for (int64_t p = 0; p < np; p++) k->pack_x(xp, in, K, T, K, p, p + 1);
             float *s = scr + (size_t)omp_get_thread_num() * PLN_CPU_PANEL_SCRATCH;
             float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)T * PLN_CPU_PANEL_ROWS : NULL;
             #pragma omp for schedule(dynamic, 2)
