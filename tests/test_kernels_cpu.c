@@ -670,13 +670,15 @@ static void test_threads(void) {
     pln_cpu_set_threads(g_be, 3);
     g_be->linear(g_be, b, x, &tw.W, NULL, 9, true);
     CHECK(!memcmp(a, b, 9 * 301 * 4), "linear: 1 thread and 3 threads differ");
-    /* the batched float path too (its units of rows are fixed, whichever thread takes them) */
-    float *xb = rnd_vec(40 * 700, -1, 1), *c1 = malloc(40 * 301 * 4), *c3 = malloc(40 * 301 * 4);
+    /* the batched float path too (its units of rows are fixed, whichever thread takes them, and
+     * its panels packed by whichever threads arrive first: linear.c PACK_NOTE); 70 tokens: past
+     * every tier's pln_cpu_panel_min for these per-row int8 weights, in three panels */
+    float *xb = rnd_vec(70 * 700, -1, 1), *c1 = malloc(70 * 301 * 4), *c3 = malloc(70 * 301 * 4);
     pln_cpu_set_threads(g_be, 1);
-    g_be->linear(g_be, c1, xb, &tw.W, NULL, 40, false);
+    g_be->linear(g_be, c1, xb, &tw.W, NULL, 70, false);
     pln_cpu_set_threads(g_be, 3);
-    g_be->linear(g_be, c3, xb, &tw.W, NULL, 40, false);
-    CHECK(!memcmp(c1, c3, 40 * 301 * 4), "linear, 40 tokens: 1 thread and 3 threads differ");
+    g_be->linear(g_be, c3, xb, &tw.W, NULL, 70, false);
+    CHECK(!memcmp(c1, c3, 70 * 301 * 4), "linear, 70 tokens: 1 thread and 3 threads differ");
     free(xb); free(c1); free(c3);
     pln_cpu_set_threads(g_be, 0);
     CHECK(pln_cpu_threads(pln_cpu_of(g_be)) == omp_get_max_threads(), "set_threads(0): OpenMP's default");
