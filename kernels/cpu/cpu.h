@@ -38,7 +38,8 @@ typedef enum {
 #define PLN_CPU_TCHUNK 64
 
 /* The batched float path (gemm_panel): used from this many tokens (fewer would leave its 32-token
- * tiles part empty: at 16 and 24 tokens it measured 0.7-0.8x the tiles above on fp16 and int8);
+ * tiles part empty: at 16 and 24 tokens it measured 0.7-0.8x the tiles above on fp16 and int8;
+ * a tier may start later for fp16 and per-row int8: panel_min_plain, pln_cpu_panel_min);
  * rows per call (the unit of parallel work); per-thread scratch in floats. */
 #define PLN_CPU_PANEL_MIN 32
 #define PLN_CPU_PANEL_ROWS 48

@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,9 +282,12 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                 k->pack_x(xp, in, K, T, K, p, p + 1);
                 __atomic_fetch_add(&packed, 1, __ATOMIC_RELEASE);
             }
-            while (__atomic_load_n(&packed, __ATOMIC_ACQUIRE) < np) {
+            /* a short spin, then yield: the panel still being packed may belong to a thread
+             * waiting for this very core */
+            for (int spin = 0; __atomic_load_n(&packed, __ATOMIC_ACQUIRE) < np; spin++) {
+                if (spin >= 2000) sched_yield();
 #ifdef PLN_CPU_X86
-                _mm_pause();
+                else _mm_pause();
 #endif
             }
             float *s = scr + (size_t)omp_get_thread_num() * PLN_CPU_PANEL_SCRATCH;

@@ -899,14 +899,17 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
  * accumulator, and those block sums are added in order (the tiles' error bound, a different
  * order: cpu.h pln_cpu_set_batch_invariant). The rows a call covers are fixed and every token's
  * arithmetic is its own lane, so the bits depend neither on the threads nor on the number of
- * tokens. */
+ * tokens. 6 x 16 rather than 3 x 32 (also 12 accumulators): a whole panel's column is 4 vectors,
+ * which with the accumulators and a broadcast would need 17 registers. Blocks of 64 columns
+ * measured 0.75-0.85x of 128 on Zen 3 (more block sums to load and store per FMA), 256 0.92-1.0x
+ * (one thread, in cache, interleaved). */
 #define PMR2 6                      /* rows per micro tile */
 #define PKC2 128                    /* columns per block: PANEL_ROWS x PKC2 floats widened (24 KiB) */
 #define PTB2 256                    /* tokens per pass over the weights (PTB2 / 32 panels) */
 /* F16 and per-row int8 take the panel from this many tokens (cpu.h panel_min_plain): their tiles
- * widen a weight vector for 2 tokens' FMAs with no scale per group, and at 32 tokens they ran
- * level with the panel or ahead of it (docs/ARCHITECTURE.md); grouped int8 and int4 gain from
- * PLN_CPU_PANEL_MIN. */
+ * widen a weight vector for 2 tokens' FMAs with no scale per group, and at 32 tokens on two
+ * threads of a shared Zen 3 they ran level with the panel or ahead of it (docs/ARCHITECTURE.md);
+ * grouped int8 and int4 gain from PLN_CPU_PANEL_MIN. */
 #define PANEL_MIN_PLAIN 64
 _Static_assert(PLN_CPU_PANEL_ROWS % PMR2 == 0, "micro tiles fill a panel call");
 _Static_assert(PKC2 % 32 == 0, "int4 blocks hold whole 32-column blocks");
