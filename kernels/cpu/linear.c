@@ -274,9 +274,9 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             /* PACK_NOTE: the threads take panels to pack as they arrive and then wait only until
              * every panel is packed, not for every thread: with a barrier here, on a machine whose
              * cores are shared with other jobs, the threads that had packed waited for one the OS
-             * had not yet run (2 threads, AVX2, Llama-3.2-1B's qkv at 32 tokens: the step took
-             * twice the time of the tiles, which need no such wait, where one thread alone ran it
-             * 1.3x faster than the tiles). */
+             * had not yet run (2 threads, AVX2, grouped int8 on Llama-3.2-1B's qkv at 32 tokens:
+             * 0.77x the tiles, which need no such wait, with the barrier, 1.03-1.20x without; one
+             * thread alone ran it 1.7x faster than the tiles). */
             #pragma omp for schedule(dynamic) nowait
             for (int64_t p = 0; p < np; p++) {
                 k->pack_x(xp, in, K, T, K, p, p + 1);
