@@ -23,6 +23,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* What a backend's tune hook chose (pln_backend.tune). */
+#define PLN_TUNE_MAX_CANDIDATES 8
+typedef struct {
+    const char *source;     /* "off" (defaults), "cached" or "measured" (static string) */
+    int64_t pf_ahead;       /* the batch-1 GEMVs' prefetch distance in bytes now in use */
+    double gbs[PLN_TUNE_MAX_CANDIDATES];   /* "measured": the GEMV's GB/s at each candidate */
+    char warning[640];      /* "" or what went wrong with the cache (the run goes on) */
+} pln_backend_tune;
+
 /* A linear layer's weight as the kernels consume it (the shard stores exactly this). */
 typedef struct {
     pln_dtype dtype;        /* PLN_DTYPE_F16, PLN_DTYPE_I8, or PLN_DTYPE_U8 = packed int4 */
@@ -222,6 +231,13 @@ struct pln_backend {
      * kernels for the step's size, which may differ in the last bits. */
     void (*set_batch_invariant)(pln_backend *be, bool on);
     bool batch_invariant;       /* what set_batch_invariant last chose (or the backend's default) */
+
+    /* ---- optional: a per-machine calibration of the kernels' speed (NULL: the backend has none) ----
+     * mode "auto" (the cached result for this machine, else measure and cache it), "off" or NULL
+     * (the built-in defaults) or "redo" (measure again and update the cache). It changes speed only,
+     * never a result. -1 + error on a bad mode or out of memory; cache trouble is a warning in
+     * out->warning, never an error (the CPU backend: kernels/cpu/tune.c CPU_TUNE_NOTE). */
+    int (*tune)(pln_backend *be, const char *mode, pln_backend_tune *out);
 
     /* ---- optional: kv_append and attention as one op (NULL: the model runs the two) ----
      * The same results as kv_append then attention with the same arguments; a backend may fuse

@@ -57,6 +57,7 @@ struct pln_engine {
     pln_comm *comm;
     int rank, tp;
     pln_backend *be;
+    pln_backend_tune tune;      /* what the backend's tune hook chose (source NULL: none) */
     pln_loader *ld;
     pln_model *model;
     pln_kvcache kv;
@@ -274,6 +275,13 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
         else
             e->be->set_batch_invariant(e->be, true);
     }
+    if (!rc && e->be->tune) {
+        /* once the set is known good, before the model allocates its buffers and KV cache */
+        if (e->be->tune(e->be, opts->cpu_tune, &e->tune)) rc = -1;
+        else if (e->tune.warning[0] && e->rank == 0)   /* a warning, not progress: --quiet keeps it */
+            fprintf(stderr, "pollen: warning: %s\n", e->tune.warning);
+    }
+    e->opts.cpu_tune = NULL;    /* the caller's */
     if (!rc) {
         e->model = pln_model_create(e->be, comm, e->ld);
         if (!e->model) rc = -1;
@@ -989,6 +997,8 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->kv_dtype = e->be ? pln_kv_dtype_name(e->be->kv_dtype) : "?";
     /* on and applying: fp16 weights (but a quantized embedding) never take the path */
     info->batch_invariant = e->be && e->be->batch_invariant;
+    info->cpu_tune = e->tune.source;
+    info->cpu_pf_ahead = e->tune.source ? e->tune.pf_ahead : -1;
     info->int_dot = e->be && e->be->int_dot && (strcmp(e->cfg.dtype, "fp16") || e->cfg.quantize_embedding);
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;

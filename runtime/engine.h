@@ -46,6 +46,10 @@ typedef struct {
                                    (cpu: kernels/cpu/cpu.h pln_cpu_set_batch_invariant); false =
                                    the backend's default (PLN_CPU_BATCH_INVARIANT=1 on, else off).
                                    true on a backend without the mode is an error. */
+    const char *cpu_tune;       /* the backend's per-machine calibration (kernels/backend.h tune):
+                                   "auto" (cached, else measured once and cached), "off" (the
+                                   built-in defaults) or "redo"; NULL/"" = "off" (the CLI's
+                                   default is "auto": tools/cli.h). Speed only. */
     bool populate;              /* fault the mapped shard in at load */
     bool verify;                /* check tensor checksums at load */
     bool quiet;                 /* no progress output */
@@ -166,6 +170,9 @@ typedef struct {
     const char *kv_dtype;       /* "f32" or "f16" */
     bool int_dot;               /* the integer-dot path is on and the set has weights it takes */
     bool batch_invariant;       /* the backend's batch-invariant mode is on */
+    const char *cpu_tune;       /* where the backend's tuning came from: "off", "cached",
+                                   "measured", or NULL when the backend has none */
+    int64_t cpu_pf_ahead;       /* the CPU GEMVs' prefetch distance in bytes (-1: no tune) */
     double load_seconds;
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */

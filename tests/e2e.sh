@@ -4,6 +4,11 @@ E2E_PASS=0; E2E_FAIL=0
 E2E_NAME=$(basename "$0" .sh)
 POLLEN=${PLN_BUILD:-build}/pollen
 TMP=$(mktemp -d "${PLN_TEST_TMP:-/tmp}/$E2E_NAME.XXXXXX")
+# pollen's CLI measures the decode GEMVs' prefetch distance once per machine and caches it under
+# $XDG_CACHE_HOME (kernels/cpu/tune.c): the tests run the fixed default unless they ask for the
+# measurement (e2e_cpu_tune.sh), and never touch the user's cache
+export POLLEN_CPU_TUNE=${POLLEN_CPU_TUNE:-off}
+export XDG_CACHE_HOME=$TMP/xdg-cache
 # start_server NAME [VAR=VALUE...] LAUNCH...: `LAUNCH --port 0 --port-file ... --quiet` in the
 # background (leading assignments go to its environment, as with env(1)), its output in
 # $TMP/NAME.log. Sets SRV_PID (the launcher), PORT and RANK0 (rank 0's pid, from its start-up

@@ -1333,6 +1333,54 @@ static void test_topk(void) {
 }
 
 /* ---- errors -------------------------------------------------------------------------------- */
+/* The per-machine calibration (kernels/cpu/tune.c CPU_TUNE_NOTE): its choice from given times,
+ * its modes, and that no prefetch distance changes a GEMV's bits (every tier, every weight kind,
+ * the integer-dot path too: the distance decides only which lines are asked for early). */
+static void test_cpu_tune(void) {
+    const int d8k = 4;   /* 8192, the default, in pln_cpu_tune_candidates */
+    CHECK(pln_cpu_tune_candidates[d8k] == PLN_CPU_PF_AHEAD_DEFAULT, "the default is candidate %d", d8k);
+    double faster[6] = {1.0, 0.9, 0.95, 1.0, 1.0, 1.0}, close[6] = {1.0, 0.995, 1.0, 1.0, 1.0, 1.0};
+    double none[6] = {0}, no_default[6] = {1.0, 0.9, 0.95, 1.0, 0, 1.0}, tie[6] = {0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
+    CHECK(pln_cpu_tune_pick(faster, 6, d8k) == 1, "a candidate 10 %% faster than the default wins");
+    CHECK(pln_cpu_tune_pick(close, 6, d8k) == d8k, "the default within 2 %% of the fastest stays");
+    CHECK(pln_cpu_tune_pick(none, 6, d8k) == d8k, "nothing measured: the default");
+    CHECK(pln_cpu_tune_pick(no_default, 6, d8k) == 1, "the default unmeasured: the fastest");
+    CHECK(pln_cpu_tune_pick(tie, 6, d8k) == d8k, "a tie: the default");
+
+    pln_backend_tune tu;
+    CHECK(g_be->tune && g_be->tune(g_be, "sometimes", &tu) == -1 && strstr(pln_error(), "\"sometimes\" is not one of auto, off, redo"),
+          "a bad mode is refused by name: %s", pln_error());
+    CHECK(g_be->tune(g_be, "off", &tu) == 0 && !strcmp(tu.source, "off") && tu.pf_ahead == PLN_CPU_PF_AHEAD_DEFAULT &&
+          pln_cpu_pf_ahead == PLN_CPU_PF_AHEAD_DEFAULT, "off: the default distance");
+    CHECK(g_be->tune(g_be, NULL, &tu) == 0 && !strcmp(tu.source, "off"), "NULL: off (the library's default)");
+
+    static const struct { int kind; int64_t group; } kinds[] = {{0, 0}, {1, 0}, {1, 32}, {WQ_I4, 32}, {WQ_I4, 128}};
+    for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+        test_weight tw = make_weight(67, 1024, kinds[kd].kind, kinds[kd].group);
+        float *x = rnd_vec(1024, -1, 1), *ref = malloc(67 * 4), *o = malloc(67 * 4);
+        for (int idot = 0; idot < 2; idot++) {
+            if (idot && kinds[kd].kind == 0) continue;
+            pln_cpu_set_int_dot(g_be, idot);
+            FOR_EACH_ISA(isa) {
+                pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+                CHECK(g_be->linear(g_be, ref, x, &tw.W, NULL, 1, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
+                int bad = 0;
+                for (int c = 0; c < PLN_CPU_TUNE_N; c++) {
+                    pln_cpu_pf_ahead = pln_cpu_tune_candidates[c];
+                    memset(o, 0xff, 67 * 4);
+                    CHECK(g_be->linear(g_be, o, x, &tw.W, NULL, 1, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
+                    bad += memcmp(o, ref, 67 * 4) != 0;
+                }
+                CHECK(bad == 0, "[%s] kind %d group %lld idot %d: %d prefetch distances change the GEMV's bits", g_isa,
+                      kinds[kd].kind, (long long)kinds[kd].group, idot, bad);
+            }
+        }
+        pln_cpu_set_int_dot(g_be, false);
+        pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+        free(tw.w); free(tw.scale); free(x); free(ref); free(o);
+    }
+}
+
 static void test_errors(void) {
     pln_backend *b = pln_backend_create("tpu", 0);
     CHECK(!b && strstr(pln_error(), "tpu"), "unknown backend: want NULL naming it, got \"%s\"", pln_error());
@@ -1610,6 +1658,7 @@ int main(int argc, char **argv) {
     test_logit_process();
     test_topk();
     test_errors();
+    test_cpu_tune();
     pln_backend_destroy(g_be);
     return test_done();
 }

@@ -105,6 +105,18 @@ const char *pln_cli_int_dot(const char *backend, const char *int_dot) {
     return int_dot;
 }
 
+const char *pln_cli_cpu_tune(const char *cpu_tune) {
+    const char *from = "--cpu-tune";
+    if (!cpu_tune) {
+        cpu_tune = getenv("POLLEN_CPU_TUNE");
+        from = "POLLEN_CPU_TUNE";
+        if (!cpu_tune || !*cpu_tune) return "auto";
+    }
+    if (strcmp(cpu_tune, "auto") && strcmp(cpu_tune, "off") && strcmp(cpu_tune, "redo"))
+        pln_die("%s: '%s' is not one of auto, off, redo", from, cpu_tune);
+    return cpu_tune;
+}
+
 void pln_cli_batch_invariant(const char *backend, bool on) {
     if (on && backend && strcmp(backend, "cpu"))
         pln_die("--batch-invariant: the batch-invariant mode is the cpu backend's; use --backend cpu, or leave "

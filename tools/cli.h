@@ -30,6 +30,9 @@ const char *pln_cli_kv_dtype(const char *backend, const char *kv_dtype);
  * naming the option on anything else; on is refused on a backend other than cpu); unset: NULL
  * when PLN_CPU_INT_DOT is set (the backend's default from it), else "auto". backend NULL = cpu. */
 const char *pln_cli_int_dot(const char *backend, const char *int_dot);
+/* --cpu-tune auto|off|redo (pln_engine_opts.cpu_tune): the value given, else $POLLEN_CPU_TUNE,
+ * else "auto"; dies with a message naming the option (or the variable) on anything else. */
+const char *pln_cli_cpu_tune(const char *cpu_tune);
 /* Dies with a clear message when --batch-invariant is asked of a backend without the mode. */
 void pln_cli_batch_invariant(const char *backend, bool on);
 /* The option-table lines (tools/opt.h) of --int-dot and --batch-invariant, shared by generate,
@@ -41,7 +44,11 @@ void pln_cli_batch_invariant(const char *backend, bool on);
               "fp16 (docs/ARCHITECTURE.md)"), \
     PLN_O_FLAG("batch-invariant", 0, (eo).batch_invariant, \
                "cpu: every token's results the same bits whatever shares its step (a prefix-cache hit, a " \
-               "batch); slower batches and prefill (docs/ARCHITECTURE.md)")
+               "batch); slower batches and prefill (docs/ARCHITECTURE.md)"), \
+    PLN_O_STR("cpu-tune", 0, (eo).cpu_tune, "auto|off|redo", \
+              "cpu: the decode GEMVs' prefetch distance measured once per machine and cached " \
+              "(~/.cache/pollen/cpu-tune.json); off: the built-in default; redo: measure again (speed " \
+              "only, never a result; default auto, or $POLLEN_CPU_TUNE)")
 
 /* Threads per rank: `requested` (> 0, from --threads) wins and is exported as OMP_NUM_THREADS so
  * the CPU backend honours it; else OMP_NUM_THREADS; else the node's cores split between the ranks

@@ -140,6 +140,7 @@ int cmd_bench(int argc, char **argv) {
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
+    eo.cpu_tune = pln_cli_cpu_tune(eo.cpu_tune);
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     /* Host memory bandwidth is the ceiling only for the CPU backend's weights. */
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
@@ -176,6 +177,9 @@ int cmd_bench(int argc, char **argv) {
                "load %.2f s (populate); STREAM copy %s\n",
                dir, info.tp, info.dtype, info.int_dot ? " (int-dot)" : "", info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
                pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, cp);
+    if (!json && info.cpu_tune)
+        printf("cpu tune: %s (--cpu-tune), decode GEMVs prefetch %lld bytes ahead\n", info.cpu_tune,
+               (long long)info.cpu_pf_ahead);
 
     pln_sample_params sp;
     pln_sample_params_default(&sp);
@@ -289,6 +293,8 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "cpu_model", json_integer(host.model));
         json_object_set_new(root, "cpu_stepping", json_integer(host.stepping));
         json_object_set_new(root, "cpu_isa", json_string(host.isa));
+        json_object_set_new(root, "cpu_tune", info.cpu_tune ? json_string(info.cpu_tune) : json_null());
+        json_object_set_new(root, "cpu_pf_ahead", info.cpu_tune ? json_integer(info.cpu_pf_ahead) : json_null());
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(s);
         free(s);

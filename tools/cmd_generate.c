@@ -142,6 +142,7 @@ int cmd_generate(int argc, char **argv) {
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
+    eo.cpu_tune = pln_cli_cpu_tune(eo.cpu_tune);
     threads = pln_cli_threads(threads, pln_comm_local_size(comm));
     if (show_placement) pln_cli_print_placement(comm, eo.device, eo.gpus_per_node, eo.backend);
 

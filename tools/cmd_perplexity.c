@@ -281,6 +281,7 @@ int cmd_perplexity(int argc, char **argv) {
     r.eo.kv_dtype = pln_cli_kv_dtype(r.eo.backend, r.eo.kv_dtype);
     r.eo.int_dot = pln_cli_int_dot(r.eo.backend, r.eo.int_dot);
     pln_cli_batch_invariant(r.eo.backend, r.eo.batch_invariant);
+    r.eo.cpu_tune = pln_cli_cpu_tune(r.eo.cpu_tune);
     r.dir = dir;
     r.quiet = quiet || json;
     pln_cli_threads(threads, size);

@@ -348,6 +348,7 @@ int cmd_serve(int argc, char **argv) {
     eo.kv_dtype = pln_cli_kv_dtype(eo.backend, eo.kv_dtype);
     eo.int_dot = pln_cli_int_dot(eo.backend, eo.int_dot);
     pln_cli_batch_invariant(eo.backend, eo.batch_invariant);
+    eo.cpu_tune = pln_cli_cpu_tune(eo.cpu_tune);
     if (so.lim.default_max_new_tokens > so.lim.max_total_tokens - 1) so.lim.default_max_new_tokens = so.lim.max_total_tokens - 1;
     if (served_names) {
         char *dup = pln_xstrdup(served_names), *save = NULL;

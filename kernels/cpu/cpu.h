@@ -219,7 +219,11 @@ bool pln_cpu_has_q4n(void);
  * always_inline: as a plain static inline, called from the always_inline target("avx512f...")
  * tiles, GCC 12 dropped every call (a function with no side effects to it) and batch-1 int8
  * decode ran 1.6x slower. */
-#define PLN_CPU_PF_AHEAD 8192
+#define PLN_CPU_PF_AHEAD_DEFAULT 8192
+/* The distance in use: the default, or what kernels/cpu/tune.c measured for this machine
+ * (CPU_TUNE_NOTE); set before the steps run, read by every GEMV. */
+extern int64_t pln_cpu_pf_ahead;
+#define PLN_CPU_PF_AHEAD pln_cpu_pf_ahead
 static inline __attribute__((always_inline)) void pln_cpu_pf_ahead4(const void *tile, int64_t done) {
     const char *p = (const char *)tile + PLN_CPU_PF_AHEAD + done;
     _mm_prefetch(p, _MM_HINT_T0);
@@ -228,6 +232,19 @@ static inline __attribute__((always_inline)) void pln_cpu_pf_ahead4(const void *
     _mm_prefetch(p + 192, _MM_HINT_T0);
 }
 #endif
+
+/* tune.c (CPU_TUNE_NOTE): the prefetch distances measured, in bytes (0: the line being read,
+ * i.e. no software prefetch ahead), the rounds over them, and how close to the fastest the
+ * default may be and still be kept. */
+#define PLN_CPU_TUNE_N 6
+#define PLN_CPU_TUNE_ROUNDS 3
+#define PLN_CPU_TUNE_KEEP 0.02
+extern const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N];
+/* The candidate to use given each one's best time (secs[i] <= 0: not measured): the fastest,
+ * unless dflt's time is within PLN_CPU_TUNE_KEEP of it. dflt when none was measured. */
+int pln_cpu_tune_pick(const double *secs, int n, int dflt);
+/* The backend's tune hook (kernels/backend.h pln_backend.tune). */
+int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out);
 
 /* The integer-dot path's repack of nr <= 16 rows of I8 (or, when i4, packed int4) weights, K %
  * 32 == 0, into wp [K / 32][8][16][4] bytes (64-byte aligned, 16 K bytes): for block b, 4-column

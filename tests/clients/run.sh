@@ -21,6 +21,9 @@ if [ ! -f "$VENV/.pins" ] || [ "$(cat "$VENV/.pins")" != "$PINS" ]; then
   echo "$PINS" > "$VENV/.pins"
 fi
 TMP=$(mktemp -d)
+# the server measures its GEMV prefetch distance as a user's would (--cpu-tune auto), caching it
+# here rather than in the user's ~/.cache
+export XDG_CACHE_HOME=$TMP/xdg-cache
 SRV=
 cleanup() { [ -n "$SRV" ] && kill -TERM "$SRV" 2>/dev/null && wait "$SRV" 2>/dev/null; rm -rf "$TMP"; }
 trap cleanup EXIT

@@ -7,12 +7,14 @@
  * reach. int4 runs the integer-dot path, as pollen's --int-dot auto does for int4 sets; fp16 and
  * int8 the float path.
  *
- *   make CUDA=0 build/bench/gemv-bw && build/bench/gemv-bw [--mib N] [--passes N] [--cols K]
+ *   make CUDA=0 build/bench/gemv-bw && build/bench/gemv-bw [--mib N] [--passes N] [--cols K] [--pf B,B,...]
  *
  * --mib: each matrix's size (default: 8 x the last-level cache, at least 256 MiB); --passes: timed
  * passes per figure (default 7; the median and the best are printed); --cols: K (default 4096).
  * The machine, its load average and the command line are printed first: figures from a loaded
- * machine measure the other jobs too (compare only within one run, or on a quiet machine). */
+ * machine measure the other jobs too (compare only within one run, or on a quiet machine).
+ * --pf: the GEMVs' prefetch distances in bytes to compare (kernels/cpu/tune.c CPU_TUNE_NOTE), each
+ * pass visiting them in turn; default: the built-in one. */
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
@@ -183,12 +185,22 @@ int main(int argc, char **argv) {
     size_t mib = 0;
     int passes = 7;
     int64_t K = 4096;
+    int64_t pfs[16];
+    int npf = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--passes") && i + 1 < argc) passes = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cols") && i + 1 < argc) K = atol(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--mib N] [--passes N] [--cols K]\n", argv[0]);
+        else if (!strcmp(argv[i], "--pf") && i + 1 < argc) {
+            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
+                if (npf == 16) die("--pf: at most 16 distances");
+                char *end;
+                long v = strtol(t, &end, 10);
+                if (*end || v < 0 || v > (1 << 20) || v % 64) die("--pf: give byte distances, multiples of 64, 0..1048576");
+                pfs[npf++] = v;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--mib N] [--passes N] [--cols K] [--pf B,B,...]\n", argv[0]);
             return 2;
         }
     }
@@ -205,6 +217,7 @@ int main(int argc, char **argv) {
         mib = 8 * llc < 256 ? 256 : 8 * llc;
     }
     if (mib < 16 || mib > 65536) die("--mib: give 16..65536");
+    if (!npf) pfs[npf++] = pln_cpu_pf_ahead;
     size_t bytes = mib << 20;
     print_machine(argc, argv, bytes, K);
 
@@ -222,8 +235,8 @@ int main(int argc, char **argv) {
 
     int nths[2] = {1, all};
     double copy_gbs[2], read_gbs[2];
-    printf("%-12s %8s %22s %22s\n", "", "", "1 thread", "all threads");
-    printf("%-12s %8s %22s %22s\n", "", "", "GB/s      % of copy", "GB/s      % of copy");
+    printf("%-20s %8s %22s %22s\n", "", "", "1 thread", "all threads");
+    printf("%-20s %8s %22s %22s\n", "", "", "GB/s      % of copy", "GB/s      % of copy");
     for (int t = 0; t < 2; t++) {
         double tc[1000], tr[1000];
         time_copy(dst, src, bytes, nths[t]);
@@ -235,9 +248,9 @@ int main(int argc, char **argv) {
         printf("# %s: copy %.1f (%.1f) GB/s, read %.1f (%.1f) GB/s\n", t ? "all threads" : "1 thread", copy_gbs[t],
                2.0 * (double)bytes / c.best / 1e9, read_gbs[t], (double)bytes / r.best / 1e9);
     }
-    printf("%-12s %8.1f %8s %13.1f %8s   (STREAM copy, read + written)\n", "copy", copy_gbs[0], "100", copy_gbs[1],
+    printf("%-20s %8.1f %8s %13.1f %8s   (STREAM copy, read + written)\n", "copy", copy_gbs[0], "100", copy_gbs[1],
            "100");
-    printf("%-12s %8.1f %8.0f %13.1f %8.0f\n", "read", read_gbs[0], 100 * read_gbs[0] / copy_gbs[0], read_gbs[1],
+    printf("%-20s %8.1f %8.0f %13.1f %8.0f\n", "read", read_gbs[0], 100 * read_gbs[0] / copy_gbs[0], read_gbs[1],
            100 * read_gbs[1] / copy_gbs[1]);
 
     static const kind kinds[] = {
@@ -271,21 +284,31 @@ int main(int argc, char **argv) {
         W.scale = sc;
         float *out = xalloc((size_t)R * sizeof(float));
         if (be->set_int_dot) be->set_int_dot(be, kd->dtype == PLN_DTYPE_U8);
-        double gbs[2];
+        double gbs[2][16];
         for (int t = 0; t < 2; t++) {
-            double tm[1000];
+            static double tm[16][1000];
             pln_cpu_set_threads(be, nths[t]);
             if (be->linear(be, out, x, &W, NULL, 1, false)) die("linear failed");
-            for (int p = 0; p < passes; p++) {
-                double t0 = now();
-                if (be->linear(be, out, x, &W, NULL, 1, false)) die("linear failed");
-                tm[p] = now() - t0;
+            /* the distances in turn within each pass, so a disturbance hits them alike */
+            for (int p = 0; p < passes; p++)
+                for (int d = 0; d < npf; d++) {
+                    pln_cpu_pf_ahead = pfs[d];
+                    double t0 = now();
+                    if (be->linear(be, out, x, &W, NULL, 1, false)) die("linear failed");
+                    tm[d][p] = now() - t0;
+                }
+            for (int d = 0; d < npf; d++) {
+                timing m = summarize(tm[d], passes);
+                gbs[t][d] = (double)(wb + sb) / m.med / 1e9;
             }
-            timing m = summarize(tm, passes);
-            gbs[t] = (double)(wb + sb) / m.med / 1e9;
         }
-        printf("%-12s %8.1f %8.0f %13.1f %8.0f\n", kd->name, gbs[0], 100 * gbs[0] / copy_gbs[0], gbs[1],
-               100 * gbs[1] / copy_gbs[1]);
+        for (int d = 0; d < npf; d++) {
+            char label[48];
+            if (npf > 1) snprintf(label, sizeof label, "%s pf %lld", kd->name, (long long)pfs[d]);
+            else snprintf(label, sizeof label, "%s", kd->name);
+            printf("%-20s %8.1f %8.0f %13.1f %8.0f\n", label, gbs[0][d], 100 * gbs[0][d] / copy_gbs[0], gbs[1][d],
+                   100 * gbs[1][d] / copy_gbs[1]);
+        }
         free(out);
     }
     free(src);

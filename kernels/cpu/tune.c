@@ -1,0 +1,290 @@
+/* tune.c — the CPU backend's per-machine calibration: how far ahead the batch-1 GEMVs prefetch.
+ *
+ * CPU_TUNE_NOTE: the one-token GEMVs (simd_avx512.c PREFETCH_NOTE, simd_avx2.c) ask for the bytes
+ * pln_cpu_pf_ahead past the position they read. The best distance is a property of the core and
+ * its memory (how many lines the hardware prefetchers already keep in flight, the latency, the
+ * bandwidth one core can draw): 8192 B was chosen by measurement on one Zen 5, and on another CPU
+ * another distance can stream faster. So the backend measures once per machine: an F16 weight of
+ * twice the last-level cache (64 to 128 MiB), the real GEMV (pln_cpu_linear at one token, on the
+ * backend's threads) at each candidate distance, PLN_CPU_TUNE_ROUNDS rounds visiting the
+ * candidates in turn (a disturbance hits all of them alike), the best pass of each. The fastest
+ * wins unless the default is within PLN_CPU_TUNE_KEEP of it: then the default, so that noise
+ * between equals never moves the choice. The result is cached per machine (CPU identity, the
+ * kernels' tier, threads, memory) in $XDG_CACHE_HOME/pollen/cpu-tune.json (~/.cache without it),
+ * so the fraction of a second it takes is spent once. The distance decides only which lines are
+ * requested early: no result depends on it (the GEMVs' arithmetic is the same at every value). */
+#include "kernels/cpu/cpu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+_Static_assert(PLN_CPU_TUNE_N <= PLN_TUNE_MAX_CANDIDATES, "pln_backend_tune.gbs holds every candidate");
+
+const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N] = {0, 1024, 2048, 4096, 8192, 16384};
+
+#define TUNE_VERSION 1
+#define TUNE_MAX_FILE (1 << 20)   /* a cache file larger than this is not pollen's */
+
+int pln_cpu_tune_pick(const double *secs, int n, int dflt) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (secs[i] > 0 && (best < 0 || secs[i] < secs[best])) best = i;
+    if (best < 0) return dflt;
+    if (dflt >= 0 && dflt < n && secs[dflt] > 0 && secs[dflt] <= secs[best] * (1.0 + PLN_CPU_TUNE_KEEP)) return dflt;
+    return best;
+}
+
+static int default_index(void) {
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++)
+        if (pln_cpu_tune_candidates[i] == PLN_CPU_PF_AHEAD_DEFAULT) return i;
+    return -1;
+}
+
+/* The GEMV at every candidate; secs[i]: the best pass at candidate i. Restores the distance it
+ * found. -1 + error when the weight cannot be allocated. */
+static int measure(pln_cpu *c, double secs[PLN_CPU_TUNE_N], double *gbs_best, int64_t *bytes_out) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    int64_t bytes = 2 * (int64_t)(llc > 0 ? llc : 32 << 20);
+    if (bytes < (64 << 20)) bytes = 64 << 20;
+    if (bytes > (128 << 20)) bytes = 128 << 20;
+    /* PLN_CPU_TUNE_MIB: another size (1..1024 MiB), for the tests (a sanitized build reads 128 MiB
+     * slowly) and for looking at the choice by hand */
+    const char *env = getenv("PLN_CPU_TUNE_MIB");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 1 || v > 1024) return pln_errorf("PLN_CPU_TUNE_MIB %s: give 1..1024", env);
+        bytes = (int64_t)v << 20;
+    }
+    const int64_t K = 4096, rows = bytes / (2 * K);
+    bytes = rows * K * 2;
+    uint16_t *w = aligned_alloc(64, (size_t)bytes);
+    float *x = malloc((size_t)K * sizeof *x), *out = malloc((size_t)rows * sizeof *out);
+    if (!w || !x || !out) {
+        free(w); free(x); free(out);
+        return pln_errorf("cpu tune: out of memory for a %lld MiB test weight", (long long)(bytes >> 20));
+    }
+    /* 0x3c00 = 1.0 in F16: finite values, and every page touched before the first timed pass */
+    int64_t nw = bytes / 2;
+#pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c))
+    for (int64_t i = 0; i < nw; i++) w[i] = 0x3c00;
+    for (int64_t k = 0; k < K; k++) x[k] = 1.0f / (float)(k + 1);
+    pln_weight W = {.dtype = PLN_DTYPE_F16, .rows = rows, .cols = K, .w = w, .scale = NULL, .group = 0};
+    int64_t saved = pln_cpu_pf_ahead;
+    pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);   /* warm-up */
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++) secs[i] = 1e30;
+    for (int r = 0; r < PLN_CPU_TUNE_ROUNDS; r++)
+        for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
+            pln_cpu_pf_ahead = pln_cpu_tune_candidates[i];
+            double t0 = pln_now();
+            pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);
+            double dt = pln_now() - t0;
+            if (dt < secs[i]) secs[i] = dt;
+        }
+    pln_cpu_pf_ahead = saved;
+    double best = 1e30;
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++)
+        if (secs[i] < best) best = secs[i];
+    *gbs_best = (double)bytes / best / 1e9;
+    *bytes_out = bytes;
+    volatile float sink = out[rows / 2];
+    (void)sink;
+    free(w); free(x); free(out);
+    return 0;
+}
+
+/* ---- the cache file ---------------------------------------------------------------------- */
+
+static char *cache_path(void) {
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    if (xdg && xdg[0] == '/') return pln_xasprintf("%s/pollen/cpu-tune.json", xdg);
+    const char *home = getenv("HOME");
+    if (home && home[0] == '/') return pln_xasprintf("%s/.cache/pollen/cpu-tune.json", home);
+    return NULL;
+}
+
+/* This machine as the cache knows it: the CPU, the kernels' tier, the threads and the memory. */
+static char *machine_key(pln_cpu *c) {
+    pln_cpu_host h;
+    pln_cpu_host_describe(&h);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double gib = pages > 0 && psz > 0 ? (double)pages * (double)psz / (double)(1ull << 30) : 0.0;
+    return pln_xasprintf("%s %s (family %d model %d stepping %d), %s, %d threads, %.1f GiB", h.vendor, h.name, h.family,
+                         h.model, h.stepping, pln_cpu_isa_name(c->isa), pln_cpu_threads(c), gib);
+}
+
+typedef enum { CACHE_NONE, CACHE_OURS, CACHE_FOREIGN } cache_state;
+
+/* Reads the cache file at path: CACHE_NONE when there is none (root NULL), CACHE_OURS with the
+ * parsed root, CACHE_FOREIGN (root NULL, why says what) when something else is there. */
+static cache_state cache_read(const char *path, json_t **root, char *why, size_t nwhy) {
+    *root = NULL;
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return CACHE_NONE;   /* writing says why it cannot */
+        snprintf(why, nwhy, "cannot be read: %s", strerror(errno));
+        return CACHE_FOREIGN;
+    }
+    if (!S_ISREG(st.st_mode)) { snprintf(why, nwhy, "is not a regular file"); return CACHE_FOREIGN; }
+    if (st.st_size > TUNE_MAX_FILE) {
+        snprintf(why, nwhy, "is %lld bytes, larger than a cache of pollen's (at most %d)", (long long)st.st_size, TUNE_MAX_FILE);
+        return CACHE_FOREIGN;
+    }
+    json_error_t err;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!j) { snprintf(why, nwhy, "is not JSON (line %d: %s)", err.line, err.text); return CACHE_FOREIGN; }
+    json_t *v = json_object_get(j, "version"), *m = json_object_get(j, "machines");
+    if (!json_is_object(j) || !json_is_integer(v) || json_integer_value(v) != TUNE_VERSION || !json_is_object(m)) {
+        snprintf(why, nwhy, "is not a version-%d pollen CPU tune cache (an object with \"version\": %d and "
+                 "\"machines\")", TUNE_VERSION, TUNE_VERSION);
+        json_decref(j);
+        return CACHE_FOREIGN;
+    }
+    *root = j;
+    return CACHE_OURS;
+}
+
+/* The cached distance for key: 0 and *pf, 1 when there is no entry, -1 (why) when the entry is
+ * not one pollen writes. */
+static int cache_lookup(json_t *root, const char *key, int64_t *pf, char *why, size_t nwhy) {
+    json_t *e = json_object_get(json_object_get(root, "machines"), key);
+    if (!e) return 1;
+    json_t *v = json_object_get(e, "pf_ahead");
+    if (!json_is_object(e) || !json_is_integer(v)) {
+        snprintf(why, nwhy, "its entry for this machine has no integer \"pf_ahead\"");
+        return -1;
+    }
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++)
+        if (json_integer_value(v) == pln_cpu_tune_candidates[i]) { *pf = pln_cpu_tune_candidates[i]; return 0; }
+    snprintf(why, nwhy, "its entry for this machine has \"pf_ahead\": %lld, not one of the distances measured "
+             "(0, 1024, 2048, 4096, 8192, 16384)", (long long)json_integer_value(v));
+    return -1;
+}
+
+/* Writes root to path atomically (a temporary file in the same directory, then rename), making
+ * the directory if needed. -1 + error on failure (nothing half-written is left). */
+static int cache_write(const char *path, json_t *root) {
+    char *dir = pln_xstrdup(path);
+    char *slash = strrchr(dir, '/');
+    *slash = '\0';
+    /* the parents of pollen/ (~/.cache) may be missing too */
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            pln_errorf("cannot create %s: %s", dir, strerror(e));
+            free(dir);
+            return -1;
+        }
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        int e = errno;
+        pln_errorf("cannot create %s: %s", dir, strerror(e));
+        free(dir);
+        return -1;
+    }
+    free(dir);
+    char *tmp = pln_xasprintf("%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+        int e = errno;
+        pln_errorf("cannot create %s: %s", tmp, strerror(e));
+        free(tmp);
+        return -1;
+    }
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(4));
+    size_t n = text ? strlen(text) : 0;
+    int rc = text && write(fd, text, n) == (ssize_t)n && write(fd, "\n", 1) == 1 ? 0 : -1;
+    int e = errno;
+    free(text);
+    if (close(fd) != 0 && !rc) { rc = -1; e = errno; }
+    if (!rc && rename(tmp, path) != 0) { rc = -1; e = errno; }
+    if (rc) {
+        pln_errorf("cannot write %s: %s", path, strerror(e));
+        unlink(tmp);
+    }
+    free(tmp);
+    return rc;
+}
+
+/* ---- the mode ---------------------------------------------------------------------------- */
+
+int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
+    pln_cpu *c = pln_cpu_of(be);
+    memset(out, 0, sizeof *out);
+    if (!mode || !*mode) mode = "off";
+    if (strcmp(mode, "auto") && strcmp(mode, "off") && strcmp(mode, "redo"))
+        return pln_errorf("cpu_tune \"%s\" is not one of auto, off, redo", mode);
+    if (!strcmp(mode, "off")) {
+        pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+        out->source = "off";
+        out->pf_ahead = pln_cpu_pf_ahead;
+        return 0;
+    }
+    char *path = cache_path(), *key = machine_key(c);
+    char why[320] = "";
+    json_t *root = NULL;
+    cache_state cs = path ? cache_read(path, &root, why, sizeof why) : CACHE_NONE;
+    if (cs == CACHE_FOREIGN)
+        snprintf(out->warning, sizeof out->warning, "%s %s; the CPU tune is measured but not cached (the file is "
+                 "left as it is: move it away to cache again)", path, why);
+    if (cs == CACHE_OURS && !strcmp(mode, "auto")) {
+        int64_t pf;
+        int lr = cache_lookup(root, key, &pf, why, sizeof why);
+        if (lr == 0) {
+            pln_cpu_pf_ahead = pf;
+            out->source = "cached";
+            out->pf_ahead = pf;
+            json_decref(root);
+            free(path); free(key);
+            return 0;
+        }
+        if (lr < 0)
+            snprintf(out->warning, sizeof out->warning, "%s: %s; measuring again", path, why);
+    }
+    double secs[PLN_CPU_TUNE_N], gbs = 0;
+    int64_t bytes = 0;
+    if (measure(c, secs, &gbs, &bytes)) {
+        json_decref(root);
+        free(path); free(key);
+        return -1;
+    }
+    int pick = pln_cpu_tune_pick(secs, PLN_CPU_TUNE_N, default_index());
+    pln_cpu_pf_ahead = pln_cpu_tune_candidates[pick];
+    out->source = "measured";
+    out->pf_ahead = pln_cpu_pf_ahead;
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++) out->gbs[i] = (double)bytes / secs[i] / 1e9;
+    if (path && cs != CACHE_FOREIGN) {
+        if (!root) root = json_pack("{s:i, s:{}}", "version", TUNE_VERSION, "machines");
+        json_t *g = json_object();
+        for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
+            char k[24];
+            snprintf(k, sizeof k, "%lld", (long long)pln_cpu_tune_candidates[i]);
+            json_object_set_new(g, k, json_real(out->gbs[i]));
+        }
+        time_t now = time(NULL);
+        struct tm tm;
+        char when[32] = "";
+        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        json_object_set_new(json_object_get(root, "machines"), key,
+                            json_pack("{s:I, s:o, s:I, s:s}", "pf_ahead", (json_int_t)pln_cpu_pf_ahead,
+                                      "gemv_gbs", g, "weight_mib", (json_int_t)(bytes >> 20), "measured_at", when));
+        if (cache_write(path, root))
+            snprintf(out->warning, sizeof out->warning, "cpu tune: %s; measured again at each start until it can "
+                     "be written (--cpu-tune off skips the measurement)", pln_error());
+    }
+    json_decref(root);
+    free(path); free(key);
+    return 0;
+}

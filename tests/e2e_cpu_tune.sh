@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# e2e_cpu_tune.sh — --cpu-tune (kernels/cpu/tune.c CPU_TUNE_NOTE): the decode GEMVs' prefetch
+# distance measured once per machine, cached under $XDG_CACHE_HOME/pollen/cpu-tune.json, reused,
+# measured again on redo, left at the default with off; the cache written atomically and only
+# over pollen's own file (anything else there is left as it is, with a warning naming it); a
+# cache that cannot be written is a warning, never a failure; a bad value is refused by name;
+# and no distance changes a generated token or logit.
+source "$(dirname "$0")/e2e.sh"
+if ! "$POLLEN" reshard --help >/dev/null 2>&1; then echo "SKIP: needs pollen"; e2e_done; exit 0; fi
+unset POLLEN_CPU_TUNE
+# a small test weight: the sanitized build reads it slowly, and the choice is not what is tested
+export PLN_CPU_TUNE_MIB=4
+export XDG_CACHE_HOME=$TMP/cache
+CACHE=$XDG_CACHE_HOME/pollen/cpu-tune.json
+SET=$TMP/set
+check "reshard a small set" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$SET" --tp 1 --dtype fp16 --quiet
+bench() { "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1 --json "$@"; }
+field() { grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2 | tr -d '"'; }
+in_candidates() { case $1 in 0|1024|2048|4096|8192|16384) return 0 ;; *) return 1 ;; esac; }
+
+out=$(bench 2>"$TMP/err1")
+check "auto with no cache: measured" test "$(field cpu_tune <<<"$out")" = measured
+pf=$(field cpu_pf_ahead <<<"$out")
+check "a measured distance is one of the candidates ($pf)" in_candidates "$pf"
+check "the cache file appeared" test -f "$CACHE"
+check "no temporary file is left beside it" bash -c '! ls "$1"/pollen/*.tmp.* 2>/dev/null | grep -q .' _ "$XDG_CACHE_HOME"
+check "the cache holds this machine, its tier and threads" grep -q "$(grep -m1 vendor_id /proc/cpuinfo | cut -d: -f2 | tr -d ' ').*, 1 threads," "$CACHE"
+check "the cache records the distance chosen" grep -q "\"pf_ahead\": $pf" "$CACHE"
+check "no warning on a clean first run" test ! -s "$TMP/err1"
+
+out=$(bench 2>/dev/null)
+check "the second run uses the cache" test "$(field cpu_tune <<<"$out")" = cached
+check "with the cached distance" test "$(field cpu_pf_ahead <<<"$out")" = "$pf"
+out=$(bench --threads 2 2>/dev/null)
+check "another thread count is another machine entry: measured" test "$(field cpu_tune <<<"$out")" = measured
+check "both entries kept" test "$(grep -c '"pf_ahead"' "$CACHE")" = 2
+
+out=$(bench --cpu-tune off 2>/dev/null)
+check "--cpu-tune off: the default distance" test "$(field cpu_tune <<<"$out"):$(field cpu_pf_ahead <<<"$out")" = off:8192
+out=$(POLLEN_CPU_TUNE=off bench 2>/dev/null)
+check "POLLEN_CPU_TUNE=off does the same" test "$(field cpu_tune <<<"$out")" = off
+out=$(bench --cpu-tune redo 2>/dev/null)
+check "--cpu-tune redo measures though a cache exists" test "$(field cpu_tune <<<"$out")" = measured
+check_fails "--cpu-tune with a bad value" "pollen: --cpu-tune: 'sometimes' is not one of auto, off, redo" bench --cpu-tune sometimes
+check_fails "POLLEN_CPU_TUNE with a bad value" "POLLEN_CPU_TUNE: 'x' is not one of auto, off, redo" env POLLEN_CPU_TUNE=x \
+  "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --json
+
+# an entry pollen did not write (a distance never measured): a warning naming the file and the
+# field, measured again, the entry replaced
+sed -i 's/"pf_ahead": [0-9]*/"pf_ahead": 12345/' "$CACHE"
+out=$(bench --threads 1 2>"$TMP/err2")
+check "a bad cached distance: measured again" test "$(field cpu_tune <<<"$out")" = measured
+check "the warning names the file and the field" grep -q "$CACHE: its entry for this machine has \"pf_ahead\": 12345" "$TMP/err2"
+check "and that entry was replaced, the other (2 threads) left" test "$(grep -c '"pf_ahead": 12345' "$CACHE")" = 1
+
+# a file that is not pollen's cache: left exactly as it is, the run goes on measured
+for body in 'not json' '{"version": 2, "machines": {}}' '[1, 2, 3]'; do
+  printf '%s' "$body" > "$CACHE"
+  out=$(bench 2>"$TMP/err3")
+  check "foreign cache ($body): the run goes on, measured" test "$(field cpu_tune <<<"$out")" = measured
+  check "foreign cache ($body): the warning names the file" grep -q "pollen: warning: $CACHE .*left as it is" "$TMP/err3"
+  check "foreign cache ($body): not overwritten" test "$(cat "$CACHE")" = "$body"
+done
+rm -f "$CACHE"
+mkdir "$CACHE"
+out=$(bench 2>"$TMP/err4")
+check "a directory at the cache's path: measured, left alone" bash -c 'test "$1" = measured && test -d "$2"' _ "$(field cpu_tune <<<"$out")" "$CACHE"
+check "and said so" grep -q "is not a regular file" "$TMP/err4"
+rmdir "$CACHE"
+ln -s "$TMP/elsewhere" "$CACHE"
+out=$(bench 2>/dev/null)
+check "a symlink at the cache's path is not followed" bash -c 'test -L "$1" && test ! -e "$2"' _ "$CACHE" "$TMP/elsewhere"
+rm -f "$CACHE"
+
+# a cache that cannot be written: a warning, the run goes on
+touch "$TMP/file"
+out=$(XDG_CACHE_HOME=$TMP/file/sub bench 2>"$TMP/err5")
+check "an unwritable cache directory: the run goes on, measured" test "$(field cpu_tune <<<"$out")" = measured
+check "and a warning says what could not be made" grep -q "pollen: warning: cpu tune: cannot create $TMP/file/sub" "$TMP/err5"
+XDG_CACHE_HOME=$TMP/file/sub "$POLLEN" generate "$SET" --token-ids 5,9 --max-new-tokens 1 --quiet --json >"$TMP/out6" 2>"$TMP/err6"
+check "generate --quiet: the warning on stderr, the results alone on stdout" \
+  bash -c 'grep -q "cannot create" "$1" && grep -q "^{" "$2" && ! grep -q warning "$2"' _ "$TMP/err6" "$TMP/out6"
+
+# the distance decides only what is asked for early: the same tokens and logits at off and auto
+ids="--token-ids 5,9,14,3"
+gen() { # gen MODE: the JSON of a greedy generation, the logits in $TMP/MODE.st
+  # shellcheck disable=SC2086
+  "$POLLEN" generate "$SET" $ids --max-new-tokens 6 --cpu-tune "$1" --quiet --json --dump-logits "$TMP/$1.st" >"$TMP/$1.json"
+}
+check "generate --cpu-tune off" gen off
+check "generate --cpu-tune redo" gen redo
+check "the same logits, bit for bit" cmp "$TMP/off.st" "$TMP/redo.st"
+check "the same tokens" bash -c 'diff <(grep -o "\"ids\":\[[^]]*\]" "$1") <(grep -o "\"ids\":\[[^]]*\]" "$2")' _ "$TMP/off.json" "$TMP/redo.json"
+e2e_done
