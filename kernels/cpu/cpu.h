@@ -78,7 +78,8 @@ typedef struct {
                        int64_t nr, const uint16_t *bias, bool gelu, float *scratch);
     /* The tokens from which F16 and per-row int8 weights take gemm_panel, where more than
      * PLN_CPU_PANEL_MIN (0: PLN_CPU_PANEL_MIN; pln_cpu_panel_min): their tiles scale nothing per
-     * group, and on AVX2 (Zen 3) they kept up with the panel below 64 tokens. */
+     * group, so a tier may find them level with the panel at fewer tokens (AVX2 on Zen 3 did not,
+     * measured in the model: simd_avx2.c PANEL_MIN_PLAIN). */
     int32_t panel_min_plain;
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
      * token-interleaved so that a tile of tokens finds its operands side by side: xq holds int8

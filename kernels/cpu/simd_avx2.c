@@ -906,11 +906,12 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
 #define PMR2 6                      /* rows per micro tile */
 #define PKC2 128                    /* columns per block: PANEL_ROWS x PKC2 floats widened (24 KiB) */
 #define PTB2 256                    /* tokens per pass over the weights (PTB2 / 32 panels) */
-/* F16 and per-row int8 take the panel from this many tokens (cpu.h panel_min_plain): their tiles
- * widen a weight vector for 2 tokens' FMAs with no scale per group, and at 32 tokens on two
- * threads of a shared Zen 3 they ran level with the panel or ahead of it (docs/ARCHITECTURE.md);
- * grouped int8 and int4 gain from PLN_CPU_PANEL_MIN. */
-#define PANEL_MIN_PLAIN 64
+/* F16 and per-row int8 take the panel from this many tokens (cpu.h panel_min_plain), as grouped
+ * int8 and int4 do: on a quiet Zen 3, Llama-3.2-1B decode at batch 32 (`pollen bench --batch 32`,
+ * 2 threads, alternated) ran 34.5-39.8 tokens/s on the tiles against 36.8-48.2 on the panel in
+ * fp16, 31.0-32.1 against 39.1-40.2 in per-row int8 (a first choice of 64, from the kernels
+ * alone on a loaded machine, had kept them on the tiles there). */
+#define PANEL_MIN_PLAIN PLN_CPU_PANEL_MIN
 _Static_assert(PLN_CPU_PANEL_ROWS % PMR2 == 0, "micro tiles fill a panel call");
 _Static_assert(PKC2 % 32 == 0, "int4 blocks hold whole 32-column blocks");
 _Static_assert(PLN_CPU_PANEL_SCRATCH >= PLN_CPU_PANEL_ROWS * PKC2 + PLN_CPU_PANEL_ROWS * PTB2, "scratch holds wf and cb");

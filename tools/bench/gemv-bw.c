@@ -192,7 +192,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--passes") && i + 1 < argc) passes = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cols") && i + 1 < argc) K = atol(argv[++i]);
         else if (!strcmp(argv[i], "--pf") && i + 1 < argc) {
-            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
+            static char list[256];   /* a copy: strtok would cut argv, which the header prints */
+            snprintf(list, sizeof list, "%s", argv[++i]);
+            for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
                 if (npf == 16) die("--pf: at most 16 distances");
                 char *end;
                 long v = strtol(t, &end, 10);
