@@ -108,7 +108,11 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
 
     /* The same prompts as one batched step: every row equals the prompt alone, bit for bit in the
      * batch-invariant mode; otherwise the batch (more tokens than each prompt) may take the
-     * batched float path, whose sums are ordered differently (kernels/cpu/cpu.h): fp32 rounding. */
+     * batched float path, whose sums are ordered differently (kernels/cpu/cpu.h): fp32 rounding,
+     * which an F16 KV cache can turn into one f16 step (2^-11 relative) of a cached element where
+     * the two values fall on either side of a rounding boundary (bloom-6h on the AVX2 panel:
+     * 1.2e-5 and 2.3e-5), hence its looser bound. */
+    double batch_tol = g_kv_dtype && !strcmp(g_kv_dtype, "f16") ? 1e-4 : 1e-5;
     {
         pln_step_seq s[NPROMPT];
         for (int i = 0; i < NPROMPT; i++) s[i] = fixture_seq(i, r->ids[i], r->n[i], false);
@@ -124,7 +128,8 @@ static void check_set(const char *label, const char *dir, const ref_t *r, float 
                 CHECK(!memcmp(o[i].logits, alone[i], (size_t)r->n[i] * V * 4),
                       "%s: batched prefill row %d is not alone's bits: rel %.3g", label, i, d);
             else
-                CHECK(d <= 1e-5, "%s: batched prefill row %d differs from alone: rel %.3g", label, i, d);
+                CHECK(d <= batch_tol, "%s: batched prefill row %d differs from alone: rel %.3g (bound %g)", label, i, d,
+                      batch_tol);
         }
         pln_step_plan pr = {.n_release = NPROMPT, .release = rel};
         CHECK(pln_engine_step(e, &pr, NULL) == 0, "%s: release", label);
