@@ -536,6 +536,11 @@ static void test_int_dot(void) {
         test_int_dot_case(40, 256, T, WQ_I4, 64, true, true, &worst);
         test_int_dot_case(13, 288, T, WQ_I4, 96, false, false, &worst);
         test_int_dot_case(16, 224, T, WQ_I4, 224, true, false, &worst);
+        /* K past one stretch of the AVX2 tiles' 512 columns (simd_avx2.c Q8_KBLOCKS_NOTE): 33
+         * blocks (stretches of 16, 16, 1), groups of 96 split by a stretch's end; per row */
+        test_int_dot_case(37, 1056, T, WQ_I4, 96, true, false, &worst);
+        test_int_dot_case(19, 1088, T, WQ_I8, 32, false, false, &worst);
+        test_int_dot_case(21, 800, T, WQ_I8, 0, true, true, &worst);
         if (T == 1) {
             /* the int4 GEMVs: many groups of 32 with an odd block count (every pair of blocks
              * straddles two groups, then the lone tail) on 3 tail rows; a long per-row K, odd */

@@ -425,8 +425,22 @@ static TGT void gemv_avx2(float *out, const float *x, const pln_weight *W, int64
  * -off * sum xq). Without it vpmaddubsw + vpmaddwd: int4's unsigned nibbles (0..15) times int8
  * pairs cannot saturate int16, int8's q + 128 could, so int8 weights use the sign trick instead
  * (|q| unsigned times x with q's sign, no offset). A tile is 8 rows x up to 4 tokens. One int4
- * token takes the GEMV below instead (no repack). */
+ * token takes the GEMV below instead (no repack).
+ * I4_SUM16_NOTE: int4 without VNNI sums a block's 8 vpmaddubsw products in int16 and widens once
+ * (one vpmaddwd per block and token instead of 8): a product pair is at most 2 * 15 * 127 = 3810,
+ * eight of them 30480 < 32767, so nothing saturates and the integers, hence the results, are the
+ * ones the per-group widening gave. The sign trick's int8 pairs reach 2 * 128 * 127 and cannot be
+ * summed so.
+ * Q8_KBLOCKS_NOTE: the blocks are walked in stretches of Q8_KBLOCKS (512 columns), each stretch
+ * over every token tile and, inside a token tile, every 8-row half, the partial sums added into
+ * out. Token-interleaved activations put one token tile's 4 bytes of a 4-column group on a line
+ * with the next 3 tiles', 4 nt bytes from the next group's: walking a whole row per tile, as this
+ * once did, touched K / 4 lines per tile (128 KiB at K = 8192) and found them gone from L1 by the
+ * next tile. A stretch's lines (8 KiB for 16 tokens) and its 32 rows of repacked weights (16 KiB)
+ * stay in L1 while the tiles reuse them. Llama-3.2-1B int4 g128, 512-token prefill, 2 threads on
+ * the Zen 3 (no VNNI): 43-48 tokens/s before both changes, 55-65 after (docs/BENCHMARKS.md). */
 #define Q8UNROLL _Pragma("GCC unroll 8")
+#define Q8_KBLOCKS 16
 
 static inline int32_t q8_ld32(const int8_t *p) {
     int32_t v;
@@ -479,17 +493,31 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
  * weights by the sign trick (no offset). */
 #define DEF_GEMM_Q8(NAME, ATTR, DOTV, VNNI)                                                                     \
     static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                         \
-        const int NT, const bool sgn, float *out, int64_t ldo, const int8_t *xq, const float *xs,               \
+        const int NT, const bool sgn, const bool s16, float *out, int64_t ldo, const int8_t *xq, const float *xs, \
         const int32_t *xsum, int64_t ldq, int32_t off, const uint8_t *wp, int h, const float *wsf,              \
-        const float *wrow, int64_t group, int64_t K, int n) {                                                    \
-        int64_t nb = K / 32, bpg = group / 32, gi = 0, gb = 0;                                                   \
+        const float *wrow, int64_t group, int64_t K, int n, int64_t b0, int64_t b1, bool add) {                 \
+        int64_t bpg = group / 32, gi = b0 / bpg, gb = b0 % bpg;                                                  \
         __m256 fa[4];                                                                                            \
         Q8UNROLL for (int j = 0; j < NT; j++) fa[j] = _mm256_setzero_ps();                                       \
-        for (int64_t b = 0; b < nb; b++) {                                                                       \
+        for (int64_t b = b0; b < b1; b++) {                                                                      \
             __m256i ia[4];                                                                                       \
             Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm256_set1_epi32(sgn ? 0 : -off * xsum[b * ldq + j]); \
             const uint8_t *wb = wp + 512 * b + 32 * (h & 1);                                                     \
             const int8_t *xg = xq + 32 * b * ldq;                                                                \
+            if (s16) {   /* int4 without VNNI: the block's 8 groups summed in int16 (I4_SUM16_NOTE) */      \
+                __m256i p16[4], wv = _mm256_load_si256((const __m256i *)wb);                                    \
+                Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
+                    p16[j] = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)));                   \
+                Q8UNROLL for (int g = 1; g < 8; g++) {                                                           \
+                    xg += 4 * ldq;                                                                               \
+                    __asm__("" : "+r"(xg));                                                                      \
+                    wv = _mm256_load_si256((const __m256i *)(wb + 64 * g));                                      \
+                    Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
+                        p16[j] = _mm256_add_epi16(p16[j], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)))); \
+                }                                                                                                \
+                Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
+                    ia[j] = _mm256_add_epi32(ia[j], _mm256_madd_epi16(p16[j], _mm256_set1_epi16(1)));            \
+            } else                                                                                               \
             Q8UNROLL for (int g = 0; g < 8; g++, xg += 4 * ldq) {                                                \
                 __asm__("" : "+r"(xg)); /* one walking pointer (simd_avx512.c) */                               \
                 __m256i wv = _mm256_load_si256((const __m256i *)(wb + 64 * g));                                  \
@@ -516,21 +544,10 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         Q8UNROLL for (int j = 0; j < NT; j++) {                                                                  \
             float v[8];                                                                                          \
             _mm256_storeu_ps(v, _mm256_mul_ps(fa[j], wr));                                                       \
-            if (n == 8) memcpy(out + j * ldo, v, sizeof v);                                                      \
+            if (add) for (int i = 0; i < n; i++) out[j * ldo + i] += v[i];                                       \
+            else if (n == 8) memcpy(out + j * ldo, v, sizeof v);                                                 \
             else memcpy(out + j * ldo, v, (size_t)n * sizeof(float));                                           \
         }                                                                                                        \
-    }                                                                                                            \
-    static inline __attribute__((always_inline)) ATTR void NAME##_half(                                         \
-        const bool sgn, float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,        \
-        int64_t nt, int32_t off, const uint8_t *wp, int h, const float *wsf, const float *wrow, int64_t group,   \
-        int64_t K, int n) {                                                                                      \
-        int64_t t = 0;                                                                                           \
-        for (; t + 4 <= nt; t += 4)                                                                              \
-            NAME##_tile(4, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
-        for (; t + 2 <= nt; t += 2)                                                                              \
-            NAME##_tile(2, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
-        for (; t < nt; t++)                                                                                      \
-            NAME##_tile(1, sgn, out + t * ldo, ldo, xq + 4 * t, xs + t, xsum + t, nt, off, wp, h, wsf, wrow, group, K, n); \
     }                                                                                                            \
     static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,      \
                           int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
@@ -548,13 +565,33 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
             else for (int64_t g = 0; g < ng; g++) wsf[g * 32 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f; \
         }                                                                                                        \
         int32_t off = i4 ? 8 : 128;                                                                              \
-        for (int h = 0; h < 4 && 8 * h < nr; h++) {                                                              \
-            int n = nr - 8 * h < 8 ? (int)(nr - 8 * h) : 8;                                                      \
-            const uint8_t *wph = wp + (h / 2) * sstride;                                                         \
-            if (!VNNI && !i4)                                                                                    \
-                NAME##_half(true, out + 8 * h, ldo, xq, xs, xsum, nt, off, wph, h, wsf, wrow, group, K, n);      \
-            else                                                                                                 \
-                NAME##_half(false, out + 8 * h, ldo, xq, xs, xsum, nt, off, wph, h, wsf, wrow, group, K, n);     \
+        const int64_t kq = Q8_KBLOCKS;                                                                           \
+        int mode = !VNNI && !i4 ? 1 : !VNNI ? 2 : 0;                                                             \
+        for (int64_t b0 = 0; b0 < nb; b0 += kq) {                                                                \
+            int64_t b1 = nb - b0 < kq ? nb : b0 + kq;                                                            \
+            for (int64_t t = 0; t < nt;) {                                                                       \
+                int tn = nt - t >= 4 ? 4 : nt - t >= 2 ? 2 : 1;                                                  \
+                for (int h = 0; h < 4 && 8 * h < nr; h++) {                                                      \
+                    int n = nr - 8 * h < 8 ? (int)(nr - 8 * h) : 8;                                              \
+                    const uint8_t *wph = wp + (h / 2) * sstride;                                                 \
+                    float *o = out + 8 * h + t * ldo;                                                            \
+                    const int8_t *xt = xq + 4 * t;                                                               \
+                    if (mode == 1) {                                                                             \
+                        if (tn == 4) NAME##_tile(4, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                        else if (tn == 2) NAME##_tile(2, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                        else NAME##_tile(1, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                    } else if (mode == 2) {                                                                      \
+                        if (tn == 4) NAME##_tile(4, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                        else if (tn == 2) NAME##_tile(2, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                        else NAME##_tile(1, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                    } else {                                                                                     \
+                        if (tn == 4) NAME##_tile(4, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                        else if (tn == 2) NAME##_tile(2, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                        else NAME##_tile(1, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+                    }                                                                                            \
+                }                                                                                                \
+                t += tn;                                                                                         \
+            }                                                                                                    \
         }                                                                                                        \
         free(raw);                                                                                               \
         free(wsf);                                                                                               \
