@@ -256,6 +256,10 @@ static void test_linear(void) {
     test_linear_case(9, 320, 1, WQ_I4, 64, true, false);
     test_linear_case(1031, 256, 1, false, 0, true, true);
     test_linear_case(1031, 256, 1, true, 32, false, false);
+    /* int8 groups of 32 in blocks of eight (simd_avx2.c G32_NOTE): 11 groups (one block and
+     * three left), 33 (four blocks, both accumulators, one left) */
+    test_linear_case(9, 352, 1, true, 32, true, false);
+    test_linear_case(5, 1056, 1, true, 32, false, true);
     test_linear_case(1031, 256, 1, WQ_I4, 128, false, false);
     /* int4: every group size reshard writes, each tile shape (1..6 tokens, 1..4 rows and the
      * row tail), one and several passes over the columns */
