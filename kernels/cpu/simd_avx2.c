@@ -577,6 +577,15 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
             else memcpy(out + j * ldo, v, (size_t)n * sizeof(float));                                           \
         }                                                                                                        \
     }                                                                                                            \
+    /* a token tile of tn = 4, 2 or 1 tokens over blocks [b0, b1), added into out past the first stretch */    \
+    static inline __attribute__((always_inline)) ATTR void NAME##_tiles(                                        \
+        int tn, const bool sgn, const bool s16, float *out, int64_t ldo, const int8_t *xq, const float *xs,      \
+        const int32_t *xsum, int64_t ldq, int32_t off, const uint8_t *wp, int h, const float *wsf,              \
+        const float *wrow, int64_t group, int64_t K, int n, int64_t b0, int64_t b1) {                            \
+        if (tn == 4) NAME##_tile(4, sgn, s16, out, ldo, xq, xs, xsum, ldq, off, wp, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+        else if (tn == 2) NAME##_tile(2, sgn, s16, out, ldo, xq, xs, xsum, ldq, off, wp, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+        else NAME##_tile(1, sgn, s16, out, ldo, xq, xs, xsum, ldq, off, wp, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
+    }                                                                                                            \
     static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,      \
                           int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
                           int64_t K) {                                                                           \
@@ -593,7 +602,8 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
             else for (int64_t g = 0; g < ng; g++) wsf[g * 32 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f; \
         }                                                                                                        \
         int32_t off = i4 ? 8 : 128;                                                                              \
-        const int64_t kq = Q8_KBLOCKS;                                                                           \
+        const int64_t kq = Q8_KBLOCKS;   /* Q8_KBLOCKS_NOTE */                                                   \
+        /* 1: int8 by the sign trick; 2: int4 summed in int16 (I4_SUM16_NOTE); 0: VNNI */                       \
         int mode = !VNNI && !i4 ? 1 : !VNNI ? 2 : 0;                                                             \
         for (int64_t b0 = 0; b0 < nb; b0 += kq) {                                                                \
             int64_t b1 = nb - b0 < kq ? nb : b0 + kq;                                                            \
@@ -604,19 +614,9 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
                     const uint8_t *wph = wp + (h / 2) * sstride;                                                 \
                     float *o = out + 8 * h + t * ldo;                                                            \
                     const int8_t *xt = xq + 4 * t;                                                               \
-                    if (mode == 1) {                                                                             \
-                        if (tn == 4) NAME##_tile(4, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                        else if (tn == 2) NAME##_tile(2, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                        else NAME##_tile(1, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                    } else if (mode == 2) {                                                                      \
-                        if (tn == 4) NAME##_tile(4, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                        else if (tn == 2) NAME##_tile(2, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                        else NAME##_tile(1, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                    } else {                                                                                     \
-                        if (tn == 4) NAME##_tile(4, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                        else if (tn == 2) NAME##_tile(2, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                        else NAME##_tile(1, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
-                    }                                                                                            \
+                    if (mode == 1) NAME##_tiles(tn, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
+                    else if (mode == 2) NAME##_tiles(tn, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
+                    else NAME##_tiles(tn, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
                 }                                                                                                \
                 t += tn;                                                                                         \
             }                                                                                                    \
