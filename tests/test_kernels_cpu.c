@@ -520,9 +520,48 @@ static void test_quant_act_tiers(void) {
     }
 }
 
+/* The integer-dot path's weight repack (cpu.h pln_cpu_q8_repack) byte for byte against its
+ * definition: every row count of a 16-row set (rows past nr zero), int4 (stored nibbles, low ones
+ * a block's columns 0-15) and int8 (q + 128), one block and many. */
+static void test_q8_repack(void) {
+#ifdef PLN_CPU_X86
+    if (!pln_cpu_isa_supported(PLN_CPU_ISA_AVX2)) return;
+    static const int64_t Ks[] = {32, 96, 544};
+    for (int i4 = 0; i4 < 2; i4++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            int64_t K = Ks[ki], rowb = i4 ? K / 2 : K, nb = K / 32;
+            uint8_t *w = malloc((size_t)(16 * rowb)), *wp = aligned_alloc(64, (size_t)(512 * nb));
+            for (int64_t i = 0; i < 16 * rowb; i++) w[i] = (uint8_t)(rand() >> 7);
+            int bad = 0;
+            for (int nr = 1; nr <= 16; nr++) {
+                memset(wp, 0xAA, (size_t)(512 * nb));
+                pln_cpu_q8_repack(wp, w, i4, nr, K);
+                for (int64_t b = 0; b < nb; b++)
+                    for (int g = 0; g < 8; g++)
+                        for (int r = 0; r < 16; r++)
+                            for (int c = 0; c < 4; c++) {
+                                int64_t col = 4 * g + c;   /* column in the block */
+                                uint8_t want = 0;
+                                if (r < nr && i4) {
+                                    uint8_t byte = w[r * rowb + 16 * b + col % 16];
+                                    want = col < 16 ? byte & 15 : byte >> 4;
+                                } else if (r < nr)
+                                    want = w[r * rowb + 32 * b + col] ^ 0x80;
+                                bad += wp[512 * b + 64 * g + 4 * r + c] != want;
+                            }
+            }
+            CHECK(!bad, "q8_repack %s, K %lld, 1-16 rows: %d bytes differ from the layout", i4 ? "int4" : "int8",
+                  (long long)K, bad);
+            free(w);
+            free(wp);
+        }
+#endif
+}
+
 static void test_int_dot(void) {
     double worst = 0;
     test_quant_act_tiers();
+    test_q8_repack();
     /* T: one token (the GEMV), the tile remainders (1, 2, 4 of 8 tokens; 1, 2 of 4) and more than
      * a chunk of PLN_CPU_TCHUNK; rows: not multiples of the 16-row chunk or the 4-row GEMV tile;
      * K: one group (per row) and many, an odd number of 32-column blocks (the GEMV's lone tail
