@@ -476,13 +476,8 @@ static inline int32_t q8_ld32(const int8_t *p) {
     return v;
 }
 
-/* One 32-column block of row r as 32 unsigned bytes q + off, columns in order. */
-INL __m256i q8_row_block(const void *w, bool i4, int64_t r, int64_t b, int64_t K) {
-    if (i4) {
-        const __m128i m = _mm_set1_epi8(0x0f);
-        __m128i v = _mm_loadu_si128((const __m128i *)((const uint8_t *)w + r * (K / 2) + 16 * b));
-        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-    }
+/* One 32-column block of int8 row r as 32 unsigned bytes q + 128, columns in order. */
+INL __m256i q8_row_block(const void *w, int64_t r, int64_t b, int64_t K) {
     return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const int8_t *)w + r * K + 32 * b)),
                             _mm256_set1_epi8((char)0x80));
 }
@@ -537,7 +532,7 @@ INL void q8_repack_blocks(uint8_t *wp, const void *w, bool i4, int64_t nr, int64
              * g + 4 (high lane) of the four rows */
             __m256i rw[4];
             for (int i = 0; i < 4; i++)
-                rw[i] = 4 * q + i < nr ? q8_row_block(w, i4, 4 * q + i, b, K) : _mm256_setzero_si256();
+                rw[i] = 4 * q + i < nr ? q8_row_block(w, 4 * q + i, b, K) : _mm256_setzero_si256();
             __m256i t0 = _mm256_unpacklo_epi32(rw[0], rw[1]), t1 = _mm256_unpackhi_epi32(rw[0], rw[1]);
             __m256i t2 = _mm256_unpacklo_epi32(rw[2], rw[3]), t3 = _mm256_unpackhi_epi32(rw[2], rw[3]);
             __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
