@@ -665,14 +665,18 @@ static void test_batch_invariance(void) {
             if (isa < PLN_CPU_ISA_C || !pln_cpu_isa_supported((pln_cpu_isa)isa) || pln_cpu_set_isa(g_be, (pln_cpu_isa)isa)) continue;
             for (int id = 0; id < 2; id++) {
                 pln_cpu_set_int_dot(g_be, id);
-                g_be->linear(g_be, a, x, &tw.W, bias, 40, true);
+                g_be->linear(g_be, a, x, &tw.W, bias, 100, true);
                 int bad = 0, bad_t = 0;
-                for (int T = 1; T <= 70; T = T < 20 ? T + 1 : T + 31) {   /* 1..20, 51 */
+                /* 1..20, 51, and 65 and 66: a last block of one and two tokens past the first
+                 * PLN_CPU_TCHUNK, whose tiles must sum as a full block's do */
+                static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 51, 65, 66};
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    int T = Ts[ti];
                     g_be->linear(g_be, b, x, &tw.W, bias, T, true);
-                    int n = T < 40 ? T : 40;
+                    int n = T;
                     if (memcmp(a, b, (size_t)(n * rows) * 4)) { bad++; if (!bad_t) bad_t = T; }
                 }
-                CHECK(bad == 0, "batch-invariant %s K=%lld, tier %s%s, int-dot %s: %d step sizes differ from T=40 (first T=%d)",
+                CHECK(bad == 0, "batch-invariant %s K=%lld, tier %s%s, int-dot %s: %d step sizes differ from T=100 (first T=%d)",
                       kinds[kd].name, (long long)cols, pln_cpu_isa_name((pln_cpu_isa)isa), pln_cpu_no_vnni ? " (no VNNI)" : "",
                       id ? "on" : "off", bad, bad_t);
             }
@@ -705,6 +709,31 @@ static void test_batch_invariance(void) {
         free(tw.w); free(tw.scale);
     }
     free(x); free(a); free(b); free(bias);
+    }
+    /* The integer-dot path quantizes and runs up to 512 tokens at once: 513 tokens leave a
+     * block of one, whose token must still get its bits (K = 1024, one int8 and one int4 kind) */
+    {
+        const int64_t cols = 1024, big = 520;
+        float *x = rnd_vec(big * cols, -1, 1), *a = malloc(big * rows * 4), *b = malloc(big * rows * 4);
+        for (int kd = 0; kd < 2; kd++) {
+            test_weight tw = make_weight(rows, cols, kd ? WQ_I4 : WQ_I8, 32);
+            pln_cpu_set_batch_invariant(g_be, true);
+            pln_cpu_set_int_dot(g_be, true);
+            FOR_EACH_ISA(isa) {
+                if (isa < PLN_CPU_ISA_C) continue;
+                g_be->linear(g_be, a, x, &tw.W, NULL, big, false);
+                for (int T = 513; T <= 514; T++) {
+                    g_be->linear(g_be, b, x, &tw.W, NULL, T, false);
+                    CHECK(!memcmp(a, b, (size_t)(T * rows) * 4), "batch-invariant %s, int-dot on, tier %s: T=%d differs from T=%d",
+                          kd ? "I4/g32" : "I8/g32", g_isa, T, (int)big);
+                }
+            }
+            pln_cpu_set_int_dot(g_be, false);
+            pln_cpu_set_batch_invariant(g_be, false);
+            pln_cpu_set_isa(g_be, pln_cpu_isa_best());
+            free(tw.w); free(tw.scale);
+        }
+        free(x); free(a); free(b);
     }
 }
 

@@ -187,7 +187,8 @@ void pln_cpu_set_int_dot(pln_backend *be, bool on);
  * step (a batched prefill against each prompt alone, a prompt's suffix after a prefix-cache hit
  * against the whole prompt). On: the tiles for every step size, so the results are the same bits
  * whatever the batch, from one token up, for every weight kind, with the integer-dot path off or
- * on: steps of fewer than PLN_CPU_BI_MIN_TOKENS run as steps of that many (linear.c), and int4
+ * on: steps of fewer than PLN_CPU_BI_MIN_TOKENS run as steps of that many, and no block of a
+ * longer step is left with fewer (65 tokens: blocks of 60 and 5; linear.c), and int4
  * weights on the integer-dot path take gemm_q4n at every step size. Tested by
  * test_kernels_cpu, tests/test_engine.c and tests/e2e_share.sh. The default comes from
  * PLN_CPU_BATCH_INVARIANT=1. */

@@ -209,8 +209,11 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         /* SwiGLU: each thread's up tile, [nt][QCHUNK] */
         int nth = pln_cpu_threads(c);
         float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)qt * QCHUNK * sizeof(float)) : NULL;
-        for (int64_t t0 = 0; t0 < T; t0 += QTOK) {
-            int64_t nt = T - t0 < QTOK ? T - t0 : QTOK;
+        for (int64_t t0 = 0, nt; t0 < T; t0 += nt) {
+            nt = T - t0 < QTOK ? T - t0 : QTOK;
+            /* batch-invariant: no last block of fewer than PLN_CPU_BI_MIN_TOKENS (one int4 token
+             * takes a GEMV), as for the tiles below */
+            if (c->batch_invariant && T - t0 > QTOK && T - t0 - QTOK < PLN_CPU_BI_MIN_TOKENS) nt = T - t0 - PLN_CPU_BI_MIN_TOKENS;
             #pragma omp parallel num_threads(nth) if (n_rows * K * nt > 65536)
             {
                 float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)qt * QCHUNK : NULL;
@@ -314,11 +317,17 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
      * block's first instead of leaving a thread idle at each block's end.
      * dynamic: when ranks or other work share the cores, a descheduled thread's rows are taken
      * by the others instead of stalling the whole step. */
-    int64_t n_blk = (T + PLN_CPU_TCHUNK - 1) / PLN_CPU_TCHUNK;
+    int64_t n_blk = (T + PLN_CPU_TCHUNK - 1) / PLN_CPU_TCHUNK, last0 = (n_blk - 1) * PLN_CPU_TCHUNK;
+    /* In the batch-invariant mode no block is left with fewer than PLN_CPU_BI_MIN_TOKENS tokens
+     * (the tiers' kernels sum a block of 1 or 2 as a GEMV or in one pass): the last one takes its
+     * missing tokens from the block before it (65 tokens: 60 and 5, not 64 and 1). */
+    if (c->batch_invariant && n_blk > 1 && T - last0 < PLN_CPU_BI_MIN_TOKENS) last0 = T - PLN_CPU_BI_MIN_TOKENS;
     #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * T > 65536)
     for (int64_t it = 0; it < n_blk * n_chunks; it++) {
-        int64_t t0 = it / n_chunks * PLN_CPU_TCHUNK, ch = it % n_chunks;
-        int64_t nt = T - t0 < PLN_CPU_TCHUNK ? T - t0 : PLN_CPU_TCHUNK;
+        int64_t b = it / n_chunks, ch = it % n_chunks;
+        int64_t t0 = b == n_blk - 1 ? last0 : b * PLN_CPU_TCHUNK;
+        int64_t t1 = b == n_blk - 1 ? T : b == n_blk - 2 ? last0 : t0 + PLN_CPU_TCHUNK;
+        int64_t nt = t1 - t0;
         const float *x = in + t0 * K;
         float *o = out + t0 * ldo;
         int64_t r0 = ch * RCHUNK, nr = n_out - r0 < RCHUNK ? n_out - r0 : RCHUNK;
