@@ -499,6 +499,15 @@ static TGT void gemv_avx2(float *out, const float *x, const pln_weight *W, int64
  * eight of them 30480 < 32767, so nothing saturates and the integers, hence the results, are the
  * ones the per-group widening gave. The sign trick's int8 pairs reach 2 * 128 * 127 and cannot be
  * summed so.
+ * SUM16_CHAIN_NOTE: integer additions are associative, so GCC (12) rebuilt each token's chain of
+ * products over a block's 8 groups into a tree: every product of the block live at once, 32 of
+ * them for 4 tokens, in 16 ymm registers, and the tile spilled to the stack in its inner loop
+ * (the object's stack references in gemm_q8_avx2_base: 626, 445 with the chains kept). An empty
+ * asm on each accumulator after each addition keeps the chain in order. Llama-3.2-1B int4 g32 at
+ * batch 8 on the Zen 3 (no VNNI; `pollen bench <set> --prompt-len 8 --batch 8 --context 32
+ * --steps 16 --kv-dtype f16 --threads 2 --mbu off`, alternated 3 times, 2026-12-04 01:12 UTC):
+ * 26.8-30.6 -> 37.3-40.0 tokens/s. The VNNI form accumulates in its own instruction and had no
+ * such spills.
  * Q8_KBLOCKS_NOTE: the blocks are walked in stretches of Q8_KBLOCKS (512 columns), each stretch
  * over every token tile and, inside a token tile, every 8-row half, the partial sums added into
  * out. Token-interleaved activations put one token tile's 4 bytes of a 4-column group on a line
@@ -609,10 +618,10 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         Q8UNROLL for (int j = 0; j < NT; j++) fa[j] = _mm256_setzero_ps();                                       \
         for (int64_t b = b0; b < b1; b++) {                                                                      \
             __m256i ia[4];                                                                                       \
-            Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm256_set1_epi32(sgn ? 0 : -off * xsum[b * ldq + j]); \
             const uint8_t *wb = wp + 512 * b + 32 * (h & 1);                                                     \
             const int8_t *xg = xq + 32 * b * ldq;                                                                \
-            if (s16) {   /* int4 without VNNI: the block's 8 groups summed in int16 (I4_SUM16_NOTE) */      \
+            if (s16) {   /* int4 without VNNI: the block's 8 groups summed in int16 (I4_SUM16_NOTE); the     \
+                          * offset term joins after the loop, which then holds 4 fewer registers */           \
                 __m256i p16[4], wv = _mm256_load_si256((const __m256i *)wb);                                    \
                 Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
                     p16[j] = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)));                   \
@@ -620,23 +629,32 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
                     xg += 4 * ldq;                                                                               \
                     __asm__("" : "+r"(xg));                                                                      \
                     wv = _mm256_load_si256((const __m256i *)(wb + 64 * g));                                      \
-                    Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
+                    Q8UNROLL for (int j = 0; j < NT; j++) {                                                      \
                         p16[j] = _mm256_add_epi16(p16[j], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)))); \
+                        __asm__("" : "+x"(p16[j]));   /* SUM16_CHAIN_NOTE */                                     \
+                    }                                                                                            \
                 }                                                                                                \
                 Q8UNROLL for (int j = 0; j < NT; j++)                                                            \
-                    ia[j] = _mm256_add_epi32(ia[j], _mm256_madd_epi16(p16[j], _mm256_set1_epi16(1)));            \
-            } else                                                                                               \
+                    ia[j] = _mm256_add_epi32(_mm256_set1_epi32(-off * xsum[b * ldq + j]),                        \
+                                             _mm256_madd_epi16(p16[j], _mm256_set1_epi16(1)));                   \
+            } else {                                                                                             \
+            Q8UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm256_set1_epi32(sgn ? 0 : -off * xsum[b * ldq + j]); \
             Q8UNROLL for (int g = 0; g < 8; g++, xg += 4 * ldq) {                                                \
                 __asm__("" : "+r"(xg)); /* one walking pointer (simd_avx512.c) */                               \
                 __m256i wv = _mm256_load_si256((const __m256i *)(wb + 64 * g));                                  \
                 if (sgn) {                                                                                       \
                     __m256i ws8 = _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80)), aw = _mm256_abs_epi8(ws8); \
-                    Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
+                    Q8UNROLL for (int j = 0; j < NT; j++) {                                                      \
                         ia[j] = q8_dot_base(ia[j], aw, _mm256_sign_epi8(_mm256_set1_epi32(q8_ld32(xg + 4 * j)), ws8)); \
+                        __asm__("" : "+x"(ia[j]));   /* SUM16_CHAIN_NOTE */                                      \
+                    }                                                                                            \
                 } else {                                                                                         \
-                    Q8UNROLL for (int j = 0; j < NT; j++)                                                        \
-                        ia[j] = DOTV(ia[j], wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)));                 \
+                    Q8UNROLL for (int j = 0; j < NT; j++) {                                                      \
+                        ia[j] = DOTV(ia[j], wv, _mm256_set1_epi32(q8_ld32(xg + 4 * j)));                         \
+                        __asm__("" : "+x"(ia[j]));   /* SUM16_CHAIN_NOTE */                                      \
+                    }                                                                                            \
                 }                                                                                                \
+            }                                                                                                    \
             }                                                                                                    \
             if (wsf) {                                                                                           \
                 __m256 sc = _mm256_loadu_ps(wsf + gi * 32 + 8 * h);                                              \
