@@ -505,7 +505,7 @@ static TGT void gemv_avx2(float *out, const float *x, const pln_weight *W, int64
  * (the object's stack references in gemm_q8_avx2_base: 626, 445 with the chains kept). An empty
  * asm on each accumulator after each addition keeps the chain in order. Llama-3.2-1B int4 g32 at
  * batch 8 on the Zen 3 (no VNNI; `pollen bench <set> --prompt-len 8 --batch 8 --context 32
- * --steps 16 --kv-dtype f16 --threads 2 --mbu off`, alternated 3 times, 2026-12-04 01:12 UTC):
+ * --steps 16 --kv-dtype f16 --threads 2 --mbu off`, alternated 3 times, 2026-12-04 01:00 UTC):
  * 26.8-30.6 -> 37.3-40.0 tokens/s. The VNNI form accumulates in its own instruction and had no
  * such spills.
  * Q8_KBLOCKS_NOTE: the blocks are walked in stretches of Q8_KBLOCKS (512 columns), each stretch
