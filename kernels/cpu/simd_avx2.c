@@ -72,7 +72,7 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
  * bits as in any other batch (cpu.h pln_cpu_set_batch_invariant). */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const int8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
-                 int64_t k1, bool add, bool gemv) {
+                 int64_t k1, bool add, bool gemv, bool pf) {
     int64_t ng = K / group;
     __m256 acc[4][2];
     float tail[4][2];
@@ -131,6 +131,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
             int64_t k = g * group, kend = k + group;
             for (; k + 8 <= kend; k += 8) {
                 __m256 wv[4];
+                if (pf && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* TILE_PF_NOTE */
                 UNROLL for (int i = 0; i < NR; i++) wv[i] = _mm256_mul_ps(load_i8(w + i * K + k), sv[i]);
                 UNROLL for (int j = 0; j < NT; j++) {
                     __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
@@ -167,6 +168,15 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
     v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
 }
 
+/* TILE_PF_NOTE: a block of tokens reads each 4-row group's weights from memory in its first token
+ * tile and from cache in the others, so without help the memory sits idle while those run. The
+ * first token tile of a grouped I8 4-row group (the 2 x 4 tile of its first two rows, or the 4 x 2
+ * tile) prefetches as the GEMV does (PREFETCH_NOTE: PF_AHEAD bytes ahead of the position its
+ * consumed bytes map to, through the next group). Llama-3.2-1B at batch 8 on the Zen 3
+ * (`pollen bench <set> --prompt-len 8 --batch 8 --context 32 --steps 16 --kv-dtype f16 --threads 2
+ * --mbu off`, 11 alternated pairs, 2026-12-04 01:20-01:30 UTC): int8 g32 faster in 9 of them,
+ * by 1.075x at the median (0.92-1.16x); the same prefetch in the fp16 tiles ran slower in each of
+ * 3 pairs (24.7-31.9 against 30.4-34.7 tokens/s) and in per-row int8 was mixed, so they have none. */
 /* TILE24_NOTE: grouped I8 from 4 tokens: 2 rows x 4 tokens of accumulators (8 registers, as the
  * 4 x 2 tile), so each weight vector, sign-extended, converted and scaled once, serves 4 tokens
  * instead of 2 (per 64 multiply-adds 2 of each of those three instead of 4) and each activation
@@ -177,7 +187,7 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
  * tile; for F16 and per-row I8, which widen more cheaply, it measured slower and is not used.
  * Needs group % 8 == 0. */
 INL void tile_i8g_2x4(float *out, int64_t ldo, const float *x, int64_t ldx, const int8_t *w,
-                      const uint16_t *scale, int64_t group, int64_t K, int64_t k0, int64_t k1, bool add) {
+                      const uint16_t *scale, int64_t group, int64_t K, int64_t k0, int64_t k1, bool add, bool pf) {
     __m256 a[2][4];
     UNROLL for (int i = 0; i < 2; i++) {
         UNROLL for (int j = 0; j < 4; j++) a[i][j] = _mm256_setzero_ps();
@@ -186,6 +196,7 @@ INL void tile_i8g_2x4(float *out, int64_t ldo, const float *x, int64_t ldx, cons
     for (int64_t g = k0 / group; g < k1 / group; g++) {
         __m256 s0 = _mm256_set1_ps(_cvtsh_ss(scale[g])), s1 = _mm256_set1_ps(_cvtsh_ss(scale[ng + g]));
         for (int64_t k = g * group; k < (g + 1) * group; k += 8) {
+            if (pf && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* this pair and the next: 4 rows (TILE_PF_NOTE) */
             __m256 v0 = _mm256_mul_ps(load_i8(w + k), s0), v1 = _mm256_mul_ps(load_i8(w + K + k), s1);
             UNROLL for (int j = 0; j < 4; j++) {
                 __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
@@ -305,15 +316,15 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
             if (nr - r >= 4) {
                 if (ng > 1 && group % 8 == 0)   /* TILE24_NOTE */
                     for (; t + 4 <= nt; t += 4) {
-                        tile_i8g_2x4(o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add);
-                        tile_i8g_2x4(o + t * ldo + 2, ldo, x + t * ldx, ldx, wr + 2 * K, sr + 2 * ng, group, K, k0, k1, add);
+                        tile_i8g_2x4(o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, t == 0);
+                        tile_i8g_2x4(o + t * ldo + 2, ldo, x + t * ldx, ldx, wr + 2 * K, sr + 2 * ng, group, K, k0, k1, add, false);
                     }
-                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
-                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, t == 0 && ng > 1);
+                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, false);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 2 <= nt; t += 2) tile_i8(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
-                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
+                    for (t = 0; t + 2 <= nt; t += 2) tile_i8(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1, false);
+                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1, false);
                 }
             }
         }
