@@ -824,7 +824,7 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
          * had two per row and pair of blocks, and spilled): 0 one group per row, 2 groups of 32 (each \
          * pair of blocks two groups), 1 an even number of blocks per group (a pair never straddles    \
          * two), 3 anything else. build/bench/gemv-bw --mib 256 --passes 5 --pf 8192, alternated 3      \
-         * times on the Zen 3 (2026-12-04 01:45 UTC): int4 g32 on 2 threads 14.3-16.8 -> 14.6-18.8 GB/s, \
+         * times on the Zen 3 (2026-12-04 01:35 UTC): int4 g32 on 2 threads 14.3-16.8 -> 14.6-18.8 GB/s, \
          * within what this VM's memory moves between runs (the read: 20.4-26.8). */                     \
         int64_t bpg = group / 32;                                                                        \
         int mode = ng == 1 ? 0 : bpg == 1 ? 2 : bpg % 2 == 0 ? 1 : 3;                                    \
