@@ -148,6 +148,10 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         float s_end = ng == 1 ? pln_f16_to_f32(scale[i]) : 1.0f;
         UNROLL for (int j = 0; j < NT; j++) {
             float s = (_mm512_reduce_add_ps(acc[i][j]) + tail[i][j]) * s_end;
+            /* not fused into the add below: GCC contracts a * b + c where it sees one, and did so
+             * in some of this tile's instantiations and not in others (an ASan build, per-row
+             * int8 at 4096 columns), which gave a token other bits in a tile of 1 than of 2 */
+            __asm__("" : "+x"(s));
             out[j * ldo + i] = add ? out[j * ldo + i] + s : s;
         }
     }
