@@ -376,10 +376,13 @@ static int convert_tensor(rs_ctx *c, size_t i) {
     rs_job jobs[tp];
     memset(jobs, 0, sizeof jobs);
     uint64_t scale_bytes = 0;
+    /* a chunk never holds more rows than the tensor (a bias's chunk of 8 MiB would be 4M rows, and
+     * their error slots 128 MiB per rank) */
+    int64_t kerr = k < e0->rows + e0->pad_rows ? k : e0->rows + e0->pad_rows;
     for (int r = 0; r < tp; r++) {
         jobs[r].e = &c->plans[r][i];
         jobs[r].src = &c->srcs[i];
-        jobs[r].row_err = pln_xmalloc((size_t)k * sizeof(pln_tp_qerr));
+        jobs[r].row_err = pln_xmalloc((size_t)(kerr > 0 ? kerr : 1) * sizeof(pln_tp_qerr));
         if (quant) {
             uint64_t nb = pln_tp_entry_nbytes(&c->plans[r][i + 1]);
             scale_bytes += nb;

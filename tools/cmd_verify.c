@@ -78,6 +78,7 @@ static void compare_slice(const pln_tp_entry *e, const pln_tp_src *srcs, const u
     int64_t total = e->rows + e->pad_rows;
     int64_t k = (int64_t)(VF_CHUNK_ELEMS / (uint64_t)cols);
     if (k < 1) k = 1;
+    if (k > total && total > 0) k = total;   /* a bias: one chunk of its own rows, not 4M error slots */
     pln_tp_qerr *row_err = pln_xmalloc((size_t)k * sizeof *row_err);
     for (int64_t r0 = 0; r0 < total; r0 += k) {
         int64_t nr = total - r0 < k ? total - r0 : k;
