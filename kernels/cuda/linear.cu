@@ -287,10 +287,27 @@ gemv_kernel(OT *__restrict__ out, const __half *__restrict__ x, const void *__re
 }
 
 /* ---- plain fallback: one warp per (row, token), any shape -------------------------------- */
-template <typename OT>
-__global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bool i8,
-                                    const __half *scale, int64_t G, const __half *bias, int T,
-                                    int64_t N, int64_t K, int epi, int64_t n_valid)
+enum { NAIVE_F16 = 0, NAIVE_I8 = 1, NAIVE_I4 = 2 };
+
+/* Weight (row rr, column k) of a [N, K] matrix as the CPU reference reads it: fp16, int8 times
+ * its group's scale, or packed int4 (pln_i4_get) times its group's scale. */
+template <int WT>
+__device__ __forceinline__ float naive_weight(const void *Wv, const __half *scale, int64_t G, int64_t K, int64_t rr,
+                                              int64_t k)
+{
+    if constexpr (WT == NAIVE_F16) return __half2float(((const __half *)Wv)[rr * K + k]);
+    else if constexpr (WT == NAIVE_I8)
+        return pln_dequant_i8(((const int8_t *)Wv)[rr * K + k], __half2float(scale[rr * (K / G) + k / G]));
+    else
+        return pln_dequant_i4(pln_i4_get((const uint8_t *)Wv + rr * (K / 2), k), __half2float(scale[rr * (K / G) + k / G]));
+}
+
+/* Every dtype's fallback (int4: any column count that is a multiple of 32, unaligned pointers):
+ * one warp per (output, token); with the SwiGLU epilogue the warp sums gate row i and up row
+ * N / 2 + i in turn. */
+template <typename OT, int WT>
+__global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, const __half *scale, int64_t G,
+                                    const __half *bias, int T, int64_t N, int64_t K, int epi, int64_t n_valid)
 {
     pln_pdl_wait();   /* everything below may read what the previous kernel writes */
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -304,12 +321,7 @@ __global__ void linear_naive_kernel(OT *out, const __half *x, const void *Wv, bo
     for (int h = 0; h < (sw ? 2 : 1); h++) {
         const int64_t rr = row + h * NO;
         float a = 0.0f;
-        for (int64_t k = lane; k < K; k += 32) {
-            float w;
-            if (i8) w = pln_dequant_i8(((const int8_t *)Wv)[rr * K + k], __half2float(scale[rr * (K / G) + k / G]));
-            else w = __half2float(((const __half *)Wv)[rr * K + k]);
-            a += w * __half2float(x[(int64_t)t * K + k]);
-        }
+        for (int64_t k = lane; k < K; k += 32) a += naive_weight<WT>(Wv, scale, G, K, rr, k) * __half2float(x[(int64_t)t * K + k]);
         a = pln_warp_sum(a);
         if (h == 0) s = a; else su = a;
     }
@@ -703,37 +715,6 @@ gemm_wq_kernel(OT *__restrict__ out, const __half *__restrict__ x, const uint8_t
     }
 }
 
-/* Plain int4 fallback (any column count that is a multiple of 32; unaligned pointers): one warp
- * per (row, token), pln_i4_get as the CPU reference reads it. */
-template <typename OT>
-__global__ void linear_naive_i4_kernel(OT *out, const __half *x, const uint8_t *W, const __half *scale,
-                                       int64_t G, const __half *bias, int T, int64_t N, int64_t K, int epi,
-                                       int64_t n_valid)
-{
-    pln_pdl_wait();   /* everything below may read what the previous kernel writes */
-    int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    const bool sw = epi == PLN_EPI_SWIGLU;
-    const int64_t NO = sw ? N / 2 : N;   /* as linear_naive_kernel */
-    if (wid >= (int64_t)T * NO) return;
-    int t = (int)(wid / NO);
-    int64_t row = wid % NO;
-    float s = 0.0f, su = 0.0f;
-    for (int h = 0; h < (sw ? 2 : 1); h++) {
-        const int64_t rr = row + h * NO;
-        const uint8_t *wr = W + rr * (K / 2);
-        float a = 0.0f;
-        for (int64_t k = lane; k < K; k += 32)
-            a += pln_dequant_i4(pln_i4_get(wr, k), __half2float(scale[rr * (K / G) + k / G])) *
-                 __half2float(x[(int64_t)t * K + k]);
-        a = pln_warp_sum(a);
-        if (h == 0) s = a; else su = a;
-    }
-    if (lane != 0) return;
-    if (sw) epilogue_swiglu(out, NO, t, row, s, su, 1.0f, 1.0f, bias);
-    else epilogue(out, N, t, row, s, 1.0f, bias, epi, n_valid);
-}
-
 /* ---- GeLU/-inf pass for the cuBLASLt path when an epilogue cannot do it ------------------- */
 template <typename OT>
 __global__ void post_kernel(OT *out, int T, int64_t N, const __half *bias, int gelu, int64_t n_valid)
@@ -992,9 +973,8 @@ static int linear_i4_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_w
         if (launch_gemm<WQ_I4, OT>(c, out, x, w, W, b, T, ig, n_valid)) return -1;
     } else {
         int64_t threads = (int64_t)T * n_out * 32;
-        PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_i4_kernel<OT>)(out, x, w, sc, W->group, b,
-                                                                                            T, W->rows, W->cols, ig,
-                                                                                            n_valid);
+        PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_kernel<OT, NAIVE_I4>)(
+            out, x, w, sc, W->group, b, T, W->rows, W->cols, ig, n_valid);
     }
     cudaCheckLaunch();
     return 0;
@@ -1070,8 +1050,12 @@ static int linear_typed(pln_cuda_ctx *c, OT *out, const void *in, const pln_weig
     }
 naive:
     int64_t threads = (int64_t)T * (sw ? W->rows / 2 : W->rows) * 32;
-    PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_kernel<OT>)(
-        out, x, W->w, i8, (const __half *)W->scale, i8 ? W->group : 1, b, T, W->rows, W->cols, ig, n_valid);
+    if (i8)
+        PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_kernel<OT, NAIVE_I8>)(
+            out, x, W->w, (const __half *)W->scale, W->group, b, T, W->rows, W->cols, ig, n_valid);
+    else
+        PLN_LAUNCH(pln_cdiv(threads, 256), 256, 0, c->stream, linear_naive_kernel<OT, NAIVE_F16>)(
+            out, x, W->w, (const __half *)W->scale, 1, b, T, W->rows, W->cols, ig, n_valid);
     cudaCheckLaunch();
     return 0;
 }
