@@ -998,7 +998,11 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     /* on and applying: fp16 weights (but a quantized embedding) never take the path */
     info->batch_invariant = e->be && e->be->batch_invariant;
     info->cpu_tune = e->tune.source;
-    info->cpu_pf_ahead = e->tune.source ? e->tune.pf_ahead : -1;
+    info->cpu_pf_kinds = e->tune.source ? e->tune.n_kinds : 0;
+    for (int i = 0; i < info->cpu_pf_kinds && i < 4; i++) {
+        info->cpu_pf_kind[i] = e->tune.kind[i];
+        info->cpu_pf_ahead[i] = e->tune.pf_ahead[i];
+    }
     info->int_dot = e->be && e->be->int_dot && (strcmp(e->cfg.dtype, "fp16") || e->cfg.quantize_embedding);
     info->kv_blocks_total = e->kv.n_blocks;
     info->kv_blocks_free = e->kv.n_free;

@@ -1427,8 +1427,20 @@ static void test_cpu_tune(void) {
     pln_backend_tune tu;
     CHECK(g_be->tune && g_be->tune(g_be, "sometimes", &tu) == -1 && strstr(pln_error(), "\"sometimes\" is not one of auto, off, redo"),
           "a bad mode is refused by name: %s", pln_error());
-    CHECK(g_be->tune(g_be, "off", &tu) == 0 && !strcmp(tu.source, "off") && tu.pf_ahead == PLN_CPU_PF_AHEAD_DEFAULT &&
-          pln_cpu_pf_ahead == PLN_CPU_PF_AHEAD_DEFAULT, "off: the default distance");
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++) pln_cpu_pf_by_kind[k] = 1024;
+    CHECK(g_be->tune(g_be, "off", &tu) == 0 && !strcmp(tu.source, "off") && tu.n_kinds == PLN_CPU_PF_KINDS,
+          "off: every kind reported");
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++)
+        CHECK(tu.pf_ahead[k] == PLN_CPU_PF_AHEAD_DEFAULT && pln_cpu_pf_by_kind[k] == PLN_CPU_PF_AHEAD_DEFAULT &&
+              !strcmp(tu.kind[k], pln_cpu_pf_kind_names[k]), "off: the default distance for %s", pln_cpu_pf_kind_names[k]);
+    /* the kind each weight's GEMV takes its distance from */
+    {
+        pln_weight wf = {.dtype = PLN_DTYPE_F16, .cols = 1024}, wr = {.dtype = PLN_DTYPE_I8, .cols = 1024, .group = 1024},
+                   wg = {.dtype = PLN_DTYPE_I8, .cols = 1024, .group = 32}, w4 = {.dtype = PLN_DTYPE_U8, .cols = 1024, .group = 128};
+        CHECK(pln_cpu_pf_kind_of(&wf) == PLN_CPU_PF_F16 && pln_cpu_pf_kind_of(&wr) == PLN_CPU_PF_I8 &&
+              pln_cpu_pf_kind_of(&wg) == PLN_CPU_PF_I8G && pln_cpu_pf_kind_of(&w4) == PLN_CPU_PF_I4,
+              "weight kinds: fp16, int8 per row, int8 grouped, int4");
+    }
     CHECK(g_be->tune(g_be, NULL, &tu) == 0 && !strcmp(tu.source, "off"), "NULL: off (the library's default)");
 
     static const struct { int kind; int64_t group; } kinds[] = {{0, 0}, {1, 0}, {1, 32}, {WQ_I4, 32}, {WQ_I4, 128}};
@@ -1439,21 +1451,26 @@ static void test_cpu_tune(void) {
             if (idot && kinds[kd].kind == 0) continue;
             pln_cpu_set_int_dot(g_be, idot);
             FOR_EACH_ISA(isa) {
-                pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+                const int kd_kind = pln_cpu_pf_kind_of(&tw.W);
+                pln_cpu_pf_by_kind[kd_kind] = PLN_CPU_PF_AHEAD_DEFAULT;
                 CHECK(g_be->linear(g_be, ref, x, &tw.W, NULL, 1, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
-                int bad = 0;
+                int bad = 0, used = 0;
                 for (int c = 0; c < PLN_CPU_TUNE_N; c++) {
-                    pln_cpu_pf_ahead = pln_cpu_tune_candidates[c];
+                    pln_cpu_pf_by_kind[kd_kind] = pln_cpu_tune_candidates[c];
                     memset(o, 0xff, 67 * 4);
                     CHECK(g_be->linear(g_be, o, x, &tw.W, NULL, 1, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
                     bad += memcmp(o, ref, 67 * 4) != 0;
+                    /* the call ran at its kind's distance (the reference ISA has no prefetch) */
+                    used += pln_cpu_pf_ahead == pln_cpu_tune_candidates[c];
                 }
+                CHECK(!strcmp(g_isa, "ref") || used == PLN_CPU_TUNE_N, "[%s] kind %d: %d of %d calls at their kind's distance",
+                      g_isa, kinds[kd].kind, used, PLN_CPU_TUNE_N);
                 CHECK(bad == 0, "[%s] kind %d group %lld idot %d: %d prefetch distances change the GEMV's bits", g_isa,
                       kinds[kd].kind, (long long)kinds[kd].group, idot, bad);
             }
         }
         pln_cpu_set_int_dot(g_be, false);
-        pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+        for (int k = 0; k < PLN_CPU_PF_KINDS; k++) pln_cpu_pf_by_kind[k] = PLN_CPU_PF_AHEAD_DEFAULT;
         free(tw.w); free(tw.scale); free(x); free(ref); free(o);
     }
 }

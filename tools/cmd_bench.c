@@ -177,9 +177,12 @@ int cmd_bench(int argc, char **argv) {
                "load %.2f s (populate); STREAM copy %s\n",
                dir, info.tp, info.dtype, info.int_dot ? " (int-dot)" : "", info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
                pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, cp);
-    if (!json && info.cpu_tune)
-        printf("cpu tune: %s (--cpu-tune), decode GEMVs prefetch %lld bytes ahead\n", info.cpu_tune,
-               (long long)info.cpu_pf_ahead);
+    if (!json && info.cpu_tune) {
+        printf("cpu tune: %s (--cpu-tune), decode GEMVs prefetch ahead (bytes):", info.cpu_tune);
+        for (int i = 0; i < info.cpu_pf_kinds; i++)
+            printf("%s %s %lld", i ? "," : "", info.cpu_pf_kind[i], (long long)info.cpu_pf_ahead[i]);
+        printf("\n");
+    }
 
     pln_sample_params sp;
     pln_sample_params_default(&sp);
@@ -294,7 +297,10 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "cpu_stepping", json_integer(host.stepping));
         json_object_set_new(root, "cpu_isa", json_string(host.isa));
         json_object_set_new(root, "cpu_tune", info.cpu_tune ? json_string(info.cpu_tune) : json_null());
-        json_object_set_new(root, "cpu_pf_ahead", info.cpu_tune ? json_integer(info.cpu_pf_ahead) : json_null());
+        json_t *pf = info.cpu_tune ? json_object() : json_null();
+        for (int i = 0; i < info.cpu_pf_kinds; i++)
+            json_object_set_new(pf, info.cpu_pf_kind[i], json_integer(info.cpu_pf_ahead[i]));
+        json_object_set_new(root, "cpu_pf_ahead", pf);
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(s);
         free(s);

@@ -214,18 +214,31 @@ void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int3
  * unset). */
 bool pln_cpu_has_q4n(void);
 
-#ifdef PLN_CPU_X86
-#include <xmmintrin.h>
 /* The batch-1 GEMVs' prefetch (simd_avx512.c PREFETCH_NOTE): the 4 cache lines
  * PLN_CPU_PF_AHEAD bytes past the sequential position `done` bytes into a 4-row tile, into L1.
  * always_inline: as a plain static inline, called from the always_inline target("avx512f...")
  * tiles, GCC 12 dropped every call (a function with no side effects to it) and batch-1 int8
  * decode ran 1.6x slower. */
 #define PLN_CPU_PF_AHEAD_DEFAULT 8192
-/* The distance in use: the default, or what kernels/cpu/tune.c measured for this machine
- * (CPU_TUNE_NOTE); set before the steps run, read by every GEMV. */
+/* The distance in use: pln_cpu_linear sets it from pln_cpu_pf_by_kind for its weight's kind
+ * before any thread reads it; every GEMV and tile reads it. */
 extern int64_t pln_cpu_pf_ahead;
 #define PLN_CPU_PF_AHEAD pln_cpu_pf_ahead
+
+/* The weight kinds whose GEMVs get a distance of their own (CPU_TUNE_NOTE: on one Zen 3 the
+ * fp16 GEMV streamed fastest 1 KiB ahead and the int4 one 8 KiB ahead, each losing 15-35 % at
+ * the other's distance), what kernels/cpu/tune.c measured for each (the default until then),
+ * and their names in the cache file, `pollen bench` and its JSON. */
+typedef enum { PLN_CPU_PF_F16, PLN_CPU_PF_I8, PLN_CPU_PF_I8G, PLN_CPU_PF_I4, PLN_CPU_PF_KINDS } pln_cpu_pf_kind;
+extern int64_t pln_cpu_pf_by_kind[PLN_CPU_PF_KINDS];
+extern const char *const pln_cpu_pf_kind_names[PLN_CPU_PF_KINDS];
+static inline pln_cpu_pf_kind pln_cpu_pf_kind_of(const pln_weight *W) {
+    if (W->dtype == PLN_DTYPE_F16) return PLN_CPU_PF_F16;
+    if (W->dtype == PLN_DTYPE_U8) return PLN_CPU_PF_I4;
+    return W->group > 0 && W->group < W->cols ? PLN_CPU_PF_I8G : PLN_CPU_PF_I8;
+}
+#ifdef PLN_CPU_X86
+#include <xmmintrin.h>
 static inline __attribute__((always_inline)) void pln_cpu_pf_ahead4(const void *tile, int64_t done) {
     const char *p = (const char *)tile + PLN_CPU_PF_AHEAD + done;
     _mm_prefetch(p, _MM_HINT_T0);

@@ -149,6 +149,8 @@ static bool use_q4n(const pln_cpu_kernels *k) {
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, pln_epilogue epi) {
     if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, epi); return; }
+    /* this weight kind's prefetch distance (cpu.h), set before any thread of this call reads it */
+    pln_cpu_pf_ahead = pln_cpu_pf_by_kind[pln_cpu_pf_kind_of(W)];
     const pln_cpu_kernels *k = c->k;
     int64_t K = W->cols;
     const bool gelu = epi == PLN_EPI_GELU, sw = epi == PLN_EPI_SWIGLU;

@@ -4,15 +4,21 @@
  * pln_cpu_pf_ahead past the position they read. The best distance is a property of the core and
  * its memory (how many lines the hardware prefetchers already keep in flight, the latency, the
  * bandwidth one core can draw): 8192 B was chosen by measurement on one Zen 5, and on another CPU
- * another distance can stream faster. So the backend measures once per machine: an F16 weight of
- * twice the last-level cache (64 to 128 MiB), the real GEMV (pln_cpu_linear at one token, on the
- * backend's threads) at each candidate distance, PLN_CPU_TUNE_ROUNDS rounds visiting the
+ * another distance can stream faster; and it is a property of the loop too: on a Zen 3 the fp16
+ * GEMV streamed 30-33 GB/s (2 threads) 1 KiB ahead and 26 at 8 KiB, while int4 g32 streamed 30-31
+ * at 8 KiB and 20 at 1 KiB (build/bench/gemv-bw --pf 0,1024,8192, twice, quiet), so one distance
+ * for all cost one of them 15-35 %. So the backend measures once per machine and per weight kind
+ * (cpu.h pln_cpu_pf_kind: fp16, int8 per row, int8 grouped, int4): a weight of that kind of twice
+ * the last-level cache (64 to 128 MiB), the real GEMV (pln_cpu_linear at one token, on the
+ * backend's threads, on the path --int-dot auto takes for that kind: the integer dot for int4,
+ * the float GEMV for int8) at each candidate distance, PLN_CPU_TUNE_ROUNDS rounds visiting the
  * candidates in turn (a disturbance hits all of them alike), the best pass of each. The fastest
  * wins unless the default is within PLN_CPU_TUNE_KEEP of it: then the default, so that noise
- * between equals never moves the choice. The result is cached per machine (CPU identity, the
- * kernels' tier, threads, memory) in $XDG_CACHE_HOME/pollen/cpu-tune.json (~/.cache without it),
- * so the fraction of a second it takes is spent once. The distance decides only which lines are
- * requested early: no result depends on it (the GEMVs' arithmetic is the same at every value). */
+ * between equals never moves the choice. pln_cpu_linear then sets each call's distance from its
+ * weight's kind. The result is cached per machine (CPU identity, the kernels' tier, threads,
+ * memory) in $XDG_CACHE_HOME/pollen/cpu-tune.json (~/.cache without it), so the second or so it
+ * takes is spent once. The distance decides only which lines are requested early: no result
+ * depends on it (the GEMVs' arithmetic is the same at every value). */
 #include "kernels/cpu/cpu.h"
 
 #include <errno.h>
@@ -27,11 +33,16 @@
 #include <unistd.h>
 
 int64_t pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+int64_t pln_cpu_pf_by_kind[PLN_CPU_PF_KINDS] = {PLN_CPU_PF_AHEAD_DEFAULT, PLN_CPU_PF_AHEAD_DEFAULT,
+                                                PLN_CPU_PF_AHEAD_DEFAULT, PLN_CPU_PF_AHEAD_DEFAULT};
+const char *const pln_cpu_pf_kind_names[PLN_CPU_PF_KINDS] = {"fp16", "int8", "int8_grouped", "int4"};
 _Static_assert(PLN_CPU_TUNE_N <= PLN_TUNE_MAX_CANDIDATES, "pln_backend_tune.gbs holds every candidate");
+_Static_assert(PLN_CPU_PF_KINDS <= PLN_TUNE_MAX_KINDS, "pln_backend_tune holds every kind");
 
 const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N] = {0, 1024, 2048, 4096, 8192, 16384};
 
-#define TUNE_VERSION 1
+/* 2: a distance per weight kind; a version-1 file (one distance) is pollen's own and is replaced */
+#define TUNE_VERSION 2
 #define TUNE_MAX_FILE (1 << 20)   /* a cache file larger than this is not pollen's */
 
 int pln_cpu_tune_pick(const double *secs, int n, int dflt) {
@@ -49,9 +60,10 @@ static int default_index(void) {
     return -1;
 }
 
-/* The GEMV at every candidate; secs[i]: the best pass at candidate i. Restores the distance it
- * found. -1 + error when the weight cannot be allocated. */
-static int measure(pln_cpu *c, double secs[PLN_CPU_TUNE_N], double *gbs_best, int64_t *bytes_out) {
+/* kind's GEMV at every candidate; secs[i]: the best pass at candidate i. Leaves the distances
+ * and the integer-dot setting as it found them. -1 + error when the weight cannot be allocated. */
+static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N], double *gbs_best,
+                   int64_t *bytes_out) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     int64_t bytes = 2 * (int64_t)(llc > 0 ? llc : 32 << 20);
     if (bytes < (64 << 20)) bytes = 64 << 20;
@@ -65,32 +77,48 @@ static int measure(pln_cpu *c, double secs[PLN_CPU_TUNE_N], double *gbs_best, in
         if (*end || v < 1 || v > 1024) return pln_errorf("PLN_CPU_TUNE_MIB %s: give 1..1024", env);
         bytes = (int64_t)v << 20;
     }
-    const int64_t K = 4096, rows = bytes / (2 * K);
-    bytes = rows * K * 2;
-    uint16_t *w = aligned_alloc(64, (size_t)bytes);
+    /* the kind's layout (FORMAT.md): fp16; int8 with one scale per row or per 32 columns; int4
+     * (two per byte) with one per 32 */
+    const int64_t K = 4096, G = kind == PLN_CPU_PF_I8G || kind == PLN_CPU_PF_I4 ? 32 : K;
+    const int64_t wbits = kind == PLN_CPU_PF_F16 ? 16 : kind == PLN_CPU_PF_I4 ? 4 : 8;
+    const int64_t row_bytes = K * wbits / 8 + (kind == PLN_CPU_PF_F16 ? 0 : 2 * (K / G));
+    const int64_t rows = bytes / row_bytes;
+    const size_t wb = (size_t)(rows * K * wbits / 8), sb = kind == PLN_CPU_PF_F16 ? 0 : (size_t)(rows * (K / G)) * 2;
+    bytes = (int64_t)(wb + sb);
+    uint8_t *w = aligned_alloc(64, (wb + 63) / 64 * 64);
+    uint16_t *sc = sb ? aligned_alloc(64, (sb + 63) / 64 * 64) : NULL;
     float *x = malloc((size_t)K * sizeof *x), *out = malloc((size_t)rows * sizeof *out);
-    if (!w || !x || !out) {
-        free(w); free(x); free(out);
+    if (!w || (sb && !sc) || !x || !out) {
+        free(w); free(sc); free(x); free(out);
         return pln_errorf("cpu tune: out of memory for a %lld MiB test weight", (long long)(bytes >> 20));
     }
-    /* 0x3c00 = 1.0 in F16: finite values, and every page touched before the first timed pass */
-    int64_t nw = bytes / 2;
+    /* finite values (F16 0x3c00 = 1.0, int8 and int4 1, scales 2^-10), every page touched before
+     * the first timed pass */
+    const int64_t nb = (int64_t)wb;
 #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c))
-    for (int64_t i = 0; i < nw; i++) w[i] = 0x3c00;
+    for (int64_t i = 0; i < nb; i += 2) {
+        uint16_t v = kind == PLN_CPU_PF_F16 ? 0x3c00 : kind == PLN_CPU_PF_I4 ? 0x9999 : 0x0101;
+        memcpy(w + i, &v, 2);
+    }
+    for (size_t i = 0; i < sb / 2; i++) sc[i] = 0x1400;
     for (int64_t k = 0; k < K; k++) x[k] = 1.0f / (float)(k + 1);
-    pln_weight W = {.dtype = PLN_DTYPE_F16, .rows = rows, .cols = K, .w = w, .scale = NULL, .group = 0};
-    int64_t saved = pln_cpu_pf_ahead;
+    pln_weight W = {.dtype = kind == PLN_CPU_PF_F16 ? PLN_DTYPE_F16 : kind == PLN_CPU_PF_I4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8,
+                    .rows = rows, .cols = K, .w = w, .scale = sc, .group = kind == PLN_CPU_PF_F16 ? 0 : G};
+    int64_t saved = pln_cpu_pf_by_kind[kind];
+    bool saved_idot = c->int_dot;
+    c->int_dot = kind == PLN_CPU_PF_I4;   /* --int-dot auto's path for the kind */
     pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);   /* warm-up */
     for (int i = 0; i < PLN_CPU_TUNE_N; i++) secs[i] = 1e30;
     for (int r = 0; r < PLN_CPU_TUNE_ROUNDS; r++)
         for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
-            pln_cpu_pf_ahead = pln_cpu_tune_candidates[i];
+            pln_cpu_pf_by_kind[kind] = pln_cpu_tune_candidates[i];
             double t0 = pln_now();
             pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);
             double dt = pln_now() - t0;
             if (dt < secs[i]) secs[i] = dt;
         }
-    pln_cpu_pf_ahead = saved;
+    pln_cpu_pf_by_kind[kind] = saved;
+    c->int_dot = saved_idot;
     double best = 1e30;
     for (int i = 0; i < PLN_CPU_TUNE_N; i++)
         if (secs[i] < best) best = secs[i];
@@ -98,7 +126,7 @@ static int measure(pln_cpu *c, double secs[PLN_CPU_TUNE_N], double *gbs_best, in
     *bytes_out = bytes;
     volatile float sink = out[rows / 2];
     (void)sink;
-    free(w); free(x); free(out);
+    free(w); free(sc); free(x); free(out);
     return 0;
 }
 
@@ -143,31 +171,47 @@ static cache_state cache_read(const char *path, json_t **root, char *why, size_t
     json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!j) { snprintf(why, nwhy, "is not JSON (line %d: %s)", err.line, err.text); return CACHE_FOREIGN; }
     json_t *v = json_object_get(j, "version"), *m = json_object_get(j, "machines");
-    if (!json_is_object(j) || !json_is_integer(v) || json_integer_value(v) != TUNE_VERSION || !json_is_object(m)) {
+    json_int_t ver = json_is_integer(v) ? json_integer_value(v) : -1;
+    if (!json_is_object(j) || (ver != 1 && ver != TUNE_VERSION) || !json_is_object(m)) {
         snprintf(why, nwhy, "is not a version-%d pollen CPU tune cache (an object with \"version\": %d and "
                  "\"machines\")", TUNE_VERSION, TUNE_VERSION);
         json_decref(j);
         return CACHE_FOREIGN;
     }
+    if (ver == 1) {   /* pollen's own older cache (one distance for every kind): measured again, replaced */
+        json_object_set_new(j, "version", json_integer(TUNE_VERSION));
+        json_object_set_new(j, "machines", json_object());
+    }
     *root = j;
     return CACHE_OURS;
 }
 
-/* The cached distance for key: 0 and *pf, 1 when there is no entry, -1 (why) when the entry is
- * not one pollen writes. */
-static int cache_lookup(json_t *root, const char *key, int64_t *pf, char *why, size_t nwhy) {
+/* The cached distances for key, one per kind: 0 and pf[], 1 when there is no entry, -1 (why) when
+ * the entry is not one pollen writes. */
+static int cache_lookup(json_t *root, const char *key, int64_t pf[PLN_CPU_PF_KINDS], char *why, size_t nwhy) {
     json_t *e = json_object_get(json_object_get(root, "machines"), key);
     if (!e) return 1;
-    json_t *v = json_object_get(e, "pf_ahead");
-    if (!json_is_object(e) || !json_is_integer(v)) {
-        snprintf(why, nwhy, "its entry for this machine has no integer \"pf_ahead\"");
+    json_t *o = json_object_get(e, "pf_ahead");
+    if (!json_is_object(e) || !json_is_object(o)) {
+        snprintf(why, nwhy, "its entry for this machine has no object \"pf_ahead\"");
         return -1;
     }
-    for (int i = 0; i < PLN_CPU_TUNE_N; i++)
-        if (json_integer_value(v) == pln_cpu_tune_candidates[i]) { *pf = pln_cpu_tune_candidates[i]; return 0; }
-    snprintf(why, nwhy, "its entry for this machine has \"pf_ahead\": %lld, not one of the distances measured "
-             "(0, 1024, 2048, 4096, 8192, 16384)", (long long)json_integer_value(v));
-    return -1;
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
+        json_t *v = json_object_get(o, pln_cpu_pf_kind_names[k]);
+        if (!json_is_integer(v)) {
+            snprintf(why, nwhy, "its entry for this machine has no integer \"pf_ahead\" \"%s\"", pln_cpu_pf_kind_names[k]);
+            return -1;
+        }
+        int i = 0;
+        while (i < PLN_CPU_TUNE_N && json_integer_value(v) != pln_cpu_tune_candidates[i]) i++;
+        if (i == PLN_CPU_TUNE_N) {
+            snprintf(why, nwhy, "its entry for this machine has \"pf_ahead\" \"%s\": %lld, not one of the distances "
+                     "measured (0, 1024, 2048, 4096, 8192, 16384)", pln_cpu_pf_kind_names[k], (long long)json_integer_value(v));
+            return -1;
+        }
+        pf[k] = pln_cpu_tune_candidates[i];
+    }
+    return 0;
 }
 
 /* Writes root to path atomically (a temporary file in the same directory, then rename), making
@@ -220,6 +264,16 @@ static int cache_write(const char *path, json_t *root) {
 
 /* ---- the mode ---------------------------------------------------------------------------- */
 
+/* The distances in use, reported in out. */
+static void report(pln_backend_tune *out, const char *source) {
+    out->source = source;
+    out->n_kinds = PLN_CPU_PF_KINDS;
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
+        out->kind[k] = pln_cpu_pf_kind_names[k];
+        out->pf_ahead[k] = pln_cpu_pf_by_kind[k];
+    }
+}
+
 int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
     pln_cpu *c = pln_cpu_of(be);
     memset(out, 0, sizeof *out);
@@ -227,9 +281,8 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
     if (strcmp(mode, "auto") && strcmp(mode, "off") && strcmp(mode, "redo"))
         return pln_errorf("cpu_tune \"%s\" is not one of auto, off, redo", mode);
     if (!strcmp(mode, "off")) {
-        pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
-        out->source = "off";
-        out->pf_ahead = pln_cpu_pf_ahead;
+        for (int k = 0; k < PLN_CPU_PF_KINDS; k++) pln_cpu_pf_by_kind[k] = PLN_CPU_PF_AHEAD_DEFAULT;
+        report(out, "off");
         return 0;
     }
     char *path = cache_path(), *key = machine_key(c);
@@ -240,12 +293,11 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
         snprintf(out->warning, sizeof out->warning, "%s %s; the CPU tune is measured but not cached (the file is "
                  "left as it is: move it away to cache again)", path, why);
     if (cs == CACHE_OURS && !strcmp(mode, "auto")) {
-        int64_t pf;
-        int lr = cache_lookup(root, key, &pf, why, sizeof why);
+        int64_t pf[PLN_CPU_PF_KINDS];
+        int lr = cache_lookup(root, key, pf, why, sizeof why);
         if (lr == 0) {
-            pln_cpu_pf_ahead = pf;
-            out->source = "cached";
-            out->pf_ahead = pf;
+            memcpy(pln_cpu_pf_by_kind, pf, sizeof pf);
+            report(out, "cached");
             json_decref(root);
             free(path); free(key);
             return 0;
@@ -253,33 +305,41 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
         if (lr < 0)
             snprintf(out->warning, sizeof out->warning, "%s: %s; measuring again", path, why);
     }
-    double secs[PLN_CPU_TUNE_N], gbs = 0;
-    int64_t bytes = 0;
-    if (measure(c, secs, &gbs, &bytes)) {
-        json_decref(root);
-        free(path); free(key);
-        return -1;
+    double secs[PLN_CPU_PF_KINDS][PLN_CPU_TUNE_N], gbs = 0;
+    int64_t bytes[PLN_CPU_PF_KINDS];
+    int64_t pick[PLN_CPU_PF_KINDS];
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
+        if (measure(c, (pln_cpu_pf_kind)k, secs[k], &gbs, &bytes[k])) {
+            json_decref(root);
+            free(path); free(key);
+            return -1;
+        }
+        pick[k] = pln_cpu_tune_candidates[pln_cpu_tune_pick(secs[k], PLN_CPU_TUNE_N, default_index())];
     }
-    int pick = pln_cpu_tune_pick(secs, PLN_CPU_TUNE_N, default_index());
-    pln_cpu_pf_ahead = pln_cpu_tune_candidates[pick];
-    out->source = "measured";
-    out->pf_ahead = pln_cpu_pf_ahead;
-    for (int i = 0; i < PLN_CPU_TUNE_N; i++) out->gbs[i] = (double)bytes / secs[i] / 1e9;
+    memcpy(pln_cpu_pf_by_kind, pick, sizeof pick);
+    report(out, "measured");
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++)
+        for (int i = 0; i < PLN_CPU_TUNE_N; i++) out->gbs[k][i] = (double)bytes[k] / secs[k][i] / 1e9;
     if (path && cs != CACHE_FOREIGN) {
         if (!root) root = json_pack("{s:i, s:{}}", "version", TUNE_VERSION, "machines");
-        json_t *g = json_object();
-        for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
-            char k[24];
-            snprintf(k, sizeof k, "%lld", (long long)pln_cpu_tune_candidates[i]);
-            json_object_set_new(g, k, json_real(out->gbs[i]));
+        json_t *pfo = json_object(), *g = json_object();
+        for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
+            json_object_set_new(pfo, pln_cpu_pf_kind_names[k], json_integer(pick[k]));
+            json_t *gk = json_object();
+            for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
+                char n[24];
+                snprintf(n, sizeof n, "%lld", (long long)pln_cpu_tune_candidates[i]);
+                json_object_set_new(gk, n, json_real(out->gbs[k][i]));
+            }
+            json_object_set_new(g, pln_cpu_pf_kind_names[k], gk);
         }
         time_t now = time(NULL);
         struct tm tm;
         char when[32] = "";
         if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
         json_object_set_new(json_object_get(root, "machines"), key,
-                            json_pack("{s:I, s:o, s:I, s:s}", "pf_ahead", (json_int_t)pln_cpu_pf_ahead,
-                                      "gemv_gbs", g, "weight_mib", (json_int_t)(bytes >> 20), "measured_at", when));
+                            json_pack("{s:o, s:o, s:I, s:s}", "pf_ahead", pfo, "gemv_gbs", g, "weight_mib",
+                                      (json_int_t)(bytes[PLN_CPU_PF_F16] >> 20), "measured_at", when));
         if (cache_write(path, root))
             snprintf(out->warning, sizeof out->warning, "cpu tune: %s; measured again at each start until it can "
                      "be written (--cpu-tune off skips the measurement)", pln_error());

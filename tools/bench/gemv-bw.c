@@ -219,7 +219,7 @@ int main(int argc, char **argv) {
         mib = 8 * llc < 256 ? 256 : 8 * llc;
     }
     if (mib < 16 || mib > 65536) die("--mib: give 16..65536");
-    if (!npf) pfs[npf++] = pln_cpu_pf_ahead;
+    if (!npf) pfs[npf++] = PLN_CPU_PF_AHEAD_DEFAULT;
     size_t bytes = mib << 20;
     print_machine(argc, argv, bytes, K);
 
@@ -294,7 +294,7 @@ int main(int argc, char **argv) {
             /* the distances in turn within each pass, so a disturbance hits them alike */
             for (int p = 0; p < passes; p++)
                 for (int d = 0; d < npf; d++) {
-                    pln_cpu_pf_ahead = pfs[d];
+                    for (int k = 0; k < PLN_CPU_PF_KINDS; k++) pln_cpu_pf_by_kind[k] = pfs[d];
                     double t0 = now();
                     if (be->linear(be, out, x, &W, NULL, 1, false)) die("linear failed");
                     tm[d][p] = now() - t0;
