@@ -221,7 +221,8 @@ bool pln_cpu_has_q4n(void);
  * decode ran 1.6x slower. */
 #define PLN_CPU_PF_AHEAD_DEFAULT 8192
 /* The distance in use: pln_cpu_linear sets it from pln_cpu_pf_by_kind for its weight's kind
- * before any thread reads it; every GEMV and tile reads it. */
+ * before its threads start; every GEMV and tile reads it. Process-wide, as the CPU backend's
+ * calls are: one linear at a time (an engine's steps run one after another). */
 extern int64_t pln_cpu_pf_ahead;
 #define PLN_CPU_PF_AHEAD pln_cpu_pf_ahead
 
