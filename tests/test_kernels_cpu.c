@@ -18,6 +18,8 @@
 
 #include <float.h>
 #include <omp.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <stdint.h>
 
 /* ---- random inputs ------------------------------------------------------------------------- */
@@ -1433,6 +1435,34 @@ static void test_cpu_tune(void) {
     for (int k = 0; k < PLN_CPU_PF_KINDS; k++)
         CHECK(tu.pf_ahead[k] == PLN_CPU_PF_AHEAD_DEFAULT && pln_cpu_pf_by_kind[k] == PLN_CPU_PF_AHEAD_DEFAULT &&
               !strcmp(tu.kind[k], pln_cpu_pf_kind_names[k]), "off: the default distance for %s", pln_cpu_pf_kind_names[k]);
+    /* a measurement leaves the modes as it found them (it measures each kind on its own path) */
+    {
+        char dir[] = "/tmp/pln-tune-XXXXXX";
+        if (mkdtemp(dir)) {
+            setenv("XDG_CACHE_HOME", dir, 1);
+            setenv("PLN_CPU_TUNE_MIB", "1", 1);
+            pln_cpu_set_batch_invariant(g_be, true);
+            pln_cpu_set_int_dot(g_be, true);
+            CHECK(g_be->tune(g_be, "redo", &tu) == 0 && !strcmp(tu.source, "measured"), "redo measures: %s", pln_error());
+            CHECK(pln_cpu_of(g_be)->batch_invariant && pln_cpu_of(g_be)->int_dot, "the modes are restored after the tune");
+            for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
+                int ok = 0;
+                for (int i = 0; i < PLN_CPU_TUNE_N; i++) ok |= tu.pf_ahead[k] == pln_cpu_tune_candidates[i];
+                CHECK(ok && tu.pf_ahead[k] == pln_cpu_pf_by_kind[k], "%s: a measured candidate, in use", pln_cpu_pf_kind_names[k]);
+            }
+            pln_cpu_set_batch_invariant(g_be, false);
+            pln_cpu_set_int_dot(g_be, false);
+            CHECK(g_be->tune(g_be, "off", &tu) == 0, "back to off");
+            char path[96];
+            snprintf(path, sizeof path, "%s/pollen/cpu-tune.json", dir);
+            unlink(path);
+            snprintf(path, sizeof path, "%s/pollen", dir);
+            rmdir(path);
+            rmdir(dir);
+            unsetenv("XDG_CACHE_HOME");
+            unsetenv("PLN_CPU_TUNE_MIB");
+        }
+    }
     /* the kind each weight's GEMV takes its distance from */
     {
         pln_weight wf = {.dtype = PLN_DTYPE_F16, .cols = 1024}, wr = {.dtype = PLN_DTYPE_I8, .cols = 1024, .group = 1024},

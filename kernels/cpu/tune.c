@@ -61,7 +61,7 @@ static int default_index(void) {
 }
 
 /* kind's GEMV at every candidate; secs[i]: the best pass at candidate i. Leaves the distances
- * and the integer-dot setting as it found them. -1 + error when the weight cannot be allocated. */
+ * and the integer-dot and batch-invariant settings as it found them. -1 + error when the weight cannot be allocated. */
 static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N], double *gbs_best,
                    int64_t *bytes_out) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
@@ -105,8 +105,9 @@ static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N]
     pln_weight W = {.dtype = kind == PLN_CPU_PF_F16 ? PLN_DTYPE_F16 : kind == PLN_CPU_PF_I4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8,
                     .rows = rows, .cols = K, .w = w, .scale = sc, .group = kind == PLN_CPU_PF_F16 ? 0 : G};
     int64_t saved = pln_cpu_pf_by_kind[kind];
-    bool saved_idot = c->int_dot;
+    bool saved_idot = c->int_dot, saved_bi = c->batch_invariant;
     c->int_dot = kind == PLN_CPU_PF_I4;   /* --int-dot auto's path for the kind */
+    c->batch_invariant = false;           /* the GEMV itself, not a 5-token step */
     pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);   /* warm-up */
     for (int i = 0; i < PLN_CPU_TUNE_N; i++) secs[i] = 1e30;
     for (int r = 0; r < PLN_CPU_TUNE_ROUNDS; r++)
@@ -119,6 +120,7 @@ static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N]
         }
     pln_cpu_pf_by_kind[kind] = saved;
     c->int_dot = saved_idot;
+    c->batch_invariant = saved_bi;
     double best = 1e30;
     for (int i = 0; i < PLN_CPU_TUNE_N; i++)
         if (secs[i] < best) best = secs[i];
