@@ -998,8 +998,10 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     /* on and applying: fp16 weights (but a quantized embedding) never take the path */
     info->batch_invariant = e->be && e->be->batch_invariant;
     info->cpu_tune = e->tune.source;
+    _Static_assert(sizeof info->cpu_pf_ahead / sizeof info->cpu_pf_ahead[0] == PLN_TUNE_MAX_KINDS,
+                   "pln_engine_info holds every tuned kind");
     info->cpu_pf_kinds = e->tune.source ? e->tune.n_kinds : 0;
-    for (int i = 0; i < info->cpu_pf_kinds && i < 4; i++) {
+    for (int i = 0; i < info->cpu_pf_kinds; i++) {
         info->cpu_pf_kind[i] = e->tune.kind[i];
         info->cpu_pf_ahead[i] = e->tune.pf_ahead[i];
     }
