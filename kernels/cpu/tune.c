@@ -60,10 +60,10 @@ static int default_index(void) {
     return -1;
 }
 
-/* kind's GEMV at every candidate; secs[i]: the best pass at candidate i. Leaves the distances
- * and the integer-dot and batch-invariant settings as it found them. -1 + error when the weight cannot be allocated. */
-static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N], double *gbs_best,
-                   int64_t *bytes_out) {
+/* kind's GEMV at every candidate; secs[i]: the best pass at candidate i, *bytes_out the bytes
+ * each pass reads. Leaves the distances and the integer-dot and batch-invariant settings as it
+ * found them. -1 + error when the weight cannot be allocated. */
+static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N], int64_t *bytes_out) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     int64_t bytes = 2 * (int64_t)(llc > 0 ? llc : 32 << 20);
     if (bytes < (64 << 20)) bytes = 64 << 20;
@@ -121,10 +121,6 @@ static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N]
     pln_cpu_pf_by_kind[kind] = saved;
     c->int_dot = saved_idot;
     c->batch_invariant = saved_bi;
-    double best = 1e30;
-    for (int i = 0; i < PLN_CPU_TUNE_N; i++)
-        if (secs[i] < best) best = secs[i];
-    *gbs_best = (double)bytes / best / 1e9;
     *bytes_out = bytes;
     volatile float sink = out[rows / 2];
     (void)sink;
@@ -307,11 +303,11 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
         if (lr < 0)
             snprintf(out->warning, sizeof out->warning, "%s: %s; measuring again", path, why);
     }
-    double secs[PLN_CPU_PF_KINDS][PLN_CPU_TUNE_N], gbs = 0;
+    double secs[PLN_CPU_PF_KINDS][PLN_CPU_TUNE_N];
     int64_t bytes[PLN_CPU_PF_KINDS];
     int64_t pick[PLN_CPU_PF_KINDS];
     for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
-        if (measure(c, (pln_cpu_pf_kind)k, secs[k], &gbs, &bytes[k])) {
+        if (measure(c, (pln_cpu_pf_kind)k, secs[k], &bytes[k])) {
             json_decref(root);
             free(path); free(key);
             return -1;
