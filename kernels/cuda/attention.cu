@@ -301,8 +301,8 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
     pln_pdl_trigger();
     constexpr int NG = DEC_THREADS / G;
     PLN_DYNAMIC_SHARED(int, sbt);
-    __shared__ float gm[NG], gl[NG];
-    __shared__ float gacc[NG * 8 * G];   /* D <= 8 G */
+    __shared__ float gm[2][NG], gl[2][NG];
+    __shared__ float gacc[2][NG * 8 * G];   /* D <= 8 G; two buffers, one per query in turn */
     __shared__ bool last;
     const int t = t0 + (int)blockIdx.x, sp = blockIdx.z;
     const int kvh = (int)blockIdx.y / runs, run = (int)blockIdx.y % runs;
@@ -379,28 +379,29 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
         }
     }
     /* the groups' states meet, one query at a time: M = max of the group maxima, every state
-     * rescaled to it */
+     * rescaled to it. Queries alternate between two buffers: the barrier after query qh's writes
+     * also ends every read of query qh - 1's, so query qh + 1 may overwrite that buffer. */
 #pragma unroll
     for (int qh = 0; qh < QH; qh++) {
         if (qh >= nq) continue;   /* block-uniform */
-        if (qh > 0) __syncthreads();   /* the previous query is done with gm, gl, gacc */
-        if (part == 0) { gm[g] = m[qh]; gl[g] = l[qh]; }
+        const int b = qh & 1;
+        if (part == 0) { gm[b][g] = m[qh]; gl[b][g] = l[qh]; }
         if (lane_on) {
 #pragma unroll
-            for (int i = 0; i < 8; i++) gacc[g * D + part * 8 + i] = acc[qh][i];
+            for (int i = 0; i < 8; i++) gacc[b][g * D + part * 8 + i] = acc[qh][i];
         }
         __syncthreads();
         float M = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < NG; k++) M = fmaxf(M, gm[k]);
+        for (int k = 0; k < NG; k++) M = fmaxf(M, gm[b][k]);
         const int h = h0 + qh;
         const int64_t pidx = ((int64_t)blockIdx.x * nh + h) * nsplit + sp;
         const int64_t oidx = (int64_t)t * nh * D + (int64_t)h * D;
         float Ls = 0.0f;
-        for (int k = 0; k < NG; k++) Ls += gm[k] == -INFINITY ? 0.0f : gl[k] * __expf(gm[k] - M);
+        for (int k = 0; k < NG; k++) Ls += gm[b][k] == -INFINITY ? 0.0f : gl[b][k] * __expf(gm[b][k] - M);
         for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
             float v = 0.0f;
-            for (int k = 0; k < NG; k++) v += gm[k] == -INFINITY ? 0.0f : gacc[k * D + d] * __expf(gm[k] - M);
+            for (int k = 0; k < NG; k++) v += gm[b][k] == -INFINITY ? 0.0f : gacc[b][k * D + d] * __expf(gm[b][k] - M);
             if (nsplit == 1) out[oidx + d] = __float2half_rn(v / Ls);
             else pacc[pidx * D + d] = v;
         }
@@ -418,23 +419,75 @@ attn_decode_kernel(__half *out, float *pm, float *ps, float *pacc, unsigned *cnt
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int qh = 0; qh < nq; qh++) {
-        const int h = h0 + qh;
-        const int64_t base = ((int64_t)blockIdx.x * nh + h) * nsplit;
-        const int64_t oidx = (int64_t)t * nh * D + (int64_t)h * D;
+    /* The merge, with every load independent of the others (a chain of dependent L2 reads, split
+     * after split and head after head, cost more than the attention itself at 8 q heads per block:
+     * 68 us at Llama-3.1-70B's TP-8 shape on an H200). Warp w folds the states of q heads w,
+     * w + 4, ...: lane i the splits i, i + 32, ... in order, then a butterfly (the merge is
+     * symmetric, so every lane ends with the same state); lane 0 leaves it in shared memory. */
+    __shared__ float fm[QH], fs[QH];
+    /* each split's weight exp(m_k - M), staged per q head when the splits fit (the usual case:
+     * at most 64), so that the second pass reads only pacc */
+    constexpr int WMAX = 64;
+    __shared__ float fw[QH][WMAX];
+    const bool staged = nsplit <= WMAX;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int qh = warp; qh < nq; qh += DEC_THREADS / 32) {
+        const int64_t base = ((int64_t)blockIdx.x * nh + h0 + qh) * nsplit;
         pln_softmax_state st = {-INFINITY, 0.0f};
-        for (int k = 0; k < nsplit; k++) {
-            pln_softmax_state b = {__ldcg(pm + base + k), __ldcg(ps + base + k)};
+        float mk[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {   /* splits lane and lane + 32, kept for the weights */
+            const int k = lane + 32 * i;
+            mk[i] = k < nsplit ? __ldcg(pm + base + k) : -INFINITY;
+            const pln_softmax_state b = {mk[i], k < nsplit ? __ldcg(ps + base + k) : 0.0f};
             st = pln_softmax_merge(st, b);
         }
-        for (int d = threadIdx.x; d < D; d += DEC_THREADS) {
-            float v = 0.0f;
+        for (int k = lane + 64; k < nsplit; k += 32) {
+            const pln_softmax_state b = {__ldcg(pm + base + k), __ldcg(ps + base + k)};
+            st = pln_softmax_merge(st, b);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const pln_softmax_state b = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)};
+            st = pln_softmax_merge(st, b);
+        }
+        if (staged) {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                if (lane + 32 * i < nsplit) fw[qh][lane + 32 * i] = mk[i] == -INFINITY ? 0.0f : __expf(mk[i] - st.m);
+        }
+        if (lane == 0) { fm[qh] = st.m; fs[qh] = st.s; }
+    }
+    __syncthreads();
+    /* Each thread: 4 dimensions of one q head over every split (16-byte loads of pacc, which
+     * starts 16-byte aligned and D is a multiple of 8), unrolled so that several splits' loads
+     * are in flight at once. A split without keys has m = -inf and weight 0. */
+    const int D4 = D / 4;
+    for (int i = threadIdx.x; i < nq * D4; i += DEC_THREADS) {
+        const int qh = i / D4, d = (i % D4) * 4;
+        const int64_t base = ((int64_t)blockIdx.x * nh + h0 + qh) * nsplit;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (staged) {
+#pragma unroll 8
+            for (int k = 0; k < nsplit; k++) {
+                const float4 a = __ldcg((const float4 *)(pacc + (base + k) * D + d));
+                const float w = fw[qh][k];
+                v.x += a.x * w; v.y += a.y * w; v.z += a.z * w; v.w += a.w * w;
+            }
+        } else {
+            const float M = fm[qh];
+#pragma unroll 4
             for (int k = 0; k < nsplit; k++) {
                 const float mk = __ldcg(pm + base + k);
-                if (mk != -INFINITY) v += __ldcg(pacc + (base + k) * D + d) * __expf(mk - st.m);
+                const float4 a = __ldcg((const float4 *)(pacc + (base + k) * D + d));
+                const float w = mk == -INFINITY ? 0.0f : __expf(mk - M);
+                v.x += a.x * w; v.y += a.y * w; v.z += a.z * w; v.w += a.w * w;
             }
-            out[oidx + d] = __float2half_rn(v / st.s);
         }
+        const float S = fs[qh];
+        __half *o = out + (int64_t)t * nh * D + (int64_t)(h0 + qh) * D + d;
+        *(__half2 *)o = __floats2half2_rn(v.x / S, v.y / S);
+        *(__half2 *)(o + 2) = __floats2half2_rn(v.z / S, v.w / S);
     }
 }
 
@@ -483,10 +536,10 @@ static int attn_decode(pln_cuda_ctx *c, void *out, const void *qkv, const void *
     float *pm = nullptr, *ps = nullptr, *pacc = nullptr;
     unsigned *cnt = nullptr;
     if (nsplit > 1) {
-        const size_t nst = (size_t)T * nh * nsplit;
-        float *w = (float *)pln_cuda_scratch(c, nst * (2 + (size_t)D) * sizeof(float));
+        const size_t nst = (size_t)T * nh * nsplit, st4 = (2 * nst + 3) & ~(size_t)3;   /* pacc 16-byte aligned */
+        float *w = (float *)pln_cuda_scratch(c, (st4 + nst * (size_t)D) * sizeof(float));
         if (!w) return -1;
-        pm = w; ps = w + nst; pacc = w + 2 * nst;
+        pm = w; ps = w + nst; pacc = w + st4;
         cnt = pln_cuda_attn_counters(c, (size_t)T * nh);
         if (!cnt) return -1;
     }
