@@ -851,10 +851,33 @@ static int linear_cublaslt(pln_cuda_ctx *c, void *out, bool f32, const void *in,
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
-/* Grids: 16 rows per block; a matrix with fewer row tiles than 4 blocks per SM (QKV of a TP-8
- * BLOOM-176B rank: 336 on 132 SMs) splits k over gridDim.y blocks (each at least 32 steps, two
- * pipelined rounds per warp), the last block of a tile reducing (split-k in gemv_kernel). */
-#define GEMV_FILL_PER_SM 4
+/* Blocks of one GEMV instance that an SM holds at once (its registers decide: 114-178 per thread
+ * on sm_90, so 2-4 blocks of 128 threads), asked of the runtime once per instance. */
+template <bool I8, bool GROUPED, int NT, typename OT>
+static int gemv_resident(void)
+{
+    static int n = 0;   /* every thread that races here stores the same value */
+    int v = __atomic_load_n(&n, __ATOMIC_RELAXED);
+    if (v > 0) return v;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv_kernel<I8, GROUPED, NT, OT>, GEMV_WARPS * 32, 0) !=
+            cudaSuccess || v < 1) {
+        (void)cudaGetLastError();
+        v = 1;
+    }
+    __atomic_store_n(&n, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* Grids: 16 rows per block. Split-k (gridDim.y blocks per row tile, the last of a tile to finish
+ * reducing, in gemv_kernel) only as far as one wave holds: the largest split whose blocks are
+ * all resident at once (row tiles x split <= resident blocks per SM x SMs), each split at least
+ * one pipelined round per warp (16 steps). Swept on an H200 over the decode linears of
+ * BLOOM-176B (TP 8) and Llama-3.1-8B/70B (TP 1/8), fp16 and int8, 1 and 8 tokens (bench_decode's
+ * "GEMV split-k swept"): a second wave never paid, except for QKV of BLOOM's rank (336 tiles:
+ * split 3, 4-8 % faster than 1), and filling the first did (70B's QKV, 80 tiles: split 6, 2.4x
+ * faster than 1 in fp16; 8B's o_proj and down_proj, 256 tiles: split 2, 1.1-1.3x); the rule picks
+ * the best split in 22 of those 24 cases at 1 token (not BLOOM's QKV). The rule it replaces (at
+ * least 4 blocks per SM, rounded up) was 5-38 % slower than the best in 14 of them. */
 template <bool I8, bool GROUPED, typename OT>
 static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weight *W, const __half *b,
                        int T, int epi, int64_t n_valid)
@@ -862,14 +885,13 @@ static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weig
     /* SwiGLU: 8 gate/up pairs per block (gemv_kernel) */
     const int blocks = epi == PLN_EPI_SWIGLU ? pln_cdiv(W->rows / 2, 8) : pln_cdiv(W->rows, 16);
     const int64_t nsteps = W->cols / (I8 ? 64 : 32);
-    const int64_t target = (int64_t)GEMV_FILL_PER_SM * (c->sm_count > 0 ? c->sm_count : 1);
-    int64_t kspl = 1;
-    if (blocks < target) {
-        kspl = pln_cdiv(target, blocks);
-        const int64_t most = nsteps / (2 * GEMV_WARPS * GEMV_U);
-        if (kspl > most) kspl = most;
-        if (kspl < 1) kspl = 1;
-    }
+    const int resident = T <= 8 ? gemv_resident<I8, GROUPED, 8, OT>()
+                         : T <= 16 ? gemv_resident<I8, GROUPED, 16, OT>() : gemv_resident<I8, GROUPED, GEMV_MAX_T, OT>();
+    const int64_t wave = (int64_t)resident * (c->sm_count > 0 ? c->sm_count : 1);
+    int64_t kspl = blocks < wave ? wave / blocks : 1;
+    const int64_t most = nsteps / (GEMV_WARPS * GEMV_U);
+    if (kspl > most) kspl = most;
+    if (kspl < 1) kspl = 1;
     if (c->gemv_splits > 0) kspl = c->gemv_splits < nsteps ? c->gemv_splits : (nsteps > 0 ? nsteps : 1);
     const int64_t per = pln_cdiv(nsteps, kspl);
     float *part = nullptr;

@@ -670,6 +670,19 @@ static void llama_ops(int32_t ctx)
                 char key[128];
                 snprintf(key, sizeof key, "llama_%s_%s_b%d_us", sh->name, names[w], B); result(key, ms * 1e3, "us");
                 snprintf(key, sizeof key, "llama_%s_%s_b%d_gbs", sh->name, names[w], B); result(key, gbs, "GB/s");
+                if (w == 2) {   /* the flash-decoding splits forced, against the dispatch's choice above */
+                    static const int fs[] = {1, 2, 4, 8, 16, 32, 64};
+                    printf("    attention splits forced:");
+                    for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
+                        pln_cuda_set_attn_splits(be, fs[k]);
+                        const double fms = time_ms(do_llama, &a, 3, 4 * LL_ROT);
+                        printf(" %d:%.1f", fs[k], fms * 1e3);
+                        snprintf(key, sizeof key, "llama_%s_attention_b%d_split%d_us", sh->name, B, fs[k]);
+                        result(key, fms * 1e3, "us");
+                    }
+                    pln_cuda_set_attn_splits(be, 0);
+                    printf(" us\n");
+                }
             }
             printf("  %s batch %d: the kernels of one decode step sum to %.3f ms (%d layers, no logits)\n", sh->name, B,
                    step_ms, sh->layers);
@@ -681,6 +694,77 @@ static void llama_ops(int32_t ctx)
         }
         be->free(be, arena); be->free(be, a.gamma); be->free(be, a.inv_freq);
     }
+}
+
+/* ---- the GEMV's split-k, swept --------------------------------------------------------------
+ * Every decode-shaped linear of the three models above (BLOOM-176B TP-8 rank, Llama-3.1-8B TP 1,
+ * Llama-3.1-70B TP-8 rank), fp16 and int8 per row, at 1 and 8 tokens: µs per call with the split
+ * chosen by the dispatch (auto) and with each split forced, so the rule can be read against the
+ * best. Each matrix is copied until the copies pass 512 MB and the calls rotate over them: no call
+ * finds its weights in L2. */
+typedef struct { void *out, *in; pln_weight w[64]; int n; int32_t T; } rot_arg;
+static int do_linear_rot(void *arg, int it)
+{
+    rot_arg *r = arg;
+    return be->linear(be, r->out, r->in, &r->w[it % r->n], NULL, r->T, false);
+}
+
+static void gemv_splits(void)
+{
+    static const struct { const char *model, *name; int64_t rows, cols; } shp[] = {
+        {"bloom176b-tp8", "query_key_value", QKV, HID}, {"bloom176b-tp8", "dense", HID, HL},
+        {"bloom176b-tp8", "dense_h_to_4h", FF, HID},    {"bloom176b-tp8", "dense_4h_to_h", HID, FF},
+        {"llama3.1-8b-tp1", "qkv_proj", 6144, 4096},    {"llama3.1-8b-tp1", "o_proj", 4096, 4096},
+        {"llama3.1-8b-tp1", "gate_up_proj", 28672, 4096}, {"llama3.1-8b-tp1", "down_proj", 4096, 14336},
+        {"llama3.1-70b-tp8", "qkv_proj", 1280, 8192},   {"llama3.1-70b-tp8", "o_proj", 8192, 1024},
+        {"llama3.1-70b-tp8", "gate_up_proj", 7168, 8192}, {"llama3.1-70b-tp8", "down_proj", 8192, 3584},
+    };
+    static const int splits[] = {0, 1, 2, 3, 4, 5, 6, 8, 12, 16};
+    const int ns = (int)(sizeof splits / sizeof splits[0]);
+    rot_arg r;
+    memset(&r, 0, sizeof r);
+    r.in = dalloc((size_t)8 * 28672 * 2);
+    r.out = dalloc((size_t)8 * 28672 * 2);
+    fill(r.in, (size_t)8 * 28672, PLN_DTYPE_F16, -1, 1);
+    printf("GEMV split-k swept (us per call; auto = the dispatch's choice; the matrices rotate past L2):\n");
+    for (size_t si = 0; si < sizeof shp / sizeof shp[0]; si++) {
+        for (int q = 0; q < 2; q++) {
+            const int64_t R = shp[si].rows, C = shp[si].cols;
+            const size_t one = (size_t)(R * C) * (q ? 1 : 2) + (q ? (size_t)R * 2 + 256 : 0) + 256;
+            r.n = (int)((((size_t)512 << 20) + one - 1) / one);
+            if (r.n < 2) r.n = 2;
+            if (r.n > 64) r.n = 64;
+            char *arena = dalloc(one * (size_t)r.n), *cur = arena;
+            uint64_t wb = 0;
+            for (int i = 0; i < r.n; i++) r.w[i] = make_w(&cur, R, C, q == 1, &wb);
+            for (int ti = 0; ti < 2; ti++) {
+                r.T = ti ? 8 : 1;
+                double us[16], best = 1e30;
+                int bi = 0;
+                for (int k = 0; k < ns; k++) {
+                    pln_cuda_set_gemv_splits(be, splits[k]);
+                    us[k] = time_ms(do_linear_rot, &r, 2, 2 * r.n > 20 ? 2 * r.n : 20) * 1e3;
+                    if (k > 0 && us[k] < best) { best = us[k]; bi = k; }
+                }
+                pln_cuda_set_gemv_splits(be, 0);
+                const double gb = (double)wb / r.n;
+                printf("  %-16s %-15s [%5lld x %5lld] %s T%d: auto %6.1f us (%4.0f GB/s); best split %2d %6.1f us (%4.0f GB/s);",
+                       shp[si].model, shp[si].name, (long long)R, (long long)C, q ? "int8" : "fp16", r.T, us[0],
+                       gb / (us[0] * 1e-6) / 1e9, splits[bi], best, gb / (best * 1e-6) / 1e9);
+                for (int k = 1; k < ns; k++) printf(" %d:%.1f", splits[k], us[k]);
+                printf("\n");
+                char key[128];
+                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_auto_us", shp[si].model, shp[si].name, q ? "int8" : "fp16", r.T);
+                result(key, us[0], "us");
+                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_best_us", shp[si].model, shp[si].name, q ? "int8" : "fp16", r.T);
+                result(key, best, "us");
+                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_best_k", shp[si].model, shp[si].name, q ? "int8" : "fp16", r.T);
+                result(key, splits[bi], "splits");
+            }
+            be->free(be, arena);
+        }
+    }
+    be->free(be, r.in); be->free(be, r.out);
 }
 
 /* ---- loader ---------------------------------------------------------------------------------- */
@@ -745,6 +829,7 @@ int main(int argc, char **argv)
     batch_linears();
     int4_tp1();
     llama_ops(ctx);
+    if (!quick) gemv_splits();
     for (int q = 0; q < 2; q++) {
         model_t m;
         model_make(&m, q == 1);

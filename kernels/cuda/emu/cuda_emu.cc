@@ -1726,6 +1726,20 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 cudaError_t cudaDriverGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = CUDART_VERSION; return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v) { (void)f; (void)a; (void)v; return cudaSuccess; }
+/* Occupancy: the harness has no register file; it answers as an SM with 2048 threads and no
+ * other limit would (16 blocks of 128), which only sizes split-k choices (tests force splits). */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *f, int block, size_t smem,
+                                                                   unsigned int flags)
+{
+    (void)f; (void)smem; (void)flags;
+    if (block <= 0) return g_last_error = cudaErrorInvalidValue;
+    *n = 2048 / block < 32 ? 2048 / block : 32;
+    return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f, int block, size_t smem)
+{
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, smem, 0);
+}
 
 /* ---- cuBLASLt: present, but never has an algorithm ----------------------------------------------- */
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (cublasLtHandle_t)malloc(16); return CUBLAS_STATUS_SUCCESS; }
