@@ -94,6 +94,11 @@ check "test mode: one log per stage in the tarball" \
 check "test mode: memcheck on the op checks with API errors off" \
   grep -Eq '^stage sanitizer-memcheck: .*compute-sanitizer --tool memcheck --report-api-errors no .*tests-gpu/test_cuda_ops --quick$' \
   "$TMP/fake/x/logs/sanitizer-memcheck.txt"
+check "test mode: racecheck on the op checks, every kernel instrumented (a kernel filter crashed it)" \
+  grep -Eq '^stage sanitizer-racecheck: .*compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 99 .*tests-gpu/test_cuda_ops --quick$' \
+  "$TMP/fake/x/logs/sanitizer-racecheck.txt"
+check "test mode: no kernel filters on either sanitizer" \
+  sh -c "! grep -q 'kernel-name' '$TMP/fake/x/logs/sanitizer-memcheck.txt' '$TMP/fake/x/logs/sanitizer-racecheck.txt'"
 check "test mode: NCCL bootstrap on loopback" grep -qx 'NCCL_SOCKET_IFNAME=lo' "$TMP/fake/x/logs/test-gpu.txt"
 check "test mode: no InfiniBand" grep -qx 'NCCL_IB_DISABLE=1' "$TMP/fake/x/logs/bench.txt"
 check "test mode: MPI's TCP on loopback" grep -qx 'OMPI_MCA_btl_tcp_if_include=lo' "$TMP/fake/x/logs/test-gpu.txt"
