@@ -86,6 +86,8 @@ check "test mode: a class without figures prints dashes" grep -Eq '^  dense +- +
 check "test mode: int8 uses fp16's figure for a shared kernel, marked" \
   grep -Eq '^  residual\+layernorm\* +5\.0 +140 +0\.700 +40 +10\.0$' "$TMP/fake/table.txt"
 check "test mode: int8's own figure where it has one" grep -Eq '^  query_key_value +20\.0 +70 +1\.400 +0 +20\.0$' "$TMP/fake/table.txt"
+check "test mode: the split sweep runs as a stage of its own" \
+  grep -q 'sweep (at most [0-9]*s): .*tests-gpu/bench_decode --sweep-only$' "$TMP/fake/summary.txt"
 check "test mode: racecheck's hazards counted" grep -qx 'sanitizer_racecheck_errors 2 -' "$TMP/fake/results.txt"
 check "test mode: racecheck's exit recorded" grep -qx 'sanitizer_racecheck_exit 99 -' "$TMP/fake/results.txt"
 mkdir -p "$TMP/fake/x" && tar -C "$TMP/fake/x" -xzf "$TMP/fake/logs.tar.gz"

@@ -872,12 +872,14 @@ static int gemv_resident(void)
  * reducing, in gemv_kernel) only as far as one wave holds: the largest split whose blocks are
  * all resident at once (row tiles x split <= resident blocks per SM x SMs), each split at least
  * one pipelined round per warp (16 steps). Swept on an H200 over the decode linears of
- * BLOOM-176B (TP 8) and Llama-3.1-8B/70B (TP 1/8), fp16 and int8, 1 and 8 tokens (bench_decode's
- * "GEMV split-k swept"): a second wave never paid, except for QKV of BLOOM's rank (336 tiles:
+ * BLOOM-176B (TP 8) and Llama-3.1-8B/70B (TP 1/8), fp16 and int8, 1 and 8 tokens (bench_decode
+ * --sweep-only): a second wave never paid, except for QKV of BLOOM's rank (336 tiles:
  * split 3, 4-8 % faster than 1), and filling the first did (70B's QKV, 80 tiles: split 6, 2.4x
  * faster than 1 in fp16; 8B's o_proj and down_proj, 256 tiles: split 2, 1.1-1.3x); the rule picks
  * the best split in 22 of those 24 cases at 1 token (not BLOOM's QKV). The rule it replaces (at
- * least 4 blocks per SM, rounded up) was 5-38 % slower than the best in 14 of them. */
+ * least 4 blocks per SM, rounded up) was 5-38 % slower than the best in 14 of them. At 16-32
+ * tokens and in int8 groups of 128, BLOOM's QKV and dense_h_to_4h take 3-4 splits (several waves)
+ * 10-29 % faster than this rule's 1 (docs/CUDA.md). */
 template <bool I8, bool GROUPED, typename OT>
 static int launch_gemv(pln_cuda_ctx *c, OT *out, const __half *x, const pln_weight *W, const __half *b,
                        int T, int epi, int64_t n_valid)

@@ -10,6 +10,7 @@
  *
  *   bench_decode [--quick] [--ctx N] [--batches 1,8,32,128] [--iters N]
  *   bench_decode --load FILE        loader GB/s: FILE streamed into one device allocation
+ *   bench_decode --sweep-only [N]   the GEMV split-k sweep (not in the default run), from its shape N (0-11) on
  *
  * Every figure is also printed as "RESULT <key> <value> <unit>" for tools/bench/gpu.sh. */
 #include "kernels/backend.h"
@@ -698,7 +699,8 @@ static void llama_ops(int32_t ctx)
 
 /* ---- the GEMV's split-k, swept --------------------------------------------------------------
  * Every decode-shaped linear of the three models above (BLOOM-176B TP-8 rank, Llama-3.1-8B TP 1,
- * Llama-3.1-70B TP-8 rank), fp16 and int8 per row, at 1 and 8 tokens: µs per call with the split
+ * Llama-3.1-70B TP-8 rank), fp16, int8 per row and int8 in groups of 128, at 1, 8, 16 and (int8)
+ * 32 tokens (the GEMV's 8-, 16- and 32-token tiles): µs per call with the split
  * chosen by the dispatch (auto) and with each split forced, so the rule can be read against the
  * best. Each matrix is copied until the copies pass 512 MB and the calls rotate over them: no call
  * finds its weights in L2. */
@@ -709,7 +711,7 @@ static int do_linear_rot(void *arg, int it)
     return be->linear(be, r->out, r->in, &r->w[it % r->n], NULL, r->T, false);
 }
 
-static void gemv_splits(void)
+static void gemv_splits(int from)
 {
     static const struct { const char *model, *name; int64_t rows, cols; } shp[] = {
         {"bloom176b-tp8", "query_key_value", QKV, HID}, {"bloom176b-tp8", "dense", HID, HL},
@@ -721,24 +723,36 @@ static void gemv_splits(void)
     };
     static const int splits[] = {0, 1, 2, 3, 4, 5, 6, 8, 12, 16};
     const int ns = (int)(sizeof splits / sizeof splits[0]);
+    static const char *dn[3] = {"fp16", "int8", "int8g128"};
     rot_arg r;
     memset(&r, 0, sizeof r);
     r.in = dalloc((size_t)8 * 28672 * 2);
     r.out = dalloc((size_t)8 * 28672 * 2);
     fill(r.in, (size_t)8 * 28672, PLN_DTYPE_F16, -1, 1);
     printf("GEMV split-k swept (us per call; auto = the dispatch's choice; the matrices rotate past L2):\n");
-    for (size_t si = 0; si < sizeof shp / sizeof shp[0]; si++) {
-        for (int q = 0; q < 2; q++) {
+    for (size_t si = (size_t)from; si < sizeof shp / sizeof shp[0]; si++) {
+        for (int q = 0; q < 3; q++) {   /* fp16, int8 per row, int8 in groups of 128 */
             const int64_t R = shp[si].rows, C = shp[si].cols;
-            const size_t one = (size_t)(R * C) * (q ? 1 : 2) + (q ? (size_t)R * 2 + 256 : 0) + 256;
+            const size_t one = (size_t)(R * C) * (q ? 1 : 2) + (q ? (size_t)R * (q == 2 ? C / 128 : 1) * 2 + 256 : 0) + 256;
             r.n = (int)((((size_t)512 << 20) + one - 1) / one);
             if (r.n < 2) r.n = 2;
             if (r.n > 64) r.n = 64;
             char *arena = dalloc(one * (size_t)r.n), *cur = arena;
             uint64_t wb = 0;
-            for (int i = 0; i < r.n; i++) r.w[i] = make_w(&cur, R, C, q == 1, &wb);
-            for (int ti = 0; ti < 2; ti++) {
-                r.T = ti ? 8 : 1;
+            for (int i = 0; i < r.n; i++) {
+                if (q < 2) { r.w[i] = make_w(&cur, R, C, q == 1, &wb); continue; }
+                pln_weight w = {PLN_DTYPE_I8, R, C, NULL, NULL, 128};
+                w.w = cur; cur += pln_align_up((size_t)(R * C), 256);
+                fill((void *)w.w, (size_t)(R * C), PLN_DTYPE_I8, 0, 0);
+                w.scale = (const uint16_t *)cur; cur += pln_align_up((size_t)R * (C / 128) * 2, 256);
+                fill((void *)w.scale, (size_t)R * (C / 128), PLN_DTYPE_F16, 1e-4f, 3e-4f);
+                wb += (uint64_t)(R * C) + (uint64_t)R * (C / 128) * 2;
+                r.w[i] = w;
+            }
+            /* the GEMV's token tiles: 8 (T 1 and 8), 16, 32 (quantized only: fp16 above 16 tokens is cuBLASLt's) */
+            static const int32_t Ts[] = {1, 8, 16, 32};
+            for (int ti = 0; ti < (q ? 4 : 3); ti++) {
+                r.T = Ts[ti];
                 double us[16], best = 1e30;
                 int bi = 0;
                 for (int k = 0; k < ns; k++) {
@@ -749,16 +763,16 @@ static void gemv_splits(void)
                 pln_cuda_set_gemv_splits(be, 0);
                 const double gb = (double)wb / r.n;
                 printf("  %-16s %-15s [%5lld x %5lld] %s T%d: auto %6.1f us (%4.0f GB/s); best split %2d %6.1f us (%4.0f GB/s);",
-                       shp[si].model, shp[si].name, (long long)R, (long long)C, q ? "int8" : "fp16", r.T, us[0],
+                       shp[si].model, shp[si].name, (long long)R, (long long)C, dn[q], r.T, us[0],
                        gb / (us[0] * 1e-6) / 1e9, splits[bi], best, gb / (best * 1e-6) / 1e9);
                 for (int k = 1; k < ns; k++) printf(" %d:%.1f", splits[k], us[k]);
                 printf("\n");
                 char key[128];
-                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_auto_us", shp[si].model, shp[si].name, q ? "int8" : "fp16", r.T);
+                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_auto_us", shp[si].model, shp[si].name, dn[q], r.T);
                 result(key, us[0], "us");
-                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_best_us", shp[si].model, shp[si].name, q ? "int8" : "fp16", r.T);
+                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_best_us", shp[si].model, shp[si].name, dn[q], r.T);
                 result(key, best, "us");
-                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_best_k", shp[si].model, shp[si].name, q ? "int8" : "fp16", r.T);
+                snprintf(key, sizeof key, "split_%s_%s_%s_T%d_best_k", shp[si].model, shp[si].name, dn[q], r.T);
                 result(key, splits[bi], "splits");
             }
             be->free(be, arena);
@@ -805,21 +819,24 @@ int main(int argc, char **argv)
     int ctx = 512, iters = 10;
     int batches[8] = {1, 8, 32, 128}, nb = 4;
     const char *load_path = NULL;
+    int sweep_from = -1;   /* --sweep-only [N]: only the GEMV split sweep, from its shape N on */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--load") && i + 1 < argc) load_path = argv[++i];
+        else if (!strcmp(argv[i], "--sweep-only")) sweep_from = i + 1 < argc && argv[i + 1][0] != '-' ? atoi(argv[++i]) : 0;
         else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
             nb = 0;
             for (char *p = strtok(argv[++i], ","); p && nb < 8; p = strtok(NULL, ",")) batches[nb++] = atoi(p);
-        } else { fprintf(stderr, "usage: bench_decode [--quick] [--ctx N] [--iters N] [--batches 1,8,..] | --load FILE\n"); return 2; }
+        } else { fprintf(stderr, "usage: bench_decode [--quick] [--ctx N] [--iters N] [--batches 1,8,..] | --load FILE | --sweep-only [N]\n"); return 2; }
     }
     const char *dev = getenv("PLN_CUDA_DEVICE");
     be = pln_backend_cuda_create(dev ? atoi(dev) : 0);
     if (!be) { printf("SKIP: no GPU (%s)\n", pln_error()); return 77; }
     st = (cudaStream_t)pln_cuda_stream(be);
     if (load_path) { int rc = load(load_path); be->destroy(be); return rc; }
+    if (sweep_from >= 0) { gemv_splits(sweep_from); be->destroy(be); return 0; }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, pln_cuda_device(be));
     printf("device: %s, %d SMs, %.0f GB, sm_%d%d\n", prop.name, prop.multiProcessorCount, prop.totalGlobalMem / 1e9, prop.major, prop.minor);
@@ -829,7 +846,6 @@ int main(int argc, char **argv)
     batch_linears();
     int4_tp1();
     llama_ops(ctx);
-    if (!quick) gemv_splits();
     for (int q = 0; q < 2; q++) {
         model_t m;
         model_make(&m, q == 1);
