@@ -12,7 +12,8 @@
 #      BLOOM-176B with random weights made on the device (--quick when time is short), the
 #      int4 (groups of 128) linears at BLOOM-176B's full TP-1 width at T 1, 8, 16 and 512, and
 #      the Llama family's decode ops (RMSNorm, rotary, SwiGLU, grouped-query attention, the fp16
-#      linears) at Llama-3.1-8B TP 1 and Llama-3.1-70B TP 8 widths, batch 1 and 8;
+#      linears) at Llama-3.1-8B TP 1 and Llama-3.1-70B TP 8 widths, batch 1 and 8; then, with
+#      150 s left, `bench_decode --sweep-only` (every GEMV split-k forced, a stage of its own);
 #   4. compute-sanitizer memcheck, then racecheck, on test_cuda_ops --quick (the machine's
 #      compute-sanitizer, else the one in the bundle; API errors not reported: the op checks fail a 1 PiB allocation on
 #      purpose, and any other failing call already fails the test itself);
@@ -326,7 +327,8 @@ grep '^RESULT' "$LOGS/bench.txt" | sed 's/^RESULT //' >> "$RES"
 # 1-32 tokens) in a stage of its own: the one run of it on an H200 stopped with "an illegal
 # instruction was encountered" at Llama-3.1-8B's gate_up_proj in int8 groups of 128 (the CPU
 # harness passes that shape at every split), so a fault there costs only this stage.
-[ "$(left)" -ge 150 ] && stage sweep 45 "$BUILD/tests-gpu/bench_decode" --sweep-only
+if [ "$(left)" -ge 150 ]; then stage sweep 45 "$BUILD/tests-gpu/bench_decode" --sweep-only
+else say "sweep stage skipped: $(elapsed)s used (it starts only with 150s left)"; fi
 [ -f "$LOGS/sweep.txt" ] && grep '^RESULT' "$LOGS/sweep.txt" | sed 's/^RESULT //' >> "$RES"
 
 # ---- 4. compute-sanitizer on the op checks ----------------------------------------------------------
