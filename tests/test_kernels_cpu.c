@@ -427,6 +427,27 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
                   (long long)rows, (long long)cols);
             free(x2);
             free(o2);
+            /* and each token of a batch of 3, 8 or 16 different ones (gemm_q4b where the shape
+             * allows: segments of lines per token count, 4-row and single-row tiles, token tiles
+             * of 3, 2 and 1) gets the bits it gets alone */
+            static const int Bs[] = {3, 8, 16};
+            for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++) {
+                int B = Bs[bi];
+                float *xb = rnd_vec((size_t)(B * cols), -1, 1), *ob = malloc((size_t)(B * rows) * 4);
+                float *o1 = malloc((size_t)rows * 4);
+                CHECK(g_be->linear(g_be, ob, xb, W, bias, B, gelu) == 0, "int-dot linear: %s", pln_error());
+                int bad = 0;
+                for (int j = 0; j < B; j++) {
+                    CHECK(g_be->linear(g_be, o1, xb + (int64_t)j * cols, W, bias, 1, gelu) == 0, "int-dot linear: %s",
+                          pln_error());
+                    bad += memcmp(o1, ob + (int64_t)j * rows, (size_t)rows * 4) != 0;
+                }
+                CHECK(bad == 0, "int-dot I4 g%lld [%lld, %lld]: %d of %d tokens of a batch differ from the same token alone",
+                      (long long)group, (long long)rows, (long long)cols, bad, B);
+                free(xb);
+                free(ob);
+                free(o1);
+            }
         }
         if (T == 1 && kind != WQ_I4) {   /* one int8 token: the float path, bit for bit */
             float *fl = malloc((size_t)rows * 4);

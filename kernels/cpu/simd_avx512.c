@@ -810,6 +810,136 @@ static VNNI512 void gemv_q4_vnni512(float *out, const int8_t *xq, const float *x
     }
 }
 
+/* Q4B_NOTE: 2 to PLN_CPU_Q4N_MAX int4 tokens (and any number in the batch-invariant mode) for
+ * the GEMV's shapes: gemv_q4_vnni512's arithmetic in its order for each row and token, so every
+ * token's bits are those it gets alone (and in q4_tile). q4_tile, which takes these tokens two at
+ * a time, unpacked a row's line again for every pair and shuffled each token's activations again
+ * for every 4 rows (84 operations per 16 vpdpbusd; Llama-3.2-1B int4 g32 at batch 8 spent twice
+ * the time reading its weights would take in it). Here the tokens' activations are laid out once
+ * per segment of lines (as the GEMV lays out one token's) and read from L1 by every row tile; a
+ * 4-row tile unpacks its line once per Q4B_NT tokens held in registers, and a chunk of Q4B_ROWS
+ * rows keeps its accumulators in L1 across the segments, so the weights stream from memory once.
+ * Segments hold 64 token-lines (16 KiB of activations); groups of Q4B_TOK tokens at a time. */
+#define Q4B_NT 3
+#define Q4B_ROWS 32
+#define Q4B_TOK 16
+VINL void q4b_tile(const int NR, const int NT, const bool G32, __m512 *f, int64_t ldf, const uint8_t *wr,
+                   const uint16_t *sr, int64_t rb, int64_t ng, int64_t lpg, const __m512i *xl, int64_t xlt,
+                   int64_t l0, int64_t l1, bool pf) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 a[4][Q4B_NT];
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) a[i][j] = f[i * ldf + j];
+    }
+    int64_t g = G32 ? 0 : l0 / lpg, lc = G32 ? 0 : l0 % lpg;   /* the line's group and its place in it */
+    for (int64_t l = l0; l < l1; l++) {
+        const __m512i *x = xl + 4 * (l - l0);
+        if (NR == 4 && pf) {   /* see PREFETCH_NOTE: the first token tile of a row tile reads memory */
+            pf_ahead4(wr, 256 * l);
+            _mm_prefetch((const char *)sr + (PF_AHEAD + 256 * l) * 4 / (G32 ? 32 : 128 * lpg), _MM_HINT_T0);
+        }
+        __m512i lo[4], hi[4];
+        __m512 sc[4];
+        UNROLL for (int i = 0; i < NR; i++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(wr + i * rb + 64 * l));
+            lo[i] = _mm512_and_si512(raw, nib);
+            hi[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+            if (G32) {
+                __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)(sr + i * ng + 4 * l)));
+                sc[i] = _mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4));
+            } else {
+                sc[i] = _mm512_set1_ps(_cvtsh_ss(sr[i * ng + g]));
+            }
+        }
+        UNROLL for (int j = 0; j < NT; j++) {
+            const __m512i *xj = x + j * xlt;
+            __m512i xa = _mm512_load_si512((const void *)xj), xb = _mm512_load_si512((const void *)(xj + 1));
+            __m512i cv = _mm512_load_si512((const void *)(xj + 2));
+            __m512 sv = _mm512_castsi512_ps(_mm512_load_si512((const void *)(xj + 3)));
+            UNROLL for (int i = 0; i < NR; i++) {
+                __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(cv, lo[i], xa), hi[i], xb));
+                a[i][j] = _mm512_fmadd_ps(d, _mm512_mul_ps(sv, sc[i]), a[i][j]);
+            }
+        }
+        if (!G32 && ++lc == lpg) { lc = 0; g++; }
+    }
+    UNROLL for (int i = 0; i < NR; i++) {
+        UNROLL for (int j = 0; j < NT; j++) f[i * ldf + j] = a[i][j];
+    }
+}
+
+/* The NR-row tiles of one segment: every token tile of Q4B_NT (then 2, 1) tokens. */
+VINL void q4b_rows(const int NR, const bool G32, __m512 *f, int64_t tn, const uint8_t *wr, const uint16_t *sr,
+                   int64_t rb, int64_t ng, int64_t lpg, const __m512i *xl, int64_t seg, int64_t l0, int64_t l1) {
+    int64_t j = 0;
+    for (; j + Q4B_NT <= tn; j += Q4B_NT)
+        q4b_tile(NR, Q4B_NT, G32, f + j, tn, wr, sr, rb, ng, lpg, xl + 4 * seg * j, 4 * seg, l0, l1, j == 0);
+    for (; j + 2 <= tn; j += 2)
+        q4b_tile(NR, 2, G32, f + j, tn, wr, sr, rb, ng, lpg, xl + 4 * seg * j, 4 * seg, l0, l1, j == 0);
+    for (; j < tn; j++)
+        q4b_tile(NR, 1, G32, f + j, tn, wr, sr, rb, ng, lpg, xl + 4 * seg * j, 4 * seg, l0, l1, j == 0);
+}
+
+static VNNI512 void gemm_q4b_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs,
+                                     const int32_t *xsum, int64_t nt, const uint8_t *w, const uint16_t *scale,
+                                     int64_t group, int64_t nr, int64_t K) {
+    int64_t nl = K / 128, ng = K / group, rb = K / 2, lpg = group / 128, nb = K / 32;
+    const bool g32 = group == 32;
+    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i m8 = _mm512_set1_epi32(-8);
+    __m512i xl[4 * 64];                  /* token j's line l0 + l at xl + 4 (j seg + l) */
+    __m512 f[Q4B_ROWS * Q4B_TOK];        /* row i, token j at f[i tn + j] */
+    for (int64_t t0 = 0; t0 < nt; t0 += Q4B_TOK) {
+        int64_t tn = nt - t0 < Q4B_TOK ? nt - t0 : Q4B_TOK, seg = 64 / tn < 32 ? 64 / tn : 32;
+        const int8_t *xq0 = xq + t0 * K;
+        const float *xs0 = xs + t0 * nb;
+        const int32_t *xsum0 = xsum + t0 * nb;
+        for (int64_t r0 = 0; r0 < nr; r0 += Q4B_ROWS) {
+            int64_t n = nr - r0 < Q4B_ROWS ? nr - r0 : Q4B_ROWS;
+            for (int64_t i = 0; i < n * tn; i++) f[i] = _mm512_setzero_ps();
+            for (int64_t l0 = 0; l0 < nl; l0 += seg) {
+                int64_t l1 = nl - l0 < seg ? nl : l0 + seg;
+                for (int64_t j = 0; j < tn; j++)
+                    for (int64_t l = l0; l < l1; l++) {   /* as gemv_q4_vnni512 lays out its token */
+                        const int8_t *xj = xq0 + j * K + 128 * l;
+                        __m512i a = _mm512_loadu_si512((const void *)xj), c = _mm512_loadu_si512((const void *)(xj + 64));
+                        __m128 s4 = _mm_loadu_ps(xs0 + j * nb + 4 * l);
+                        __m128i c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum0 + j * nb + 4 * l));
+                        __m512i *x = xl + 4 * (j * seg + l - l0);
+                        x[0] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+                        x[1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+                        x[2] = _mm512_mullo_epi32(_mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4)), m8);
+                        x[3] = _mm512_castps_si512(_mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4)));
+                    }
+                const uint8_t *wr = w + r0 * rb;
+                const uint16_t *sr = scale + r0 * ng;
+                int64_t i = 0;
+                if (g32) {
+                    for (; i + 4 <= n; i += 4) q4b_rows(4, true, f + i * tn, tn, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, seg, l0, l1);
+                    for (; i < n; i++) q4b_rows(1, true, f + i * tn, tn, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, seg, l0, l1);
+                } else {
+                    for (; i + 4 <= n; i += 4) q4b_rows(4, false, f + i * tn, tn, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, seg, l0, l1);
+                    for (; i < n; i++) q4b_rows(1, false, f + i * tn, tn, wr + i * rb, sr + i * ng, rb, ng, lpg, xl, seg, l0, l1);
+                }
+            }
+            for (int64_t j = 0; j < tn; j++)
+                for (int64_t i = 0; i < n; i++)
+                    out[(t0 + j) * ldo + r0 + i] = _mm512_reduce_add_ps(f[i * tn + j]);   /* as the GEMV's */
+        }
+    }
+}
+
+/* cpu.h gemm_q4n: gemm_q4b for the GEMV's shapes (Q4B_NOTE), q4_tile's loop for the rest. */
+static VNNI512 void gemm_q4n_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
+                                    int64_t nt, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
+                                    int64_t K) {
+    if (K % 128 == 0 && K / group > 1 && (group == 32 || group % 128 == 0))
+        gemm_q4b_vnni512(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
+    else
+        gemm_q4n_vnni512(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
+}
+
 bool pln_cpu_has_q4n(void) {
     return !pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
@@ -1319,7 +1449,7 @@ static TGT void gemm_panel_avx512(float *out, int64_t ldo, const float *xp, int6
 }
 
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
-    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .gemm_q4n = gemm_q4n_vnni512, .quant_act = quant_act_avx512,
+    .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .gemm_q4n = gemm_q4n_avx512, .quant_act = quant_act_avx512,
     .pack_x = pack_x_avx512, .gemm_panel = gemm_panel_avx512, .gemv = gemv_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
