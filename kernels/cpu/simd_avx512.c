@@ -41,7 +41,10 @@ INL __m512 load_i8(const int8_t *p) {
 /* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
 INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
-                  const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add) {
+                  const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add, bool pf) {
+    /* pf: the first token tile of its rows, the one that reads them from memory: each row's
+     * stream requested its share of the prefetch distance ahead, a line per 32 columns (F16_PF_NOTE) */
+    const int64_t pfr = (PF_AHEAD / NR) & ~(int64_t)63;
     __m512 acc[6][6];
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
@@ -50,6 +53,9 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[6];
         if (NT == 1 && NR == 4 && (k & 31) == 0) pf_ahead4(w, 8 * k);   /* see PREFETCH_NOTE */
+        else if (pf && (k & 31) == 0) {
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(w + i * K + k) + pfr, _MM_HINT_T0);
+        }
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
         UNROLL for (int j = 0; j < NT; j++) {
             __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
@@ -229,8 +235,25 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
  * anything. (2048 measured a few % faster than 1024 on Zen 4: fewer horizontal sums.) */
 #define KSTEP 2048
 
+/* F16_ROWS_NOTE: 2-4 tokens whose activations fit in 32 KiB (nt K floats) take the rows one at
+ * a time (gemv_f16_rows), as the GEMV does: the 4-row tiles read four streams a row apart and ran
+ * at 0.7x the GEMV's bandwidth at 2 tokens ([128256, 2048], Llama-3.2-1B's tied output, Zen 5, 2
+ * threads: 15.5 ms against 11.5; rows: 12.3). Past 4 tokens, or activations that leave L1 (K =
+ * 8192 at 2 tokens), the per-token activation loads of one row cost more than the streams: 8
+ * tokens ran 19.7 -> 32.4 ms, and 4 tokens of the whole Llama-3.2-1B fp16 step 5-10 % slower
+ * with its down_proj (K 8192) included. Whole steps, old and new interleaved three times (pollen
+ * bench, fp16): Llama-3.2-1B batch 2/3/4 25-27 / 36-37 / 49-51 -> 32 / 43-45 / 55-57 tokens/s,
+ * bloom-560m 56-59 / 83-84 / 105-107 -> 69-71 / 98 / 126-128. */
+#define F16_ROWS_MAX 4
+#define F16_ROWS_X 8192
+static void gemv_f16_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const uint16_t *w,
+                            int64_t nr, int64_t K);
 static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                 const uint16_t *w, int64_t nr, int64_t K) {
+    if (nt <= F16_ROWS_MAX && nt * K <= F16_ROWS_X) {   /* F16_ROWS_NOTE */
+        gemv_f16_rows_n(out, ldo, x, ldx, nt, w, nr, K);
+        return;
+    }
     int64_t ks = nt > 4 ? KSTEP : K;
     if (nt > 4) {
         /* 6 rows x 4 tokens first: each activation vector loaded from L2 serves 6 rows instead
@@ -244,9 +267,9 @@ static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t
             for (int64_t k0 = 0; k0 < K; k0 += ks) {
                 int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
                 bool add = k0 > 0;
-                for (; t + 4 <= nt; t += 4) tile_f16(6, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
-                for (; t + 2 <= nt; t += 2) tile_f16(6, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
-                for (; t < nt; t++) tile_f16(6, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+                for (; t + 4 <= nt; t += 4) tile_f16(6, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
+                for (; t + 2 <= nt; t += 2) tile_f16(6, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
+                for (; t < nt; t++) tile_f16(6, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
             }
         }
         out += r;
@@ -260,14 +283,14 @@ static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t
             int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
             bool add = k0 > 0;
             if (nr - r >= 4) {
-                for (; t + 6 <= nt; t += 6) tile_f16(4, 6, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
-                for (; t + 4 <= nt; t += 4) tile_f16(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
-                for (; t + 2 <= nt; t += 2) tile_f16(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
-                for (; t < nt; t++) tile_f16(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+                for (; t + 6 <= nt; t += 6) tile_f16(4, 6, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
+                for (; t + 4 <= nt; t += 4) tile_f16(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
+                for (; t + 2 <= nt; t += 2) tile_f16(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
+                for (; t < nt; t++) tile_f16(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 4 <= nt; t += 4) tile_f16(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add);
-                    for (; t < nt; t++) tile_f16(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add);
+                    for (t = 0; t + 4 <= nt; t += 4) tile_f16(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add, t == 0);
+                    for (; t < nt; t++) tile_f16(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add, t == 0);
                 }
             }
         }
@@ -384,6 +407,49 @@ static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *
     float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     for (; k < K; k++) s += pln_f16_to_f32(w[k]) * x[k];
     *out = s;
+}
+
+/* gemv_f16_row for NT (2-4) tokens: each row read once as one sequential stream (GEMV_NOTE),
+ * each 16-column vector widened once and multiplied into every token's four accumulators (the
+ * 4-row tiles read four streams a row apart: F16_ROWS_NOTE in gemm_f16_avx512). Each token's sums
+ * are ordered as gemv_f16_row orders them. */
+INL void gemv_f16_rows(const int NT, float *out, int64_t ldo, const float *x, int64_t ldx, const uint16_t *w,
+                       int64_t K) {
+    __m512 a[4][4];
+    UNROLL for (int j = 0; j < NT; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        pf_line(w + k);
+        pf_line(w + k + 32);
+        __m512 w0 = load_f16(w + k), w1 = load_f16(w + k + 16), w2 = load_f16(w + k + 32), w3 = load_f16(w + k + 48);
+        UNROLL for (int j = 0; j < NT; j++) {
+            const float *xj = x + j * ldx + k;
+            a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);
+            a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);
+            a[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xj + 32), a[j][2]);
+            a[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xj + 48), a[j][3]);
+        }
+    }
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv = load_f16(w + k);
+        UNROLL for (int j = 0; j < NT; j++) a[j][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * ldx + k), a[j][0]);
+    }
+    UNROLL for (int j = 0; j < NT; j++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
+        for (int64_t kk = k; kk < K; kk++) s += pln_f16_to_f32(w[kk]) * x[j * ldx + kk];
+        out[j * ldo] = s;
+    }
+}
+
+static TGT __attribute__((noinline)) void gemv_f16_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx,
+                                                         int64_t nt, const uint16_t *w, int64_t nr, int64_t K) {
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) gemv_f16_rows(4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+        if (nt - t == 3) gemv_f16_rows(3, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+        else if (nt - t == 2) gemv_f16_rows(2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+        else if (nt - t == 1) gemv_f16_rows(1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+    }
 }
 
 INL __m512 scale_at(const uint16_t *scale, int64_t g) { return _mm512_set1_ps(_cvtsh_ss(scale[g])); }
