@@ -1481,8 +1481,10 @@ static TGT void gemm_panel_avx512(float *out, int64_t ldo, const float *xp, int6
             int64_t kc = K - k0 < PKC ? K - k0 : PKC;
             bool first = k0 == 0, last = k0 + kc == K;
             widen_rows(wf, W, r0, nr, nr_pad, k0, kc);
-            /* the next block of these rows, or the first block of the rows after them */
-            pf_stream pf = {.base = (const char *)W->w + (last ? (r0 + nr) * rowb : r0 * rowb + (k0 + kc) * es2 / 2),
+            /* the block after next of these rows, or past their end a block of the rows after them
+             * (PANEL_PF_NOTE) */
+            int64_t k2 = k0 + PANEL_PF_BLOCKS * kc;
+            pf_stream pf = {.base = (const char *)W->w + (k2 >= K ? (r0 + nr) * rowb + (k2 - K) * es2 / 2 : r0 * rowb + k2 * es2 / 2),
                             .rowb = rowb, .shift = shift, .next = 0};
             int64_t quota = (nr << shift) / (np * (nr_pad / PMR)) + 1;
             for (int64_t p = 0; p < np; p++) {
