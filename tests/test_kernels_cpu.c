@@ -1410,6 +1410,41 @@ static void test_topk(void) {
     CHECK(g_be->topk(g_be, l, S, vn, v0, (int32_t)vn + 1, vals, ids, rmax, rsum) == -1, "topk with k > vn must fail");
     free(l);
 
+    /* every tier's ids, values and max the reference loop's, bit for bit (sample.c
+     * TOPK_SCAN_NOTE: the skipped blocks): NaNs, ties with the heap's root, zeros of both signs as
+     * the max, a row whose best sits in the last, partial block */
+    {
+        enum { R = 5, V = 1003 };
+        float *lr = malloc((size_t)R * V * 4), rv[R * 40], rm[R], rs[R], tv[R * 40], tm[R];
+        int32_t ri[R * 40], ti[R * 40];
+        for (int s = 0; s < R; s++)
+            for (int i = 0; i < V; i++) {
+                float v = (float)(int)(rnd_u32() % 9) - 6.0f;
+                if (s == 0 && i % 37 == 5) v = NAN;
+                if (s == 1) v = i == 1 ? -0.0f : i == 16 ? 0.0f : -1.0f - (float)(i % 5);   /* -0 first, +0 in lane 0 */
+                if (s == 2) v = i % 3 == 0 ? 0.0f : i % 3 == 1 ? -0.0f : -2.0f;   /* +0 and -0 */
+                if (s == 3 && i == V - 1) v = 100.0f;
+                if (s == 4) v = i < 500 ? NAN : (float)(i % 4);
+                lr[s * V + i] = v;
+            }
+        static const int kk[] = {1, 5, 40};
+        for (size_t ki = 0; ki < 3; ki++) {
+            int k = kk[ki];
+            bool have = false;
+            FOR_EACH_ISA(isa) {
+                float *ov = have ? tv : rv, *om = have ? tm : rm;
+                int32_t *oi = have ? ti : ri;
+                CHECK(g_be->topk(g_be, lr, R, V, 7, k, ov, oi, om, rs) == 0, "topk: %s", pln_error());
+                if (!have) { have = true; continue; }
+                int bad = 0;
+                for (int j = 0; j < R * k; j++) bad += ti[j] != ri[j] || memcmp(&tv[j], &rv[j], 4) != 0;
+                for (int r = 0; r < R; r++) bad += memcmp(&tm[r], &rm[r], 4) != 0;
+                CHECK(bad == 0, "topk [%s] k=%d: %d ids, values or maxima differ from the first tier's", g_isa, k, bad);
+            }
+        }
+        free(lr);
+    }
+
     /* a real vocabulary slice: the softmax sum over 250880 entries, padding included */
     int64_t big = 250880, valid = 250680;
     float *row = malloc((size_t)big * 4);

@@ -61,11 +61,60 @@ static void sift_down(float *hv, int32_t *hi, int32_t n, int32_t i) {
     }
 }
 
+/* TOPK_SCAN_NOTE: the row's max and the heap's scan read 16 logits at a time where the CPU has
+ * SSE2 (every x86-64): a block is looked at one logit at a time only if one of its logits beats
+ * the heap's worst kept candidate. Once the heap holds k candidates a logit enters it only if its
+ * key is greater than the root's (the scan goes in id order, so a tie never wins: the root's id
+ * is lower), and a NaN's key never is, so the block test (ordered >, false on NaN) skips exactly
+ * the logits the scalar scan would. The max: maxps keeps its second operand when the first is
+ * NaN, as the scalar `x > mx` does; only a max of zero could differ in sign from the scalar
+ * scan's (lanes meet in another order), so that row is scanned again in order. Profiled before:
+ * the scalar scans were 3.4 % of a bloom-560m decode step at batch 32 (250880 logits a row). */
+static float row_max_of(const float *row, int64_t vn) {
+    float mx = -INFINITY;
+    int64_t i = 0;
+#ifdef PLN_CPU_X86
+    __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    for (; i + 16 <= vn; i += 16) {
+        m0 = _mm_max_ps(_mm_loadu_ps(row + i), m0);
+        m1 = _mm_max_ps(_mm_loadu_ps(row + i + 4), m1);
+        m2 = _mm_max_ps(_mm_loadu_ps(row + i + 8), m2);
+        m3 = _mm_max_ps(_mm_loadu_ps(row + i + 12), m3);
+    }
+    float lanes[16];
+    _mm_storeu_ps(lanes, m0);
+    _mm_storeu_ps(lanes + 4, m1);
+    _mm_storeu_ps(lanes + 8, m2);
+    _mm_storeu_ps(lanes + 12, m3);
+    for (int j = 0; j < 16; j++) if (lanes[j] > mx) mx = lanes[j];
+#endif
+    for (; i < vn; i++) if (row[i] > mx) mx = row[i];
+    if (mx == 0.0f) {   /* the sign of a zero max: the scalar scan's */
+        mx = -INFINITY;
+        for (i = 0; i < vn; i++) if (row[i] > mx) mx = row[i];
+    }
+    return mx;
+}
+
+/* Whether any of row[0..15] > t (ordered: NaN is not). */
+static inline bool block_beats(const float *row, float t) {
+#ifdef PLN_CPU_X86
+    __m128 tv = _mm_set1_ps(t);
+    __m128 c = _mm_or_ps(_mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(row), tv), _mm_cmpgt_ps(_mm_loadu_ps(row + 4), tv)),
+                         _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(row + 8), tv), _mm_cmpgt_ps(_mm_loadu_ps(row + 12), tv)));
+    return _mm_movemask_ps(c) != 0;
+#else
+    for (int j = 0; j < 16; j++) if (row[j] > t) return true;
+    return false;
+#endif
+}
+
 /* k: the SIMD kernels for the softmax sum, NULL for the reference loop. */
 static void topk_row(const pln_cpu_kernels *kern, const float *row, int64_t vn, int64_t v0,
                      int32_t k, float *vals, int32_t *ids, float *row_max, float *row_sumexp) {
     float mx = -INFINITY;
-    for (int64_t i = 0; i < vn; i++) if (row[i] > mx) mx = row[i];
+    if (kern) mx = row_max_of(row, vn);
+    else for (int64_t i = 0; i < vn; i++) if (row[i] > mx) mx = row[i];
     double sum = 0.0;
     if (mx != -INFINITY && kern)
         sum = kern->sum_exp(row, vn, mx);
@@ -78,6 +127,11 @@ static void topk_row(const pln_cpu_kernels *kern, const float *row, int64_t vn, 
     int32_t n = 0;
     for (int64_t i = 0; i < vn; i++) {
         int32_t id = (int32_t)(v0 + i);
+        /* a full heap: whole blocks no logit of which beats its root (TOPK_SCAN_NOTE) */
+        if (kern && n == k && (i & 15) == 0 && i + 16 <= vn && !block_beats(row + i, key_of(vals[0]))) {
+            i += 15;
+            continue;
+        }
         if (n < k) {
             vals[n] = row[i]; ids[n] = id; n++;
             if (n == k)
