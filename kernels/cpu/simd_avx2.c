@@ -1051,8 +1051,8 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
                                int64_t t0, int64_t t1) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-    for (int64_t b = 0; b < K / 32; b++)
-        for (int64_t t = t0; t < t1; t++) {
+    for (int64_t t = t0; t < t1; t++)   /* token by token: simd_avx512.c quant_act_avx512 */
+        for (int64_t b = 0; b < K / 32; b++) {
             const float *xb = x + t * K + 32 * b;
             __m256 v[4], m = _mm256_setzero_ps();
             for (int i = 0; i < 4; i++) {

@@ -1071,8 +1071,11 @@ static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const floa
 static TGT void quant_act_avx512(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt,
                                  int64_t t0, int64_t t1) {
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    for (int64_t b = 0; b < K / 32; b++)
-        for (int64_t t = t0; t < t1; t++) {
+    /* token by token: each reads its row in order (block by block across the tokens, rows K
+     * floats apart, 4 KiB at K = 1024, landed in one L1 set: the scattered stores below then
+     * waited on those loads, 6.4 % of a bloom-560m int4 step at batch 32) */
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t b = 0; b < K / 32; b++) {
             const float *xb = x + t * K + 32 * b;
             __m512 a = _mm512_loadu_ps(xb), c = _mm512_loadu_ps(xb + 16);
             /* max(|x|, acc) keeps acc where |x| is NaN, as fmaxf does */
