@@ -562,9 +562,13 @@ static void test_q8_repack(void) {
             uint8_t *w = malloc((size_t)(16 * rowb)), *wp = aligned_alloc(64, (size_t)(512 * nb));
             for (int64_t i = 0; i < 16 * rowb; i++) w[i] = (uint8_t)(rand() >> 7);
             int bad = 0;
-            for (int nr = 1; nr <= 16; nr++) {
+            for (int pass = 0; pass < 32; pass++) {
+                int nr = pass % 16 + 1;
+                bool wide = pass >= 16;   /* the AVX-512 version */
+                if (wide && !pln_cpu_isa_supported(PLN_CPU_ISA_AVX512)) break;
                 memset(wp, 0xAA, (size_t)(512 * nb));
-                pln_cpu_q8_repack(wp, w, i4, nr, K);
+                if (wide) pln_cpu_q8_repack_avx512(wp, w, i4, nr, K);
+                else pln_cpu_q8_repack(wp, w, i4, nr, K);
                 for (int64_t b = 0; b < nb; b++)
                     for (int g = 0; g < 8; g++)
                         for (int r = 0; r < 16; r++)
@@ -579,7 +583,7 @@ static void test_q8_repack(void) {
                                 bad += wp[512 * b + 64 * g + 4 * r + c] != want;
                             }
             }
-            CHECK(!bad, "q8_repack %s, K %lld, 1-16 rows: %d bytes differ from the layout", i4 ? "int4" : "int8",
+            CHECK(!bad, "q8_repack (and its AVX-512 version) %s, K %lld, 1-16 rows: %d bytes differ from the layout", i4 ? "int4" : "int8",
                   (long long)K, bad);
             free(w);
             free(wp);

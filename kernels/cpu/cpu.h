@@ -274,6 +274,9 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out);
  * as unsigned q + 8 (int4) or q + 128 (int8); rows nr..15 are zero. AVX2 (simd_avx2.c): call it
  * only where the CPU has AVX2. */
 void pln_cpu_q8_repack(uint8_t *wp, const void *w, bool i4, int64_t nr, int64_t K);
+/* The same layout, int4 16 rows at a time with AVX-512F (call it only where the CPU has it; int8
+ * goes to pln_cpu_q8_repack, AVX2). */
+void pln_cpu_q8_repack_avx512(uint8_t *wp, const void *w, bool i4, int64_t nr, int64_t K);
 
 /* ---- ops (one file each; the backend table in cpu_backend.c checks arguments first) ---- */
 /* embed.c */
