@@ -234,11 +234,14 @@ static void test_linear(void) {
             if (cols % 12 == 0) test_linear_case(rows, cols, T, true, 12, b, g);
             if (cols % 20 == 0) test_linear_case(rows, cols, T, true, 20, !b, false);
         }
-    /* fp16 at 2-4 tokens, rows one at a time (simd_avx512.c F16_ROWS_NOTE): 64-column steps, a
-     * 16-column and a scalar tail; and past its 32 KiB of activations (the tiles) */
+    /* fp16 and per-row int8 at 2-4 tokens, rows one at a time (simd_avx512.c F16_ROWS_NOTE):
+     * 64-column steps, a 16-column and a scalar tail; and past its 32 KiB of activations (the
+     * tiles) */
     for (int T = 2; T <= 4; T++) {
         test_linear_case(37, 1000, T, false, 0, T % 2, T == 3);
         test_linear_case(21, 4104, T, false, 0, T % 2 == 0, false);
+        test_linear_case(37, 1000, T, true, 0, T % 2 == 0, T == 2);   /* int8 per row, the same */
+        test_linear_case(21, 4104, T, true, 0, T % 2, false);
     }
     /* a wider one: several row chunks and threads */
     test_linear_case(203, 512, 9, false, 0, true, true);

@@ -247,6 +247,8 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
 #define F16_ROWS_X 8192
 static void gemv_f16_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const uint16_t *w,
                             int64_t nr, int64_t K);
+static void gemv_i8_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const int8_t *w,
+                           const uint16_t *scale, int64_t nr, int64_t K);
 static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                 const uint16_t *w, int64_t nr, int64_t K) {
     if (nt <= F16_ROWS_MAX && nt * K <= F16_ROWS_X) {   /* F16_ROWS_NOTE */
@@ -300,6 +302,10 @@ static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t 
                                const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
                                int64_t K) {
     int64_t ng = K / group;
+    if (ng == 1 && nt <= F16_ROWS_MAX && nt * K <= F16_ROWS_X) {   /* per row: F16_ROWS_NOTE */
+        gemv_i8_rows_n(out, ldo, x, ldx, nt, w, scale, nr, K);
+        return;
+    }
     /* passes cover whole groups */
     int64_t ks = nt <= 4 ? K : ng == 1 ? KSTEP : group * (KSTEP / group > 0 ? KSTEP / group : 1);
     for (int64_t r = 0; r < nr; r += 4) {
@@ -448,6 +454,48 @@ static TGT __attribute__((noinline)) void gemv_f16_rows_n(float *out, int64_t ld
         if (nt - t == 3) gemv_f16_rows(3, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
         else if (nt - t == 2) gemv_f16_rows(2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
         else if (nt - t == 1) gemv_f16_rows(1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
+    }
+}
+
+/* Per-row int8 at 2-4 tokens, as gemv_f16_rows (F16_ROWS_NOTE): each row one stream, each
+ * widened vector into every token's four accumulators, the row's scale applied once at the end. */
+INL void gemv_i8_rows(const int NT, float *out, int64_t ldo, const float *x, int64_t ldx, const int8_t *w,
+                      float sc, int64_t K) {
+    __m512 a[4][4];
+    UNROLL for (int j = 0; j < NT; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        pf_line(w + k);
+        __m512 w0 = load_i8(w + k), w1 = load_i8(w + k + 16), w2 = load_i8(w + k + 32), w3 = load_i8(w + k + 48);
+        UNROLL for (int j = 0; j < NT; j++) {
+            const float *xj = x + j * ldx + k;
+            a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);
+            a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);
+            a[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xj + 32), a[j][2]);
+            a[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xj + 48), a[j][3]);
+        }
+    }
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv = load_i8(w + k);
+        UNROLL for (int j = 0; j < NT; j++) a[j][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * ldx + k), a[j][0]);
+    }
+    UNROLL for (int j = 0; j < NT; j++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
+        for (int64_t kk = k; kk < K; kk++) s += (float)w[kk] * x[j * ldx + kk];
+        out[j * ldo] = s * sc;
+    }
+}
+
+static TGT __attribute__((noinline)) void gemv_i8_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx,
+                                                        int64_t nt, const int8_t *w, const uint16_t *scale,
+                                                        int64_t nr, int64_t K) {
+    for (int64_t r = 0; r < nr; r++) {
+        float sc = _cvtsh_ss(scale[r]);
+        int64_t t = 0;
+        for (; t + 4 <= nt; t += 4) gemv_i8_rows(4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
+        if (nt - t == 3) gemv_i8_rows(3, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
+        else if (nt - t == 2) gemv_i8_rows(2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
+        else if (nt - t == 1) gemv_i8_rows(1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
     }
 }
 
