@@ -235,7 +235,7 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
 #define KSTEP 2048
 
 /* F16_ROWS_NOTE: 2-4 tokens whose activations fit in 32 KiB (nt K floats) take the rows one at
- * a time (gemv_f16_rows), as the GEMV does: the 4-row tiles read four streams a row apart and ran
+ * a time (gemv_rows), as the GEMV does: the 4-row tiles read four streams a row apart and ran
  * at 0.7x the GEMV's bandwidth at 2 tokens ([128256, 2048], Llama-3.2-1B's tied output, Zen 5, 2
  * threads: 15.5 ms against 11.5; rows: 12.3). Past 4 tokens, or activations that leave L1 (K =
  * 8192 at 2 tokens), the per-token activation loads of one row cost more than the streams: 8
@@ -245,14 +245,12 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
  * bloom-560m 56-59 / 83-84 / 105-107 -> 69-71 / 98 / 126-128. */
 #define F16_ROWS_MAX 4
 #define F16_ROWS_X 8192
-static void gemv_f16_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const uint16_t *w,
-                            int64_t nr, int64_t K);
-static void gemv_i8_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const int8_t *w,
-                           const uint16_t *scale, int64_t nr, int64_t K);
+static void gemv_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const void *w,
+                        const uint16_t *scale, int64_t nr, int64_t K);
 static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                 const uint16_t *w, int64_t nr, int64_t K) {
     if (nt <= F16_ROWS_MAX && nt * K <= F16_ROWS_X) {   /* F16_ROWS_NOTE */
-        gemv_f16_rows_n(out, ldo, x, ldx, nt, w, nr, K);
+        gemv_rows_n(out, ldo, x, ldx, nt, w, NULL, nr, K);
         return;
     }
     int64_t ks = nt > 4 ? KSTEP : K;
@@ -303,7 +301,7 @@ static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t 
                                int64_t K) {
     int64_t ng = K / group;
     if (ng == 1 && nt <= F16_ROWS_MAX && nt * K <= F16_ROWS_X) {   /* per row: F16_ROWS_NOTE */
-        gemv_i8_rows_n(out, ldo, x, ldx, nt, w, scale, nr, K);
+        gemv_rows_n(out, ldo, x, ldx, nt, w, scale, nr, K);
         return;
     }
     /* passes cover whole groups */
@@ -414,19 +412,27 @@ static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *
     *out = s;
 }
 
-/* gemv_f16_row for NT (2-4) tokens: each row read once as one sequential stream (GEMV_NOTE),
- * each 16-column vector widened once and multiplied into every token's four accumulators (the
- * 4-row tiles read four streams a row apart: F16_ROWS_NOTE in gemm_f16_avx512). Each token's sums
- * are ordered as gemv_f16_row orders them. */
-INL void gemv_f16_rows(const int NT, float *out, int64_t ldo, const float *x, int64_t ldx, const uint16_t *w,
-                       int64_t K) {
+/* gemv_f16_row (and gemv_i8_row's per-row loop) for NT (2-4) tokens: each row read once as one
+ * sequential stream (GEMV_NOTE), each 16-column vector widened once and multiplied into every
+ * token's four accumulators (the 4-row tiles read four streams a row apart: F16_ROWS_NOTE in
+ * gemm_f16_avx512). Each token's sums are ordered as the one-token loop orders them; per-row int8
+ * applies the row's scale once at the end. */
+INL __m512 rows_ld(const void *w, int64_t k, bool i8) {
+    return i8 ? load_i8((const int8_t *)w + k) : load_f16((const uint16_t *)w + k);
+}
+INL float rows_at(const void *w, int64_t k, bool i8) {
+    return i8 ? (float)((const int8_t *)w)[k] : pln_f16_to_f32(((const uint16_t *)w)[k]);
+}
+INL void gemv_rows(const int NT, const bool I8, float *out, int64_t ldo, const float *x, int64_t ldx,
+                   const void *w, float sc, int64_t K) {
     __m512 a[4][4];
     UNROLL for (int j = 0; j < NT; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();
+    const int64_t eb = I8 ? 1 : 2;   /* bytes per weight */
     int64_t k = 0;
     for (; k + 64 <= K; k += 64) {
-        pf_line(w + k);
-        pf_line(w + k + 32);
-        __m512 w0 = load_f16(w + k), w1 = load_f16(w + k + 16), w2 = load_f16(w + k + 32), w3 = load_f16(w + k + 48);
+        pf_line((const char *)w + eb * k);
+        if (!I8) pf_line((const char *)w + eb * k + 64);
+        __m512 w0 = rows_ld(w, k, I8), w1 = rows_ld(w, k + 16, I8), w2 = rows_ld(w, k + 32, I8), w3 = rows_ld(w, k + 48, I8);
         UNROLL for (int j = 0; j < NT; j++) {
             const float *xj = x + j * ldx + k;
             a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);
@@ -436,66 +442,40 @@ INL void gemv_f16_rows(const int NT, float *out, int64_t ldo, const float *x, in
         }
     }
     for (; k + 16 <= K; k += 16) {
-        __m512 wv = load_f16(w + k);
+        __m512 wv = rows_ld(w, k, I8);
         UNROLL for (int j = 0; j < NT; j++) a[j][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * ldx + k), a[j][0]);
     }
     UNROLL for (int j = 0; j < NT; j++) {
         float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
-        for (int64_t kk = k; kk < K; kk++) s += pln_f16_to_f32(w[kk]) * x[j * ldx + kk];
-        out[j * ldo] = s;
+        for (int64_t kk = k; kk < K; kk++) s += rows_at(w, kk, I8) * x[j * ldx + kk];
+        out[j * ldo] = I8 ? s * sc : s;
     }
 }
 
-static TGT __attribute__((noinline)) void gemv_f16_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx,
-                                                         int64_t nt, const uint16_t *w, int64_t nr, int64_t K) {
+/* nr rows of fp16 (scale NULL) or per-row int8 weights against nt tokens, 4 at a time. */
+static TGT __attribute__((noinline)) void gemv_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx,
+                                                     int64_t nt, const void *w, const uint16_t *scale, int64_t nr,
+                                                     int64_t K) {
+    const bool i8 = scale != NULL;
     for (int64_t r = 0; r < nr; r++) {
-        int64_t t = 0;
-        for (; t + 4 <= nt; t += 4) gemv_f16_rows(4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-        if (nt - t == 3) gemv_f16_rows(3, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-        else if (nt - t == 2) gemv_f16_rows(2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-        else if (nt - t == 1) gemv_f16_rows(1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, K);
-    }
-}
-
-/* Per-row int8 at 2-4 tokens, as gemv_f16_rows (F16_ROWS_NOTE): each row one stream, each
- * widened vector into every token's four accumulators, the row's scale applied once at the end. */
-INL void gemv_i8_rows(const int NT, float *out, int64_t ldo, const float *x, int64_t ldx, const int8_t *w,
-                      float sc, int64_t K) {
-    __m512 a[4][4];
-    UNROLL for (int j = 0; j < NT; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) {
-        pf_line(w + k);
-        __m512 w0 = load_i8(w + k), w1 = load_i8(w + k + 16), w2 = load_i8(w + k + 32), w3 = load_i8(w + k + 48);
-        UNROLL for (int j = 0; j < NT; j++) {
-            const float *xj = x + j * ldx + k;
-            a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);
-            a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);
-            a[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xj + 32), a[j][2]);
-            a[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xj + 48), a[j][3]);
+        const void *wr = (const char *)w + r * K * (i8 ? 1 : 2);
+        float sc = i8 ? _cvtsh_ss(scale[r]) : 1.0f;
+        for (int64_t t = 0; t < nt; t += 4) {
+            float *o = out + t * ldo + r;
+            const float *xt = x + t * ldx;
+            int64_t n = nt - t;
+            if (i8) {
+                if (n >= 4) gemv_rows(4, true, o, ldo, xt, ldx, wr, sc, K);
+                else if (n == 3) gemv_rows(3, true, o, ldo, xt, ldx, wr, sc, K);
+                else if (n == 2) gemv_rows(2, true, o, ldo, xt, ldx, wr, sc, K);
+                else gemv_rows(1, true, o, ldo, xt, ldx, wr, sc, K);
+            } else {
+                if (n >= 4) gemv_rows(4, false, o, ldo, xt, ldx, wr, sc, K);
+                else if (n == 3) gemv_rows(3, false, o, ldo, xt, ldx, wr, sc, K);
+                else if (n == 2) gemv_rows(2, false, o, ldo, xt, ldx, wr, sc, K);
+                else gemv_rows(1, false, o, ldo, xt, ldx, wr, sc, K);
+            }
         }
-    }
-    for (; k + 16 <= K; k += 16) {
-        __m512 wv = load_i8(w + k);
-        UNROLL for (int j = 0; j < NT; j++) a[j][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * ldx + k), a[j][0]);
-    }
-    UNROLL for (int j = 0; j < NT; j++) {
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3])));
-        for (int64_t kk = k; kk < K; kk++) s += (float)w[kk] * x[j * ldx + kk];
-        out[j * ldo] = s * sc;
-    }
-}
-
-static TGT __attribute__((noinline)) void gemv_i8_rows_n(float *out, int64_t ldo, const float *x, int64_t ldx,
-                                                        int64_t nt, const int8_t *w, const uint16_t *scale,
-                                                        int64_t nr, int64_t K) {
-    for (int64_t r = 0; r < nr; r++) {
-        float sc = _cvtsh_ss(scale[r]);
-        int64_t t = 0;
-        for (; t + 4 <= nt; t += 4) gemv_i8_rows(4, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
-        if (nt - t == 3) gemv_i8_rows(3, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
-        else if (nt - t == 2) gemv_i8_rows(2, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
-        else if (nt - t == 1) gemv_i8_rows(1, out + t * ldo + r, ldo, x + t * ldx, ldx, w + r * K, sc, K);
     }
 }
 
