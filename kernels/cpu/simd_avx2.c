@@ -282,17 +282,21 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
  * tile reuses them. One pass when there are too few tokens to reuse anything. */
 #define KSTEP 1024
 
-/* Two tokens whose activations fit in 32 KiB take fp16 and per-row int8 rows one at a time, as
- * the GEMV (simd_avx512.c F16_ROWS_NOTE; 16 ymm registers hold four accumulators for two tokens,
- * not more): the 4-row tiles read four streams a row apart. */
+/* 2-4 tokens whose activations fit in 32 KiB take fp16 and per-row int8 rows one at a time, as
+ * the GEMV (simd_avx512.c F16_ROWS_NOTE): the 4-row tiles read four streams a row apart.
+ * Llama-3.2-1B, PLN_CPU_ISA=avx2, Zen 5, batch 2/3/4: fp16 +26 / +28 / +36 %, per-row int8
+ * +46 / +12 / +36 % (docs/ARCHITECTURE.md). */
 #define ROWS2_X 8192
-static void gemv_rows2(float *out, int64_t ldo, const float *x, int64_t ldx, const void *w, const uint16_t *scale,
-                       int64_t nr, int64_t K);
+#ifndef ROWS2_MAX
+#define ROWS2_MAX 4
+#endif
+static void gemv_rows2(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const void *w,
+                       const uint16_t *scale, int64_t nr, int64_t K);
 
 static TGT void gemm_f16_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
                                 const uint16_t *w, int64_t nr, int64_t K) {
-    if (nt == 2 && 2 * K <= ROWS2_X) {
-        gemv_rows2(out, ldo, x, ldx, w, NULL, nr, K);
+    if (nt >= 2 && nt <= ROWS2_MAX && nt * K <= ROWS2_X) {
+        gemv_rows2(out, ldo, x, ldx, nt, w, NULL, nr, K);
         return;
     }
     int64_t ks = nt > 2 ? KSTEP : K;
@@ -319,8 +323,8 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
                                const int8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
                                int64_t K) {
     int64_t ng = K / group;
-    if (ng == 1 && nt == 2 && 2 * K <= ROWS2_X) {
-        gemv_rows2(out, ldo, x, ldx, w, scale, nr, K);
+    if (ng == 1 && nt >= 2 && nt <= ROWS2_MAX && nt * K <= ROWS2_X) {
+        gemv_rows2(out, ldo, x, ldx, nt, w, scale, nr, K);
         return;
     }
     /* passes cover whole groups */
@@ -401,49 +405,62 @@ static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *
     *out = s;
 }
 
-/* gemv_f16_row's loop (gemv_i8_row's per-row one) for two tokens: each widened vector into both
- * tokens' four accumulators; per-row int8 applies the row's scale at the end (ROWS2_X). */
+/* gemv_f16_row's loop (gemv_i8_row's per-row one) for 2-4 tokens: each widened vector into every
+ * token's AC accumulators (four for two tokens, as the GEMV; two for three or four, which is what
+ * 16 ymm registers hold); per-row int8 applies the row's scale at the end (ROWS2_X). */
 INL __m256 rows2_ld(const void *w, int64_t k, bool i8) {
     return i8 ? load_i8((const int8_t *)w + k) : load_f16((const uint16_t *)w + k);
 }
 INL float rows2_at(const void *w, int64_t k, bool i8) {
     return i8 ? (float)((const int8_t *)w)[k] : pln_f16_to_f32(((const uint16_t *)w)[k]);
 }
-INL void gemv_rows2_row(const bool I8, float *out, int64_t ldo, const float *x, int64_t ldx, const void *w, float sc,
-                        int64_t K) {
-    __m256 a[2][4];
-    UNROLL for (int j = 0; j < 2; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm256_setzero_ps();
+INL void gemv_rows2_row(const int NT, const int AC, const bool I8, float *out, int64_t ldo, const float *x,
+                        int64_t ldx, const void *w, float sc, int64_t K) {
+    __m256 a[4][4];
+    UNROLL for (int j = 0; j < NT; j++) {
+        UNROLL for (int c = 0; c < AC; c++) a[j][c] = _mm256_setzero_ps();
+    }
+    const int64_t step = 8 * AC;
     int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-        if (!I8 || (k & 63) == 0) pf_line((const char *)w + (I8 ? 1 : 2) * k);
-        __m256 w0 = rows2_ld(w, k, I8), w1 = rows2_ld(w, k + 8, I8), w2 = rows2_ld(w, k + 16, I8), w3 = rows2_ld(w, k + 24, I8);
-        UNROLL for (int j = 0; j < 2; j++) {
+    for (; k + step <= K; k += step) {
+        if ((k & (I8 ? 63 : 31)) == 0) pf_line((const char *)w + (I8 ? 1 : 2) * k);   /* a line per 64 bytes */
+        __m256 wv[4];
+        UNROLL for (int c = 0; c < AC; c++) wv[c] = rows2_ld(w, k + 8 * c, I8);
+        UNROLL for (int j = 0; j < NT; j++) {
             const float *xj = x + j * ldx + k;
-            a[j][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xj), a[j][0]);
-            a[j][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), a[j][1]);
-            a[j][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), a[j][2]);
-            a[j][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), a[j][3]);
+            UNROLL for (int c = 0; c < AC; c++) a[j][c] = _mm256_fmadd_ps(wv[c], _mm256_loadu_ps(xj + 8 * c), a[j][c]);
         }
     }
     for (; k + 8 <= K; k += 8) {
         __m256 wv = rows2_ld(w, k, I8);
-        UNROLL for (int j = 0; j < 2; j++) a[j][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * ldx + k), a[j][0]);
+        UNROLL for (int j = 0; j < NT; j++) a[j][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * ldx + k), a[j][0]);
     }
-    UNROLL for (int j = 0; j < 2; j++) {
-        float s = hsum(_mm256_add_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_add_ps(a[j][2], a[j][3])));
+    UNROLL for (int j = 0; j < NT; j++) {
+        __m256 t = AC == 4 ? _mm256_add_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_add_ps(a[j][2], a[j][3]))
+                           : _mm256_add_ps(a[j][0], a[j][1]);
+        float s = hsum(t);
         for (int64_t kk = k; kk < K; kk++) s += rows2_at(w, kk, I8) * x[j * ldx + kk];
         out[j * ldo] = I8 ? s * sc : s;
     }
 }
 
-/* nr rows of fp16 (scale NULL) or per-row int8 weights against two tokens. */
+/* nr rows of fp16 (scale NULL) or per-row int8 weights against nt = 2-4 tokens. */
 static TGT __attribute__((noinline)) void gemv_rows2(float *out, int64_t ldo, const float *x, int64_t ldx,
-                                                    const void *w, const uint16_t *scale, int64_t nr, int64_t K) {
+                                                    int64_t nt, const void *w, const uint16_t *scale, int64_t nr,
+                                                    int64_t K) {
     const bool i8 = scale != NULL;
     for (int64_t r = 0; r < nr; r++) {
         const void *wr = (const char *)w + r * K * (i8 ? 1 : 2);
-        if (i8) gemv_rows2_row(true, out + r, ldo, x, ldx, wr, _cvtsh_ss(scale[r]), K);
-        else gemv_rows2_row(false, out + r, ldo, x, ldx, wr, 1.0f, K);
+        float sc = i8 ? _cvtsh_ss(scale[r]) : 1.0f;
+        if (i8) {
+            if (nt == 2) gemv_rows2_row(2, 4, true, out + r, ldo, x, ldx, wr, sc, K);
+            else if (nt == 3) gemv_rows2_row(3, 2, true, out + r, ldo, x, ldx, wr, sc, K);
+            else gemv_rows2_row(4, 2, true, out + r, ldo, x, ldx, wr, sc, K);
+        } else {
+            if (nt == 2) gemv_rows2_row(2, 4, false, out + r, ldo, x, ldx, wr, sc, K);
+            else if (nt == 3) gemv_rows2_row(3, 2, false, out + r, ldo, x, ldx, wr, sc, K);
+            else gemv_rows2_row(4, 2, false, out + r, ldo, x, ldx, wr, sc, K);
+        }
     }
 }
 
