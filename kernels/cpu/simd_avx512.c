@@ -831,6 +831,20 @@ static VNNI512 void gemm_q4n_vnni512(float *out, int64_t ldo, const int8_t *xq, 
  * from L1). perf had shown the general tile spilling its unpacked rows to the stack and an idiv
  * per line. */
 #define Q4G_SEG 32
+/* One token's 128-column line l of activations as q4_tile puts them in registers: x[0], x[1] the
+ * low and high halves in the rows' nibble order, x[2] the blocks' -8 sum xq corrections in lanes
+ * 0, 4, 8, 12, x[3] the block scales (xj: the line's 128 bytes, s and sum: its 4 blocks'). */
+VINL void q4_line_x(__m512i *x, const int8_t *xj, const float *s, const int32_t *sum) {
+    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512i a = _mm512_loadu_si512((const void *)xj), c = _mm512_loadu_si512((const void *)(xj + 64));
+    __m128 s4 = _mm_loadu_ps(s);
+    __m128i c4 = _mm_loadu_si128((const __m128i *)(const void *)sum);
+    x[0] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+    x[1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    x[2] = _mm512_mullo_epi32(_mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4)),
+                              _mm512_set1_epi32(-8));
+    x[3] = _mm512_castps_si512(_mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4)));
+}
 VINL void q4_gemv_tile(const int NR, const bool G32, __m512 *f, const uint8_t *wr, const uint16_t *sr, int64_t rb,
                        int64_t ng, int64_t lpg, const __m512i *xl, int64_t l0, int64_t l1) {
     const __m512i nib = _mm512_set1_epi8(0x0f);
@@ -866,10 +880,8 @@ static VNNI512 void gemv_q4_vnni512(float *out, const int8_t *xq, const float *x
                                     const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
     int64_t nl = K / 128, ng = K / group, rb = K / 2, lpg = group / 128;
     const bool g32 = group == 32;
-    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i m8 = _mm512_set1_epi32(-8);
     /* per line: the activations' low and high halves in the rows' nibble order, the -8 sum xq
-     * corrections and the block scales, as q4_tile puts them in registers */
+     * corrections and the block scales, as q4_tile puts them in registers (q4_line_x) */
     __m512i xl[4 * Q4G_SEG];
     for (int64_t r0 = 0; r0 < nr; r0 += 32) {
         int64_t n = nr - r0 < 32 ? nr - r0 : 32;
@@ -877,17 +889,7 @@ static VNNI512 void gemv_q4_vnni512(float *out, const int8_t *xq, const float *x
         for (int64_t i = 0; i < n; i++) f[i] = _mm512_setzero_ps();
         for (int64_t l0 = 0; l0 < nl; l0 += Q4G_SEG) {
             int64_t l1 = nl - l0 < Q4G_SEG ? nl : l0 + Q4G_SEG;
-            for (int64_t l = l0; l < l1; l++) {
-                const int8_t *xj = xq + 128 * l;
-                __m512i a = _mm512_loadu_si512((const void *)xj), c = _mm512_loadu_si512((const void *)(xj + 64));
-                __m128 s4 = _mm_loadu_ps(xs + 4 * l);
-                __m128i c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum + 4 * l));
-                __m512i *x = xl + 4 * (l - l0);
-                x[0] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-                x[1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-                x[2] = _mm512_mullo_epi32(_mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4)), m8);
-                x[3] = _mm512_castps_si512(_mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4)));
-            }
+            for (int64_t l = l0; l < l1; l++) q4_line_x(xl + 4 * (l - l0), xq + 128 * l, xs + 4 * l, xsum + 4 * l);
             const uint8_t *wr = w + r0 * rb;
             const uint16_t *sr = scale + r0 * ng;
             int64_t i = 0;
@@ -979,8 +981,6 @@ static VNNI512 void gemm_q4b_vnni512(float *out, int64_t ldo, const int8_t *xq, 
                                      int64_t group, int64_t nr, int64_t K) {
     int64_t nl = K / 128, ng = K / group, rb = K / 2, lpg = group / 128, nb = K / 32;
     const bool g32 = group == 32;
-    const __m512i lidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i m8 = _mm512_set1_epi32(-8);
     __m512i xl[4 * 64];                  /* token j's line l0 + l at xl + 4 (j seg + l) */
     __m512 f[Q4B_ROWS * Q4B_TOK];        /* row i, token j at f[i tn + j] */
     for (int64_t t0 = 0; t0 < nt; t0 += Q4B_TOK) {
@@ -993,18 +993,10 @@ static VNNI512 void gemm_q4b_vnni512(float *out, int64_t ldo, const int8_t *xq, 
             for (int64_t i = 0; i < n * tn; i++) f[i] = _mm512_setzero_ps();
             for (int64_t l0 = 0; l0 < nl; l0 += seg) {
                 int64_t l1 = nl - l0 < seg ? nl : l0 + seg;
-                for (int64_t j = 0; j < tn; j++)
-                    for (int64_t l = l0; l < l1; l++) {   /* as gemv_q4_vnni512 lays out its token */
-                        const int8_t *xj = xq0 + j * K + 128 * l;
-                        __m512i a = _mm512_loadu_si512((const void *)xj), c = _mm512_loadu_si512((const void *)(xj + 64));
-                        __m128 s4 = _mm_loadu_ps(xs0 + j * nb + 4 * l);
-                        __m128i c4 = _mm_loadu_si128((const __m128i *)(const void *)(xsum0 + j * nb + 4 * l));
-                        __m512i *x = xl + 4 * (j * seg + l - l0);
-                        x[0] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-                        x[1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-                        x[2] = _mm512_mullo_epi32(_mm512_maskz_permutexvar_epi32(0x1111, lidx, _mm512_zextsi128_si512(c4)), m8);
-                        x[3] = _mm512_castps_si512(_mm512_permutexvar_ps(lidx, _mm512_zextps128_ps512(s4)));
-                    }
+                for (int64_t j = 0; j < tn; j++)   /* as gemv_q4_vnni512 lays out its token */
+                    for (int64_t l = l0; l < l1; l++)
+                        q4_line_x(xl + 4 * (j * seg + l - l0), xq0 + j * K + 128 * l, xs0 + j * nb + 4 * l,
+                                  xsum0 + j * nb + 4 * l);
                 const uint8_t *wr = w + r0 * rb;
                 const uint16_t *sr = scale + r0 * ng;
                 int64_t i = 0;
