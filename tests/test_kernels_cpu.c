@@ -424,9 +424,10 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
                   pln_cpu_no_vnni ? " (no VNNI)" : "");
             free(again);
         }
-        if (T == 1 && kind == WQ_I4 && isa == PLN_CPU_ISA_AVX512 && pln_cpu_has_q4n()) {
-            /* one int4 token (the GEMV, simd_avx512.c gemv_q4_vnni512 where the shape allows):
-             * bit for bit what the same token gets beside another in gemm_q4n's tiles */
+        if (T == 1 && kind == WQ_I4 && (isa == PLN_CPU_ISA_AVX512 || isa == PLN_CPU_ISA_AVX2)) {
+            /* one int4 token (the GEMV: simd_avx512.c gemv_q4_vnni512 where the shape allows,
+             * simd_avx2.c's with AVX-VNNI and with vpmaddubsw): bit for bit what the same token
+             * gets beside another in gemm_q4n */
             float *x2 = malloc((size_t)(2 * cols) * 4), *o2 = malloc((size_t)(2 * rows) * 4);
             memcpy(x2, x, (size_t)cols * 4);
             memcpy(x2 + cols, x, (size_t)cols * 4);
@@ -436,10 +437,11 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
                   (long long)rows, (long long)cols);
             free(x2);
             free(o2);
-            /* and each token of a batch of 3, 8 or 16 different ones (gemm_q4b where the shape
-             * allows: segments of lines per token count, 4-row and single-row tiles, token tiles
-             * of 3, 2 and 1) gets the bits it gets alone */
-            static const int Bs[] = {3, 8, 16};
+            /* and each token of a batch of 3, 8, 11 or 16 different ones (gemm_q4b where the
+             * shape allows: segments per token count; AVX-512 4-row and single-row tiles, token
+             * tiles of 3, 2 and 1; AVX2 token tiles of 8 and of every remainder) gets the bits it
+             * gets alone */
+            static const int Bs[] = {3, 8, 11, 16};
             for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++) {
                 int B = Bs[bi];
                 float *xb = rnd_vec((size_t)(B * cols), -1, 1), *ob = malloc((size_t)(B * rows) * 4);

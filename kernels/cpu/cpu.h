@@ -100,7 +100,8 @@ typedef struct {
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* int4 weights at 2 <= nt <= PLN_CPU_Q4N_MAX tokens on the integer-dot path without the repack
-     * (NULL where the tier has none; the AVX-512 one also needs VNNI: pln_cpu_has_q4n). The
+     * (NULL where the tier has none; the AVX-512 one runs the AVX2 one where the CPU lacks VNNI:
+     * pln_cpu_has_q4n). Each token's bits are those the tier's int4 GEMV gives it alone. The
      * activations are plain rows, as quant_act writes them at nt = 1, one per token: token t's
      * xq at xq + t K, its block scales and sums at xs / xsum + t (K / 32). The result is
      * gemm_q8's definition. */
@@ -216,8 +217,8 @@ void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int3
 /* The batch-invariant mode runs steps of fewer tokens as steps of this many (linear.c): every
  * tier's kernels treat a batch of 5 or more like any larger one. */
 #define PLN_CPU_BI_MIN_TOKENS 5
-/* Whether the AVX-512 tier's gemm_q4n can run here (AVX-512 VNNI + BW + VL, pln_cpu_no_vnni
- * unset). */
+/* Whether the AVX-512 tier's own gemm_q4n can run here (AVX-512 VNNI + BW + VL, pln_cpu_no_vnni
+ * unset); where not, it runs the AVX2 tier's. */
 bool pln_cpu_has_q4n(void);
 
 /* The batch-1 GEMVs' prefetch (simd_avx512.c PREFETCH_NOTE): the 4 cache lines

@@ -137,14 +137,8 @@ static bool use_int_dot(const pln_cpu *c, const pln_weight *W, int32_t T) {
            (T >= 2 || W->dtype == PLN_DTYPE_U8);
 }
 
-/* gemm_q4n exists for this tier and CPU (cpu.h) */
-static bool use_q4n(const pln_cpu_kernels *k) {
-#ifdef PLN_CPU_X86
-    return k->gemm_q4n && pln_cpu_has_q4n();
-#else
-    return false;
-#endif
-}
+/* gemm_q4n exists for this tier (cpu.h) */
+static bool use_q4n(const pln_cpu_kernels *k) { return k->gemm_q4n != NULL; }
 
 void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const pln_weight *W,
                     int64_t n_rows, const uint16_t *bias, int32_t T, pln_epilogue epi) {

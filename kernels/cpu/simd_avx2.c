@@ -831,6 +831,19 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(c, lo, xlo), hi, xhi);
 }
 
+/* The activations of one token's pair of blocks b, b + 1 (plain rows) as the int4 GEMV's tile
+ * below uses them: x[0] the low halves (columns 0-15 of block b in the low 128-bit lane, of b + 1
+ * in the high one), x[1] the high halves (columns 16-31), x[2] the blocks' -8 sum xq corrections
+ * in lanes 0 and 4, x[3] their scales in lanes 0-3 and 4-7 (a float vector's bits). */
+INL void q4_pair_x(__m256i x[4], const int8_t *xq, const float *xs, const int32_t *xsum, int64_t b) {
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b));
+    __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b + 32));
+    x[0] = _mm256_permute2x128_si256(x0, x1, 0x20);
+    x[1] = _mm256_permute2x128_si256(x0, x1, 0x31);
+    x[2] = _mm256_setr_epi32(-8 * xsum[b], 0, 0, 0, -8 * xsum[b + 1], 0, 0, 0);
+    x[3] = _mm256_castps_si256(_mm256_setr_m128(_mm_set1_ps(xs[b]), _mm_set1_ps(xs[b + 1])));
+}
+
 /* One int4 token (decode GEMV), as simd_avx512.c's q4_tile, 256 bits wide: no repack and
  * nothing per call, the rows read as stored. One 32-byte load of a row's pair of blocks, masked
  * and shifted, gives the low nibbles of both (columns 0-15 of the first block in the low 128-bit
@@ -856,11 +869,10 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         __m256 f[4];                                                                                             \
         UNROLL for (int i = 0; i < NR; i++) f[i] = _mm256_setzero_ps();                                          \
         for (; b + 2 <= nb; b += 2) {                                                                            \
-            __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b));                       \
-            __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(xq + 32 * b + 32));                  \
-            __m256i xlo = _mm256_permute2x128_si256(x0, x1, 0x20), xhi = _mm256_permute2x128_si256(x0, x1, 0x31); \
-            __m256i c = _mm256_setr_epi32(-8 * xsum[b], 0, 0, 0, -8 * xsum[b + 1], 0, 0, 0);                     \
-            __m256 s = _mm256_setr_m128(_mm_set1_ps(xs[b]), _mm_set1_ps(xs[b + 1]));                             \
+            __m256i xp[4];                                                                                       \
+            q4_pair_x(xp, xq, xs, xsum, b);                                                                      \
+            __m256i xlo = xp[0], xhi = xp[1], c = xp[2];                                                         \
+            __m256 s = _mm256_castsi256_ps(xp[3]);                                                               \
             int64_t g1 = gb + 1 == bpg ? g0 + 1 : g0;                                                            \
             if (NR == 4 && (b & 3) == 0) {   /* see PREFETCH_NOTE; the scales: 2 bytes per group */              \
                 pf_ahead4(w, 64 * b);                                                                            \
@@ -922,6 +934,147 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
     }
 DEF_Q8_GEMV(q8_gemv_avx2_base, TGT, q8_dot_base, q8_dot2_base)
 DEF_Q8_GEMV(q8_gemv_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dot_vnni, q8_dot2_vnni)
+
+/* Q4B2_NOTE: 2 to PLN_CPU_Q4N_MAX int4 tokens (cpu.h gemm_q4n; every step in the batch-invariant
+ * mode), as simd_avx512.c's Q4B_NOTE with 256-bit vectors: the GEMV's arithmetic above in its
+ * order for each row and token (a pair of blocks at a time, one convert and one FMA by the
+ * blocks' activation scales times the row's group scales), so every token's bits are those it
+ * gets alone. Without it these tokens took gemm_q8's repack tiles: the rows repacked once per
+ * call and each 4-byte activation group broadcast for one vpdpbusd of 8 rows (Llama-3.2-1B int4
+ * g32 at batch 8 on the AVX2 tier: the int4 linears 74 % of a step, about 5x the time their
+ * weights take to read). Here each token's activations are laid out once per segment of pairs
+ * (q4_pair_x: 128 bytes a pair, read from L1 by every row), a row's pair is unpacked once for
+ * up to Q4B2_NT tokens held in registers (3 registers for the row, Q4B2_NT accumulators, 2
+ * temporaries: 13 of the 16), and a chunk of Q4B2_ROWS rows keeps its accumulators in L1 across
+ * the segments, so the weights stream from memory once. Segments hold 128 token-pairs (16 KiB).
+ * The shapes: whole pairs (K % 64 == 0) and groups of 32 or of a multiple of 64; any other shape
+ * runs the GEMV token by token, which is the same arithmetic. Faster than the repack tiles with
+ * and without VNNI at 2-16 tokens ([131072, 2048] g32 on a Zen 5, 2 threads: 1.25-1.46x with
+ * vpmaddubsw, PLN_CPU_NO_VNNI=1); from 17 tokens the repack tiles lead.
+ * Q4B2_PF_NOTE: a row tile reads one row's segment (the GEMV's 4-row tiles read four contiguous
+ * rows, which pf_ahead4 follows as one stream); the first token tile of each row prefetches the
+ * segment the row tile PF_AHEAD bytes of reading later will take, in the order the tiles take
+ * them: out of cache [131072, 2048] g32 at 8 tokens 18.7 -> 12.9 ms (1.5 ms in L3). */
+#define Q4B2_NT 8
+#define Q4B2_ROWS 32
+#define Q4B2_TOK 16
+#define DEF_Q4B(NAME, ATTR, DOT2, GEMV)                                                                          \
+    /* one row x NT tokens over pairs [p0, p1); f: the row's accumulators, token j at f[j] */                   \
+    static inline __attribute__((always_inline)) ATTR void NAME##_tile(                                          \
+        const int NT, const bool G32, __m256 *f, const uint8_t *wr, const uint16_t *sr, int64_t ppg,             \
+        const __m256i *xl, int64_t xlt, int64_t p0, int64_t p1, const char *pw) {                                \
+        const __m256i nib = _mm256_set1_epi8(0x0f);                                                              \
+        const __m128i spread = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);                    \
+        __m256 a[Q4B2_NT];                                                                                       \
+        Q8UNROLL for (int j = 0; j < NT; j++) a[j] = f[j];                                                       \
+        int64_t g = G32 ? 0 : p0 / ppg, pc = G32 ? 0 : p0 % ppg;   /* the pair's group, its place in it */       \
+        for (int64_t p = p0; p < p1; p++) {                                                                      \
+            const __m256i *x = xl + 4 * (p - p0);                                                                \
+            if (pw && ((p - p0) & 1) == 0) _mm_prefetch(pw + 32 * (p - p0), _MM_HINT_T0);   /* Q4B2_PF_NOTE */    \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(wr + 32 * p));                        \
+            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);          \
+            __m256 sc;                                                                                           \
+            if (G32) {   /* the pair's two groups side by side, as the GEMV's mode 2 */                          \
+                int32_t h2;                                                                                      \
+                memcpy(&h2, sr + 2 * p, 4);                                                                      \
+                sc = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_cvtsi32_si128(h2), spread));                           \
+            } else {                                                                                             \
+                sc = _mm256_set1_ps(_cvtsh_ss(sr[g]));                                                           \
+            }                                                                                                    \
+            Q8UNROLL for (int j = 0; j < NT; j++) {                                                              \
+                const __m256i *xj = x + j * xlt;                                                                 \
+                __m256 d = _mm256_cvtepi32_ps(DOT2(_mm256_load_si256(xj + 2), lo, _mm256_load_si256(xj), hi,    \
+                                                   _mm256_load_si256(xj + 1)));                                  \
+                a[j] = _mm256_fmadd_ps(d, _mm256_mul_ps(_mm256_castsi256_ps(_mm256_load_si256(xj + 3)), sc), a[j]); \
+            }                                                                                                    \
+            if (!G32 && ++pc == ppg) { pc = 0; g++; }                                                            \
+        }                                                                                                        \
+        Q8UNROLL for (int j = 0; j < NT; j++) f[j] = a[j];                                                       \
+    }                                                                                                            \
+    /* every token tile of one row: Q4B2_NT at a time, then the rest in one */                                   \
+    static inline __attribute__((always_inline)) ATTR void NAME##_row(                                           \
+        const bool G32, __m256 *f, int64_t tn, const uint8_t *wr, const uint16_t *sr, int64_t ppg,               \
+        const __m256i *xl, int64_t seg, int64_t p0, int64_t p1, const char *pw) {                                \
+        int64_t j = 0;                                                                                           \
+        for (; j + Q4B2_NT <= tn; j += Q4B2_NT, pw = NULL)                                                       \
+            NAME##_tile(Q4B2_NT, G32, f + j, wr, sr, ppg, xl + 4 * seg * j, 4 * seg, p0, p1, pw);                \
+        const __m256i *xj = xl + 4 * seg * j;                                                                    \
+        switch (tn - j) {                                                                                        \
+        case 7: NAME##_tile(7, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        case 6: NAME##_tile(6, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        case 5: NAME##_tile(5, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        case 4: NAME##_tile(4, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        case 3: NAME##_tile(3, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        case 2: NAME##_tile(2, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        case 1: NAME##_tile(1, G32, f + j, wr, sr, ppg, xj, 4 * seg, p0, p1, pw); break;                         \
+        default: break;                                                                                          \
+        }                                                                                                        \
+    }                                                                                                            \
+    /* nt tokens of plain-row activations (cpu.h gemm_q4n) times nr packed int4 rows */                          \
+    static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,       \
+                          int64_t nt, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr,        \
+                          int64_t K) {                                                                           \
+        int64_t nb = K / 32, np = K / 64, ng = K / group, rb = K / 2, ppg = group / 64;                          \
+        if (K % 64 != 0 || ng == 1 || (group != 32 && group % 64 != 0)) {   /* the GEMV, token by token */       \
+            for (int64_t t = 0; t < nt; t++)                                                                     \
+                GEMV(out + t * ldo, xq + t * K, xs + t * nb, xsum + t * nb, w, scale, group, nr, K);             \
+            return;                                                                                              \
+        }                                                                                                        \
+        const bool g32 = group == 32;                                                                            \
+        __m256i xl[4 * 128];                   /* token j's pair p0 + p at xl + 4 (j seg + p) */                 \
+        __m256 f[Q4B2_ROWS * Q4B2_TOK];        /* row i, token j at f[i tn + j] */                               \
+        for (int64_t t0 = 0; t0 < nt; t0 += Q4B2_TOK) {                                                          \
+            int64_t tn = nt - t0 < Q4B2_TOK ? nt - t0 : Q4B2_TOK, seg = 128 / tn < 64 ? 128 / tn : 64;           \
+            const int8_t *xq0 = xq + t0 * K;                                                                     \
+            const float *xs0 = xs + t0 * nb;                                                                     \
+            const int32_t *xsum0 = xsum + t0 * nb;                                                               \
+            for (int64_t r0 = 0; r0 < nr; r0 += Q4B2_ROWS) {                                                     \
+                int64_t n = nr - r0 < Q4B2_ROWS ? nr - r0 : Q4B2_ROWS;                                           \
+                for (int64_t i = 0; i < n * tn; i++) f[i] = _mm256_setzero_ps();                                 \
+                for (int64_t p0 = 0; p0 < np; p0 += seg) {                                                       \
+                    int64_t p1 = np - p0 < seg ? np : p0 + seg;                                                  \
+                    for (int64_t j = 0; j < tn; j++)                                                             \
+                        for (int64_t p = p0; p < p1; p++)                                                        \
+                            q4_pair_x(xl + 4 * (j * seg + p - p0), xq0 + j * K, xs0 + j * nb, xsum0 + j * nb, 2 * p); \
+                    /* Q4B2_PF_NOTE: the row segment read dr row tiles on (past this segment's rows:     \
+                     * the next segment's first rows; past the last segment: the rows after these, which \
+                     * the next chunk of the call's thread mostly is, STREAM_NOTE; a prefetch past the    \
+                     * matrix never faults) */                                                            \
+                    int64_t dr = (PF_AHEAD + 32 * seg - 1) / (32 * seg);                                         \
+                    for (int64_t i = 0; i < n; i++) {                                                            \
+                        const uint8_t *wr = w + (r0 + i) * rb;                                                   \
+                        const uint16_t *sr = scale + (r0 + i) * ng;                                              \
+                        int64_t ti = i + dr, tp = p0, tr = r0;   /* the target: row tr + ti, pairs from tp */    \
+                        while (ti >= n) {                                                                        \
+                            ti -= n;                                                                             \
+                            tp += seg;                                                                           \
+                            if (tp >= np) { tp = 0; tr += n; }                                                   \
+                        }                                                                                        \
+                        const char *pw = (const char *)w + (tr + ti) * rb + 32 * tp;                             \
+                        /* the target's scales: 4 bytes a pair with groups of 32, fewer with larger ones */      \
+                        const char *ps = (const char *)(scale + (tr + ti) * ng + 2 * tp / (g32 ? 1 : 2 * ppg));  \
+                        for (int64_t q = 0; q < 4 * seg / (g32 ? 1 : 2 * ppg); q += 64) _mm_prefetch(ps + q, _MM_HINT_T0); \
+                        if (g32) NAME##_row(true, f + i * tn, tn, wr, sr, ppg, xl, seg, p0, p1, pw);             \
+                        else NAME##_row(false, f + i * tn, tn, wr, sr, ppg, xl, seg, p0, p1, pw);                \
+                    }                                                                                            \
+                }                                                                                                \
+                for (int64_t j = 0; j < tn; j++)                                                                 \
+                    for (int64_t i = 0; i < n; i++)                                                              \
+                        out[(t0 + j) * ldo + r0 + i] = hsum(f[i * tn + j]);   /* the GEMV's: times 1.0f, exact */ \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+DEF_Q4B(gemm_q4b_avx2_base, TGT, q8_dot2_base, q8_gemv_avx2_base)
+DEF_Q4B(gemm_q4b_avx2_vnni, __attribute__((target("avx2,fma,f16c,avxvnni"))), q8_dot2_vnni, q8_gemv_avx2_vnni)
+
+/* cpu.h gemm_q4n (Q4B2_NOTE), with AVX-VNNI where the CPU has it */
+static void gemm_q4n_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
+                          const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni"))
+        gemm_q4b_avx2_vnni(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
+    else
+        gemm_q4b_avx2_base(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
+}
 
 static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                          const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
@@ -1379,7 +1532,7 @@ static TGT void gemm_panel_avx2(float *out, int64_t ldo, const float *xp, int64_
 }
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
-    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .quant_act = quant_act_avx2,
+    .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .gemm_q4n = gemm_q4n_avx2, .quant_act = quant_act_avx2,
     .pack_x = pack_x_avx2, .gemm_panel = gemm_panel_avx2, .panel_min_plain = PANEL_MIN_PLAIN, .gemv = gemv_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,

@@ -1015,11 +1015,13 @@ static VNNI512 void gemm_q4b_vnni512(float *out, int64_t ldo, const int8_t *xq, 
     }
 }
 
-/* cpu.h gemm_q4n: gemm_q4b for the GEMV's shapes (Q4B_NOTE), q4_tile's loop for the rest. */
-static VNNI512 void gemm_q4n_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
-                                    int64_t nt, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr,
-                                    int64_t K) {
-    if (K % 128 == 0 && K / group > 1 && (group == 32 || group % 128 == 0))
+/* cpu.h gemm_q4n: gemm_q4b for the GEMV's shapes (Q4B_NOTE), q4_tile's loop for the rest; the
+ * AVX2 tier's (AVX-VNNI or vpmaddubsw) on an AVX-512 CPU without VNNI, as gemm_q8's fallback. */
+static void gemm_q4n_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
+                            int64_t nt, const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+    if (!pln_cpu_has_q4n())
+        pln_cpu_kernels_avx2.gemm_q4n(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
+    else if (K % 128 == 0 && K / group > 1 && (group == 32 || group % 128 == 0))
         gemm_q4b_vnni512(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
     else
         gemm_q4n_vnni512(out, ldo, xq, xs, xsum, nt, w, scale, group, nr, K);
