@@ -180,7 +180,10 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
  * (`pollen bench <set> --prompt-len 8 --batch 8 --context 32 --steps 16 --kv-dtype f16 --threads 2
  * --mbu off`, 11 alternated pairs, 2026-12-04 01:20-01:30 UTC): int8 g32 faster in 9 of them,
  * by 1.075x at the median (0.92-1.16x); the same prefetch in the fp16 tiles ran slower in each of
- * 3 pairs (24.7-31.9 against 30.4-34.7 tokens/s) and in per-row int8 was mixed, so they have none. */
+ * 3 pairs (24.7-31.9 against 30.4-34.7 tokens/s) and in per-row int8 was mixed, so they have none.
+ * On the Zen 5's AVX2 tier the fp16 one runs faster (fp16 [65536, 2048] at 5 / 8 / 16 tokens
+ * +8 / +14 / +4-6 %, Llama-3.2-1B fp16 batch 8 58.2-59.1 -> 62.0-62.2 tokens/s, alternated three
+ * times, 2026-12-04 22:06 UTC): a choice for the per-machine calibration (tune.c), not made yet. */
 /* TILE24_NOTE: grouped I8 from 4 tokens: 2 rows x 4 tokens of accumulators (8 registers, as the
  * 4 x 2 tile), so each weight vector, sign-extended, converted and scaled once, serves 4 tokens
  * instead of 2 (per 64 multiply-adds 2 of each of those three instead of 4) and each activation
