@@ -25,12 +25,13 @@
 
 /* What a backend's tune hook chose (pln_backend.tune). */
 #define PLN_TUNE_MAX_CANDIDATES 8
-#define PLN_TUNE_MAX_KINDS 4
+#define PLN_TUNE_MAX_KINDS 5
 typedef struct {
     const char *source;     /* "off" (defaults), "cached" or "measured" (static string) */
     int n_kinds;            /* weight kinds with a distance of their own */
     const char *kind[PLN_TUNE_MAX_KINDS];   /* their names (static strings: "fp16", "int8", ...) */
-    int64_t pf_ahead[PLN_TUNE_MAX_KINDS];   /* each kind's batch-1 GEMV prefetch distance in bytes */
+    int64_t pf_ahead[PLN_TUNE_MAX_KINDS];   /* each kind's prefetch distance in bytes (batch-1 GEMVs;
+                                               "fp16_batch": the fp16 tiles of 5-31 tokens, 0 none) */
     double gbs[PLN_TUNE_MAX_KINDS][PLN_TUNE_MAX_CANDIDATES];   /* "measured": GB/s at each candidate */
     char warning[640];      /* "" or what went wrong with the cache (the run goes on) */
 } pln_backend_tune;

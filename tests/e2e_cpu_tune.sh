@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # e2e_cpu_tune.sh — --cpu-tune (kernels/cpu/tune.c CPU_TUNE_NOTE): the decode GEMVs' prefetch
-# distance, one per weight kind (fp16, int8, int8_grouped, int4), measured once per machine,
-# cached under $XDG_CACHE_HOME/pollen/cpu-tune.json (an older one-distance cache replaced), reused,
+# distance, one per weight kind (fp16, int8, int8_grouped, int4), and the fp16 tiles' of a few
+# tokens (fp16_batch), measured once per machine, cached under
+# $XDG_CACHE_HOME/pollen/cpu-tune.json (pollen's older caches replaced), reused,
 # measured again on redo, left at the default with off; the cache written atomically and only
 # over pollen's own file (anything else there is left as it is, with a warning naming it); a
 # cache that cannot be written is a warning, never a failure; a bad value is refused by name;
@@ -17,35 +18,38 @@ SET=$TMP/set
 check "reshard a small set" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$SET" --tp 1 --dtype fp16 --quiet
 bench() { "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1 --json "$@"; }
 field() { grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2 | tr -d '"'; }
-# the distances of bench --json's cpu_pf_ahead object, "fp16 int8 int8_grouped int4" in that order
-pfs() { local o; o=$(grep -o '"cpu_pf_ahead":{[^}]*}'); for k in fp16 int8 int8_grouped int4; do grep -o "\"$k\":[0-9]*" <<<"$o" | cut -d: -f2; done | tr '\n' ' '; }
+# the distances of bench --json's cpu_pf_ahead object, "fp16 int8 int8_grouped int4 fp16_batch"
+# in that order
+KINDS="fp16 int8 int8_grouped int4 fp16_batch"
+pfs() { local o; o=$(grep -o '"cpu_pf_ahead":{[^}]*}'); for k in $KINDS; do grep -o "\"$k\":[0-9]*" <<<"$o" | cut -d: -f2; done | tr '\n' ' '; }
 in_candidates() { case $1 in 0|1024|2048|4096|8192|16384) return 0 ;; *) return 1 ;; esac; }
-all_candidates() { local n=0 v; for v in $1; do in_candidates "$v" || return 1; n=$((n + 1)); done; test $n = 4; }
+all_candidates() { local n=0 v; for v in $1; do in_candidates "$v" || return 1; n=$((n + 1)); done; test $n = 5; }
 
 out=$(bench 2>"$TMP/err1")
 check "auto with no cache: measured" test "$(field cpu_tune <<<"$out")" = measured
 pf=$(pfs <<<"$out")
-check "four measured distances, each one of the candidates ($pf)" all_candidates "$pf"
+check "five measured distances, each one of the candidates ($pf)" all_candidates "$pf"
 check "the cache file appeared" test -f "$CACHE"
 check "no temporary file is left beside it" bash -c '! ls "$1"/pollen/*.tmp.* 2>/dev/null | grep -q .' _ "$XDG_CACHE_HOME"
 check "the cache holds this machine, its tier and threads" grep -q "$(grep -m1 vendor_id /proc/cpuinfo | cut -d: -f2 | tr -d ' ').*, 1 threads," "$CACHE"
-read -r pf16 pf8 pf8g pf4 <<<"$pf"
+read -r pf16 pf8 pf8g pf4 pf16b <<<"$pf"
 check "the cache records each distance chosen" bash -c 'grep -Eq "\"fp16\": $2,?$" "$1" && grep -Eq "\"int8\": $3,?$" "$1" &&
-  grep -Eq "\"int8_grouped\": $4,?$" "$1" && grep -Eq "\"int4\": $5,?$" "$1"' _ "$CACHE" "$pf16" "$pf8" "$pf8g" "$pf4"
-check "and each kind's GB/s at every candidate" test "$(grep -c '"16384": [0-9.]*' "$CACHE")" = 4
+  grep -Eq "\"int8_grouped\": $4,?$" "$1" && grep -Eq "\"int4\": $5,?$" "$1" && grep -Eq "\"fp16_batch\": $6,?$" "$1"' _ \
+  "$CACHE" "$pf16" "$pf8" "$pf8g" "$pf4" "$pf16b"
+check "and each kind's GB/s at every candidate" test "$(grep -c '"16384": [0-9.]*' "$CACHE")" = 5
 check "no warning on a clean first run" test ! -s "$TMP/err1"
 
 out=$(bench 2>/dev/null)
 check "the second run uses the cache" test "$(field cpu_tune <<<"$out")" = cached
 check "with the cached distances" test "$(pfs <<<"$out")" = "$pf"
-check "the text report names every kind" bash -c '"$@" 2>&1 | grep -q "decode GEMVs prefetch ahead (bytes): fp16 [0-9]*, int8 [0-9]*, int8_grouped [0-9]*, int4 [0-9]*$"' _ \
+check "the text report names every kind" bash -c '"$@" 2>&1 | grep -q "prefetch ahead (bytes): fp16 [0-9]*, int8 [0-9]*, int8_grouped [0-9]*, int4 [0-9]*, fp16_batch [0-9]*$"' _ \
   "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1
 out=$(bench --threads 2 2>/dev/null)
 check "another thread count is another machine entry: measured" test "$(field cpu_tune <<<"$out")" = measured
 check "both entries kept" test "$(grep -c '"pf_ahead"' "$CACHE")" = 2
 
 out=$(bench --cpu-tune off 2>/dev/null)
-check "--cpu-tune off: the default distance for every kind" test "$(field cpu_tune <<<"$out"):$(pfs <<<"$out")" = "off:8192 8192 8192 8192 "
+check "--cpu-tune off: the default distance for every kind" test "$(field cpu_tune <<<"$out"):$(pfs <<<"$out")" = "off:8192 8192 8192 8192 8192 "
 out=$(POLLEN_CPU_TUNE=off bench 2>/dev/null)
 check "POLLEN_CPU_TUNE=off does the same" test "$(field cpu_tune <<<"$out")" = off
 out=$(bench --cpu-tune redo 2>/dev/null)
@@ -66,16 +70,21 @@ out=$(bench --threads 1 2>"$TMP/err2b")
 check "an entry without one kind's distance: measured again" test "$(field cpu_tune <<<"$out")" = measured
 check "the warning names the missing kind" grep -q "has no integer \"pf_ahead\" \"int8_grouped\"" "$TMP/err2b"
 
-# pollen's own older cache (version 1: one distance for every kind): measured, replaced by version 2
-printf '%s\n' '{"version": 1, "machines": {"AuthenticAMD x": {"pf_ahead": 8192, "gemv_gbs": {}}}}' >"$CACHE"
-out=$(bench 2>"$TMP/err2c")
-check "a version-1 cache: measured, no warning" bash -c 'test "$1" = measured && test ! -s "$2"' _ "$(field cpu_tune <<<"$out")" "$TMP/err2c"
-check "and replaced by a version-2 cache without the old entry" bash -c 'grep -q "\"version\": 2" "$1" && ! grep -q "AuthenticAMD x" "$1"' _ "$CACHE"
-out=$(bench 2>/dev/null)
-check "which the next run uses" test "$(field cpu_tune <<<"$out")" = cached
+# pollen's own older caches (version 1: one distance for every kind; version 2: no fp16_batch):
+# measured, replaced by version 3
+for old in '{"version": 1, "machines": {"AuthenticAMD x": {"pf_ahead": 8192, "gemv_gbs": {}}}}' \
+    '{"version": 2, "machines": {"AuthenticAMD x": {"pf_ahead": {"fp16": 8192, "int8": 8192, "int8_grouped": 8192, "int4": 8192}}}}'; do
+  printf '%s\n' "$old" >"$CACHE"
+  v=$(grep -o '"version": [0-9]' <<<"$old")
+  out=$(bench 2>"$TMP/err2c")
+  check "a $v cache: measured, no warning" bash -c 'test "$1" = measured && test ! -s "$2"' _ "$(field cpu_tune <<<"$out")" "$TMP/err2c"
+  check "and replaced by a version-3 cache without the old entry" bash -c 'grep -q "\"version\": 3" "$1" && ! grep -q "AuthenticAMD x" "$1"' _ "$CACHE"
+  out=$(bench 2>/dev/null)
+  check "which the next run uses ($v before)" test "$(field cpu_tune <<<"$out")" = cached
+done
 
 # a file that is not pollen's cache: left exactly as it is, the run goes on measured
-for body in 'not json' '{"version": 3, "machines": {}}' '[1, 2, 3]'; do
+for body in 'not json' '{"version": 4, "machines": {}}' '{"version": 0, "machines": {}}' '[1, 2, 3]'; do
   printf '%s' "$body" > "$CACHE"
   out=$(bench 2>"$TMP/err3")
   check "foreign cache ($body): the run goes on, measured" test "$(field cpu_tune <<<"$out")" = measured

@@ -46,7 +46,8 @@ void pln_cli_batch_invariant(const char *backend, bool on);
                "cpu: every token's results the same bits whatever shares its step (a prefix-cache hit, a " \
                "batch); slower batches and prefill (docs/ARCHITECTURE.md)"), \
     PLN_O_STR("cpu-tune", 0, (eo).cpu_tune, "auto|off|redo", \
-              "cpu: the decode GEMVs' prefetch distances (one per weight kind) measured once per machine and cached " \
+              "cpu: the prefetch distances (the decode GEMVs' per weight kind, the fp16 tiles') measured once per " \
+              "machine and cached " \
               "(~/.cache/pollen/cpu-tune.json); off: the built-in default; redo: measure again (speed " \
               "only, never a result; default auto, or $POLLEN_CPU_TUNE)")
 

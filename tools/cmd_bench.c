@@ -178,7 +178,7 @@ int cmd_bench(int argc, char **argv) {
                dir, info.tp, info.dtype, info.int_dot ? " (int-dot)" : "", info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
                pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, cp);
     if (!json && info.cpu_tune) {
-        printf("cpu tune: %s (--cpu-tune), decode GEMVs prefetch ahead (bytes):", info.cpu_tune);
+        printf("cpu tune: %s (--cpu-tune), prefetch ahead (bytes):", info.cpu_tune);
         for (int i = 0; i < info.cpu_pf_kinds; i++)
             printf("%s %s %lld", i ? "," : "", info.cpu_pf_kind[i], (long long)info.cpu_pf_ahead[i]);
         printf("\n");

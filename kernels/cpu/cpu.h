@@ -232,12 +232,18 @@ bool pln_cpu_has_q4n(void);
  * calls are: one linear at a time (an engine's steps run one after another). */
 extern int64_t pln_cpu_pf_ahead;
 #define PLN_CPU_PF_AHEAD pln_cpu_pf_ahead
+/* The fp16 tiles' distance (the multi-token tiles' first token tile, TILE_PF_NOTE; 0: no
+ * prefetch), set beside it from pln_cpu_pf_by_kind[PLN_CPU_PF_F16B]. */
+extern int64_t pln_cpu_pf_tiles;
+#define PLN_CPU_PF_TILES pln_cpu_pf_tiles
 
 /* The weight kinds whose GEMVs get a distance of their own (CPU_TUNE_NOTE: on one Zen 3 the
  * fp16 GEMV streamed fastest 1 KiB ahead and the int4 one 8 KiB ahead, each losing 15-35 % at
- * the other's distance), what kernels/cpu/tune.c measured for each (the default until then),
- * and their names in the cache file, `pollen bench` and its JSON. */
-typedef enum { PLN_CPU_PF_F16, PLN_CPU_PF_I8, PLN_CPU_PF_I8G, PLN_CPU_PF_I4, PLN_CPU_PF_KINDS } pln_cpu_pf_kind;
+ * the other's distance), and the fp16 tiles of a few tokens (PLN_CPU_PF_F16B, TILE_PF_NOTE:
+ * their prefetch ran slower on one Zen 3 and faster on one Zen 5), what kernels/cpu/tune.c
+ * measured for each (the default until then), and their names in the cache file, `pollen bench`
+ * and its JSON. */
+typedef enum { PLN_CPU_PF_F16, PLN_CPU_PF_I8, PLN_CPU_PF_I8G, PLN_CPU_PF_I4, PLN_CPU_PF_F16B, PLN_CPU_PF_KINDS } pln_cpu_pf_kind;
 extern int64_t pln_cpu_pf_by_kind[PLN_CPU_PF_KINDS];
 extern const char *const pln_cpu_pf_kind_names[PLN_CPU_PF_KINDS];
 static inline pln_cpu_pf_kind pln_cpu_pf_kind_of(const pln_weight *W) {

@@ -145,6 +145,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
     if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, epi); return; }
     /* this weight kind's prefetch distance (cpu.h), set before any thread of this call reads it */
     pln_cpu_pf_ahead = pln_cpu_pf_by_kind[pln_cpu_pf_kind_of(W)];
+    pln_cpu_pf_tiles = pln_cpu_pf_by_kind[PLN_CPU_PF_F16B];
     const pln_cpu_kernels *k = c->k;
     int64_t K = W->cols;
     const bool gelu = epi == PLN_EPI_GELU, sw = epi == PLN_EPI_SWIGLU;

@@ -41,7 +41,7 @@ INL float hsum(__m256 v) {
 /* NR rows x NT tokens of F16 dot products over columns [k0, k1) of rows of length K (NR, NT
  * compile-time after inlining). add: accumulate into out (a later stretch of columns). */
 INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
-                  const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add) {
+                  const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add, bool pf) {
     __m256 acc[4][2];
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
@@ -50,6 +50,9 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
     for (; k + 8 <= k1; k += 8) {
         __m256 wv[4];
         if (NT == 1 && NR == 4 && (k & 31) == 0) pf_ahead4(w, 8 * k);   /* see PREFETCH_NOTE */
+        else if (pf && NR == 4 && (k & 31) == 0 && PLN_CPU_PF_TILES) {   /* TILE_PF_NOTE */
+            UNROLL for (int i = 0; i < 4; i++) _mm_prefetch((const char *)w + PLN_CPU_PF_TILES + 8 * k + 64 * i, _MM_HINT_T0);
+        }
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
         UNROLL for (int j = 0; j < NT; j++) {
             __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
@@ -183,7 +186,9 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
  * 3 pairs (24.7-31.9 against 30.4-34.7 tokens/s) and in per-row int8 was mixed, so they have none.
  * On the Zen 5's AVX2 tier the fp16 one runs faster (fp16 [65536, 2048] at 5 / 8 / 16 tokens
  * +8 / +14 / +4-6 %, Llama-3.2-1B fp16 batch 8 58.2-59.1 -> 62.0-62.2 tokens/s, alternated three
- * times, 2026-12-04 22:06 UTC): a choice for the per-machine calibration (tune.c), not made yet. */
+ * times, 2026-12-04 22:06 UTC), so the fp16 tiles' prefetch (both tiers) is the calibration's
+ * choice: PLN_CPU_PF_TILES, the distance tune.c measures for an fp16 linear of 8 tokens ("fp16_batch";
+ * 0: none; PLN_CPU_PF_AHEAD_DEFAULT without it). */
 /* TILE24_NOTE: grouped I8 from 4 tokens: 2 rows x 4 tokens of accumulators (8 registers, as the
  * 4 x 2 tile), so each weight vector, sign-extended, converted and scaled once, serves 4 tokens
  * instead of 2 (per 64 multiply-adds 2 of each of those three instead of 4) and each activation
@@ -310,12 +315,12 @@ static TGT void gemm_f16_avx2(float *out, int64_t ldo, const float *x, int64_t l
             int64_t k1 = K - k0 < ks ? K : k0 + ks, t = 0;
             bool add = k0 > 0;
             if (nr - r >= 4) {
-                for (; t + 2 <= nt; t += 2) tile_f16(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
-                for (; t < nt; t++) tile_f16(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add);
+                for (; t + 2 <= nt; t += 2) tile_f16(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, t == 0);
+                for (; t < nt; t++) tile_f16(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, K, k0, k1, add, false);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 2 <= nt; t += 2) tile_f16(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add);
-                    for (; t < nt; t++) tile_f16(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add);
+                    for (t = 0; t + 2 <= nt; t += 2) tile_f16(1, 2, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add, false);
+                    for (; t < nt; t++) tile_f16(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, K, k0, k1, add, false);
                 }
             }
         }

@@ -43,7 +43,7 @@ INL __m512 load_i8(const int8_t *p) {
 INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                   const uint16_t *w, int64_t K, int64_t k0, int64_t k1, bool add, bool pf) {
     /* pf: the first token tile of its rows, the one that reads them from memory (PREFETCH_NOTE's
-     * one sequential position for the tile's rows) */
+     * one sequential position for the tile's rows), PLN_CPU_PF_TILES ahead (0: none; tune.c) */
     __m512 acc[6][6];
     UNROLL for (int i = 0; i < NR; i++) {
         UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
@@ -52,8 +52,8 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[6];
         if (NT == 1 && NR == 4 && (k & 31) == 0) pf_ahead4(w, 8 * k);   /* see PREFETCH_NOTE */
-        else if (pf && (k & 31) == 0) {
-            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)w + PF_AHEAD + NR * 2 * k + 64 * i, _MM_HINT_T0);
+        else if (pf && (k & 31) == 0 && PLN_CPU_PF_TILES) {
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)w + PLN_CPU_PF_TILES + NR * 2 * k + 64 * i, _MM_HINT_T0);
         }
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_f16(w + i * K + k);
         UNROLL for (int j = 0; j < NT; j++) {

@@ -18,7 +18,9 @@
  * weight's kind. The result is cached per machine (CPU identity, the kernels' tier, threads,
  * memory) in $XDG_CACHE_HOME/pollen/cpu-tune.json (~/.cache without it), so the second or so it
  * takes is spent once. The distance decides only which lines are requested early: no result
- * depends on it (the GEMVs' arithmetic is the same at every value). */
+ * depends on it (the GEMVs' arithmetic is the same at every value). PLN_CPU_PF_F16B
+ * ("fp16_batch") is the fp16 tiles' distance (simd_avx2.c TILE_PF_NOTE), measured the same way on
+ * an fp16 linear of TUNE_BATCH tokens; 0 there means no prefetch. */
 #include "kernels/cpu/cpu.h"
 
 #include <errno.h>
@@ -33,16 +35,19 @@
 #include <unistd.h>
 
 int64_t pln_cpu_pf_ahead = PLN_CPU_PF_AHEAD_DEFAULT;
+int64_t pln_cpu_pf_tiles = PLN_CPU_PF_AHEAD_DEFAULT;
 int64_t pln_cpu_pf_by_kind[PLN_CPU_PF_KINDS] = {PLN_CPU_PF_AHEAD_DEFAULT, PLN_CPU_PF_AHEAD_DEFAULT,
-                                                PLN_CPU_PF_AHEAD_DEFAULT, PLN_CPU_PF_AHEAD_DEFAULT};
-const char *const pln_cpu_pf_kind_names[PLN_CPU_PF_KINDS] = {"fp16", "int8", "int8_grouped", "int4"};
+                                                PLN_CPU_PF_AHEAD_DEFAULT, PLN_CPU_PF_AHEAD_DEFAULT,
+                                                PLN_CPU_PF_AHEAD_DEFAULT};
+const char *const pln_cpu_pf_kind_names[PLN_CPU_PF_KINDS] = {"fp16", "int8", "int8_grouped", "int4", "fp16_batch"};
 _Static_assert(PLN_CPU_TUNE_N <= PLN_TUNE_MAX_CANDIDATES, "pln_backend_tune.gbs holds every candidate");
 _Static_assert(PLN_CPU_PF_KINDS <= PLN_TUNE_MAX_KINDS, "pln_backend_tune holds every kind");
 
 const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N] = {0, 1024, 2048, 4096, 8192, 16384};
 
-/* 2: a distance per weight kind; a version-1 file (one distance) is pollen's own and is replaced */
-#define TUNE_VERSION 2
+/* 3: a distance per weight kind and for the fp16 tiles; a version-1 file (one distance) or
+ * version-2 one (no fp16_batch) is pollen's own and is replaced */
+#define TUNE_VERSION 3
 #define TUNE_MAX_FILE (1 << 20)   /* a cache file larger than this is not pollen's */
 
 int pln_cpu_tune_pick(const double *secs, int n, int dflt) {
@@ -60,9 +65,11 @@ static int default_index(void) {
     return -1;
 }
 
-/* kind's GEMV at every candidate; secs[i]: the best pass at candidate i, *bytes_out the bytes
- * each pass reads. Leaves the distances and the integer-dot and batch-invariant settings as it
- * found them. -1 + error when the weight cannot be allocated. */
+/* kind's GEMV at every candidate (PLN_CPU_PF_F16B: an fp16 linear of TUNE_BATCH tokens, which
+ * the tiles take); secs[i]: the best pass at candidate i, *bytes_out the bytes each pass reads.
+ * Leaves the distances and the integer-dot and batch-invariant settings as it found them. -1 +
+ * error when the weight cannot be allocated. */
+#define TUNE_BATCH 8
 static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N], int64_t *bytes_out) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     int64_t bytes = 2 * (int64_t)(llc > 0 ? llc : 32 << 20);
@@ -79,15 +86,17 @@ static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N]
     }
     /* the kind's layout (FORMAT.md): fp16; int8 with one scale per row or per 32 columns; int4
      * (two per byte) with one per 32 */
+    const bool f16 = kind == PLN_CPU_PF_F16 || kind == PLN_CPU_PF_F16B;
+    const int T = kind == PLN_CPU_PF_F16B ? TUNE_BATCH : 1;
     const int64_t K = 4096, G = kind == PLN_CPU_PF_I8G || kind == PLN_CPU_PF_I4 ? 32 : K;
-    const int64_t wbits = kind == PLN_CPU_PF_F16 ? 16 : kind == PLN_CPU_PF_I4 ? 4 : 8;
-    const int64_t row_bytes = K * wbits / 8 + (kind == PLN_CPU_PF_F16 ? 0 : 2 * (K / G));
+    const int64_t wbits = f16 ? 16 : kind == PLN_CPU_PF_I4 ? 4 : 8;
+    const int64_t row_bytes = K * wbits / 8 + (f16 ? 0 : 2 * (K / G));
     const int64_t rows = bytes / row_bytes;
-    const size_t wb = (size_t)(rows * K * wbits / 8), sb = kind == PLN_CPU_PF_F16 ? 0 : (size_t)(rows * (K / G)) * 2;
+    const size_t wb = (size_t)(rows * K * wbits / 8), sb = f16 ? 0 : (size_t)(rows * (K / G)) * 2;
     bytes = (int64_t)(wb + sb);
     uint8_t *w = aligned_alloc(64, (wb + 63) / 64 * 64);
     uint16_t *sc = sb ? aligned_alloc(64, (sb + 63) / 64 * 64) : NULL;
-    float *x = malloc((size_t)K * sizeof *x), *out = malloc((size_t)rows * sizeof *out);
+    float *x = malloc((size_t)(T * K) * sizeof *x), *out = malloc((size_t)(T * rows) * sizeof *out);
     if (!w || (sb && !sc) || !x || !out) {
         free(w); free(sc); free(x); free(out);
         return pln_errorf("cpu tune: out of memory for a %lld MiB test weight", (long long)(bytes >> 20));
@@ -97,24 +106,24 @@ static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N]
     const int64_t nb = (int64_t)wb;
 #pragma omp parallel for schedule(static) num_threads(pln_cpu_threads(c))
     for (int64_t i = 0; i < nb; i += 2) {
-        uint16_t v = kind == PLN_CPU_PF_F16 ? 0x3c00 : kind == PLN_CPU_PF_I4 ? 0x9999 : 0x0101;
+        uint16_t v = f16 ? 0x3c00 : kind == PLN_CPU_PF_I4 ? 0x9999 : 0x0101;
         memcpy(w + i, &v, 2);
     }
     for (size_t i = 0; i < sb / 2; i++) sc[i] = 0x1400;
-    for (int64_t k = 0; k < K; k++) x[k] = 1.0f / (float)(k + 1);
-    pln_weight W = {.dtype = kind == PLN_CPU_PF_F16 ? PLN_DTYPE_F16 : kind == PLN_CPU_PF_I4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8,
-                    .rows = rows, .cols = K, .w = w, .scale = sc, .group = kind == PLN_CPU_PF_F16 ? 0 : G};
+    for (int64_t k = 0; k < T * K; k++) x[k] = 1.0f / (float)(k % K + 1 + k / K);
+    pln_weight W = {.dtype = f16 ? PLN_DTYPE_F16 : kind == PLN_CPU_PF_I4 ? PLN_DTYPE_U8 : PLN_DTYPE_I8,
+                    .rows = rows, .cols = K, .w = w, .scale = sc, .group = f16 ? 0 : G};
     int64_t saved = pln_cpu_pf_by_kind[kind];
     bool saved_idot = c->int_dot, saved_bi = c->batch_invariant;
     c->int_dot = kind == PLN_CPU_PF_I4;   /* --int-dot auto's path for the kind */
     c->batch_invariant = false;           /* the GEMV itself, not a 5-token step */
-    pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);   /* warm-up */
+    pln_cpu_linear(c, out, rows, x, &W, rows, NULL, T, PLN_EPI_NONE);   /* warm-up */
     for (int i = 0; i < PLN_CPU_TUNE_N; i++) secs[i] = 1e30;
     for (int r = 0; r < PLN_CPU_TUNE_ROUNDS; r++)
         for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
             pln_cpu_pf_by_kind[kind] = pln_cpu_tune_candidates[i];
             double t0 = pln_now();
-            pln_cpu_linear(c, out, rows, x, &W, rows, NULL, 1, PLN_EPI_NONE);
+            pln_cpu_linear(c, out, rows, x, &W, rows, NULL, T, PLN_EPI_NONE);
             double dt = pln_now() - t0;
             if (dt < secs[i]) secs[i] = dt;
         }
@@ -122,7 +131,7 @@ static int measure(pln_cpu *c, pln_cpu_pf_kind kind, double secs[PLN_CPU_TUNE_N]
     c->int_dot = saved_idot;
     c->batch_invariant = saved_bi;
     *bytes_out = bytes;
-    volatile float sink = out[rows / 2];
+    volatile float sink = out[T * rows / 2];
     (void)sink;
     free(w); free(sc); free(x); free(out);
     return 0;
@@ -170,13 +179,14 @@ static cache_state cache_read(const char *path, json_t **root, char *why, size_t
     if (!j) { snprintf(why, nwhy, "is not JSON (line %d: %s)", err.line, err.text); return CACHE_FOREIGN; }
     json_t *v = json_object_get(j, "version"), *m = json_object_get(j, "machines");
     json_int_t ver = json_is_integer(v) ? json_integer_value(v) : -1;
-    if (!json_is_object(j) || (ver != 1 && ver != TUNE_VERSION) || !json_is_object(m)) {
+    if (!json_is_object(j) || ver < 1 || ver > TUNE_VERSION || !json_is_object(m)) {
         snprintf(why, nwhy, "is not a version-%d pollen CPU tune cache (an object with \"version\": %d and "
                  "\"machines\")", TUNE_VERSION, TUNE_VERSION);
         json_decref(j);
         return CACHE_FOREIGN;
     }
-    if (ver == 1) {   /* pollen's own older cache (one distance for every kind): measured again, replaced */
+    if (ver < TUNE_VERSION) {   /* pollen's own older cache (one distance for every kind, or no fp16_batch):
+                                 * measured again, replaced */
         json_object_set_new(j, "version", json_integer(TUNE_VERSION));
         json_object_set_new(j, "machines", json_object());
     }
