@@ -769,11 +769,20 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         }                                                                                                        \
         __m256 wr = wsf ? _mm256_set1_ps(1.0f) : _mm256_loadu_ps(wrow + 8 * h);                                  \
         Q8UNROLL for (int j = 0; j < NT; j++) {                                                                  \
-            float v[8];                                                                                          \
-            _mm256_storeu_ps(v, _mm256_mul_ps(fa[j], wr));                                                       \
-            if (add) for (int i = 0; i < n; i++) out[j * ldo + i] += v[i];                                       \
-            else if (n == 8) memcpy(out + j * ldo, v, sizeof v);                                                 \
-            else memcpy(out + j * ldo, v, (size_t)n * sizeof(float));                                           \
+            __m256 r = _mm256_mul_ps(fa[j], wr);                                                                 \
+            /* the product rounded on its own, as it was when it went through memory: GCC would    \
+             * contract it with the addition below into an FMA in some tiles and not others (the     \
+             * sanitized build's batch-invariance test saw per-row int8 tokens differ) */           \
+            __asm__("" : "+x"(r));                                                                               \
+            if (n == 8) {   /* a whole 8-row half: the stretch's sums added as one vector */                     \
+                if (add) r = _mm256_add_ps(_mm256_loadu_ps(out + j * ldo), r);                                   \
+                _mm256_storeu_ps(out + j * ldo, r);                                                              \
+            } else {                                                                                             \
+                float v[8];                                                                                      \
+                _mm256_storeu_ps(v, r);                                                                          \
+                if (add) for (int i = 0; i < n; i++) out[j * ldo + i] += v[i];                                   \
+                else memcpy(out + j * ldo, v, (size_t)n * sizeof(float));                                       \
+            }                                                                                                    \
         }                                                                                                        \
     }                                                                                                            \
     /* a token tile of tn = 4, 2 or 1 tokens over blocks [b0, b1), added into out past the first stretch */    \
