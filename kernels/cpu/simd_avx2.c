@@ -87,6 +87,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         for (; k + 8 <= k1; k += 8) {
             __m256 wv[4];
             if (NT == 1 && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* see PREFETCH_NOTE */
+            else if (pf && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* TILE_PF_NOTE */
             UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
             UNROLL for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
@@ -183,12 +184,17 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
  * (`pollen bench <set> --prompt-len 8 --batch 8 --context 32 --steps 16 --kv-dtype f16 --threads 2
  * --mbu off`, 11 alternated pairs, 2026-12-04 01:20-01:30 UTC): int8 g32 faster in 9 of them,
  * by 1.075x at the median (0.92-1.16x); the same prefetch in the fp16 tiles ran slower in each of
- * 3 pairs (24.7-31.9 against 30.4-34.7 tokens/s) and in per-row int8 was mixed, so they have none.
+ * 3 pairs (24.7-31.9 against 30.4-34.7 tokens/s) and in per-row int8 was mixed (on that machine).
  * On the Zen 5's AVX2 tier the fp16 one runs faster (fp16 [65536, 2048] at 5 / 8 / 16 tokens
  * +8 / +14 / +4-6 %, Llama-3.2-1B fp16 batch 8 58.2-59.1 -> 62.0-62.2 tokens/s, alternated three
  * times, 2026-12-04 22:06 UTC), so the fp16 tiles' prefetch (both tiers) is the calibration's
  * choice: PLN_CPU_PF_TILES, the distance tune.c measures for an fp16 linear of 8 tokens ("fp16_batch";
- * 0: none; PLN_CPU_PF_AHEAD_DEFAULT without it). */
+ * 0: none; PLN_CPU_PF_AHEAD_DEFAULT without it). The per-row I8 tiles' first token tile
+ * prefetches as the grouped ones do (on [16384, 2048] at 8 tokens any distance from 8 to 32 KiB
+ * measured the same, 1 to 4 KiB slower): on the Zen 5, AVX2 tier,
+ * that linear 3.34-3.48 -> 2.79-2.85 ms, Llama-3.2-1B per-row int8 batch 8 54.5-56.5 -> 62.9-65.5
+ * tokens/s (alternated three times, 2026-12-04 23:40 UTC); the AVX-512 tiles (simd_avx512.c
+ * tile_i8) do the same for per-row and grouped I8. */
 /* TILE24_NOTE: grouped I8 from 4 tokens: 2 rows x 4 tokens of accumulators (8 registers, as the
  * 4 x 2 tile), so each weight vector, sign-extended, converted and scaled once, serves 4 tokens
  * instead of 2 (per 64 multiply-adds 2 of each of those three instead of 4) and each activation
@@ -350,7 +356,7 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
                         tile_i8g_2x4(o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, t == 0);
                         tile_i8g_2x4(o + t * ldo + 2, ldo, x + t * ldx, ldx, wr + 2 * K, sr + 2 * ng, group, K, k0, k1, add, false);
                     }
-                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, t == 0 && ng > 1);
+                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, t == 0);
                 for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, false);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {

@@ -74,10 +74,15 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
  * group) multiply the scale once at the end; grouped ones scale each widened weight vector
  * (shared by the NT tokens), except in a GEMV (gemv: the call has one token), whose groups are
  * summed unscaled. A batch's last lone token takes the scaled path, so that its result is the same
- * bits as in any other batch (cpu.h pln_cpu_set_batch_invariant). */
+ * bits as in any other batch (cpu.h pln_cpu_set_batch_invariant). pf: the first token tile of its
+ * rows prefetches as the GEMV does, at the weight kind's distance (simd_avx2.c TILE_PF_NOTE;
+ * PREFETCH_NOTE's one sequential position for the 4 rows): on the Zen 5, [16384, 2048] at 8
+ * tokens 1.67-1.81 -> 1.38-1.40 ms per row, 2.25-2.28 -> 1.67-1.69 g32; Llama-3.2-1B batch 8
+ * per-row int8 106 -> 122-124 tokens/s, int8 g32 83 -> 111-114 (alternated twice, 2026-12-04
+ * 23:35 UTC); [2048, 8192] and [3072, 2048], which the timing loop keeps in L3, 3-5 % slower. */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const int8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
-                 int64_t k1, bool add, bool gemv) {
+                 int64_t k1, bool add, bool gemv, bool pf) {
     int64_t ng = K / group;
     __m512 acc[4][6];
     float tail[4][6];
@@ -89,6 +94,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         for (; k + 16 <= k1; k += 16) {
             __m512 wv[4];
             if (NT == 1 && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* see PREFETCH_NOTE */
+            else if (pf && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);
             UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
             UNROLL for (int j = 0; j < NT; j++) {
                 __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
@@ -136,6 +142,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
             int64_t k = g * group, kend = k + group;
             for (; k + 16 <= kend; k += 16) {
                 __m512 wv[4];
+                if (pf && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);
                 UNROLL for (int i = 0; i < NR; i++) wv[i] = _mm512_mul_ps(load_i8(w + i * K + k), sv[i]);
                 UNROLL for (int j = 0; j < NT; j++) {
                     __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
@@ -317,14 +324,14 @@ static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t 
                 /* 4 x 6 needs 24 accumulators + 4 weights + 1 activation: per-channel only (a
                  * grouped tile also holds 4 scales) */
                 if (ng == 1)
-                    for (; t + 6 <= nt; t += 6) tile_i8(4, 6, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
-                for (; t + 4 <= nt; t += 4) tile_i8(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
-                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
-                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1);
+                    for (; t + 6 <= nt; t += 6) tile_i8(4, 6, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, t == 0);
+                for (; t + 4 <= nt; t += 4) tile_i8(4, 4, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, t == 0);
+                for (; t + 2 <= nt; t += 2) tile_i8(4, 2, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, t == 0);
+                for (; t < nt; t++) tile_i8(4, 1, o + t * ldo, ldo, x + t * ldx, ldx, wr, sr, group, K, k0, k1, add, nt == 1, false);
             } else {
                 for (int64_t i = 0; i < nr - r; i++) {
-                    for (t = 0; t + 4 <= nt; t += 4) tile_i8(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
-                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1);
+                    for (t = 0; t + 4 <= nt; t += 4) tile_i8(1, 4, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1, false);
+                    for (; t < nt; t++) tile_i8(1, 1, o + t * ldo + i, ldo, x + t * ldx, ldx, wr + i * K, sr + i * ng, group, K, k0, k1, add, nt == 1, false);
                 }
             }
         }
