@@ -195,13 +195,13 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
  * prefetches as the grouped ones do (on [16384, 2048] at 8 tokens any distance from 8 to 32 KiB
  * measured the same, 1 to 4 KiB slower): on the Zen 5, AVX2 tier,
  * that linear 3.34-3.48 -> 2.79-2.85 ms, Llama-3.2-1B per-row int8 batch 8 54.5-56.5 -> 62.9-65.5
- * tokens/s (alternated three times, 2026-12-04 23:40 UTC); the AVX-512 tiles (simd_avx512.c
+ * tokens/s (alternated three times, 2026-12-04 23:20 UTC); the AVX-512 tiles (simd_avx512.c
  * tile_i8) do the same for per-row and grouped I8. */
 /* G32_UNROLL_NOTE: a grouped I8 loop over one group's columns takes the group size as the
  * constant 32 where it is 32 (its four 8-column steps unrolled, no loop exit per group): on the
  * Zen 5, [2048, 8192] g32 at 8 tokens in the 2 x 4 tiles 1.97-2.01 -> 1.45-1.46 ms, [16384, 2048]
  * 3.04-3.16 -> 2.78-2.88; Llama-3.2-1B int8 g32 batch 8 63.8-65.5 -> 70.1-70.6 tokens/s
- * (alternated twice, 2026-12-05 00:05 UTC), batch 1 unchanged. The same in simd_avx512.c's
+ * (alternated twice, 2026-12-04 23:28 UTC), batch 1 unchanged. The same in simd_avx512.c's
  * 16-column steps measured no change, so it has none. Bits unchanged. */
 /* TILE24_NOTE: grouped I8 from 4 tokens: 2 rows x 4 tokens of accumulators (8 registers, as the
  * 4 x 2 tile), so each weight vector, sign-extended, converted and scaled once, serves 4 tokens

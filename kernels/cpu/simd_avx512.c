@@ -79,7 +79,7 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
  * PREFETCH_NOTE's one sequential position for the 4 rows): on the Zen 5, [16384, 2048] at 8
  * tokens 1.67-1.81 -> 1.38-1.40 ms per row, 2.25-2.28 -> 1.67-1.69 g32; Llama-3.2-1B batch 8
  * per-row int8 106 -> 122-124 tokens/s, int8 g32 83 -> 111-114 (alternated twice, 2026-12-04
- * 23:35 UTC); [2048, 8192] and [3072, 2048], which the timing loop keeps in L3, 3-5 % slower. */
+ * 23:22 UTC); [2048, 8192] and [3072, 2048], which the timing loop keeps in L3, 3-5 % slower. */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
                  const int8_t *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0,
                  int64_t k1, bool add, bool gemv, bool pf) {
