@@ -86,8 +86,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         int64_t k = k0;
         for (; k + 8 <= k1; k += 8) {
             __m256 wv[4];
-            if (NT == 1 && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* see PREFETCH_NOTE */
-            else if (pf && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* TILE_PF_NOTE */
+            if ((NT == 1 || pf) && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* PREFETCH_NOTE, TILE_PF_NOTE */
             UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
             UNROLL for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_loadu_ps(x + j * ldx + k);

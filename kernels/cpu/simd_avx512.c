@@ -77,7 +77,7 @@ INL void tile_f16(const int NR, const int NT, float *out, int64_t ldo, const flo
  * bits as in any other batch (cpu.h pln_cpu_set_batch_invariant). pf: the first token tile of its
  * rows prefetches as the GEMV does, at the weight kind's distance (simd_avx2.c TILE_PF_NOTE;
  * PREFETCH_NOTE's one sequential position for the 4 rows): on the Zen 5, [16384, 2048] at 8
- * tokens 1.67-1.81 -> 1.38-1.40 ms per row, 2.25-2.28 -> 1.67-1.69 g32; Llama-3.2-1B batch 8
+ * tokens 1.67-1.81 -> 1.38-1.40 ms per-row int8, 2.25-2.28 -> 1.67-1.69 int8 g32; Llama-3.2-1B batch 8
  * per-row int8 106 -> 122-124 tokens/s, int8 g32 83 -> 111-114 (alternated twice, 2026-12-04
  * 23:22 UTC); [2048, 8192] and [3072, 2048], which the timing loop keeps in L3, 3-5 % slower. */
 INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const float *x, int64_t ldx,
@@ -93,8 +93,7 @@ INL void tile_i8(const int NR, const int NT, float *out, int64_t ldo, const floa
         int64_t k = k0;
         for (; k + 16 <= k1; k += 16) {
             __m512 wv[4];
-            if (NT == 1 && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* see PREFETCH_NOTE */
-            else if (pf && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);
+            if ((NT == 1 || pf) && NR == 4 && (k & 63) == 0) pf_ahead4(w, 4 * k);   /* see PREFETCH_NOTE; pf above */
             UNROLL for (int i = 0; i < NR; i++) wv[i] = load_i8(w + i * K + k);
             UNROLL for (int j = 0; j < NT; j++) {
                 __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
