@@ -89,16 +89,16 @@ typedef struct {
     int32_t panel_min_plain;
     /* The integer-dot path (pln_cpu_set_int_dot): activations quantized per block of 32 columns,
      * token-interleaved so that a tile of tokens finds its operands side by side: xq holds int8
-     * column k of token t at xq[4 * ((k / 4) * nt + t) + k % 4] (4-byte groups of columns, all nt
-     * tokens' groups together), xs fp32 and xsum int32 [K / 32][nt] (block b of token t at
-     * [b * nt + t]: its scale, and its sum of xq for the kernels that offset the weights to
-     * unsigned bytes). At nt = 1 these are plain rows. w is I8 (rows of K bytes) or, when i4,
+     * column k of token t at xq[4 * ((k / 4) * ldq + t) + k % 4] (4-byte groups of columns, all nt
+     * tokens' groups together, ldq = pln_cpu_q8_ldq(nt) >= nt apart), xs fp32 and xsum int32
+     * [K / 32][ldq] (block b of token t at [b * ldq + t]: its scale, and its sum of xq for the
+     * kernels that offset the weights to unsigned bytes). At nt = 1 these are plain rows. w is I8 (rows of K bytes) or, when i4,
      * packed int4 (rows of K / 2 bytes), group % 32 == 0, nr <= 32. For every block b the integer
      * dot d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
      * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order;
      * per-row weights, one group, may apply the weight scale once at the end). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
-                    const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+                    int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* int4 weights at 2 <= nt <= PLN_CPU_Q4N_MAX tokens on the integer-dot path without the repack
      * (NULL where the tier has none; the AVX-512 one runs the AVX2 one where the CPU lacks VNNI:
      * pln_cpu_has_q4n). Each token's bits are those the tier's int4 GEMV gives it alone. The
@@ -107,11 +107,11 @@ typedef struct {
      * gemm_q8's definition. */
     void (*gemm_q4n)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                      const uint8_t *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
-    /* The integer-dot path's activations: tokens t0 <= t < t1 of nt (token t at x + t K, K % 32
-     * == 0), quantized per block of 32 as pln_cpu_quant_act does, bit for bit, and written where
-     * gemm_q8 reads them (4-byte groups at xq + 4 (g nt + t), block scales and sums at [b nt + t]).
-     * Blocks outermost: a run of tokens fills each cache line of xq in one go. */
-    void (*quant_act)(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
+    /* The integer-dot path's activations: tokens t0 <= t < t1 (token t at x + t K, K % 32 == 0),
+     * quantized per block of 32 as pln_cpu_quant_act does, bit for bit, and written where gemm_q8
+     * reads them for its ldq (4-byte groups at xq + 4 (g ldq + t), block scales and sums at [b ldq
+     * + t]). Blocks outermost: a run of tokens fills each cache line of xq in one go. */
+    void (*quant_act)(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t ldq, int64_t t0,
                       int64_t t1);
     /* Attention over n contiguous cache rows of length d (one block's stretch, one head):
      * scores[i] = q · k[i*d ..], and o = o * c + sum_i p[i] * v[i*d ..]. */
@@ -207,8 +207,24 @@ extern bool pln_cpu_no_vnni;
  * -> q [K], s [K / 32], sum [K / 32] (each block's sum of q). */
 void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *sum);
 /* The same into gemm_q8's token-interleaved layout (the kernels' quant_act in plain C). */
-void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
+void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t ldq, int64_t t0,
                           int64_t t1);
+/* Q8_LDQ_NOTE: the integer-dot layout's stride for nt tokens (cpu.h gemm_q8). Up to 16 tokens
+ * their groups lie side by side (ldq = nt). Past that ldq is nt rounded up to an odd number of
+ * 16-token cache lines: with ldq = nt = 512 the 4-column groups of one block were 2 KiB apart, a
+ * tile's 128 lines of a stretch (simd_avx2.c Q8_KBLOCKS_NOTE) fell in 2 of the L1's 64 sets and
+ * evicted one another before the next 8 rows (or the next tile of the line's 16 tokens) came
+ * back to them. An odd number of lines apart they spread over every set: AVX2 with VNNI, 32 rows
+ * x [2048] x 512 tokens on one Zen 5 core, 3.4 -> 4.8 vpdpbusd per ns (Llama-3.2-1B int4 g32
+ * prefill: docs/ARCHITECTURE.md "The integer-dot path"). Tried on that shape and not kept: each
+ * token's dots in two chains (even and odd groups; no change), and each 4-token tile's stretch
+ * copied to a compact buffer first (0.90-0.93x with this stride; with the stride of 2 KiB it
+ * only traded the tile's misses for the copy's). */
+static inline int64_t pln_cpu_q8_ldq(int64_t nt) {
+    if (nt <= 16) return nt;
+    int64_t lines = (nt + 15) / 16;
+    return 16 * (lines | 1);
+}
 
 /* Tokens of int4 weights gemm_q4n takes (more: the repack tiles of gemm_q8, whose repack is
  * then shared by enough tokens; bloom-560m int4 steps measured gemm_q4n 2-6 % ahead at 16

@@ -119,13 +119,13 @@ void pln_cpu_quant_act(const float *x, int64_t K, int8_t *q, float *s, int32_t *
     }
 }
 
-void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt, int64_t t0,
+void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t ldq, int64_t t0,
                           int64_t t1) {
     int8_t q[32];
     for (int64_t b = 0; b < K / 32; b++)
         for (int64_t t = t0; t < t1; t++) {
-            pln_cpu_quant_act(x + t * K + 32 * b, 32, q, xs + b * nt + t, xsum + b * nt + t);
-            for (int g = 0; g < 8; g++) memcpy(xq + 4 * ((8 * b + g) * nt + t), q + 4 * g, 4);
+            pln_cpu_quant_act(x + t * K + 32 * b, 32, q, xs + b * ldq + t, xsum + b * ldq + t);
+            for (int g = 0; g < 8; g++) memcpy(xq + 4 * ((8 * b + g) * ldq + t), q + 4 * g, 4);
         }
 }
 
@@ -176,7 +176,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         const uint8_t *wc = (const uint8_t *)W->w + (rr) * rb;                                        \
         const uint16_t *sc = W->scale + (rr) * (K / W->group);                                        \
         if (plain) k->gemm_q4n(dst, ld, xq, xs, xsum, nt, wc, sc, W->group, nr, K);                   \
-        else k->gemm_q8(dst, ld, xq, xs, xsum, nt, wc, i4, sc, W->group, nr, K);                      \
+        else k->gemm_q8(dst, ld, xq, xs, xsum, nt, lq, wc, i4, sc, W->group, nr, K);                  \
     } while (0)
 #define Q_CHUNK(ch)                                                                                   \
     do {                                                                                              \
@@ -200,17 +200,20 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK); in the
          * batch-invariant mode every int4 step takes it, so no step size changes a token's bits */
         bool plain = i4 && T >= 2 && (T <= PLN_CPU_Q4N_MAX || c->batch_invariant) && use_q4n(k);
-        int8_t *xq = pln_xmalloc((size_t)qt * (size_t)K);
-        float *xs = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(float));
-        int32_t *xsum = pln_xmalloc((size_t)qt * (size_t)nb * sizeof(int32_t));
+        /* the interleaved layout's stride (Q8_LDQ_NOTE); plain rows for q4n */
+        int64_t qld = plain ? qt : pln_cpu_q8_ldq(qt);
+        int8_t *xq = pln_xmalloc((size_t)qld * (size_t)K);
+        float *xs = pln_xmalloc((size_t)qld * (size_t)nb * sizeof(float));
+        int32_t *xsum = pln_xmalloc((size_t)qld * (size_t)nb * sizeof(int32_t));
         /* SwiGLU: each thread's up tile, [nt][QCHUNK] */
         int nth = pln_cpu_threads(c);
         float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)qt * QCHUNK * sizeof(float)) : NULL;
-        for (int64_t t0 = 0, nt; t0 < T; t0 += nt) {
+        for (int64_t t0 = 0, nt, lq; t0 < T; t0 += nt) {
             nt = T - t0 < QTOK ? T - t0 : QTOK;
             /* batch-invariant: no last block of fewer than PLN_CPU_BI_MIN_TOKENS (one int4 token
              * takes a GEMV), as for the tiles below */
             if (c->batch_invariant && T - t0 > QTOK && T - t0 - QTOK < PLN_CPU_BI_MIN_TOKENS) nt = T - t0 - PLN_CPU_BI_MIN_TOKENS;
+            lq = pln_cpu_q8_ldq(nt);
             #pragma omp parallel num_threads(nth) if (n_rows * K * nt > 65536)
             {
                 float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)qt * QCHUNK : NULL;
@@ -222,7 +225,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                     /* runs of 16 tokens: each fills whole cache lines of xq */
                     #pragma omp for schedule(static)
                     for (int64_t t = 0; t < nt; t += 16)
-                        k->quant_act(in + t0 * K, K, xq, xs, xsum, nt, t, t + 16 < nt ? t + 16 : nt);
+                        k->quant_act(in + t0 * K, K, xq, xs, xsum, lq, t, t + 16 < nt ? t + 16 : nt);
                 }
                 float *o = out + t0 * ldo;
                 if (stream) {

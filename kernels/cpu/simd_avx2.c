@@ -809,7 +809,7 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         else NAME##_tile(1, sgn, s16, out, ldo, xq, xs, xsum, ldq, off, wp, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
     }                                                                                                            \
     static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,      \
-                          int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
+                          int64_t nt, int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
                           int64_t K) {                                                                           \
         int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;                           \
         uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);                                                 \
@@ -838,9 +838,9 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
                     const uint8_t *wph = wp + (h / 2) * sstride;                                                 \
                     float *o = out + 8 * h + t * ldo;                                                            \
                     const int8_t *xt = xq + 4 * t;                                                               \
-                    if (mode == 1) NAME##_tiles(tn, true, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
-                    else if (mode == 2) NAME##_tiles(tn, false, true, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
-                    else NAME##_tiles(tn, false, false, o, ldo, xt, xs + t, xsum + t, nt, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
+                    if (mode == 1) NAME##_tiles(tn, true, false, o, ldo, xt, xs + t, xsum + t, ldq, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
+                    else if (mode == 2) NAME##_tiles(tn, false, true, o, ldo, xt, xs + t, xsum + t, ldq, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
+                    else NAME##_tiles(tn, false, false, o, ldo, xt, xs + t, xsum + t, ldq, off, wph, h, wsf, wrow, group, K, n, b0, b1); \
                 }                                                                                                \
                 t += tn;                                                                                         \
             }                                                                                                    \
@@ -1108,15 +1108,15 @@ static void gemm_q4n_avx2(float *out, int64_t ldo, const int8_t *xq, const float
 }
 
 static void gemm_q8_avx2(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
-                         const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+                         int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
     bool vnni = !pln_cpu_no_vnni && __builtin_cpu_supports("avxvnni");
     if (nt == 1 && i4) {
         if (vnni) q8_gemv_avx2_vnni(out, xq, xs, xsum, w, scale, group, nr, K);
         else q8_gemv_avx2_base(out, xq, xs, xsum, w, scale, group, nr, K);
     } else if (vnni) {
-        gemm_q8_avx2_vnni(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+        gemm_q8_avx2_vnni(out, ldo, xq, xs, xsum, nt, ldq, w, i4, scale, group, nr, K);
     } else {
-        gemm_q8_avx2_base(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+        gemm_q8_avx2_base(out, ldo, xq, xs, xsum, nt, ldq, w, i4, scale, group, nr, K);
     }
 }
 
@@ -1309,7 +1309,7 @@ static TGT void silu_mul_avx2(float *out, const float *g, const float *u, int64_
 /* pln_cpu_quant_act, 8 columns per vector, bit for bit (simd_avx512.c's quant_act_avx512 is the
  * same arithmetic): the scalar scale and inverse, the fp32 product, vcvtps2dq's round half to
  * even, the saturating packs (values are within +-127 already). */
-static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt,
+static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t ldq,
                                int64_t t0, int64_t t1) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
@@ -1338,9 +1338,9 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-            xs[b * nt + t] = sc;
-            xsum[b * nt + t] = _mm_cvtsi128_si32(s4);
-            for (int g = 0; g < 8; g++) memcpy(xq + 4 * ((8 * b + g) * nt + t), q + 4 * g, 4);
+            xs[b * ldq + t] = sc;
+            xsum[b * ldq + t] = _mm_cvtsi128_si32(s4);
+            for (int g = 0; g < 8; g++) memcpy(xq + 4 * ((8 * b + g) * ldq + t), q + 4 * g, 4);
         }
 }
 

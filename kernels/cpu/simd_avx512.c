@@ -1111,7 +1111,7 @@ TGT void pln_cpu_q8_repack_avx512(uint8_t *wp, const void *w, bool i4, int64_t n
 }
 
 static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,
-                                    int64_t nt, const void *w, bool i4, const uint16_t *scale, int64_t group,
+                                    int64_t nt, int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group,
                                     int64_t nr, int64_t K) {
     if (nt == 1 && i4) {
         if (K % 128 == 0 && K / group > 1 && (group == 32 || group % 128 == 0))
@@ -1124,7 +1124,7 @@ static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, c
     uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);
     uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;   /* aligned: each vector one cache line */
     float *wsf = ng > 1 ? pln_xmalloc((size_t)ng * 32 * sizeof(float)) : NULL;
-    int32_t *cor = pln_xmalloc((size_t)(nt * nb) * sizeof(int32_t));
+    int32_t *cor = pln_xmalloc((size_t)(ldq * nb) * sizeof(int32_t));
     float wrow[32];
     __mmask16 m[2];
     for (int64_t s = 0; s < ns; s++) {
@@ -1137,9 +1137,10 @@ static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, c
         else for (int64_t g = 0; g < ng; g++) wsf[g * 32 + i] = i < nr ? _cvtsh_ss(scale[i * ng + g]) : 0.0f;
     }
     int32_t off = i4 ? 8 : 128;
-    for (int64_t i = 0; i < nt * nb; i++) cor[i] = -off * xsum[i];
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t j = 0; j < nt; j++) cor[b * ldq + j] = -off * xsum[b * ldq + j];
     int64_t t = 0;
-#define Q8_TILE(NS, NT) q8_tile(NS, NT, out + t * ldo, ldo, xq + 4 * t, xs + t, cor + t, nt, wp, sstride, wsf, wrow, group, K, m)
+#define Q8_TILE(NS, NT) q8_tile(NS, NT, out + t * ldo, ldo, xq + 4 * t, xs + t, cor + t, ldq, wp, sstride, wsf, wrow, group, K, m)
     if (ns == 2) {
         for (; t + 6 <= nt; t += 6) Q8_TILE(2, 6);
         for (; t + 4 <= nt; t += 4) Q8_TILE(2, 4);
@@ -1158,17 +1159,17 @@ static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, c
 }
 
 static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
-                           const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+                           int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
     if (!pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-        gemm_q8_vnni512(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+        gemm_q8_vnni512(out, ldo, xq, xs, xsum, nt, ldq, w, i4, scale, group, nr, K);
     else
-        pln_cpu_kernels_avx2.gemm_q8(out, ldo, xq, xs, xsum, nt, w, i4, scale, group, nr, K);
+        pln_cpu_kernels_avx2.gemm_q8(out, ldo, xq, xs, xsum, nt, ldq, w, i4, scale, group, nr, K);
 }
 
 /* pln_cpu_quant_act, 16 columns per vector, bit for bit: the same scalar scale and inverse, the
  * same fp32 product, rounded half to even by vcvtps2dq as nearbyintf does in the default mode. */
-static TGT void quant_act_avx512(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t nt,
+static TGT void quant_act_avx512(const float *x, int64_t K, int8_t *xq, float *xs, int32_t *xsum, int64_t ldq,
                                  int64_t t0, int64_t t1) {
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
     /* token by token: each reads its row in order (block by block across the tokens, rows K
@@ -1185,16 +1186,16 @@ static TGT void quant_act_avx512(const float *x, int64_t K, int8_t *xq, float *x
             __m512 iv = _mm512_set1_ps(inv);
             __m512i qa = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, iv)), lo), hi);
             __m512i qc = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(c, iv)), lo), hi);
-            xs[b * nt + t] = sc;
-            xsum[b * nt + t] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+            xs[b * ldq + t] = sc;
+            xsum[b * ldq + t] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
             __m128i pa = _mm512_cvtsepi32_epi8(qa), pc = _mm512_cvtsepi32_epi8(qc);
-            if (nt == 1) {
+            if (ldq == 1) {
                 _mm_storeu_si128((__m128i *)(xq + 32 * b), pa);
                 _mm_storeu_si128((__m128i *)(xq + 32 * b + 16), pc);
                 continue;
             }
-            int8_t *o = xq + 4 * (8 * b * nt + t);
-            int64_t st = 4 * nt;
+            int8_t *o = xq + 4 * (8 * b * ldq + t);
+            int64_t st = 4 * ldq;
             _mm_storeu_si32(o, pa);
             _mm_storeu_si32(o + st, _mm_srli_si128(pa, 4));
             _mm_storeu_si32(o + 2 * st, _mm_srli_si128(pa, 8));

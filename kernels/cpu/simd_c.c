@@ -79,7 +79,7 @@ static void gemm_i4_c(float *out, int64_t ldo, const float *x, int64_t ldx, int6
 /* The integer-dot path in plain C: the definition the SIMD versions are checked against (the
  * integer dots are exact; the fp32 accumulation is one fmaf per block, in block order). */
 static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
-                      const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
+                      int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
     (void)xsum;   /* signed bytes times signed bytes: no offset to correct */
     int64_t ng = K / group, nb = K / 32;
     int8_t *row = i4 ? pln_xmalloc((size_t)K) : NULL;
@@ -94,8 +94,8 @@ static void gemm_q8_c(float *out, int64_t ldo, const int8_t *xq, const float *xs
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t d = 0;
-                for (int64_t k = 32 * b; k < 32 * b + 32; k++) d += (int32_t)wr[k] * xq[4 * ((k / 4) * nt + t) + k % 4];
-                acc = fmaf((float)d, xs[b * nt + t] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
+                for (int64_t k = 32 * b; k < 32 * b + 32; k++) d += (int32_t)wr[k] * xq[4 * ((k / 4) * ldq + t) + k % 4];
+                acc = fmaf((float)d, xs[b * ldq + t] * pln_f16_to_f32(scale[r * ng + 32 * b / group]), acc);
             }
             out[t * ldo + r] = acc;
         }
