@@ -92,11 +92,11 @@ typedef struct {
      * column k of token t at xq[4 * ((k / 4) * ldq + t) + k % 4] (4-byte groups of columns, all nt
      * tokens' groups together, ldq = pln_cpu_q8_ldq(nt) >= nt apart), xs fp32 and xsum int32
      * [K / 32][ldq] (block b of token t at [b * ldq + t]: its scale, and its sum of xq for the
-     * kernels that offset the weights to unsigned bytes). At nt = 1 these are plain rows. w is I8 (rows of K bytes) or, when i4,
-     * packed int4 (rows of K / 2 bytes), group % 32 == 0, nr <= 32. For every block b the integer
-     * dot d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo + r] = sum over b of
-     * d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only in summation order;
-     * per-row weights, one group, may apply the weight scale once at the end). */
+     * kernels that offset the weights to unsigned bytes). At nt = 1 these are plain rows. w is I8
+     * (rows of K bytes) or, when i4, packed int4 (rows of K / 2 bytes), group % 32 == 0, nr <= 32.
+     * For every block b the integer dot d = sum_{k in b} xq[t][k] * q[r][k] is exact; out[t * ldo
+     * + r] = sum over b of d * (xs[t][b] * scale[r][32 b / group]) in fp32 (the tiers differ only
+     * in summation order; per-row weights, one group, may apply the weight scale once at the end). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
     /* int4 weights at 2 <= nt <= PLN_CPU_Q4N_MAX tokens on the integer-dot path without the repack

@@ -809,8 +809,8 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni"))) __
         else NAME##_tile(1, sgn, s16, out, ldo, xq, xs, xsum, ldq, off, wp, h, wsf, wrow, group, K, n, b0, b1, b0 > 0); \
     }                                                                                                            \
     static ATTR void NAME(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum,      \
-                          int64_t nt, int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr,  \
-                          int64_t K) {                                                                           \
+                          int64_t nt, int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, \
+                          int64_t nr, int64_t K) {                                                               \
         int64_t nb = K / 32, ng = K / group, ns = nr > 16 ? 2 : 1, sstride = 512 * nb;                           \
         uint8_t *raw = pln_xmalloc((size_t)(ns * sstride) + 64);                                                 \
         uint8_t *wp = raw + (64 - (uintptr_t)raw % 64) % 64;                                                     \
