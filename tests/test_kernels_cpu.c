@@ -557,6 +557,23 @@ static void test_quant_act_tiers(void) {
 /* The integer-dot path's weight repack (cpu.h pln_cpu_q8_repack) byte for byte against its
  * definition: every row count of a 16-row set (rows past nr zero), int4 (stored nibbles, low ones
  * a block's columns 0-15) and int8 (q + 128), one block and many. */
+/* The integer-dot layout's stride (cpu.h Q8_LDQ_NOTE): the token count itself up to 16 (the
+ * groups side by side), past that a whole, odd number of 16-token cache lines, never more than
+ * 32 tokens of padding. */
+static void test_q8_ldq(void) {
+    int bad = 0;
+    for (int64_t nt = 1; nt <= 1100; nt++) {
+        int64_t l = pln_cpu_q8_ldq(nt);
+        if (nt <= 16 ? l != nt : l < nt || l % 16 || (l / 16) % 2 != 1 || l >= nt + 32) {
+            if (bad++ < 3) CHECK(0, "pln_cpu_q8_ldq(%lld) = %lld", (long long)nt, (long long)l);
+        }
+    }
+    CHECK(bad == 0, "pln_cpu_q8_ldq: %d token counts with a stride off its rule", bad);
+    CHECK(pln_cpu_q8_ldq(512) == 528 && pln_cpu_q8_ldq(32) == 48 && pln_cpu_q8_ldq(48) == 48,
+          "pln_cpu_q8_ldq: 512 -> %lld, 32 -> %lld, 48 -> %lld", (long long)pln_cpu_q8_ldq(512),
+          (long long)pln_cpu_q8_ldq(32), (long long)pln_cpu_q8_ldq(48));
+}
+
 static void test_q8_repack(void) {
 #ifdef PLN_CPU_X86
     if (!pln_cpu_isa_supported(PLN_CPU_ISA_AVX2)) return;
@@ -599,6 +616,7 @@ static void test_q8_repack(void) {
 static void test_int_dot(void) {
     double worst = 0;
     test_quant_act_tiers();
+    test_q8_ldq();
     test_q8_repack();
     /* T: one token (the GEMV), the tile remainders (1, 2, 4 of 8 tokens; 1, 2 of 4) and more than
      * a chunk of PLN_CPU_TCHUNK; rows: not multiples of the 16-row chunk or the 4-row GEMV tile;
