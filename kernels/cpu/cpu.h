@@ -214,9 +214,10 @@ void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int3
  * 16-token cache lines: with ldq = nt = 512 the 4-column groups of one block were 2 KiB apart, a
  * tile's 128 lines of a stretch (simd_avx2.c Q8_KBLOCKS_NOTE) fell in 2 of the L1's 64 sets and
  * evicted one another before the next 8 rows (or the next tile of the line's 16 tokens) came
- * back to them. An odd number of lines apart they spread over every set: AVX2 with VNNI, 32 rows
- * x [2048] x 512 tokens on one Zen 5 core, 3.4 -> 4.8 vpdpbusd per ns (Llama-3.2-1B int4 g32
- * prefill: docs/ARCHITECTURE.md "The integer-dot path"). Tried on that shape and not kept: each
+ * back to them. An odd number of lines apart they spread over every set: AVX2 with VNNI, the
+ * tier's gemm_q8 alone on 32 rows x [2048] x 512 tokens, one Zen 5 core, 3.4 -> 4.8 vpdpbusd per
+ * ns (whole shapes and Llama-3.2-1B prefill, with their commands: docs/ARCHITECTURE.md "The
+ * integer-dot path"). Tried on that shape and not kept: each
  * token's dots in two chains (even and odd groups; no change), and each 4-token tile's stretch
  * copied to a compact buffer first (0.90-0.93x with this stride; with the stride of 2 KiB it
  * only traded the tile's misses for the copy's); the tokens laid out in groups of 16, each
