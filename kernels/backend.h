@@ -275,6 +275,12 @@ pln_backend *pln_backend_cpu_create(void);
  * each over OpenMP's threads, counted as read + write bytes per second (GB/s), best of 5 after a
  * warm-up pass. For MBU figures in benchmarks. */
 double pln_cpu_copy_gbs(size_t bytes);
+/* The CPU backend's compute ceiling: fp32 fused multiply-adds per second (GFLOP/s, 2 per lane
+ * per FMA) over OpenMP's threads, each running independent chains on the widest vectors of the
+ * tier the backend dispatches to (pln_cpu_isa_best: PLN_CPU_ISA may lower it), best of 5 passes
+ * of a few milliseconds after a warm-up. For the compute-bound figures of benchmarks (prefill,
+ * large batches), as the copy is for the memory-bound ones. */
+double pln_cpu_fma_gflops(void);
 /* One measurement of that copy on arrays the caller holds (n doubles each, already touched): best
  * of `passes` passes, GB/s. For a ceiling measured right beside each timed step. */
 double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes);

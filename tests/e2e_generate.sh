@@ -162,7 +162,11 @@ check_fails "the CPU field check can fail on a missing field" "" cpu_fields "${o
 err=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1 --steps 1 --context 4 --mbu off 2>&1 >/dev/null)
 check "bench prints the CPU line on stderr" grep -Eq '^cpu: [^ ].* \([^ ,]+, family -?[0-9]+ model -?[0-9]+ stepping -?[0-9]+\); CPU kernels: (ref|c|avx2|avx512)$' <<<"$err"
 outc=$(PLN_CPU_ISA=c "$POLLEN" bench --copy-only --threads 1 --stream-mib 8 --json 2>/dev/null)
-check "bench --copy-only: a positive copy bandwidth on the threads asked for" grep -Eq '^\{"stream_copy_gbs":[0-9.e+]*[1-9][0-9.e+]*,"threads":1,"stream_mib":8,' <<<"$outc"
+check "bench --copy-only: a positive copy bandwidth and FMA peak on the threads asked for" grep -Eq '^\{"stream_copy_gbs":[0-9.e+]*[1-9][0-9.e+]*,"fma_peak_gflops":[0-9.e+]*[1-9][0-9.e+]*,"threads":1,"stream_mib":8,' <<<"$outc"
+outr=$(PLN_CPU_ISA=ref "$POLLEN" bench --copy-only --threads 1 --stream-mib 8 --json 2>/dev/null)
+check "bench --copy-only with the reference loops: a positive FMA peak" grep -Eq '"fma_peak_gflops":[0-9.e+]*[1-9][0-9.e+]*,.*"cpu_isa":"ref"' <<<"$outr"
+outh=$("$POLLEN" bench --copy-only --threads 1 --stream-mib 8 2>/dev/null)
+check "bench --copy-only prints both ceilings, the FMA peak naming the kernels' tier" bash -c 'grep -Eq "^STREAM copy: [0-9.]+ GB/s \(1 threads, 8 MiB arrays" <<<"$1" && grep -Eq "^FMA peak: [0-9]*[1-9][0-9]*\.[0-9] GFLOP/s \(1 threads, fp32 multiply-adds, (ref|c|avx2|avx512) kernels\)$" <<<"$1"' _ "$outh"
 check "bench --copy-only names the CPU; PLN_CPU_ISA=c lowers the tier it reports" bash -c 'grep -q "\"cpu_isa\":\"c\"" <<<"$1"' _ "$outc"
 check_fails "bench --copy-only takes no set" "copy-only takes no SET" "$POLLEN" bench "$TMP/bloom-4h-tp1" --copy-only
 check_fails "bench --mbu with an unknown mode is refused, naming it" 'mbu.*"sometimes".*steps, start or off' "$POLLEN" bench "$TMP/bloom-4h-tp1" --mbu sometimes

@@ -560,6 +560,45 @@ static void test_quant_act_tiers(void) {
 /* The integer-dot layout's stride (cpu.h Q8_LDQ_NOTE): the token count itself up to 16 (the
  * groups side by side), past that a whole, odd number of 16-token cache lines, never more than
  * 32 tokens of padding. */
+/* The FMA peak's loop (pln_cpu_fma_gflops) on every tier: it counts 2 flops per lane per
+ * multiply-add, and runs every one of them: its chains' sum is the recurrence a = a b + c run n
+ * times here on each chain (fused on the SIMD tiers, a multiply and an add in C), which a loop
+ * that skipped steps or chains would miss. */
+static void test_fma_chains(void) {
+    const pln_cpu_kernels *tiers[] = {&pln_cpu_kernels_c,
+#ifdef PLN_CPU_X86
+                                      &pln_cpu_kernels_avx2, &pln_cpu_kernels_avx512,
+#endif
+    };
+    static const pln_cpu_isa isas[] = {PLN_CPU_ISA_C,
+#ifdef PLN_CPU_X86
+                                       PLN_CPU_ISA_AVX2, PLN_CPU_ISA_AVX512,
+#endif
+    };
+    static const int lanes[] = {1, 8, 16};
+    const int64_t n = 100000;
+    for (size_t k = 0; k < sizeof tiers / sizeof tiers[0]; k++) {
+        if (!pln_cpu_isa_supported(isas[k])) continue;
+        double want = 0;
+        for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) {
+            volatile float b = 0.999999f, c = 1e-7f;   /* volatile: no contraction of the C form */
+            float a = 1.0f + 1e-3f * (float)i;
+            for (int64_t j = 0; j < n; j++) a = k ? fmaf(a, b, c) : a * b + c;
+            want += lanes[k] * (double)a;
+        }
+        float sink = 0.0f;
+        double flops = tiers[k]->fma_chains(n, &sink);
+        CHECK(flops == 2.0 * lanes[k] * PLN_CPU_FMA_CHAINS * (double)n, "fma_chains (%s): %g flops for %lld steps",
+              pln_cpu_isa_name(isas[k]), flops, (long long)n);
+        CHECK(fabs(sink - want) <= 1e-5 * want, "fma_chains (%s): chains sum to %.7g, want %.7g",
+              pln_cpu_isa_name(isas[k]), (double)sink, want);
+        float s2 = 0.0f;
+        tiers[k]->fma_chains(n / 2, &s2);
+        CHECK(fabs(s2 - sink) > 1e-3 * sink, "fma_chains (%s): half the steps give another value (%.7g, %.7g)",
+              pln_cpu_isa_name(isas[k]), (double)s2, (double)sink);
+    }
+}
+
 static void test_q8_ldq(void) {
     int bad = 0;
     for (int64_t nt = 1; nt <= 1100; nt++) {
@@ -1856,6 +1895,7 @@ int main(int argc, char **argv) {
     test_embed();
     test_layernorm();
     test_linear();
+    test_fma_chains();
     test_int_dot();
     test_logits();
     test_threads();

@@ -72,7 +72,7 @@ int cmd_bench(int argc, char **argv) {
         PLN_O_INT("stream-mib", 0, stream_mib, 8, 1 << 16, "N", "MiB of the STREAM copy that measures the memory ceiling (default {})"),
         PLN_O_ENUM("mbu", 0, mbu_mode, "steps|start|off", "when that copy runs (default {}; see below)"),
         PLN_O_FLAG("json", 0, json, "print the results as one JSON object"),
-        PLN_O_FLAG("copy-only", 0, copy_only, "measure the STREAM copy alone (no SET): GB/s with --threads"),
+        PLN_O_FLAG("copy-only", 0, copy_only, "measure the machine's ceilings alone (no SET), with --threads: the STREAM copy (GB/s) and the FMA peak (GFLOP/s)"),
         PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
         PLN_O_INT("device", 0, eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
         PLN_O_INT("gpus-per-node", 0, eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
@@ -107,9 +107,9 @@ int cmd_bench(int argc, char **argv) {
         }
         pln_opt_free(&cmd);
         threads = pln_cli_threads(threads, 1);
-        double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20);
+        double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20), gfl = pln_cpu_fma_gflops();
         if (json) {
-            json_t *o = json_pack("{s:f, s:i, s:I, s:s, s:s, s:i, s:i, s:i, s:s}", "stream_copy_gbs", gbs, "threads", threads,
+            json_t *o = json_pack("{s:f, s:f, s:i, s:I, s:s, s:s, s:i, s:i, s:i, s:s}", "stream_copy_gbs", gbs, "fma_peak_gflops", gfl, "threads", threads,
                                   "stream_mib", (json_int_t)stream_mib, "cpu_name", host.name, "cpu_vendor", host.vendor,
                                   "cpu_family", host.family, "cpu_model", host.model, "cpu_stepping", host.stepping, "cpu_isa", host.isa);
             char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
@@ -120,6 +120,7 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "cpu: %s (%s, family %d model %d stepping %d); CPU kernels: %s\n", host.name, host.vendor,
                     host.family, host.model, host.stepping, host.isa);
             printf("STREAM copy: %.1f GB/s (%d threads, %lld MiB arrays, read + write bytes)\n", gbs, threads, (long long)stream_mib);
+            printf("FMA peak: %.1f GFLOP/s (%d threads, fp32 multiply-adds, %s kernels)\n", gfl, threads, host.isa);
         }
         return 0;
     }

@@ -137,7 +137,16 @@ typedef struct {
     /* SwiGLU's pass: out[i] = silu(g[i]) * u[i] for i < n (the SIMD SiLU is g / (1 + exp(-g)) with
      * the tier's exp: pln_silu within a few ulp). */
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
+    /* The compute ceiling's loop (pln_cpu_fma_gflops): FMA_CHAINS independent chains of fp32
+     * fused multiply-adds on the tier's widest vectors, iters steps each; returns the floating-
+     * point operations done (2 per lane per FMA) and stores a value of the chains in *sink (so
+     * that no compiler drops them). */
+    double (*fma_chains)(int64_t iters, float *sink);
 } pln_cpu_kernels;
+
+/* Chains in fma_chains: enough to fill 2-3 FMA pipes of latency 4-5 (AVX2: 12 of the 16 ymm
+ * registers; the others hold the operands). */
+#define PLN_CPU_FMA_CHAINS 12
 
 /* The step size from which linear.c runs W on the tier's gemm_panel (where it has one). */
 static inline int32_t pln_cpu_panel_min(const pln_cpu_kernels *k, const pln_weight *W) {

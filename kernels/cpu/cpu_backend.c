@@ -416,6 +416,26 @@ void pln_cpu_host_describe(pln_cpu_host *out) {
 #endif
 }
 
+double pln_cpu_fma_gflops(void) {
+    const pln_cpu_kernels *k = kernels_of(pln_cpu_isa_best());
+    if (!k) k = &pln_cpu_kernels_c;   /* the reference loops: the C tier's plain multiply-adds */
+    double best = 0.0;
+    for (int pass = 0; pass < 6; pass++) {   /* the first warms the cores up */
+        int64_t iters = pass ? (int64_t)1 << 22 : (int64_t)1 << 20;
+        double flops = 0.0, t0 = pln_now();
+        float sink = 0.0f;
+#pragma omp parallel reduction(+ : flops, sink)
+        {
+            float s;
+            flops += k->fma_chains(iters, &s);
+            sink += s;
+        }
+        double dt = pln_now() - t0;
+        if (pass && dt > 0 && sink == sink && flops / dt / 1e9 > best) best = flops / dt / 1e9;
+    }
+    return best;
+}
+
 double pln_cpu_copy_gbs(size_t bytes) {
     size_t n = bytes / sizeof(double);
     if (n == 0) return 0.0;

@@ -1295,6 +1295,18 @@ static TGT float score_max_avx2(float *x, int64_t n, float scale, float slope, i
     return mx;
 }
 
+static TGT double fma_chains_avx2(int64_t iters, float *sink) {
+    __m256 a[PLN_CPU_FMA_CHAINS], b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    _Pragma("GCC unroll 16") for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) a[i] = _mm256_set1_ps(1.0f + 1e-3f * (float)i);
+    for (int64_t n = 0; n < iters; n++) {
+        _Pragma("GCC unroll 16") for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
+    }
+    __m256 s = a[0];
+    for (int i = 1; i < PLN_CPU_FMA_CHAINS; i++) s = _mm256_add_ps(s, a[i]);
+    *sink = hsum(s);
+    return 2.0 * 8 * PLN_CPU_FMA_CHAINS * (double)iters;
+}
+
 static TGT void silu_mul_avx2(float *out, const float *g, const float *u, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
@@ -1568,6 +1580,6 @@ const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,
-    .silu_mul = silu_mul_avx2,
+    .silu_mul = silu_mul_avx2, .fma_chains = fma_chains_avx2,
 };
 #endif

@@ -1367,6 +1367,18 @@ static TGT void bias_gelu_avx512(float *o, const uint16_t *bias, int64_t n, bool
     }
 }
 
+static TGT double fma_chains_avx512(int64_t iters, float *sink) {
+    __m512 a[PLN_CPU_FMA_CHAINS], b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    UNROLL16 for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) a[i] = _mm512_set1_ps(1.0f + 1e-3f * (float)i);
+    for (int64_t n = 0; n < iters; n++) {
+        UNROLL16 for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+    }
+    __m512 s = a[0];
+    for (int i = 1; i < PLN_CPU_FMA_CHAINS; i++) s = _mm512_add_ps(s, a[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return 2.0 * 16 * PLN_CPU_FMA_CHAINS * (double)iters;
+}
+
 /* The tail as one masked vector: a row of any width takes no scalar exp. */
 static TGT void silu_mul_avx512(float *out, const float *g, const float *u, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -1625,6 +1637,6 @@ const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
     .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
-    .silu_mul = silu_mul_avx512,
+    .silu_mul = silu_mul_avx512, .fma_chains = fma_chains_avx512,
 };
 #endif

@@ -165,6 +165,17 @@ static float score_max_c(float *x, int64_t n, float scale, float slope, int32_t 
     return mx;
 }
 
+static double fma_chains_c(int64_t iters, float *sink) {
+    float a[PLN_CPU_FMA_CHAINS];
+    for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) a[i] = 1.0f + 1e-3f * (float)i;
+    for (int64_t n = 0; n < iters; n++)
+        for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) a[i] = a[i] * 0.999999f + 1e-7f;
+    float s = 0.0f;
+    for (int i = 0; i < PLN_CPU_FMA_CHAINS; i++) s += a[i];
+    *sink = s;
+    return 2.0 * PLN_CPU_FMA_CHAINS * (double)iters;
+}
+
 static void silu_mul_c(float *out, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = pln_silu(g[i]) * u[i];
 }
@@ -173,5 +184,5 @@ const pln_cpu_kernels pln_cpu_kernels_c = {
     .name = "c", .gemm_f16 = gemm_f16_c, .gemm_i8 = gemm_i8_c, .gemm_i4 = gemm_i4_c, .gemm_q8 = gemm_q8_c, .quant_act = pln_cpu_quant_act_il, .dots = dots_c,
     .weighted_sum = weighted_sum_c, .dots_f16 = dots_f16_c, .weighted_sum_f16 = weighted_sum_f16_c,
     .bias_gelu = bias_gelu_c, .sum_exp = sum_exp_c, .exp_sum = exp_sum_c,
-    .score_max = score_max_c, .silu_mul = silu_mul_c,
+    .score_max = score_max_c, .silu_mul = silu_mul_c, .fma_chains = fma_chains_c,
 };

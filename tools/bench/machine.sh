@@ -9,7 +9,9 @@
 #                                     load average, and (with POLLEN, a built pollen) the STREAM
 #                                     copy bandwidth on one thread and on all online CPUs
 #                                     (`pollen bench --copy-only`, the ceiling of pollen bench's MBU;
-#                                     arrays of MACHINE_STREAM_MIB MiB, default 512)
+#                                     arrays of MACHINE_STREAM_MIB MiB, default 512) and the FMA
+#                                     peak of pollen's CPU kernels' tier, the ceiling of the
+#                                     compute-bound figures, on 1 thread and on all of them
 #   machine_load_after                "# load average after: ..."
 #
 # A table is worth keeping only beside a low load average; the copy bandwidth says what the memory
@@ -74,12 +76,17 @@ machine_report() {
   echo "# flags:${have:- none of avx2 fma f16c avx512f avx512_vnni avx512_bf16 avx_vnni amx}; $cpus online CPUs, $threads threads used; $mem memory; kernel $(uname -r)"
   echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$pollen" ] && [ -x "$pollen" ]; then
-    local one all mib=${MACHINE_STREAM_MIB:-512}
-    one=$("$pollen" bench --copy-only --threads 1 --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2 || true)
-    all=$("$pollen" bench --copy-only --threads "$cpus" --stream-mib "$mib" --json 2>/dev/null | grep -o '"stream_copy_gbs":[0-9.e+-]*' | cut -d: -f2 || true)
+    local j1 jn isa mib=${MACHINE_STREAM_MIB:-512}
+    j1=$("$pollen" bench --copy-only --threads 1 --stream-mib "$mib" --json 2>/dev/null || true)
+    jn=$("$pollen" bench --copy-only --threads "$cpus" --stream-mib "$mib" --json 2>/dev/null || true)
+    field() { grep -o "\"$1\":[0-9.e+-]*" <<<"$2" | cut -d: -f2 | awk '{ if ($1 == "") print "?"; else printf "%.1f", $1 }'; }
+    isa=$(grep -o '"cpu_isa":"[a-z0-9]*"' <<<"$jn" | cut -d'"' -f4)
     printf '# STREAM copy (pollen bench --copy-only, %s MiB arrays, read + write bytes): %s GB/s on 1 thread, %s GB/s on %s threads\n' \
-      "$mib" "$(awk -v g="$one" 'BEGIN { if (g == "") print "?"; else printf "%.1f", g }')" \
-      "$(awk -v g="$all" 'BEGIN { if (g == "") print "?"; else printf "%.1f", g }')" "$cpus"
+      "$mib" "$(field stream_copy_gbs "$j1")" "$(field stream_copy_gbs "$jn")" "$cpus"
+    # the compute-bound figures' ceiling (prefill, large batches), on the tier pollen's kernels
+    # run (PLN_CPU_ISA lowers it, as --avx2 does)
+    printf '# FMA peak (pollen bench --copy-only, fp32 multiply-adds, %s kernels): %s GFLOP/s on 1 thread, %s GFLOP/s on %s threads\n' \
+      "${isa:-?}" "$(field fma_peak_gflops "$j1")" "$(field fma_peak_gflops "$jn")" "$cpus"
   fi
 }
 
