@@ -1019,9 +1019,14 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     info->load_seconds = e->load_seconds;
     info->load_bytes_per_s = e->ld ? pln_loader_rate(e->ld) : 0;
     info->weight_bytes = e->ld ? pln_loader_weight_bytes(e->ld) : 0;
-    if (e->model)
-        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, e->model->n_kv_local,
-                                                          e->model->head_dim);
+    if (e->model) {
+        const pln_model *m = e->model;
+        info->kv_bytes_per_token = pln_kv_bytes_per_token(e->be, (int32_t)e->cfg.n_layer, m->n_kv_local, m->head_dim);
+        info->layer_macs_per_token = m->layer_macs;
+        info->lm_macs_per_row = m->Vr * m->H;
+        info->attn_macs_per_key = 2 * (int64_t)m->n_head_local * m->head_dim * e->cfg.n_layer;
+        info->attn_window = m->window;
+    }
 }
 
 const char *pln_engine_tokenizer_path(const pln_engine *e) { return pln_loader_tokenizer_path(e->ld); }

@@ -179,6 +179,12 @@ typedef struct {
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */
     uint64_t kv_bytes_per_token;/* this rank's KV cache bytes per token (all layers, K and V) */
+    /* The arithmetic of a step, this rank's share (every rank's is the same): multiply-adds per
+     * token in the layers' linear weights, per row of logits, and per key each query reads in
+     * attention (q.k and p.v over every layer's heads), and the keys a query reads at most (a
+     * sliding window; 0: every key before it). */
+    int64_t layer_macs_per_token, lm_macs_per_row, attn_macs_per_key;
+    int32_t attn_window;
     bool prefix_cache;          /* automatic prefix caching on */
     int64_t kv_blocks_cached;   /* full blocks registered in the prefix cache */
     int64_t prefix_query_tokens;/* prompt tokens looked up in the prefix cache (whole blocks) */

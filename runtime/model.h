@@ -30,6 +30,9 @@ typedef struct pln_model {
     pln_weight emb;             /* [Vr, H] */
     pln_weight emb_host;        /* host view, for I8 embeddings looked up on the host */
     pln_weight lm;              /* [Vr, H]: the logits matrix (the embedding itself when tied) */
+    int64_t layer_macs;         /* multiply-adds per token in the layers' linear weights, this
+                                 * rank (set by the family as it loads them: a benchmark's FLOPs) */
+    int32_t window;             /* keys a query reads at most (a sliding window); 0: all before it */
     /* scratch widths per token (set by the family): qkv, attention output, MLP up-projection
      * output, and a second MLP buffer (0: none) */
     int64_t w_qkv, w_attn, w_h4, w_h4b;

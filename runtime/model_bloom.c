@@ -67,7 +67,8 @@ static int bloom_create(pln_model *m, pln_loader *ld) {
 #define F16(field, suffix, n) do { snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix); \
         if (!rc) rc |= pln_loader_f16(ld, name, n, &L->field); } while (0)
 #define LIN(field, suffix, r, cc) do { snprintf(name, sizeof name, "h.%lld.%s", (long long)i, suffix); \
-        if (!rc) rc |= pln_loader_weight(ld, name, r, cc, &L->field); } while (0)
+        if (!rc) rc |= pln_loader_weight(ld, name, r, cc, &L->field); \
+        m->layer_macs += (int64_t)(r) * (cc); } while (0)
         F16(ln1_g, "input_layernorm.weight", H);
         F16(ln1_b, "input_layernorm.bias", H);
         LIN(qkv, "self_attention.query_key_value.weight", 3 * Hl, H);

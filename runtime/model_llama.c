@@ -95,6 +95,7 @@ static int llama_create(pln_model *m, pln_loader *ld) {
     m->n_kv_local = kv_local(hc, tp);
     /* a window at least as long as any context the cache can hold is no window */
     s->window = hc->sliding_window > 0 && hc->sliding_window < INT32_MAX ? (int32_t)hc->sliding_window : 0;
+    m->window = s->window;
     int64_t H = m->H, D = hc->head_dim, A = (int64_t)m->n_head_local * D, Fl = hc->intermediate_size / tp;
     int64_t Q = (int64_t)(m->n_head_local + 2 * m->n_kv_local) * D;
     m->w_qkv = Q;
@@ -113,7 +114,8 @@ static int llama_create(pln_model *m, pln_loader *ld) {
 #define F16(field, suffix, n) do { snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)i, suffix); \
         if (!rc) rc |= pln_loader_f16(ld, name, n, &L->field); } while (0)
 #define LIN(field, suffix, r, cc) do { snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)i, suffix); \
-        if (!rc) rc |= pln_loader_weight(ld, name, r, cc, &L->field); } while (0)
+        if (!rc) rc |= pln_loader_weight(ld, name, r, cc, &L->field); \
+        m->layer_macs += (int64_t)(r) * (cc); } while (0)
         F16(in_norm, "input_layernorm.weight", H);
         LIN(qkv, "self_attn.qkv_proj.weight", Q, H);
         if (hc->qkv_bias) F16(qkv_b, "self_attn.qkv_proj.bias", Q);

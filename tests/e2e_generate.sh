@@ -147,6 +147,26 @@ check_fails "the MBU order check can fail" "" mbu_ordered "${out1//\"mbu_max\"/\
 out0=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1 --steps 2 --context 4 --mbu off --json 2>/dev/null)
 check "bench --mbu off: decode figures, no copy and no MBU" grep -q '"tokens_per_s":[0-9.e+-]*,"mbu":null.*"stream_copy_gbs":null,"mbu_mode":"off"' <<<"$out0"
 check "bench at TP 1 says its MBU is per step" grep -q '"mbu_mode":"steps"' <<<"$out1"
+# The arithmetic behind the GFLOP/s figures, bloom-4h (hidden 64, 4 heads, 2 layers): per token
+# 12 x 64^2 multiply-adds a layer, per attention key 2 x 64 a layer (q.k and p.v), per logits row
+# the vocabulary slice x 64; each rank its share. An 8-token prefill reads 1 + ... + 8 = 36 keys:
+# prefill_gops x 8 / tokens_per_s = 2 (8 x 98304 + 36 x 256 + lm) / 1e9 (within the 6 digits --json prints).
+jnum() { grep -o "\"$1\":[-0-9.e+]*" <<<"$2" | head -n 1 | cut -d: -f2; }
+flops_ok() { # OUT LAYER ATTN: the counts, and the prefill rate made of them
+  [ "$(jnum layer_macs_per_token "$1")" = "$2" ] && [ "$(jnum attn_macs_per_key "$1")" = "$3" ] &&
+    awk -v g="$(jnum prefill_gops "$1")" -v t="$(jnum prefill_tokens_per_s "$1")" -v l="$2" -v a="$3" \
+      -v lm="$(jnum lm_macs_per_row "$1")" -v tp="$4" \
+      'BEGIN { f = 2 * tp * (8 * l + 36 * a + lm); r = g * 1e9 * 8 / t; exit !(lm >= 1003 * 64 / tp && r > 0.99998 * f && r < 1.00002 * f) }'
+}
+check "bench --json: the multiply-adds per token, per key and per row, and the prefill GFLOP/s made of them" flops_ok "$out0" 98304 256 1
+check_fails "the FLOP check can fail" "" flops_ok "$out0" 98304 128 1
+check "bench under mpirun: each rank's share of the multiply-adds at TP 2" flops_ok "$out" 49152 128 2
+check "bench: the FMA peak measured at TP 1 on the CPU" grep -Eq '"fma_peak_gflops":[0-9.e+]*[1-9]' <<<"$out0"
+check "bench under mpirun: no FMA peak (the ranks share the cores)" grep -q '"fma_peak_gflops":null' <<<"$out"
+check "bench: each decode batch's GOP/s" bash -c '[ "$(grep -Eo "\"gops\":[0-9.e+]*[1-9]" <<<"$1" | wc -l)" = 2 ]' _ "$out1"
+txt=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 2 --steps 2 --context 4 --mbu off 2>/dev/null)
+check "bench prints the prefill GFLOP/s beside the FMA peak" grep -Eq '^prefill 8 tokens: .* tokens/s, [0-9.]+ GFLOP/s \([0-9]+% of the FMA peak, [0-9]+ GFLOP/s\)$' <<<"$txt"
+check "bench prints each decode batch's GFLOP/s and its share of the peak" grep -Eq '^decode batch   2: .*, MBU    n/a, [0-9.]+ GFLOP/s = [0-9]+% of FMA \(' <<<"$txt"
 outs=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1,2 --steps 2 --context 4 --stream-mib 8 --mbu start --json 2>/dev/null)
 check "bench --mbu start: MBU against the start-up copy" mbu_ordered "$outs"
 # The host CPU beside the figures: non-empty vendor and name, family/model/stepping, and the SIMD

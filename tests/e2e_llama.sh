@@ -60,6 +60,12 @@ check "perplexity --kl-base: top-1 agreement above 80 %" \
   awk '/^top-1 agreement/ { found = 1; v = $3; sub("%", "", v); ok = v + 0 > 80 } END { exit !(found && ok) }' "$TMP/ppl.txt"
 
 # verify rebuilds every source tensor from the fused, split and replicated rank slices.
+# bench's arithmetic for the family: llama-gqa (hidden 128, 8 q heads and 2 KV heads of 16,
+# intermediate 256, 2 layers) at TP 1: qkv 192 x 128 + o 128 x 128 + gate_up 512 x 128 + down
+# 128 x 256 = 139264 multiply-adds a layer per token, 2 x 8 x 16 a layer per attention key
+out=$("$POLLEN" bench "$TMP/llama-gqa-tp1" --prompt-len 8 --batch 1 --steps 1 --context 4 --mbu off --json 2>/dev/null)
+check "bench: the Llama family's multiply-adds per token and per key" \
+  bash -c 'grep -q "\"layer_macs_per_token\":278528," <<<"$1" && grep -q "\"attn_macs_per_key\":512," <<<"$1"' _ "$out"
 check "verify --source: fp16 TP 8 (KV heads replicated)" "$POLLEN" verify "$TMP/llama-gqa-tp8" --source "$M/llama-gqa/bf16-st"
 check "verify --source: int8 g32 + int8 embedding and lm_head, TP 2" "$POLLEN" verify "$TMP/llama-gqa-int8-g32-emb-tp2" \
   --source "$M/llama-gqa/bf16-st"

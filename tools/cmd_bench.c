@@ -45,6 +45,23 @@ static double median(double *v, int64_t n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Keys that the queries at positions p0 .. p0 + n - 1 read in causal attention (each its own
+ * position and every one before it, at most window of them when window > 0). */
+static double keys_read(int64_t p0, int64_t n, int64_t window) {
+    double k = 0;
+    for (int64_t p = p0; p < p0 + n; p++) k += (double)(window > 0 && p + 1 > window ? window : p + 1);
+    return k;
+}
+
+/* FLOPs of a step over all ranks (2 per multiply-add): tokens through the layers, rows of
+ * logits, keys read in attention (pln_engine_info's counts are one rank's share). The arithmetic
+ * done: at a TP above the KV-head count every rank computes the projections of the KV heads it
+ * holds, replicated ones included. */
+static double step_flops(const pln_engine_info *in, double tokens, double rows, double keys) {
+    return 2.0 * in->tp * (tokens * (double)in->layer_macs_per_token + rows * (double)in->lm_macs_per_row +
+                           keys * (double)in->attn_macs_per_key);
+}
+
 static uint64_t g_lcg = 88172645463325252ull;
 static int32_t rand_token(int64_t vocab) {
     g_lcg = g_lcg * 6364136223846793005ull + 1442695040888963407ull;
@@ -147,6 +164,10 @@ int cmd_bench(int argc, char **argv) {
     const bool on_cpu = !eo.backend || !strcmp(eo.backend, "cpu");
     const bool copy = on_cpu && strcmp(mbu_mode, "off");
     double bw = rank == 0 && copy ? pln_cpu_copy_gbs((size_t)stream_mib << 20) : 0;
+    /* the compute-bound figures' ceiling, where one process has the cores (under mpirun the
+     * ranks share them, so a peak measured by one would not be its share) */
+    const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
+    double peak = rank == 0 && on_cpu && (!ws || !strcmp(ws, "1")) ? pln_cpu_fma_gflops() : 0;
     /* the copy beside each decode step: arrays of a quarter of that, at least 64 MiB (twice a
      * large last-level cache) unless --stream-mib is smaller */
     int64_t pair_mib = stream_mib / 4 > 64 ? stream_mib / 4 : stream_mib < 64 ? stream_mib : 64;
@@ -209,7 +230,15 @@ int cmd_bench(int argc, char **argv) {
     pln_engine_step(e, &pr, NULL);
     json_t *root = json_object(), *dec = json_array();
     json_object_set_new(root, "decode", dec);
-    if (!json) printf("prefill %lld tokens: %.3f s, %.1f tokens/s\n", (long long)prompt_len, best_pf, prompt_len / best_pf);
+    double pf_gflops = step_flops(&info, (double)prompt_len, 1, keys_read(0, prompt_len, info.attn_window)) / best_pf / 1e9;
+    /* the rate beside its ceiling: the FMA peak where the weights are multiplied in fp32; on the
+     * integer-dot path the same count of operations is integer arithmetic, whose ceiling the
+     * FMA peak is not */
+    char pk[96];
+    if (info.int_dot) snprintf(pk, sizeof pk, "%.1f GOP/s (integer-dot path)", pf_gflops);
+    else if (peak > 0) snprintf(pk, sizeof pk, "%.1f GFLOP/s (%.0f%% of the FMA peak, %.0f GFLOP/s)", pf_gflops, 100 * pf_gflops / peak, peak);
+    else snprintf(pk, sizeof pk, "%.1f GFLOP/s", pf_gflops);
+    if (!json) printf("prefill %lld tokens: %.3f s, %.1f tokens/s, %s\n", (long long)prompt_len, best_pf, prompt_len / best_pf, pk);
 
     /* the arrays of the copy beside each decode step (the comment in the loop), once for all
      * batch sizes */
@@ -256,21 +285,29 @@ int cmd_bench(int argc, char **argv) {
         double kv = (double)B * ((double)context + (double)steps / 2.0) * (double)info.kv_bytes_per_token;
         double bytes = (double)info.weight_bytes + kv;
         double bw_b = median(cbw, steps), mbu = median(ratio, steps);
+        double keys = 0;
+        for (int64_t st = 0; st < steps; st++) keys += (double)B * keys_read(context + st, 1, info.attn_window);
+        double gflops = step_flops(&info, (double)B * steps, (double)B * steps, keys) / tot / 1e9;
         double mbu_lo = ratio[0], mbu_hi = ratio[steps - 1];   /* sorted by median() */
         free(ratio);
         free(cbw);
         if (!json) {
             char m[48] = "MBU    n/a";
             if (bw_b > 0) snprintf(m, sizeof m, "MBU %5.1f%% of %.1f GB/s", 100 * mbu, bw_b);
-            printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, %s (%.2f GB/step incl. %.1f MB KV)\n",
-                   (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, m, bytes / 1e9, kv / 1e6);
+            char f[48];
+            if (info.int_dot) snprintf(f, sizeof f, "%.1f GOP/s", gflops);
+            else if (peak > 0) snprintf(f, sizeof f, "%.1f GFLOP/s = %.0f%% of FMA", gflops, 100 * gflops / peak);
+            else snprintf(f, sizeof f, "%.1f GFLOP/s", gflops);
+            printf("decode batch %3lld: %8.2f ms/step, %7.2f ms/token, %8.1f tokens/s, %s, %s (%.2f GB/step incl. %.1f MB KV)\n",
+                   (long long)B, step * 1e3, step * 1e3 / (double)B, (double)B / step, m, f, bytes / 1e9, kv / 1e6);
         }
-        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
+        json_array_append_new(dec, json_pack("{s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:f, s:f}", "batch", (json_int_t)B, "ms_per_step", step * 1e3,
                                              "ms_per_token", step * 1e3 / (double)B, "tokens_per_s", (double)B / step,
                                              "mbu", bw_b > 0 ? json_real(mbu) : json_null(),
                                              "mbu_min", bw_b > 0 ? json_real(mbu_lo) : json_null(),
                                              "mbu_max", bw_b > 0 ? json_real(mbu_hi) : json_null(),
-                                             "copy_gbs", bw_b > 0 ? json_real(bw_b) : json_null(), "best_ms_per_step", best * 1e3));
+                                             "copy_gbs", bw_b > 0 ? json_real(bw_b) : json_null(), "best_ms_per_step", best * 1e3,
+                                             "gops", gflops));
         pln_step_plan rp = {.n_release = (int32_t)B, .release = rel};
         pln_engine_step(e, &rp, NULL);
     }
@@ -290,6 +327,13 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "load_s", json_real(t_load));
         json_object_set_new(root, "prefill_tokens", json_integer(prompt_len));
         json_object_set_new(root, "prefill_tokens_per_s", json_real(prompt_len / best_pf));
+        /* 2 per multiply-add (fp32, or integer on the integer-dot path: int_dot) */
+        json_object_set_new(root, "prefill_gops", json_real(pf_gflops));
+        json_object_set_new(root, "fma_peak_gflops", peak > 0 ? json_real(peak) : json_null());
+        /* this rank's multiply-adds per token in the layers, per logits row, per attention key */
+        json_object_set_new(root, "layer_macs_per_token", json_integer(info.layer_macs_per_token));
+        json_object_set_new(root, "lm_macs_per_row", json_integer(info.lm_macs_per_row));
+        json_object_set_new(root, "attn_macs_per_key", json_integer(info.attn_macs_per_key));
         json_object_set_new(root, "context", json_integer(context));
         json_object_set_new(root, "cpu_name", json_string(host.name));
         json_object_set_new(root, "cpu_vendor", json_string(host.vendor));
