@@ -34,12 +34,16 @@
 #   --context --steps; llama-batched-bench -npp CONTEXT -ntg STEPS -npl 1,8,32); pollen with
 #   --mbu off, so that its steps run back to back as llama.cpp's do (no copy between them).
 # Each cell keeps the best of the R runs (the least disturbed); the ratio is pollen's throughput
-# over llama.cpp's, so > 1 means pollen is faster. Rows whose pollen dtype reshard refuses (int4
+# over llama.cpp's, so > 1 means pollen is faster. The last column turns the prefill and batch-32
+# rates into operations per second (2 per multiply-add of the model's weights, logits rows and
+# attention keys, as pollen bench counts them; the same arithmetic for both tools), to set beside
+# the FMA peak above the table where the arithmetic is fp32 (pollen's fp16 and exact-float int8;
+# llama.cpp's F16), or the integer ops of the integer-dot path and of Q8_0 / Q4_0 / Q4_K_M. Rows whose pollen dtype reshard refuses (int4
 # before it exists) print SKIP. The load average is printed before and after: figures from a
 # busy machine are not worth keeping. Above the table, the machine (tools/bench/machine.sh): CPU
 # model, vendor, family/model/stepping and microarchitecture, the SIMD flags, online CPUs and
-# threads used, memory, and the STREAM copy bandwidth on 1 thread and all CPUs (`pollen bench
-# --copy-only`). Scratch: $BENCH_DIR (default build/bench-llamacpp).
+# threads used, memory, the STREAM copy bandwidth and the FMA peak of pollen's kernels' tier on 1
+# thread and all CPUs (`pollen bench --copy-only`). Scratch: $BENCH_DIR (default build/bench-llamacpp).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -208,8 +212,8 @@ echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights; b
 echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS --mbu off"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
 echo
-echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
+echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s | GOP/s prefill / b32: pollen; llama.cpp |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for pair in "${PAIRS[@]}"; do
   IFS='|' read -r label popts gguf bopts <<<"$pair"
   [ -z "${ONLY:-}" ] || grep -qE "$ONLY" <<<"$label" || continue
@@ -229,6 +233,13 @@ for pair in "${PAIRS[@]}"; do
     fi
     dec=$(grep -o '"batch":[0-9]*,[^}]*"tokens_per_s":[0-9.e+]*' "$DIR/pollen.json" | sed 's/"batch":\([0-9]*\),.*"tokens_per_s":/\1 /')
     echo "$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")" >>"$DIR/p.txt"
+    # the model's arithmetic per token (pollen bench's multiply-add counts, 2 ops each) in a
+    # 512-token prefill and in a batch-32 step: both tools' rates in GOP/s for the last column
+    if [ "$r" = 0 ]; then
+      gpt_pre=$(awk -v g="$(num prefill_gops <"$DIR/pollen.json")" -v t="$pre" 'BEGIN { if (t > 0) print g / t }')
+      gpt_b32=$(grep -o '"batch":32,[^}]*' "$DIR/pollen.json" | awk -F'"gops":' '{ split($2, a, /[,}]/); g = a[1] }
+        END { print g }' | awk -v t="$(awk '$1 == 32 { print $2 }' <<<"$dec")" '{ if (t > 0 && $1 != "") print $1 / t }')
+    fi
     "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
     lpre=$(num avg_ts <"$DIR/llama-bench.json")
     "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
@@ -241,9 +252,11 @@ for pair in "${PAIRS[@]}"; do
     P+=("$(awk -v c=$c '{ print $c }' "$DIR/p.txt" | best)")
     L+=("$(awk -v c=$c '{ print $c }' "$DIR/l.txt" | best)")
   done
-  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f |\n' "$label" \
+  gops() { awk -v t="$1" -v f="$2" 'BEGIN { if (t == "" || f == "") print "?"; else printf "%.0f", t * f }'; }
+  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f | %s / %s; %s / %s |\n' "$label" \
     "$(ratio "${P[0]}" "${L[0]}")" "$(ratio "${P[1]}" "${L[1]}")" "$(ratio "${P[2]}" "${L[2]}")" "$(ratio "${P[3]}" "${L[3]}")" \
-    "${P[0]:-0}" "${P[1]:-0}" "${P[2]:-0}" "${P[3]:-0}" "${L[0]:-0}" "${L[1]:-0}" "${L[2]:-0}" "${L[3]:-0}"
+    "${P[0]:-0}" "${P[1]:-0}" "${P[2]:-0}" "${P[3]:-0}" "${L[0]:-0}" "${L[1]:-0}" "${L[2]:-0}" "${L[3]:-0}" \
+    "$(gops "${P[0]}" "$gpt_pre")" "$(gops "${P[3]}" "$gpt_b32")" "$(gops "${L[0]}" "$gpt_pre")" "$(gops "${L[3]}" "$gpt_b32")"
 done
 echo
 machine_load_after
