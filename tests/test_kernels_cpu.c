@@ -599,6 +599,22 @@ static void test_fma_chains(void) {
     }
 }
 
+/* THREAD_GAP_NOTE's rule: whole 64 KiB units, and at least 64 KiB beyond the buffer. */
+static void test_thread_stride(void) {
+    const size_t u = 16384;   /* 64 KiB of floats */
+    int bad = 0;
+    for (size_t n = 0; n <= 3 * u + 7; n += n < 70 ? 1 : 997) {
+        size_t s = pln_cpu_thread_stride(n);
+        if (s % u || s < n + u || s >= n + 2 * u) {
+            if (bad++ < 3) CHECK(0, "pln_cpu_thread_stride(%zu) = %zu", n, s);
+        }
+    }
+    CHECK(bad == 0, "pln_cpu_thread_stride: %d sizes off its rule", bad);
+    CHECK(pln_cpu_thread_stride(PLN_CPU_PANEL_SCRATCH) == 3 * u && pln_cpu_thread_stride(64) == u + u,
+          "pln_cpu_thread_stride: panel scratch -> %zu, 64 -> %zu", pln_cpu_thread_stride(PLN_CPU_PANEL_SCRATCH),
+          pln_cpu_thread_stride(64));
+}
+
 static void test_q8_ldq(void) {
     int bad = 0;
     for (int64_t nt = 1; nt <= 1100; nt++) {
@@ -1896,6 +1912,7 @@ int main(int argc, char **argv) {
     test_layernorm();
     test_linear();
     test_fma_chains();
+    test_thread_stride();
     test_int_dot();
     test_logits();
     test_threads();

@@ -237,6 +237,21 @@ static inline int64_t pln_cpu_q8_ldq(int64_t nt) {
     return 16 * (lines | 1);
 }
 
+/* THREAD_GAP_NOTE: the stride, in floats, from one thread's scratch to the next one's in an
+ * allocation they share: its size rounded up to 64 KiB, plus 64 KiB between them. Packed back to
+ * back (each thread's gemm_panel scratch PLN_CPU_PANEL_SCRATCH floats after the last one's), the
+ * batched float path ran 18 % slower with two threads than as two one-thread processes on the
+ * same two cores (Zen 5 VM, AVX2, the tier's gemm_panel alone on [3072, 2048] x 512 tokens:
+ * 217-222 against 271 GFLOP/s) whenever the VM's prefill "swing" was on; a gap of 4-32 KiB
+ * between the threads' buffers changed nothing, 48 KiB or more (or one allocation per thread)
+ * gave 252-269 GFLOP/s in the same minutes. Llama-3.2-1B fp16 prefill in those minutes: AVX2
+ * 101 -> 118-120 tokens/s, AVX-512 182-186 -> 208-209, batch 32 124 -> 143-144 (docs/
+ * BENCHMARKS.md). The cause lies below the guest (the VM has no counters); the gap is cheap. */
+static inline size_t pln_cpu_thread_stride(size_t floats) {
+    const size_t g = (size_t)64 * 1024 / sizeof(float);
+    return (floats + g - 1) / g * g + g;
+}
+
 /* Tokens of int4 weights gemm_q4n takes (more: the repack tiles of gemm_q8, whose repack is
  * then shared by enough tokens; bloom-560m int4 steps measured gemm_q4n 2-6 % ahead at 16
  * tokens and 8 % behind at 32). */

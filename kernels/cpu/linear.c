@@ -36,6 +36,7 @@ static void *xalloc64(size_t n) {
     return p;
 }
 
+
 /* STREAM_NOTE: memory-bound steps (GEMVs, a few int4 tokens) hand out their row chunks guided:
  * each grab is the chunks left over the threads (libgomp; OpenMP asks for proportional to it), so
  * the first runs are long contiguous streams for the prefetch (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE) and the last ones single
@@ -207,7 +208,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int32_t *xsum = pln_xmalloc((size_t)qld * (size_t)nb * sizeof(int32_t));
         /* SwiGLU: each thread's up tile, [nt][QCHUNK] */
         int nth = pln_cpu_threads(c);
-        float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)qt * QCHUNK * sizeof(float)) : NULL;
+        size_t su_stride = pln_cpu_thread_stride((size_t)qt * QCHUNK);   /* THREAD_GAP_NOTE */
+        float *su_all = sw ? xalloc64((size_t)nth * su_stride * sizeof(float)) : NULL;
         for (int64_t t0 = 0, nt, lq; t0 < T; t0 += nt) {
             nt = T - t0 < QTOK ? T - t0 : QTOK;
             /* batch-invariant: no last block of fewer than PLN_CPU_BI_MIN_TOKENS (one int4 token
@@ -216,7 +218,7 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             lq = pln_cpu_q8_ldq(nt);
             #pragma omp parallel num_threads(nth) if (n_rows * K * nt > 65536)
             {
-                float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)qt * QCHUNK : NULL;
+                float *su = sw ? su_all + (size_t)omp_get_thread_num() * su_stride : NULL;
                 if (plain) {
                     #pragma omp for schedule(static)
                     for (int64_t t = 0; t < nt; t++)
@@ -268,9 +270,12 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         int nth = pln_cpu_threads(c);
         int64_t np = (T + 31) / 32, n_pc = (n_out + PLN_CPU_PANEL_ROWS - 1) / PLN_CPU_PANEL_ROWS;
         float *xp = xalloc64((size_t)np * 32 * (size_t)K * sizeof(float));
-        float *scr = xalloc64((size_t)nth * PLN_CPU_PANEL_SCRATCH * sizeof(float));
+        /* each thread's scratch and SwiGLU tile THREAD_GAP_NOTE's stride apart */
+        size_t scr_stride = pln_cpu_thread_stride(PLN_CPU_PANEL_SCRATCH);
+        size_t su_stride = pln_cpu_thread_stride((size_t)T * PLN_CPU_PANEL_ROWS);
+        float *scr = xalloc64((size_t)nth * scr_stride * sizeof(float));
         /* SwiGLU: each thread's up tile, [T][PLN_CPU_PANEL_ROWS] */
-        float *su_all = sw ? pln_xmalloc((size_t)nth * (size_t)T * PLN_CPU_PANEL_ROWS * sizeof(float)) : NULL;
+        float *su_all = sw ? xalloc64((size_t)nth * su_stride * sizeof(float)) : NULL;
         int64_t packed = 0;   /* panels packed so far */
         #pragma omp parallel num_threads(nth)
         {
@@ -293,8 +298,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                 else _mm_pause();
 #endif
             }
-            float *s = scr + (size_t)omp_get_thread_num() * PLN_CPU_PANEL_SCRATCH;
-            float *su = sw ? su_all + (size_t)omp_get_thread_num() * (size_t)T * PLN_CPU_PANEL_ROWS : NULL;
+            float *s = scr + (size_t)omp_get_thread_num() * scr_stride;
+            float *su = sw ? su_all + (size_t)omp_get_thread_num() * su_stride : NULL;
             #pragma omp for schedule(dynamic, 2)
             for (int64_t ch = 0; ch < n_pc; ch++) {
                 int64_t r0 = ch * PLN_CPU_PANEL_ROWS, nr = n_out - r0 < PLN_CPU_PANEL_ROWS ? n_out - r0 : PLN_CPU_PANEL_ROWS;

@@ -41,11 +41,12 @@ int pln_cpu_rope(pln_cpu *c, float *qkv, const pln_attn_meta *m, const float *in
         return 0;
     }
     int nth = pln_cpu_threads(c);
-    float *cs = malloc((size_t)nth * head_dim * sizeof *cs);
+    size_t cs_stride = pln_cpu_thread_stride((size_t)head_dim);   /* THREAD_GAP_NOTE */
+    float *cs = malloc((size_t)nth * cs_stride * sizeof *cs);
     if (!cs) return pln_errorf("rope: out of memory for %d threads' angles", nth);
     #pragma omp parallel num_threads(nth) if (T > 1 && (int64_t)T * stride > 32768)
     {
-        float *mine = cs + (int64_t)omp_get_thread_num() * head_dim;
+        float *mine = cs + (size_t)omp_get_thread_num() * cs_stride;
         #pragma omp for schedule(static)
         for (int32_t t = 0; t < T; t++) rope_token(qkv + t * stride, m->tok_pos[t], inv_freq, n_rot, head_dim, mine);
     }
