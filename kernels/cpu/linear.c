@@ -36,7 +36,6 @@ static void *xalloc64(size_t n) {
     return p;
 }
 
-
 /* STREAM_NOTE: memory-bound steps (GEMVs, a few int4 tokens) hand out their row chunks guided:
  * each grab is the chunks left over the threads (libgomp; OpenMP asks for proportional to it), so
  * the first runs are long contiguous streams for the prefetch (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE) and the last ones single
