@@ -495,20 +495,23 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
     free(tw.w); free(tw.scale); free(x); free(o); free(first); free(bias); free(exact); free(defn); free(xq); free(xs); free(xsum);
 }
 
+/* The SIMD tiers' kernel tables beside the instruction set each needs (tests skip the ones this
+ * CPU lacks). */
+static const pln_cpu_kernels *const tiers[] = {&pln_cpu_kernels_c,
+#ifdef PLN_CPU_X86
+                                               &pln_cpu_kernels_avx2, &pln_cpu_kernels_avx512,
+#endif
+};
+static const pln_cpu_isa isas[] = {PLN_CPU_ISA_C,
+#ifdef PLN_CPU_X86
+                                   PLN_CPU_ISA_AVX2, PLN_CPU_ISA_AVX512,
+#endif
+};
+
 /* Every tier's quant_act writes what pln_cpu_quant_act computes, bit for bit, at the places
  * gemm_q8 reads (one token: plain rows; several: token-interleaved): random blocks, an all-zero
  * block, products that land on .5 (round half to even), a NaN (ignored by the block's max). */
 static void test_quant_act_tiers(void) {
-    const pln_cpu_kernels *tiers[] = {&pln_cpu_kernels_c,
-#ifdef PLN_CPU_X86
-                                      &pln_cpu_kernels_avx2, &pln_cpu_kernels_avx512,
-#endif
-    };
-    static const pln_cpu_isa isas[] = {PLN_CPU_ISA_C,
-#ifdef PLN_CPU_X86
-                                       PLN_CPU_ISA_AVX2, PLN_CPU_ISA_AVX512,
-#endif
-    };
     const int64_t K = 256, nb = K / 32;
     static const int nts[] = {1, 3, 7};
     for (size_t ni = 0; ni < sizeof nts / sizeof nts[0]; ni++) {
@@ -565,16 +568,6 @@ static void test_quant_act_tiers(void) {
  * times here on each chain (fused on the SIMD tiers, a multiply and an add in C), which a loop
  * that skipped steps or chains would miss. */
 static void test_fma_chains(void) {
-    const pln_cpu_kernels *tiers[] = {&pln_cpu_kernels_c,
-#ifdef PLN_CPU_X86
-                                      &pln_cpu_kernels_avx2, &pln_cpu_kernels_avx512,
-#endif
-    };
-    static const pln_cpu_isa isas[] = {PLN_CPU_ISA_C,
-#ifdef PLN_CPU_X86
-                                       PLN_CPU_ISA_AVX2, PLN_CPU_ISA_AVX512,
-#endif
-    };
     static const int lanes[] = {1, 8, 16};
     const int64_t n = 100000;
     for (size_t k = 0; k < sizeof tiers / sizeof tiers[0]; k++) {
