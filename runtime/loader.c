@@ -108,12 +108,19 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
     }
     l->shard = pln_shardset_open_rank(l->set, rank);
     if (!l->shard) goto fail;
-    /* Test hook: a slow load, so tests can signal a process or change its files mid-load. */
+    /* Test hook: a slow load, so tests can signal a process or change its files mid-load. With
+     * PLN_TEST_LOAD_GO the pause ends as soon as that path exists (the delay is then its bound):
+     * a test that changes the file first and then creates the path cannot lose the race to a
+     * loaded machine, whatever the scheduler does to it. */
     const char *delay = getenv("PLN_TEST_LOAD_DELAY_MS");
     if (delay && atoi(delay) > 0) {
-        fprintf(stderr, "pollen: PLN_TEST_LOAD_DELAY_MS: rank %d (pid %d) pausing %d ms with %s open\n", rank,
-                (int)getpid(), atoi(delay), l->shard->path);
-        usleep((useconds_t)atoi(delay) * 1000);
+        const char *go = getenv("PLN_TEST_LOAD_GO");
+        if (go && !*go) go = NULL;
+        fprintf(stderr, "pollen: PLN_TEST_LOAD_DELAY_MS: rank %d (pid %d) pausing %d ms with %s open%s%s\n", rank,
+                (int)getpid(), atoi(delay), l->shard->path, go ? ", or until this exists: " : "", go ? go : "");
+        if (!go) usleep((useconds_t)atoi(delay) * 1000);
+        for (double until = pln_now() + atoi(delay) / 1000.0; go && pln_now() < until && access(go, F_OK) != 0;)
+            usleep(10000);
     }
     /* Always, unlike the data checksums (--verify): the scales are a small part of the file, and a
      * NaN or infinite one would turn every logit into NaN without any error. */

@@ -39,21 +39,29 @@ cp -r "$S1" "$TMP/bad"; printf '\x55' | dd of="$TMP/bad/rank-0-of-1.pln" bs=1 se
 check_fails "--no-mmap --verify names a corrupt tensor" "word_embeddings.weight.*checksum mismatch" "$POLLEN" $GEN "$TMP/bad" --no-mmap --verify
 
 # truncate_during_load NAME SET FILE LAUNCH...: starts LAUNCH with the load paused, truncates
-# SET/FILE to 8 KiB while the process holds it open, lets it run; RC and $TMP/NAME.err are left.
+# SET/FILE to 8 KiB while the process holds it open, then lets it run (PLN_TEST_LOAD_GO: every
+# rank waits for that file, so a test shell the scheduler holds back cannot truncate too late);
+# RC and $TMP/NAME.err are left.
 truncate_during_load() {
   local name=$1 set=$2 file=$3; shift 3
-  rm -rf "$TMP/$name"; cp -r "$set" "$TMP/$name"
-  PLN_TEST_LOAD_DELAY_MS=1500 "$@" "$TMP/$name" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+  rm -rf "$TMP/$name" "$TMP/$name.go"; cp -r "$set" "$TMP/$name"
+  PLN_TEST_LOAD_DELAY_MS=60000 PLN_TEST_LOAD_GO="$TMP/$name.go" "$@" "$TMP/$name" >"$TMP/$name.out" 2>"$TMP/$name.err" &
   local pid=$!
   wait_line "$TMP/$name.err" "pausing .*${file}" 30 || echo "no pause line in $TMP/$name.err" >&2
   truncate -s 8192 "$TMP/$name/$file"
-  wait_exit $pid 60
+  touch "$TMP/$name.go"
+  wait_exit $pid 90
+}
+# names LOG FILE: the log holds "FILE shrank while mapped"; when not, the log is shown.
+names() {
+  grep -q "$2 shrank while mapped" "$1" && return 0
+  { echo "--- $1 (exit $RC):"; head -c 4000 "$1"; echo; } >&2; return 1
 }
 
 # ---- generate, TP 1 ----
 truncate_during_load t1 "$S1" rank-0-of-1.pln "$POLLEN" $GEN
 check "TP 1 truncated: exit status 1 (got $RC)" test "$RC" = 1
-check "TP 1 truncated: message names the file" grep -q "rank-0-of-1.pln shrank while mapped" "$TMP/t1.err"
+check "TP 1 truncated: message names the file" names "$TMP/t1.err" rank-0-of-1.pln
 check "TP 1 truncated: no core, no backtrace" clean_exit "$TMP/t1.err"
 check "TP 1 truncated: the message offers --no-mmap" grep -q -- "--no-mmap reads the rank file into memory" "$TMP/t1.err"
 truncate_during_load n1 "$S1" rank-0-of-1.pln "$POLLEN" $GEN --no-mmap
@@ -68,7 +76,7 @@ if command -v mpirun >/dev/null; then
   for f in rank-1-of-2.pln rank-0-of-2.pln; do
     truncate_during_load t2 "$S2" $f $MPI "$POLLEN" $GEN
     check "TP 2, $f truncated: mpirun exits non-zero, bounded (got $RC)" test "$RC" != 0 -a "$RC" != 999
-    check "TP 2, $f truncated: message names the file" grep -q "$f shrank while mapped" "$TMP/t2.err"
+    check "TP 2, $f truncated: message names the file" names "$TMP/t2.err" "$f"
     check "TP 2, $f truncated: no core, no backtrace" clean_exit "$TMP/t2.err"
   done
   truncate_during_load n2 "$S2" rank-1-of-2.pln $MPI "$POLLEN" $GEN --no-mmap
@@ -83,7 +91,7 @@ FIX=tests/fixtures/models/bloom-4h/fp16-st
 rm -rf "$TMP/src"; cp -r $FIX "$TMP/src"
 PLN_FAULT_DELAY_MS=100 "$POLLEN" reshard "$TMP/src" -o "$TMP/rs" --tp 2 --dtype int8 --quiet 2>"$TMP/rs.err" &
 pid=$!
-for _ in $(seq 100); do ls -d "$TMP"/rs.tmp-* >/dev/null 2>&1 && break; sleep 0.05; done
+for _ in $(seq 600); do ls -d "$TMP"/rs.tmp-* >/dev/null 2>&1 && break; sleep 0.05; done
 truncate -s 4096 "$TMP/src/model-00003-of-00003.safetensors"
 wait_exit $pid 60
 check "reshard, source truncated: exit status 1 (got $RC)" test "$RC" = 1
