@@ -246,11 +246,28 @@ static inline int64_t pln_cpu_q8_ldq(int64_t nt) {
  * between the threads' buffers changed nothing, 48 KiB or more (or one allocation per thread)
  * gave 252-269 GFLOP/s in the same minutes. Llama-3.2-1B fp16 prefill in those minutes: AVX2
  * 101 -> 118-120 tokens/s, AVX-512 182-186 -> 208-209, batch 32 124 -> 143-144 (docs/
- * BENCHMARKS.md). The cause lies below the guest (the VM has no counters); the gap is cheap. */
+ * BENCHMARKS.md). Those minutes are the ones where the VM's two vCPUs sit far apart (NEIGHBOUR_NOTE);
+ * the gap is cheap. */
 static inline size_t pln_cpu_thread_stride(size_t floats) {
     const size_t g = (size_t)64 * 1024 / sizeof(float);
     return (floats + g - 1) / g * g + g;
 }
+
+/* NEIGHBOUR_NOTE: what one thread writes lies away from what another writes. On the 2-vCPU Zen 5
+ * VM the two vCPUs sit, for seconds or minutes at a time, either near each other (a cache line
+ * handed from one to the other in 37-65 ns, `pollen bench --copy-only`'s core-to-core figure) or
+ * far apart (155-210 ns). Far apart, the FMA peak and each thread alone are unchanged, but two
+ * threads writing neighbouring cache lines (each thread's scratch packed after the last one's:
+ * THREAD_GAP_NOTE; row chunks of 32 outputs handed out one at a time, so that one token's outputs
+ * alternate between the threads every 128 bytes) lose a quarter of their speed or more: the
+ * integer-dot path's kernel on 2 threads (AVX2, [3072, 2048] x 128-512 tokens) ran 400-420 GOP/s
+ * with its chunks dealt one at a time and 580-650 with each thread's chunks side by side, which
+ * made no difference near (37-55 ns: 515-625 against 550-655). So row chunks are handed out
+ * guided (each grab the chunks left over the threads: long runs first, single chunks at the end,
+ * a descheduled thread's share still taken by the other): Llama-3.2-1B int4 g32 AVX2 prefill of
+ * 256 tokens 194-206 -> 256-260 tokens/s far, 263 -> 275-282 near; batch 32 111-118 -> 128-130;
+ * grouped int8 batch 8 67-71 -> 73-77 (old and new binary alternated). The batched float path
+ * takes 2 panel calls (96 rows) a grab and measured the same with any schedule. */
 
 /* Tokens of int4 weights gemm_q4n takes (more: the repack tiles of gemm_q8, whose repack is
  * then shared by enough tokens; bloom-560m int4 steps measured gemm_q4n 2-6 % ahead at 16

@@ -195,8 +195,6 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         bool i4 = W->dtype == PLN_DTYPE_U8;
         int64_t rb = i4 ? K / 2 : K, nb = K / 32, n_qchunks = (n_out + QCHUNK - 1) / QCHUNK;
         int64_t qt = T < QTOK ? T : QTOK;
-        /* a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights (STREAM_NOTE) */
-        bool stream = T <= PLN_CPU_Q4N_MAX;
         /* a few int4 tokens: plain-row activations and gemm_q4n, no repack (T <= QTOK); in the
          * batch-invariant mode every int4 step takes it, so no step size changes a token's bits */
         bool plain = i4 && T >= 2 && (T <= PLN_CPU_Q4N_MAX || c->batch_invariant) && use_q4n(k);
@@ -229,13 +227,11 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                         k->quant_act(in + t0 * K, K, xq, xs, xsum, lq, t, t + 16 < nt ? t + 16 : nt);
                 }
                 float *o = out + t0 * ldo;
-                if (stream) {
-                    #pragma omp for schedule(guided)
-                    for (int64_t ch = 0; ch < n_qchunks; ch++) Q_CHUNK(ch);
-                } else {
-                    #pragma omp for schedule(dynamic)
-                    for (int64_t ch = 0; ch < n_qchunks; ch++) Q_CHUNK(ch);
-                }
+                /* guided: a GEMV or a few int4 tokens (T <= PLN_CPU_Q4N_MAX) streams the weights
+                 * (STREAM_NOTE), and at any count each thread's chunks lie side by side
+                 * (NEIGHBOUR_NOTE, cpu.h) */
+                #pragma omp for schedule(guided)
+                for (int64_t ch = 0; ch < n_qchunks; ch++) Q_CHUNK(ch);
             }
         }
         free(xq);
@@ -319,14 +315,15 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
      * by block, so the threads still share one block's activations in cache, but they meet at
      * one barrier per call instead of one per block, and a block's last rows overlap the next
      * block's first instead of leaving a thread idle at each block's end.
-     * dynamic: when ranks or other work share the cores, a descheduled thread's rows are taken
-     * by the others instead of stalling the whole step. */
+     * guided: when ranks or other work share the cores, a descheduled thread's rows are taken
+     * by the others instead of stalling the whole step, and each thread's rows lie side by side
+     * (NEIGHBOUR_NOTE, cpu.h). */
     int64_t n_blk = (T + PLN_CPU_TCHUNK - 1) / PLN_CPU_TCHUNK, last0 = (n_blk - 1) * PLN_CPU_TCHUNK;
     /* In the batch-invariant mode no block is left with fewer than PLN_CPU_BI_MIN_TOKENS tokens
      * (the tiers' kernels sum a block of 1 or 2 as a GEMV or in one pass): the last one takes its
      * missing tokens from the block before it (65 tokens: 60 and 5, not 64 and 1). */
     if (c->batch_invariant && n_blk > 1 && T - last0 < PLN_CPU_BI_MIN_TOKENS) last0 = T - PLN_CPU_BI_MIN_TOKENS;
-    #pragma omp parallel for schedule(dynamic, 4) num_threads(pln_cpu_threads(c)) if (n_rows * K * T > 65536)
+    #pragma omp parallel for schedule(guided) num_threads(pln_cpu_threads(c)) if (n_rows * K * T > 65536)
     for (int64_t it = 0; it < n_blk * n_chunks; it++) {
         int64_t b = it / n_chunks, ch = it % n_chunks;
         int64_t t0 = b == n_blk - 1 ? last0 : b * PLN_CPU_TCHUNK;
