@@ -281,6 +281,12 @@ double pln_cpu_copy_gbs(size_t bytes);
  * of a few milliseconds after a warm-up. For the compute-bound figures of benchmarks (prefill,
  * large batches), as the copy is for the memory-bound ones. */
 double pln_cpu_fma_gflops(void);
+/* How far apart the first two CPUs this process may run on are: the nanoseconds a cache line
+ * takes to go from one to the other, one way (two threads pinned to them hand a counter back and
+ * forth, best of 3 runs of up to 10000 round trips each, 0.3 s at most in all). 0 where fewer
+ * than two CPUs are allowed or a thread cannot be pinned. On a VM this changes with where the host
+ * places the vCPUs; kernels/cpu/cpu.h NEIGHBOUR_NOTE says what it costs. */
+double pln_cpu_c2c_ns(void);
 /* One measurement of that copy on arrays the caller holds (n doubles each, already touched): best
  * of `passes` passes, GB/s. For a ceiling measured right beside each timed step. */
 double pln_cpu_copy_pass_gbs(double *c, const double *a, size_t n, int passes);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # e2e_bench_machine.sh — tools/bench/machine.sh, the machine line every benchmark table starts
 # with: the microarchitecture table on known and unknown CPUs, and on this machine the CPU, the
-# flags, the CPU count, memory, load, a positive STREAM copy and FMA peak from `pollen bench
-# --copy-only`.
+# flags, the CPU count, memory, load, a positive STREAM copy, FMA peak and core-to-core latency
+# from `pollen bench --copy-only`.
 source "$(dirname "$0")/e2e.sh"
 # shellcheck source=tools/bench/machine.sh
 source tools/bench/machine.sh
@@ -29,8 +29,15 @@ check "a positive copy bandwidth on 1 thread and on all CPUs" \
   grep -Eq "^# STREAM copy \(pollen bench --copy-only, 8 MiB arrays, read \+ write bytes\): ([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9]) GB/s on 1 thread, ([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9]) GB/s on $(getconf _NPROCESSORS_ONLN) threads$" <<<"$out"
 check "a positive FMA peak on 1 thread and on all CPUs, naming the kernels' tier" \
   grep -Eq "^# FMA peak \(pollen bench --copy-only, fp32 multiply-adds, (c|avx2|avx512) kernels\): ([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9]) GFLOP/s on 1 thread, ([0-9]*[1-9][0-9]*\.[0-9]|0\.[1-9]) GFLOP/s on $(getconf _NPROCESSORS_ONLN) threads$" <<<"$out"
+if [ "$(getconf _NPROCESSORS_ONLN)" -ge 2 ]; then
+  check "the core-to-core latency of the first two CPUs, positive" \
+    grep -Eq "^# core to core \(pollen bench --copy-only, the first two CPUs, one way\): [1-9][0-9]* ns$" <<<"$out"
+fi
+out2=$(machine_load_after "$POLLEN")
+check "machine_load_after POLLEN: the load and the core-to-core latency again" \
+  bash -c 'grep -q "^# load average after: " <<<"$1" && grep -q "^# core to core (pollen bench --copy-only" <<<"$1"' _ "$out2"
 out=$(PLN_CPU_ISA=c MACHINE_STREAM_MIB=8 machine_report 1 "$POLLEN")
 check "PLN_CPU_ISA lowers the tier whose FMA peak is reported" grep -q "^# FMA peak (pollen bench --copy-only, fp32 multiply-adds, c kernels): " <<<"$out"
 out=$(machine_report 1 "$TMP/no-pollen")
-check "without a pollen binary: no copy or FMA line, the rest still printed" bash -c '! grep -q "STREAM copy\|FMA peak" <<<"$1" && grep -q "^# machine: " <<<"$1"' _ "$out"
+check "without a pollen binary: no copy, FMA or core-to-core line, the rest still printed" bash -c '! grep -q "STREAM copy\|FMA peak\|core to core" <<<"$1" && grep -q "^# machine: " <<<"$1"' _ "$out"
 e2e_done

@@ -182,7 +182,15 @@ check_fails "the CPU field check can fail on a missing field" "" cpu_fields "${o
 err=$("$POLLEN" bench "$TMP/bloom-4h-tp1" --prompt-len 8 --batch 1 --steps 1 --context 4 --mbu off 2>&1 >/dev/null)
 check "bench prints the CPU line on stderr" grep -Eq '^cpu: [^ ].* \([^ ,]+, family -?[0-9]+ model -?[0-9]+ stepping -?[0-9]+\); CPU kernels: (ref|c|avx2|avx512)$' <<<"$err"
 outc=$(PLN_CPU_ISA=c "$POLLEN" bench --copy-only --threads 1 --stream-mib 8 --json 2>/dev/null)
-check "bench --copy-only: a positive copy bandwidth and FMA peak on the threads asked for" grep -Eq '^\{"stream_copy_gbs":[0-9.e+]*[1-9][0-9.e+]*,"fma_peak_gflops":[0-9.e+]*[1-9][0-9.e+]*,"threads":1,"stream_mib":8,' <<<"$outc"
+check "bench --copy-only: a positive copy bandwidth and FMA peak on the threads asked for" grep -Eq '^\{"stream_copy_gbs":[0-9.e+]*[1-9][0-9.e+]*,"fma_peak_gflops":[0-9.e+]*[1-9][0-9.e+]*,"core_to_core_ns":([0-9.e+]*[1-9][0-9.e+]*|null),"threads":1,"stream_mib":8,' <<<"$outc"
+if [ "$(getconf _NPROCESSORS_ONLN)" -ge 2 ]; then
+  check "bench --copy-only: a positive core-to-core latency between two CPUs" grep -Eq '"core_to_core_ns":[0-9.e+]*[1-9][0-9.e+]*,' <<<"$outc"
+fi
+if command -v taskset >/dev/null; then
+  out1=$(taskset -c "$(cut -d, -f1 <<<"$(taskset -pc $$ | sed 's/.*: //' | cut -d- -f1)")" "$POLLEN" bench --copy-only --threads 1 --stream-mib 8 2>/dev/null)
+  check "bench --copy-only on one CPU: the core-to-core line says n/a" grep -q "^core to core: n/a (fewer than two CPUs allowed)$" <<<"$out1"
+  check "bench --copy-only on one CPU: still the copy and the FMA peak" grep -q "^FMA peak: " <<<"$out1"
+fi
 outr=$(PLN_CPU_ISA=ref "$POLLEN" bench --copy-only --threads 1 --stream-mib 8 --json 2>/dev/null)
 check "bench --copy-only with the reference loops: a positive FMA peak" grep -Eq '"fma_peak_gflops":[0-9.e+]*[1-9][0-9.e+]*,.*"cpu_isa":"ref"' <<<"$outr"
 outh=$("$POLLEN" bench --copy-only --threads 1 --stream-mib 8 2>/dev/null)

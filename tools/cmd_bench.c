@@ -89,7 +89,7 @@ int cmd_bench(int argc, char **argv) {
         PLN_O_INT("stream-mib", 0, stream_mib, 8, 1 << 16, "N", "MiB of the STREAM copy that measures the memory ceiling (default {})"),
         PLN_O_ENUM("mbu", 0, mbu_mode, "steps|start|off", "when that copy runs (default {}; see below)"),
         PLN_O_FLAG("json", 0, json, "print the results as one JSON object"),
-        PLN_O_FLAG("copy-only", 0, copy_only, "measure the machine's ceilings alone (no SET), with --threads: the STREAM copy (GB/s) and the FMA peak (GFLOP/s)"),
+        PLN_O_FLAG("copy-only", 0, copy_only, "measure the machine alone (no SET), with --threads: the STREAM copy (GB/s), the FMA peak (GFLOP/s) and the first two CPUs' core-to-core latency (ns)"),
         PLN_O_STR("backend", 0, eo.backend, "cpu|cuda", "(default cpu)"),
         PLN_O_INT("device", 0, eo.device, 0, PLN_CLI_MAX_DEVICE, "D", "CUDA device of every rank (default: picked from the node-local rank)"),
         PLN_O_INT("gpus-per-node", 0, eo.gpus_per_node, 1, PLN_CLI_MAX_DEVICE + 1, "N",
@@ -124,9 +124,10 @@ int cmd_bench(int argc, char **argv) {
         }
         pln_opt_free(&cmd);
         threads = pln_cli_threads(threads, 1);
-        double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20), gfl = pln_cpu_fma_gflops();
+        double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20), gfl = pln_cpu_fma_gflops(), c2c = pln_cpu_c2c_ns();
         if (json) {
-            json_t *o = json_pack("{s:f, s:f, s:i, s:I, s:s, s:s, s:i, s:i, s:i, s:s}", "stream_copy_gbs", gbs, "fma_peak_gflops", gfl, "threads", threads,
+            json_t *o = json_pack("{s:f, s:f, s:o, s:i, s:I, s:s, s:s, s:i, s:i, s:i, s:s}", "stream_copy_gbs", gbs, "fma_peak_gflops", gfl,
+                                  "core_to_core_ns", c2c > 0 ? json_real(c2c) : json_null(), "threads", threads,
                                   "stream_mib", (json_int_t)stream_mib, "cpu_name", host.name, "cpu_vendor", host.vendor,
                                   "cpu_family", host.family, "cpu_model", host.model, "cpu_stepping", host.stepping, "cpu_isa", host.isa);
             char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
@@ -138,6 +139,8 @@ int cmd_bench(int argc, char **argv) {
                     host.family, host.model, host.stepping, host.isa);
             printf("STREAM copy: %.1f GB/s (%d threads, %lld MiB arrays, read + write bytes)\n", gbs, threads, (long long)stream_mib);
             printf("FMA peak: %.1f GFLOP/s (%d threads, fp32 multiply-adds, %s kernels)\n", gfl, threads, host.isa);
+            if (c2c > 0) printf("core to core: %.1f ns (a cache line from the first allowed CPU to the second, one way)\n", c2c);
+            else printf("core to core: n/a (fewer than two CPUs allowed)\n");
         }
         return 0;
     }

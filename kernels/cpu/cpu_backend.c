@@ -5,7 +5,9 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -442,6 +444,65 @@ double pln_cpu_fma_gflops(void) {
         double g = fma_pass(k, (int64_t)1 << 23);
         if (g > best) best = g;
     }
+    return best;
+}
+
+/* pln_cpu_c2c_ns: the line the two threads hand back and forth. The main thread writes odd
+ * values and waits for the next even one; the partner answers each odd value with the next even
+ * one and leaves on a negative one. */
+static struct { _Atomic int64_t v; char pad[56]; } c2c_line __attribute__((aligned(128)));
+
+static bool pin_to(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+static void *c2c_partner(void *arg) {
+    if (!pin_to((int)(intptr_t)arg)) { atomic_store_explicit(&c2c_line.v, -2, memory_order_release); return NULL; }
+    for (;;) {
+        int64_t v = atomic_load_explicit(&c2c_line.v, memory_order_acquire);
+        if (v < 0) return NULL;
+        if (v & 1) atomic_store_explicit(&c2c_line.v, v + 1, memory_order_release);
+#ifdef PLN_CPU_X86
+        else _mm_pause();
+#endif
+    }
+}
+
+double pln_cpu_c2c_ns(void) {
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) < 2) return 0.0;
+    int cpu[2], n = 0;
+    for (int i = 0; i < CPU_SETSIZE && n < 2; i++) if (CPU_ISSET(i, &mine)) cpu[n++] = i;
+    cpu_set_t before;
+    if (pthread_getaffinity_np(pthread_self(), sizeof before, &before) != 0) return 0.0;
+    atomic_store_explicit(&c2c_line.v, 0, memory_order_relaxed);
+    pthread_t t;
+    if (pthread_create(&t, NULL, c2c_partner, (void *)(intptr_t)cpu[1]) != 0) return 0.0;
+    double best = 0.0, stop = pln_now() + 0.3;
+    if (pin_to(cpu[0])) {
+        int64_t v = 0;
+        for (int run = 0; run < 3 && pln_now() < stop; run++) {
+            double t0 = pln_now();
+            int trips = 0;
+            for (; trips < 10000; trips++) {
+                atomic_store_explicit(&c2c_line.v, ++v, memory_order_release);
+                int64_t got;
+                for (int spin = 0; (got = atomic_load_explicit(&c2c_line.v, memory_order_acquire)) == v; spin++)
+                    if ((spin & 1023) == 1023 && pln_now() > stop) break;
+                if (got != v + 1) break;   /* the partner could not pin, or the time is up */
+                v++;
+            }
+            if (trips < 10000) break;
+            double ns = (pln_now() - t0) * 1e9 / (2.0 * trips);
+            if (best == 0.0 || ns < best) best = ns;
+        }
+    }
+    atomic_store_explicit(&c2c_line.v, -1, memory_order_release);
+    pthread_join(t, NULL);
+    pthread_setaffinity_np(pthread_self(), sizeof before, &before);
     return best;
 }
 

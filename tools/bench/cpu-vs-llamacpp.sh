@@ -259,4 +259,4 @@ for pair in "${PAIRS[@]}"; do
     "$(gops "${P[0]}" "$gpt_pre")" "$(gops "${P[3]}" "$gpt_b32")" "$(gops "${L[0]}" "$gpt_pre")" "$(gops "${L[3]}" "$gpt_b32")"
 done
 echo
-machine_load_after
+machine_load_after "$POLLEN"

@@ -44,4 +44,4 @@ for spec in "bloom-560m $LAYERS_560M" "bloom-1b7 $LAYERS_1B7"; do
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch "$BATCHES" --context "$CONTEXT" --steps "$STEPS"
   done
 done
-machine_load_after
+machine_load_after "$POLLEN"

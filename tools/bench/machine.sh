@@ -11,8 +11,9 @@
 #                                     (`pollen bench --copy-only`, the ceiling of pollen bench's MBU;
 #                                     arrays of MACHINE_STREAM_MIB MiB, default 512) and the FMA
 #                                     peak of pollen's CPU kernels' tier, the ceiling of the
-#                                     compute-bound figures, on 1 thread and on all of them
-#   machine_load_after                "# load average after: ..."
+#                                     compute-bound figures, on 1 thread and on all of them, and
+#                                     how far apart the first two CPUs are (core-to-core, ns)
+#   machine_load_after [POLLEN]       "# load average after: ...", and the core-to-core latency
 #
 # A table is worth keeping only beside a low load average; the copy bandwidth says what the memory
 # gave on the day (a VM's moves from run to run).
@@ -87,9 +88,22 @@ machine_report() {
     # run (PLN_CPU_ISA lowers it, as --avx2 does)
     printf '# FMA peak (pollen bench --copy-only, fp32 multiply-adds, %s kernels): %s GFLOP/s on 1 thread, %s GFLOP/s on %s threads\n' \
       "${isa:-?}" "$(field fma_peak_gflops "$j1")" "$(field fma_peak_gflops "$jn")" "$cpus"
+    machine_c2c "$pollen" "$jn"
   fi
 }
 
+# machine_c2c POLLEN [JSON]: how far apart the first two CPUs are (kernels/cpu/cpu.h
+# NEIGHBOUR_NOTE: on a VM it changes while a table runs, and with it the two-thread figures)
+machine_c2c() {
+  local j=${2:-} ns
+  [ -n "$j" ] || j=$("$1" bench --copy-only --stream-mib 8 --json 2>/dev/null || true)
+  ns=$(grep -o '"core_to_core_ns":[0-9.e+-]*' <<<"$j" | cut -d: -f2 | awk '{ printf "%.0f", $1 }')
+  echo "# core to core (pollen bench --copy-only, the first two CPUs, one way): ${ns:-n/a} ns"
+}
+
+# machine_load_after [POLLEN]: the load average after a table, and with POLLEN the core-to-core
+# latency again
 machine_load_after() {
   echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  if [ -n "${1:-}" ] && [ -x "$1" ]; then machine_c2c "$1"; fi
 }

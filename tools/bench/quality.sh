@@ -126,7 +126,7 @@ for v in "${VARIANTS[@]}"; do
 done
 echo
 echo "tokens scored: $(json_num "$FP16.ppl.json" scored) of $(json_num "$FP16.ppl.json" tokens); uniform perplexity would be $(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | grep -o '[0-9]*$')"
-machine_load_after
+machine_load_after "$POLLEN"
 
 # ---- llama.cpp beside it (LLAMA_DIR) ----
 LLAMA_DIR=${LLAMA_DIR:-}

@@ -121,4 +121,4 @@ if [ "$RSS_RUN" = 1 ]; then
   done
   rm -rf "$base/out" "$SRC"
 fi
-machine_load_after
+machine_load_after "$POLLEN"
