@@ -38,12 +38,17 @@
 # rates into operations per second (2 per multiply-add of the model's weights, logits rows and
 # attention keys, as pollen bench counts them; the same arithmetic for both tools), to set beside
 # the FMA peak above the table where the arithmetic is fp32 (pollen's fp16 and exact-float int8;
-# llama.cpp's F16), or the integer ops of the integer-dot path and of Q8_0 / Q4_0 / Q4_K_M. Rows whose pollen dtype reshard refuses (int4
+# llama.cpp's F16), or the integer ops of the integer-dot path and of Q8_0 / Q4_0 / Q4_K_M. The
+# column after it says, per run, whether the first two CPUs sat near or far apart just before
+# each tool ran (`pollen bench --copy-only`'s core-to-core latency, under or over 100 ns): on a VM
+# the host moves the vCPUs, and far apart the copy bandwidth doubles on the Zen 5 here while
+# lines shared by the threads cost more (kernels/cpu/cpu.h NEIGHBOUR_NOTE), so a ratio between
+# runs in different placements compares the placements too. Rows whose pollen dtype reshard refuses (int4
 # before it exists) print SKIP. The load average is printed before and after: figures from a
 # busy machine are not worth keeping. Above the table, the machine (tools/bench/machine.sh): CPU
 # model, vendor, family/model/stepping and microarchitecture, the SIMD flags, online CPUs and
 # threads used, memory, the STREAM copy bandwidth and the FMA peak of pollen's kernels' tier on 1
-# thread and all CPUs (`pollen bench --copy-only`). Scratch: $BENCH_DIR (default build/bench-llamacpp).
+# thread and all CPUs and the core-to-core latency (`pollen bench --copy-only`). Scratch: $BENCH_DIR (default build/bench-llamacpp).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -198,6 +203,13 @@ fi
 num() { grep -o "\"$1\": *[-0-9.eE+]*" | head -n 1 | sed 's/.*: *//'; }
 best() { awk 'BEGIN { b = "" } $1 != "" && (b == "" || $1 > b) { b = $1 } END { print b }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "—"; else printf "%.2f×", a / b }'; }
+# where the first two CPUs sat just before a run: "near" or "far" by the core-to-core latency
+# (kernels/cpu/cpu.h NEIGHBOUR_NOTE: on the Zen 5 VM 20-65 ns or 155-210 ns, nothing between; far
+# apart the copy doubles and cache lines shared by the threads cost more), "n/a" on one CPU
+placement() {
+  "$POLLEN" bench --copy-only --stream-mib 8 --json 2>/dev/null | grep -o '"core_to_core_ns":[0-9.e+-]*' | cut -d: -f2 |
+    awk 'BEGIN { p = "n/a" } $1 != "" { p = $1 < 100 ? "near" : "far" } END { print p }'
+}
 # Both tools run with their OpenMP defaults (ggml's CPU backend is built with OpenMP too): a
 # forced OMP_WAIT_POLICY=passive, as this script once set, put every thread to sleep at each of
 # the ~150 barriers of a decode step and cost pollen about a quarter of its batch-1 speed.
@@ -212,17 +224,18 @@ echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights; b
 echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS --mbu off"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
 echo
-echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s | GOP/s prefill / b32: pollen; llama.cpp |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s | GOP/s prefill / b32: pollen; llama.cpp | vCPUs per run: pollen; llama.cpp |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for pair in "${PAIRS[@]}"; do
   IFS='|' read -r label popts gguf bopts <<<"$pair"
   [ -z "${ONLY:-}" ] || grep -qE "$ONLY" <<<"$label" || continue
   if ! set_dir=$(set_of "$popts" 2>"$DIR/reshard.err"); then
-    echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <"$DIR/reshard.err" | cut -c1-120) | | | | | |"
+    echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <"$DIR/reshard.err" | cut -c1-120) | | | | | | |"
     continue
   fi
-  : >"$DIR/p.txt"; : >"$DIR/l.txt"
+  : >"$DIR/p.txt"; : >"$DIR/l.txt"; pl_p=(); pl_l=()
   for ((r = 0; r < REPS; r++)); do
+    pl_p+=("$(placement)")
     # shellcheck disable=SC2086
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch 1,8,32 --context "$CONTEXT" --steps "$STEPS" \
       --kv-dtype f16 --threads "$THREADS" --mbu off $bopts --json 2>/dev/null >"$DIR/pollen.json"
@@ -240,6 +253,7 @@ for pair in "${PAIRS[@]}"; do
       gpt_b32=$(grep -o '"batch":32,[^}]*' "$DIR/pollen.json" | awk -F'"gops":' '{ split($2, a, /[,}]/); g = a[1] }
         END { print g }' | awk -v t="$(awk '$1 == 32 { print $2 }' <<<"$dec")" '{ if (t > 0 && $1 != "") print $1 / t }')
     fi
+    pl_l+=("$(placement)")
     "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
     lpre=$(num avg_ts <"$DIR/llama-bench.json")
     "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
@@ -253,10 +267,11 @@ for pair in "${PAIRS[@]}"; do
     L+=("$(awk -v c=$c '{ print $c }' "$DIR/l.txt" | best)")
   done
   gops() { awk -v t="$1" -v f="$2" 'BEGIN { if (t == "" || f == "") print "?"; else printf "%.0f", t * f }'; }
-  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f | %s / %s; %s / %s |\n' "$label" \
+  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f | %s / %s; %s / %s | %s; %s |\n' "$label" \
     "$(ratio "${P[0]}" "${L[0]}")" "$(ratio "${P[1]}" "${L[1]}")" "$(ratio "${P[2]}" "${L[2]}")" "$(ratio "${P[3]}" "${L[3]}")" \
     "${P[0]:-0}" "${P[1]:-0}" "${P[2]:-0}" "${P[3]:-0}" "${L[0]:-0}" "${L[1]:-0}" "${L[2]:-0}" "${L[3]:-0}" \
-    "$(gops "${P[0]}" "$gpt_pre")" "$(gops "${P[3]}" "$gpt_b32")" "$(gops "${L[0]}" "$gpt_pre")" "$(gops "${L[3]}" "$gpt_b32")"
+    "$(gops "${P[0]}" "$gpt_pre")" "$(gops "${P[3]}" "$gpt_b32")" "$(gops "${L[0]}" "$gpt_pre")" "$(gops "${L[3]}" "$gpt_b32")" \
+    "$(IFS=,; echo "${pl_p[*]}")" "$(IFS=,; echo "${pl_l[*]}")"
 done
 echo
 machine_load_after "$POLLEN"
