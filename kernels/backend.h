@@ -284,7 +284,7 @@ double pln_cpu_fma_gflops(void);
 /* How far apart the first two CPUs this process may run on are: the nanoseconds a cache line
  * takes to go from one to the other, one way (two threads pinned to them hand a counter back and
  * forth, best of 3 runs of up to 10000 round trips each, 0.3 s at most in all). 0 where fewer
- * than two CPUs are allowed or a thread cannot be pinned. On a VM this changes with where the host
+ * than two CPUs are allowed, a thread cannot be pinned, or no run ends within the 0.3 s. On a VM this changes with where the host
  * places the vCPUs; kernels/cpu/cpu.h NEIGHBOUR_NOTE says what it costs. */
 double pln_cpu_c2c_ns(void);
 /* One measurement of that copy on arrays the caller holds (n doubles each, already touched): best

@@ -140,7 +140,7 @@ int cmd_bench(int argc, char **argv) {
             printf("STREAM copy: %.1f GB/s (%d threads, %lld MiB arrays, read + write bytes)\n", gbs, threads, (long long)stream_mib);
             printf("FMA peak: %.1f GFLOP/s (%d threads, fp32 multiply-adds, %s kernels)\n", gfl, threads, host.isa);
             if (c2c > 0) printf("core to core: %.1f ns (a cache line from the first allowed CPU to the second, one way)\n", c2c);
-            else printf("core to core: n/a (fewer than two CPUs allowed)\n");
+            else printf("core to core: n/a (fewer than two CPUs allowed, or the two threads could not run pinned)\n");
         }
         return 0;
     }

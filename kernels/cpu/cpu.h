@@ -255,8 +255,9 @@ static inline size_t pln_cpu_thread_stride(size_t floats) {
 
 /* NEIGHBOUR_NOTE: what one thread writes lies away from what another writes. On the 2-vCPU Zen 5
  * VM the two vCPUs sit, for seconds or minutes at a time, either near each other (a cache line
- * handed from one to the other in 37-65 ns, `pollen bench --copy-only`'s core-to-core figure) or
- * far apart (155-210 ns). Far apart, the FMA peak and each thread alone are unchanged, but two
+ * handed from one to the other in 37-65 ns by a long ping-pong, 20-45 ns as `pollen bench
+ * --copy-only`'s best-of-three core-to-core figure) or far apart (155-210 ns). Far apart the
+ * two-thread copy doubles (80-84 against 47-48 GB/s): each vCPU then has its own path to memory. Far apart, the FMA peak and each thread alone are unchanged, but two
  * threads writing neighbouring cache lines (each thread's scratch packed after the last one's:
  * THREAD_GAP_NOTE; row chunks of 32 outputs handed out one at a time, so that one token's outputs
  * alternate between the threads every 128 bytes) lose a quarter of their speed or more: the
