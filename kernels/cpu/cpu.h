@@ -267,8 +267,10 @@ static inline size_t pln_cpu_thread_stride(size_t floats) {
  * guided (each grab the chunks left over the threads: long runs first, single chunks at the end,
  * a descheduled thread's share still taken by the other): Llama-3.2-1B int4 g32 AVX2 prefill of
  * 256 tokens 194-206 -> 256-260 tokens/s far, 263 -> 275-282 near; batch 32 111-118 -> 128-130;
- * grouped int8 batch 8 67-71 -> 73-77 (old and new binary alternated). The batched float path
- * takes 2 panel calls (96 rows) a grab and measured the same with any schedule. */
+ * grouped int8 batch 8 67-71 -> 73-77 (old and new binary alternated). The batched float path's
+ * rows (48-row panel calls, 2 a grab before) too: BLOOM bloom-560m fp16 (AVX-512) prefill 554-624
+ * -> 566-614 tokens/s, 5 of 6 alternated pairs ahead, batch 32 273-311 -> 282-330 (4 of 6);
+ * Llama-3.2-1B fp16 the same within noise. */
 
 /* Tokens of int4 weights gemm_q4n takes (more: the repack tiles of gemm_q8, whose repack is
  * then shared by enough tokens; bloom-560m int4 steps measured gemm_q4n 2-6 % ahead at 16

@@ -295,7 +295,8 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
             }
             float *s = scr + (size_t)omp_get_thread_num() * scr_stride;
             float *su = sw ? su_all + (size_t)omp_get_thread_num() * su_stride : NULL;
-            #pragma omp for schedule(dynamic, 2)
+            /* guided: each thread's panel rows side by side (NEIGHBOUR_NOTE, cpu.h) */
+            #pragma omp for schedule(guided)
             for (int64_t ch = 0; ch < n_pc; ch++) {
                 int64_t r0 = ch * PLN_CPU_PANEL_ROWS, nr = n_out - r0 < PLN_CPU_PANEL_ROWS ? n_out - r0 : PLN_CPU_PANEL_ROWS;
                 if (sw) {
