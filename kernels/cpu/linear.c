@@ -312,10 +312,10 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         free(su_all);
         return;
     }
-    /* One parallel region for all the token blocks (a 512-token prefill has 8): items go block
-     * by block, so the threads still share one block's activations in cache, but they meet at
-     * one barrier per call instead of one per block, and a block's last rows overlap the next
-     * block's first instead of leaving a thread idle at each block's end.
+    /* One parallel region for all the token blocks (a 512-token prefill has 8): the items are in
+     * block order, so a thread's run of them reads one block's activations after another, the
+     * threads meet at one barrier per call instead of one per block, and a block's last rows
+     * overlap the next block's first instead of leaving a thread idle at each block's end.
      * guided: when ranks or other work share the cores, a descheduled thread's rows are taken
      * by the others instead of stalling the whole step, and each thread's rows lie side by side
      * (NEIGHBOUR_NOTE, cpu.h). */
