@@ -161,9 +161,32 @@ extern const pln_cpu_kernels pln_cpu_kernels_avx512;
 #define PLN_CPU_X86 1
 #endif
 
+/* WORK_NOTE: the large buffers one linear call needs for its duration (the packed activations, the
+ * quantized tokens and their scales, each thread's scratch and SwiGLU tile) are the backend's,
+ * kept from call to call and grown when a call needs more (pln_cpu_work), not allocated and freed
+ * by every call: allocated per call, a prefill's multi-MiB panels came from fresh pages each time
+ * (glibc maps and unmaps allocations of that size), and every call paid their page faults,
+ * zeroing and unmapping. Llama-3.2-1B's down projection ([2048, 8192] x 512 tokens, fp16, the
+ * batched float path, 2 threads, AVX-512, Zen 5 VM, 2026-12-05, `test_kernels_cpu
+ * --bench-panel 512`) ran in 42.6-52.6 ms allocating per call and 38.5-40.8 ms with glibc told
+ * never to map or trim (GLIBC_TUNABLES mmap_threshold and trim_threshold raised), the speed these
+ * buffers give without the tunables. They hold the largest call's size for the backend's life
+ * (the activations a prefill chunk packs: T x K floats), as llama.cpp keeps one work buffer sized
+ * for its largest op. A backend's calls come from one thread at a time (the engine's); the OpenMP
+ * threads inside a call share its buffers. */
+typedef enum {
+    PLN_CPU_WORK_X,       /* packed panels (batched float path) or quantized tokens (integer dot) */
+    PLN_CPU_WORK_XS,      /* the quantized tokens' scales */
+    PLN_CPU_WORK_XSUM,    /* the quantized tokens' sums */
+    PLN_CPU_WORK_SCR,     /* each thread's gemm_panel scratch, THREAD_GAP_NOTE's stride apart */
+    PLN_CPU_WORK_SU,      /* each thread's SwiGLU up tile, the same stride apart */
+    PLN_CPU_WORK_N
+} pln_cpu_work_slot;
+
 typedef struct {
     pln_cpu_isa isa;
     const pln_cpu_kernels *k;    /* NULL for PLN_CPU_ISA_REF */
+    struct { void *p; size_t n; } work[PLN_CPU_WORK_N];   /* WORK_NOTE */
     int n_threads;               /* 0: OpenMP's default team */
     bool int_dot;                /* int8/int4 weights: the integer-dot path (off by default;
                                     PLN_CPU_INT_DOT=1 or pln_cpu_set_int_dot) */
@@ -171,6 +194,10 @@ typedef struct {
 } pln_cpu;
 
 static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
+
+/* Slot s of c's work buffers (WORK_NOTE), at least bytes long and 64-byte aligned; its contents
+ * are not kept when it grows. Dies on out-of-memory as pln_xmalloc does. */
+void *pln_cpu_work(pln_cpu *c, pln_cpu_work_slot s, size_t bytes);
 
 /* The best instruction set this CPU supports (PLN_CPU_ISA env var may lower it: "ref", "c",
  * "avx2", "avx512"). */

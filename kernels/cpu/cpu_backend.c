@@ -317,8 +317,21 @@ static int cpu_set_kv_dtype(pln_backend *be, pln_dtype dt) {
     return 0;
 }
 
+void *pln_cpu_work(pln_cpu *c, pln_cpu_work_slot s, size_t bytes) {
+    if (bytes > c->work[s].n) {
+        free(c->work[s].p);
+        size_t n = (bytes + 63) / 64 * 64;
+        c->work[s].p = aligned_alloc(64, n);
+        c->work[s].n = c->work[s].p ? n : 0;
+        if (!c->work[s].p) pln_die("out of memory allocating %zu bytes", bytes);
+    }
+    return c->work[s].p;
+}
+
 static void cpu_destroy(pln_backend *be) {
     if (!be) return;
+    pln_cpu *c = be->impl;
+    for (int s = 0; c && s < PLN_CPU_WORK_N; s++) free(c->work[s].p);
     free(be->impl);
     free(be);
 }

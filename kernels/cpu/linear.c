@@ -28,14 +28,6 @@
 /* Tokens quantized at once for the integer-dot path (QTOK x K bytes: 7 MiB at BLOOM-176B width). */
 #define QTOK 512
 
-/* 64-byte aligned (the packed panels are read with aligned loads); dies on out-of-memory as
- * pln_xmalloc does. */
-static void *xalloc64(size_t n) {
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-    if (!p) pln_die("out of memory allocating %zu bytes", n);
-    return p;
-}
-
 /* STREAM_NOTE: memory-bound steps (GEMVs, a few int4 tokens) hand out their row chunks guided:
  * each grab is the chunks left over the threads (libgomp; OpenMP asks for proportional to it), so
  * the first runs are long contiguous streams for the prefetch (simd_avx512.c PREFETCH_NOTE, GEMV_NOTE) and the last ones single
@@ -200,13 +192,14 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
         bool plain = i4 && T >= 2 && (T <= PLN_CPU_Q4N_MAX || c->batch_invariant) && use_q4n(k);
         /* the interleaved layout's stride (Q8_LDQ_NOTE); plain rows for q4n */
         int64_t qld = plain ? qt : pln_cpu_q8_ldq(qt);
-        int8_t *xq = pln_xmalloc((size_t)qld * (size_t)K);
-        float *xs = pln_xmalloc((size_t)qld * (size_t)nb * sizeof(float));
-        int32_t *xsum = pln_xmalloc((size_t)qld * (size_t)nb * sizeof(int32_t));
+        /* WORK_NOTE (cpu.h): the backend's buffers, kept from call to call */
+        int8_t *xq = pln_cpu_work(c, PLN_CPU_WORK_X, (size_t)qld * (size_t)K);
+        float *xs = pln_cpu_work(c, PLN_CPU_WORK_XS, (size_t)qld * (size_t)nb * sizeof(float));
+        int32_t *xsum = pln_cpu_work(c, PLN_CPU_WORK_XSUM, (size_t)qld * (size_t)nb * sizeof(int32_t));
         /* SwiGLU: each thread's up tile, [nt][QCHUNK] */
         int nth = pln_cpu_threads(c);
         size_t su_stride = pln_cpu_thread_stride((size_t)qt * QCHUNK);   /* THREAD_GAP_NOTE */
-        float *su_all = sw ? xalloc64((size_t)nth * su_stride * sizeof(float)) : NULL;
+        float *su_all = sw ? pln_cpu_work(c, PLN_CPU_WORK_SU, (size_t)nth * su_stride * sizeof(float)) : NULL;
         for (int64_t t0 = 0, nt, lq; t0 < T; t0 += nt) {
             nt = T - t0 < QTOK ? T - t0 : QTOK;
             /* batch-invariant: no last block of fewer than PLN_CPU_BI_MIN_TOKENS (one int4 token
@@ -234,10 +227,6 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                 for (int64_t ch = 0; ch < n_qchunks; ch++) Q_CHUNK(ch);
             }
         }
-        free(xq);
-        free(xs);
-        free(xsum);
-        free(su_all);
 #undef Q_CHUNK
 #undef Q_ROWS
         return;
@@ -264,13 +253,14 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
          * tokens. */
         int nth = pln_cpu_threads(c);
         int64_t np = (T + 31) / 32, n_pc = (n_out + PLN_CPU_PANEL_ROWS - 1) / PLN_CPU_PANEL_ROWS;
-        float *xp = xalloc64((size_t)np * 32 * (size_t)K * sizeof(float));
+        /* WORK_NOTE (cpu.h): the backend's buffers, kept from call to call */
+        float *xp = pln_cpu_work(c, PLN_CPU_WORK_X, (size_t)np * 32 * (size_t)K * sizeof(float));
         /* each thread's scratch and SwiGLU tile THREAD_GAP_NOTE's stride apart */
         size_t scr_stride = pln_cpu_thread_stride(PLN_CPU_PANEL_SCRATCH);
         size_t su_stride = pln_cpu_thread_stride((size_t)T * PLN_CPU_PANEL_ROWS);
-        float *scr = xalloc64((size_t)nth * scr_stride * sizeof(float));
+        float *scr = pln_cpu_work(c, PLN_CPU_WORK_SCR, (size_t)nth * scr_stride * sizeof(float));
         /* SwiGLU: each thread's up tile, [T][PLN_CPU_PANEL_ROWS] */
-        float *su_all = sw ? xalloc64((size_t)nth * su_stride * sizeof(float)) : NULL;
+        float *su_all = sw ? pln_cpu_work(c, PLN_CPU_WORK_SU, (size_t)nth * su_stride * sizeof(float)) : NULL;
         int64_t packed = 0;   /* panels packed so far */
         #pragma omp parallel num_threads(nth)
         {
@@ -307,9 +297,6 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                     k->gemm_panel(out + r0, ldo, xp, T, W, r0, nr, bias ? bias + r0 : NULL, gelu, s);
             }
         }
-        free(xp);
-        free(scr);
-        free(su_all);
         return;
     }
     /* One parallel region for all the token blocks (a 512-token prefill has 8): the items are in
