@@ -219,7 +219,12 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_ca
     grp[n_grp] = T;
     int64_t n_work = (int64_t)n_grp * n_head;
     int32_t span = m->window > 0 && m->window < m->max_pos ? m->window : m->max_pos;   /* keys per query, at most */
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)span * T * n_head * head_dim > 32768)
+    /* guided: each thread's first run of items is whole heads (a prefill's heads cost alike),
+     * which it then reads from its own cache instead of alternating groups with the other threads
+     * over the same keys (cpu.h NEIGHBOUR_NOTE: BLOOM-560m fp16 prefill of 512 tokens, two vCPUs
+     * far apart, 555-598 tokens/s with single items handed out, 581-625 guided); the last items go
+     * one at a time, and a descheduled thread's share still goes to the others */
+    #pragma omp parallel for schedule(guided) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)span * T * n_head * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
         /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
          * read the same keys and values while they are still in cache (and, grouped-query, the
