@@ -608,6 +608,48 @@ static void test_thread_stride(void) {
           pln_cpu_thread_stride(64));
 }
 
+/* WORK_NOTE's buffers: 64-byte aligned, kept when a call needs less, grown when it needs more; and
+ * what a call leaves in them never reaches another call's results: a backend whose every buffer
+ * holds NaN bytes gives, bit for bit, what a fresh one gives, on the batched float path and the
+ * integer-dot path, with and without SwiGLU. */
+static void test_work_buffers(void) {
+    pln_backend *be = pln_backend_create("cpu", 0), *fresh = pln_backend_create("cpu", 0);
+    CHECK(be && fresh, "cpu backend: %s", pln_error());
+    if (!be || !fresh) return;
+    pln_cpu *c = pln_cpu_of(be);
+    void *a = pln_cpu_work(c, PLN_CPU_WORK_X, 100);
+    CHECK(a && (uintptr_t)a % 64 == 0, "pln_cpu_work: %p not 64-byte aligned", a);
+    CHECK(pln_cpu_work(c, PLN_CPU_WORK_X, 64) == a, "pln_cpu_work: a smaller request did not keep the buffer");
+    size_t big = (size_t)3 << 20;
+    for (int s = 0; s < PLN_CPU_WORK_N; s++) {
+        unsigned char *b = pln_cpu_work(c, (pln_cpu_work_slot)s, big);
+        CHECK(b && (uintptr_t)b % 64 == 0 && c->work[s].n >= big, "pln_cpu_work slot %d: grown to %zu", s, c->work[s].n);
+        memset(b, 0xff, big);   /* NaN floats, -1 bytes and ints */
+    }
+    static const struct { int kind; int64_t group; bool int_dot; } cases[] = {
+        {0, 0, false}, {WQ_I8, 32, false}, {WQ_I8, 32, true}, {WQ_I4, 32, true}, {WQ_I8, 0, true}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int sw = 0; sw < 2; sw++) {
+            int64_t rows = 200, K = 256;
+            int T = 40;   /* the batched float path (PLN_CPU_PANEL_MIN) or the integer dot */
+            test_weight tw = make_weight(rows, K, cases[ci].kind, cases[ci].group);
+            int64_t n_out = sw ? rows / 2 : rows;
+            float *x = rnd_vec((size_t)(T * K), -1, 1), *o1 = malloc((size_t)(T * n_out) * 4), *o2 = malloc((size_t)(T * n_out) * 4);
+            pln_cpu_set_int_dot(be, cases[ci].int_dot);
+            pln_cpu_set_int_dot(fresh, cases[ci].int_dot);
+            pln_epilogue epi = sw ? PLN_EPI_SWIGLU : PLN_EPI_NONE;
+            CHECK(be->linear(be, o1, x, &tw.W, NULL, T, epi) == 0 && fresh->linear(fresh, o2, x, &tw.W, NULL, T, epi) == 0,
+                  "linear: %s", pln_error());
+            int bad = 0;
+            for (int64_t i = 0; i < T * n_out; i++) bad += memcmp(&o1[i], &o2[i], 4) != 0 || o1[i] != o1[i];
+            CHECK(bad == 0, "work buffers holding NaN: kind %d group %lld int-dot %d swiglu %d: %d outputs differ from a fresh backend's",
+                  cases[ci].kind, (long long)cases[ci].group, cases[ci].int_dot, sw, bad);
+            free(tw.w); free(tw.scale); free(x); free(o1); free(o2);
+        }
+    pln_backend_destroy(be);
+    pln_backend_destroy(fresh);
+}
+
 static void test_q8_ldq(void) {
     int bad = 0;
     for (int64_t nt = 1; nt <= 1100; nt++) {
@@ -1906,6 +1948,7 @@ int main(int argc, char **argv) {
     test_linear();
     test_fma_chains();
     test_thread_stride();
+    test_work_buffers();
     test_int_dot();
     test_logits();
     test_threads();
