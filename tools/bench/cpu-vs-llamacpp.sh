@@ -2,7 +2,8 @@
 # cpu-vs-llamacpp.sh — pollen against llama.cpp on the CPU, side by side (docs/BENCHMARKS.md "CPU
 # against llama.cpp"). Optional: no test needs it.
 #
-#   tools/bench/cpu-vs-llamacpp.sh [--build] [--avx2] [--threads N] [--reps R] [--layers K] [--model NAME]
+#   tools/bench/cpu-vs-llamacpp.sh [--build] [--avx2] [--same-placement] [--threads N] [--reps R]
+#                                  [--layers K] [--model NAME]
 #
 # --model     the `pollen synth` model, on both sides: bloom-560m (default) or llama-3.2-1b (any
 #             model synth knows; the Llama family goes through the converter's LlamaModel, BLOOM's
@@ -15,6 +16,11 @@
 #             and AMX option off; AVX-VNNI on where the CPU has it, as pollen's AVX2 tier uses it
 #             there); `objdump -d` must find no zmm register in its binaries. With --build, builds
 #             that second tree (the same three targets).
+# --same-placement  a repetition counts only when both tools' runs began and ended with the first
+#             two CPUs in one placement (near or far apart, below), the same for both; otherwise it
+#             is run again, up to SAME_TRIES tries (default 6), the last of which counts whatever
+#             the placement. On a VM whose vCPUs move, this keeps a cell from comparing the
+#             placements instead of the tools.
 # --build     fetches the llama-cpp-python sdist from PyPI (it vendors llama.cpp with its
 #             convert_hf_to_gguf.py; version $LLAMA_CPP_PYTHON_VERSION, default 0.3.36 = llama.cpp
 #             0c1e570), builds llama-bench, llama-batched-bench, llama-quantize and llama-perplexity
@@ -40,7 +46,8 @@
 # the FMA peak above the table where the arithmetic is fp32 (pollen's fp16 and exact-float int8;
 # llama.cpp's F16), or the integer ops of the integer-dot path and of Q8_0 / Q4_0 / Q4_K_M. The
 # column after it says, per run, whether the first two CPUs sat near or far apart just before
-# each tool ran (`pollen bench --copy-only`'s core-to-core latency, under or over 100 ns): on a VM
+# each tool ran, and after it where they had moved ("near>far"; `pollen bench --copy-only`'s
+# core-to-core latency, under or over 100 ns, probed before and after each tool): on a VM
 # the host moves the vCPUs, and far apart the copy bandwidth doubles on the Zen 5 here while
 # lines shared by the threads cost more (kernels/cpu/cpu.h NEIGHBOUR_NOTE), so a ratio between
 # runs in different placements compares the placements too. Rows whose pollen dtype reshard refuses (int4
@@ -56,12 +63,13 @@ POLLEN=$BUILD/pollen
 LLAMA_DIR=${LLAMA_DIR:-$BUILD/llamacpp}
 LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 DIR=${BENCH_DIR:-$BUILD/bench-llamacpp}
-THREADS=2; REPS=3; LAYERS=""; MODEL=bloom-560m; DO_BUILD=0; AVX2=0
+THREADS=2; REPS=3; LAYERS=""; MODEL=bloom-560m; DO_BUILD=0; AVX2=0; SAME=0; SAME_TRIES=${SAME_TRIES:-6}
 PROMPT_LEN=${PROMPT_LEN:-512}; CONTEXT=${CONTEXT:-32}; STEPS=${STEPS:-16}
 while [ $# -gt 0 ]; do
   case $1 in
     --build) DO_BUILD=1 ;;
     --avx2) AVX2=1 ;;
+    --same-placement) SAME=1 ;;
     --threads) THREADS=$2; shift ;;
     --reps) REPS=$2; shift ;;
     --layers) LAYERS=$2; shift ;;
@@ -71,7 +79,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-for v in "$THREADS" "$REPS"; do [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --threads/--reps want a positive integer, got '$v'" >&2; exit 2; }; done
+for v in "$THREADS" "$REPS" "$SAME_TRIES"; do [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --threads/--reps/SAME_TRIES want a positive integer, got '$v'" >&2; exit 2; }; done
 [ -z "$LAYERS" ] || [[ $LAYERS =~ ^[1-9][0-9]*$ ]] || { echo "cpu-vs-llamacpp.sh: --layers wants a positive integer, got '$LAYERS'" >&2; exit 2; }
 [[ $MODEL =~ ^[a-z0-9.-]+$ ]] || { echo "cpu-vs-llamacpp.sh: --model wants a pollen synth model name (bloom-560m, llama-3.2-1b, ...), got '$MODEL'" >&2; exit 2; }
 [ -x "$POLLEN" ] || { echo "cpu-vs-llamacpp.sh: $POLLEN not built (make build/pollen)" >&2; exit 1; }
@@ -220,7 +228,7 @@ if [ "$AVX2" = 1 ]; then
 else
   echo "# SIMD: pollen's best tier ($("$POLLEN" bench --copy-only --stream-mib 8 --json 2>/dev/null | grep -o '"cpu_isa":"[a-z0-9]*"' | cut -d'"' -f4)); llama.cpp -DGGML_NATIVE=ON"
 fi
-echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights; both sides: $(awk '{ print $1 " layers, vocab " $2 ", " $3 " output" }' <<<"$p_shape")); $THREADS threads each; best of $REPS interleaved runs; f16 KV both"
+echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights; both sides: $(awk '{ print $1 " layers, vocab " $2 ", " $3 " output" }' <<<"$p_shape")); $THREADS threads each; best of $REPS interleaved runs$([ "$SAME" = 0 ] || echo ", each with both tools in one placement (--same-placement, up to $SAME_TRIES tries)"); f16 KV both"
 echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS --mbu off"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
 echo
@@ -234,8 +242,8 @@ for pair in "${PAIRS[@]}"; do
     continue
   fi
   : >"$DIR/p.txt"; : >"$DIR/l.txt"; pl_p=(); pl_l=()
-  for ((r = 0; r < REPS; r++)); do
-    pl_p+=("$(placement)")
+  for ((r = 0, try = 0; r < REPS; try++)); do
+    pb=$(placement)
     # shellcheck disable=SC2086
     "$POLLEN" bench "$set_dir" --prompt-len "$PROMPT_LEN" --batch 1,8,32 --context "$CONTEXT" --steps "$STEPS" \
       --kv-dtype f16 --threads "$THREADS" --mbu off $bopts --json 2>/dev/null >"$DIR/pollen.json"
@@ -245,7 +253,7 @@ for pair in "${PAIRS[@]}"; do
       echo "cpu-vs-llamacpp.sh: --avx2: pollen bench ran its ${isa:-unknown} kernels, not avx2" >&2; exit 1
     fi
     dec=$(grep -o '"batch":[0-9]*,[^}]*"tokens_per_s":[0-9.e+]*' "$DIR/pollen.json" | sed 's/"batch":\([0-9]*\),.*"tokens_per_s":/\1 /')
-    echo "$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")" >>"$DIR/p.txt"
+    p_row="$pre $(awk '$1 == 1 { print $2 }' <<<"$dec") $(awk '$1 == 8 { print $2 }' <<<"$dec") $(awk '$1 == 32 { print $2 }' <<<"$dec")"
     # the model's arithmetic per token (pollen bench's multiply-add counts, 2 ops each) in a
     # 512-token prefill and in a batch-32 step: both tools' rates in GOP/s for the last column
     if [ "$r" = 0 ]; then
@@ -253,13 +261,23 @@ for pair in "${PAIRS[@]}"; do
       gpt_b32=$(grep -o '"batch":32,[^}]*' "$DIR/pollen.json" | awk -F'"gops":' '{ split($2, a, /[,}]/); g = a[1] }
         END { print g }' | awk -v t="$(awk '$1 == 32 { print $2 }' <<<"$dec")" '{ if (t > 0 && $1 != "") print $1 / t }')
     fi
-    pl_l+=("$(placement)")
+    pa=$(placement); lb=$pa
     "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
     lpre=$(num avg_ts <"$DIR/llama-bench.json")
     "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
       -npl 1,8,32 -t "$THREADS" --output-format jsonl 2>&1 | grep '"speed_tg"' >"$DIR/llama-batched.jsonl" || true
     ldec() { grep "\"pl\": $1," "$DIR/llama-batched.jsonl" | num speed_tg; }
+    la=$(placement)
+    # --same-placement: a rep counts only if both tools began and ended in one placement, the
+    # same for both; up to SAME_TRIES tries in all for the rep, after which the last try counts
+    if [ "$SAME" = 1 ] && [ $(( try + 1 )) -lt "$SAME_TRIES" ] && [ "$pb $pa $lb" != "$la $la $la" ]; then
+      continue
+    fi
+    echo "$p_row" >>"$DIR/p.txt"
     echo "$lpre $(ldec 1) $(ldec 8) $(ldec 32)" >>"$DIR/l.txt"
+    # where the first two CPUs sat before each tool's run, and after it where that differs
+    pl_p+=("$pb$([ "$pa" = "$pb" ] || echo ">$pa")"); pl_l+=("$lb$([ "$la" = "$lb" ] || echo ">$la")")
+    r=$(( r + 1 )); try=-1
   done
   P=(); L=()
   for c in 1 2 3 4; do
