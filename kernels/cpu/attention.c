@@ -221,9 +221,11 @@ int pln_cpu_attention(pln_cpu *c, float *out, const float *qkv, const void *k_ca
     int32_t span = m->window > 0 && m->window < m->max_pos ? m->window : m->max_pos;   /* keys per query, at most */
     /* guided: each thread's first run of items is whole heads (a prefill's heads cost alike),
      * which it then reads from its own cache instead of alternating groups with the other threads
-     * over the same keys (cpu.h NEIGHBOUR_NOTE: BLOOM-560m fp16 prefill of 512 tokens, two vCPUs
-     * far apart, 555-598 tokens/s with single items handed out, 581-625 guided); the last items go
-     * one at a time, and a descheduled thread's share still goes to the others */
+     * over the same keys (cpu.h NEIGHBOUR_NOTE: bloom-560m fp16 prefill of 512 tokens, the two
+     * vCPUs far apart, one binary alternating the two schedules: 547-600 tokens/s with single
+     * items handed out, median 591, against 596-630 guided, median 612; Llama-3.2-1B 194-222
+     * against 202-226); the last items go one at a time, and a descheduled thread's share still
+     * goes to the others */
     #pragma omp parallel for schedule(guided) num_threads(pln_cpu_threads(c)) if (n_work > 1 && (int64_t)span * T * n_head * head_dim > 32768)
     for (int64_t w = 0; w < n_work; w++) {
         /* head-major: consecutive items are a prefill's consecutive tokens of one head, which
