@@ -164,16 +164,16 @@ extern const pln_cpu_kernels pln_cpu_kernels_avx512;
 /* WORK_NOTE: the large buffers one linear call needs for its duration (the packed activations, the
  * quantized tokens and their scales, each thread's scratch and SwiGLU tile) are the backend's,
  * kept from call to call and grown when a call needs more (pln_cpu_work), not allocated and freed
- * by every call: allocated per call, a prefill's multi-MiB panels came from fresh pages each time
- * (glibc maps and unmaps allocations of that size), and every call paid their page faults,
- * zeroing and unmapping. Llama-3.2-1B's down projection ([2048, 8192] x 512 tokens, fp16, the
- * batched float path, 2 threads, AVX-512, Zen 5 VM, 2026-12-05, `test_kernels_cpu
- * --bench-panel 512`) ran in 42.6-52.6 ms allocating per call and 38.5-40.8 ms with glibc told
- * never to map or trim (GLIBC_TUNABLES mmap_threshold and trim_threshold raised), the speed these
- * buffers give without the tunables. They hold the largest call's size for the backend's life
- * (the activations a prefill chunk packs: T x K floats), as llama.cpp keeps one work buffer sized
- * for its largest op. A backend's calls come from one thread at a time (the engine's); the OpenMP
- * threads inside a call share its buffers. */
+ * by every call: allocated per call, a prefill's multi-MiB panels came from freshly mapped pages
+ * whenever glibc mapped the allocation (and unmapped it on free), and the call paid the page
+ * faults and zeroing. Llama-3.2-1B's fp16 down projection ([2048, 8192] x 512 tokens, the batched
+ * float path, 2 threads, AVX-512, Zen 5 VM, 2026-12-05 09:27-09:31 UTC, quiet, `test_kernels_cpu
+ * --bench-panel 512` before and after alternated, six runs each): 39.0-45.8 ms (median 42.4)
+ * allocating per call, 38.8-44.2 (median 40.7) on kept buffers; the other shapes level. The
+ * buffers hold the largest call's size for the backend's life (a prefill chunk's packed
+ * activations: T x K floats), as llama.cpp keeps one work buffer sized for its largest op. A
+ * backend's calls come from one thread at a time (the engine's); the OpenMP threads inside a call
+ * share its buffers. */
 typedef enum {
     PLN_CPU_WORK_X,       /* packed panels (batched float path) or quantized tokens (integer dot) */
     PLN_CPU_WORK_XS,      /* the quantized tokens' scales */
