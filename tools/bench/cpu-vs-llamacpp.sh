@@ -261,7 +261,7 @@ for pair in "${PAIRS[@]}"; do
       gpt_b32=$(grep -o '"batch":32,[^}]*' "$DIR/pollen.json" | awk -F'"gops":' '{ split($2, a, /[,}]/); g = a[1] }
         END { print g }' | awk -v t="$(awk '$1 == 32 { print $2 }' <<<"$dec")" '{ if (t > 0 && $1 != "") print $1 / t }')
     fi
-    pa=$(placement); lb=$pa
+    pa=$(placement)   # after pollen's run, before llama.cpp's
     "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
     lpre=$(num avg_ts <"$DIR/llama-bench.json")
     "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
@@ -270,13 +270,13 @@ for pair in "${PAIRS[@]}"; do
     la=$(placement)
     # --same-placement: a rep counts only if both tools began and ended in one placement, the
     # same for both; up to SAME_TRIES tries in all for the rep, after which the last try counts
-    if [ "$SAME" = 1 ] && [ $(( try + 1 )) -lt "$SAME_TRIES" ] && [ "$pb $pa $lb" != "$la $la $la" ]; then
+    if [ "$SAME" = 1 ] && [ $(( try + 1 )) -lt "$SAME_TRIES" ] && [ "$pb $pa" != "$la $la" ]; then
       continue
     fi
     echo "$p_row" >>"$DIR/p.txt"
     echo "$lpre $(ldec 1) $(ldec 8) $(ldec 32)" >>"$DIR/l.txt"
     # where the first two CPUs sat before each tool's run, and after it where that differs
-    pl_p+=("$pb$([ "$pa" = "$pb" ] || echo ">$pa")"); pl_l+=("$lb$([ "$la" = "$lb" ] || echo ">$la")")
+    pl_p+=("$pb$([ "$pa" = "$pb" ] || echo ">$pa")"); pl_l+=("$pa$([ "$la" = "$pa" ] || echo ">$la")")
     r=$(( r + 1 )); try=-1
   done
   P=(); L=()
