@@ -1599,11 +1599,15 @@ static void test_cpu_tune(void) {
     CHECK(pln_cpu_tune_candidates[d8k] == PLN_CPU_PF_AHEAD_DEFAULT, "the default is candidate %d", d8k);
     double faster[6] = {1.0, 0.9, 0.95, 1.0, 1.0, 1.0}, close[6] = {1.0, 0.995, 1.0, 1.0, 1.0, 1.0};
     double none[6] = {0}, no_default[6] = {1.0, 0.9, 0.95, 1.0, 0, 1.0}, tie[6] = {0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
-    CHECK(pln_cpu_tune_pick(faster, 6, d8k) == 1, "a candidate 10 %% faster than the default wins");
-    CHECK(pln_cpu_tune_pick(close, 6, d8k) == d8k, "the default within 2 %% of the fastest stays");
-    CHECK(pln_cpu_tune_pick(none, 6, d8k) == d8k, "nothing measured: the default");
-    CHECK(pln_cpu_tune_pick(no_default, 6, d8k) == 1, "the default unmeasured: the fastest");
-    CHECK(pln_cpu_tune_pick(tie, 6, d8k) == d8k, "a tie: the default");
+    CHECK(pln_cpu_tune_pick(faster, 6, d8k, PLN_CPU_TUNE_KEEP) == 1, "a candidate 10 %% faster than the default wins");
+    CHECK(pln_cpu_tune_pick(close, 6, d8k, PLN_CPU_TUNE_KEEP) == d8k, "the default within 0.5 %% of the fastest stays");
+    double within[6] = {1.0, 0.962, 1.0, 1.0, 1.0, 1.0}, beyond[6] = {1.0, 0.94, 1.0, 1.0, 1.0, 1.0};
+    CHECK(pln_cpu_tune_pick(within, 6, d8k, PLN_CPU_TUNE_KEEP) == d8k, "a GEMV's default 4 %% slower than the fastest stays");
+    CHECK(pln_cpu_tune_pick(within, 6, d8k, PLN_CPU_TUNE_KEEP_TILES) == 1, "the tiles' default 4 %% slower than the fastest goes");
+    CHECK(pln_cpu_tune_pick(beyond, 6, d8k, PLN_CPU_TUNE_KEEP) == 1, "the fastest 6 %% ahead of a GEMV's default wins");
+    CHECK(pln_cpu_tune_pick(none, 6, d8k, PLN_CPU_TUNE_KEEP) == d8k, "nothing measured: the default");
+    CHECK(pln_cpu_tune_pick(no_default, 6, d8k, PLN_CPU_TUNE_KEEP) == 1, "the default unmeasured: the fastest");
+    CHECK(pln_cpu_tune_pick(tie, 6, d8k, PLN_CPU_TUNE_KEEP) == d8k, "a tie: the default");
 
     pln_backend_tune tu;
     CHECK(g_be->tune && g_be->tune(g_be, "sometimes", &tu) == -1 && strstr(pln_error(), "\"sometimes\" is not one of auto, off, redo"),

@@ -356,11 +356,25 @@ static inline __attribute__((always_inline)) void pln_cpu_pf_ahead4(const void *
  * default may be and still be kept. */
 #define PLN_CPU_TUNE_N 6
 #define PLN_CPU_TUNE_ROUNDS 3
-#define PLN_CPU_TUNE_KEEP 0.02
+/* The GEMVs' kinds: 5 %, not 2: on the 2-vCPU Zen 5 VM the measurement had put fp16 at 16 KiB, 2.6 % faster than
+ * 8 KiB on its one 128 MiB weight (59.7 against 58.2 GB/s, 2026-12-04), and in the model the
+ * Llama-3.2-1B fp16 batch-1 step then ran 26.2-26.7 tokens/s against 27.7-28.3 at 8 KiB
+ * (2026-12-05 09:55 UTC, quiet, vCPUs far apart, `pollen bench <fp16 set> --batch 1 --steps 32`,
+ * the cached distances and --cpu-tune off alternated seven times), and per-row int8, put at 16
+ * KiB 2.8 % ahead, ran 46.8-47.0 against 47.2-48.2 tokens/s at 8 KiB: a gap of a few per cent on
+ * the one weight is noise, or a property of that weight (one long stream), not of the model's
+ * many smaller ones, each ending where its prefetch runs on past it. The gains the calibration
+ * exists for are larger (Zen 3 fp16: 15-25 % at 1 KiB, CPU_TUNE_NOTE). The fp16 tiles' distance
+ * (fp16_batch) keeps 2 %: measured on an 8-token linear, it agreed with the model (16 KiB, 4.4 %
+ * ahead in the measurement; Llama-3.2-1B fp16 at batch 8 91-102 -> 100-106 tokens/s, the two
+ * alternated the same way). */
+#define PLN_CPU_TUNE_KEEP 0.05
+#define PLN_CPU_TUNE_KEEP_TILES 0.02
 extern const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N];
 /* The candidate to use given each one's best time (secs[i] <= 0: not measured): the fastest,
- * unless dflt's time is within PLN_CPU_TUNE_KEEP of it. dflt when none was measured. */
-int pln_cpu_tune_pick(const double *secs, int n, int dflt);
+ * unless dflt's time is within the fraction keep of it (PLN_CPU_TUNE_KEEP, or _TILES for the fp16
+ * tiles). dflt when none was measured. */
+int pln_cpu_tune_pick(const double *secs, int n, int dflt, double keep);
 /* The backend's tune hook (kernels/backend.h pln_backend.tune). */
 int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out);
 

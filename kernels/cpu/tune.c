@@ -13,7 +13,7 @@
  * backend's threads, on the path --int-dot auto takes for that kind: the integer dot for int4,
  * the float GEMV for int8) at each candidate distance, PLN_CPU_TUNE_ROUNDS rounds visiting the
  * candidates in turn (a disturbance hits all of them alike), the best pass of each. The fastest
- * wins unless the default is within PLN_CPU_TUNE_KEEP of it: then the default, so that noise
+ * wins unless the default is within PLN_CPU_TUNE_KEEP (the tiles: _TILES) of it: then the default, so that noise
  * between equals never moves the choice. pln_cpu_linear then sets each call's distance from its
  * weight's kind. The result is cached per machine (CPU identity, the kernels' tier, threads,
  * memory) in $XDG_CACHE_HOME/pollen/cpu-tune.json (~/.cache without it), so the second or so it
@@ -45,17 +45,19 @@ _Static_assert(PLN_CPU_PF_KINDS <= PLN_TUNE_MAX_KINDS, "pln_backend_tune holds e
 
 const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N] = {0, 1024, 2048, 4096, 8192, 16384};
 
-/* 3: a distance per weight kind and for the fp16 tiles; a version-1 file (one distance) or
- * version-2 one (no fp16_batch) is pollen's own and is replaced */
-#define TUNE_VERSION 3
+/* 4: a distance per weight kind and for the fp16 tiles, a GEMV's default kept within 5 % of the
+ * fastest (cpu.h PLN_CPU_TUNE_KEEP); a version-1 file (one distance), version-2 one (no
+ * fp16_batch) or version-3 one (picked with the default kept within 2 %) is pollen's own and is
+ * replaced */
+#define TUNE_VERSION 4
 #define TUNE_MAX_FILE (1 << 20)   /* a cache file larger than this is not pollen's */
 
-int pln_cpu_tune_pick(const double *secs, int n, int dflt) {
+int pln_cpu_tune_pick(const double *secs, int n, int dflt, double keep) {
     int best = -1;
     for (int i = 0; i < n; i++)
         if (secs[i] > 0 && (best < 0 || secs[i] < secs[best])) best = i;
     if (best < 0) return dflt;
-    if (dflt >= 0 && dflt < n && secs[dflt] > 0 && secs[dflt] <= secs[best] * (1.0 + PLN_CPU_TUNE_KEEP)) return dflt;
+    if (dflt >= 0 && dflt < n && secs[dflt] > 0 && secs[dflt] <= secs[best] * (1.0 + keep)) return dflt;
     return best;
 }
 
@@ -185,8 +187,8 @@ static cache_state cache_read(const char *path, json_t **root, char *why, size_t
         json_decref(j);
         return CACHE_FOREIGN;
     }
-    if (ver < TUNE_VERSION) {   /* pollen's own older cache (one distance for every kind, or no fp16_batch):
-                                 * measured again, replaced */
+    if (ver < TUNE_VERSION) {   /* pollen's own older cache (one distance for every kind, no fp16_batch, or
+                                 * picked by the 2 % rule): measured again, replaced */
         json_object_set_new(j, "version", json_integer(TUNE_VERSION));
         json_object_set_new(j, "machines", json_object());
     }
@@ -322,7 +324,8 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
             free(path); free(key);
             return -1;
         }
-        pick[k] = pln_cpu_tune_candidates[pln_cpu_tune_pick(secs[k], PLN_CPU_TUNE_N, default_index())];
+        double keep = k == PLN_CPU_PF_F16B ? PLN_CPU_TUNE_KEEP_TILES : PLN_CPU_TUNE_KEEP;
+        pick[k] = pln_cpu_tune_candidates[pln_cpu_tune_pick(secs[k], PLN_CPU_TUNE_N, default_index(), keep)];
     }
     memcpy(pln_cpu_pf_by_kind, pick, sizeof pick);
     report(out, "measured");
