@@ -366,7 +366,7 @@ int pln_map_open(pln_map *m, const char *path) {
         void *p = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) { close(fd); return pln_errorf("%s: cannot allocate %llu bytes to read it into (--no-mmap): %s", path, (unsigned long long)m->size, strerror(errno)); }
 #ifdef MADV_HUGEPAGE
-        madvise(p, m->size, MADV_HUGEPAGE);   /* before the read faults it in: see runtime/loader.c */
+        madvise(p, m->size, MADV_HUGEPAGE);   /* before the read faults it in (MAP_HUGE_NOTE below) */
 #endif
         if (read_whole(fd, p, m->size, path)) { munmap(p, m->size); close(fd); return -1; }
         mprotect(p, m->size, PROT_READ);
@@ -389,6 +389,25 @@ void pln_map_advise_sequential(pln_map *m) {
     if (!m->data) return;
     madvise((void *)m->data, m->size, MADV_SEQUENTIAL);
     madvise((void *)m->data, m->size, MADV_WILLNEED);
+}
+
+void pln_map_advise_huge(pln_map *m) {
+    /* MAP_HUGE_NOTE: 2 MiB pages where the kernel and file system offer them (THP "madvise" mode,
+     * large page-cache folios), asked for as a rank file is opened, before anything reads it: a
+     * page fault then reads a whole 2 MiB folio into the page cache, and a later process maps
+     * those with one entry each. A decode step streams every weight once, and with 4 KiB pages
+     * each 2 KiB row pair costs a TLB miss and a page walk that the hardware prefetchers do not
+     * cross. Asked for only by the loader, as this once was, a `pollen verify` of a set not yet
+     * cached left a third of it in small folios, which every later `serve` then mapped with 4 KiB
+     * pages: Llama-3.2-1B fp16, batch-1 decode 27.0-27.8 against 28.7-29.0 tokens/s
+     * (docs/ARCHITECTURE.md). The first reader of a cold file pays for assembling the folios
+     * (THP defrag "madvise" compacts on fault), whichever command it is. Checkpoints that reshard
+     * reads once are not advised. Advice only: refused, nothing changes. */
+#ifdef MADV_HUGEPAGE
+    if (m->data && !m->in_memory) madvise((void *)m->data, m->size, MADV_HUGEPAGE);
+#else
+    (void)m;
+#endif
 }
 
 void pln_map_close(pln_map *m) {

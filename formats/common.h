@@ -109,6 +109,9 @@ bool pln_map_no_mmap(void);
 void pln_map_fault_hint(const char *hint);
 /* Asks the kernel to read the whole mapping ahead, in order (MADV_SEQUENTIAL, then MADV_WILLNEED). */
 void pln_map_advise_sequential(pln_map *m);
+/* Asks for 2 MiB pages on a file mapping (MADV_HUGEPAGE) before it is read: rank files, whose
+ * weights are streamed by every decode step (common.c MAP_HUGE_NOTE). */
+void pln_map_advise_huge(pln_map *m);
 void pln_map_close(pln_map *m);
 /* Reads a whole small file (config.json, index files) into a NUL-terminated buffer, refusing
  * files over max_bytes. NULL with an error on failure. */

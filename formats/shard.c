@@ -605,6 +605,7 @@ static int shard_validate(pln_shard *s) {
 pln_shard *pln_shard_open(const char *path) {
     pln_shard *s = pln_xcalloc(1, sizeof *s);
     if (pln_map_open(&s->map, path)) { free(s); return NULL; }
+    pln_map_advise_huge(&s->map);   /* before anything reads it (common.c MAP_HUGE_NOTE) */
     s->path = s->map.path;
     if (shard_validate(s)) { pln_shard_close(s); return NULL; }
     return s;

@@ -155,13 +155,7 @@ pln_loader *pln_loader_open(const char *dir, int rank, int size, pln_backend *be
      * with --no-mmap the anonymous copy already read (never read a second time). */
     const bool stream = be->load_file && !s->map.in_memory;
     if (!stream) pln_map_advise_sequential(&s->map);
-#ifdef MADV_HUGEPAGE
-    /* 2 MiB pages where the kernel and file system offer them (THP "madvise" mode, large page-
-     * cache folios), asked for before the pages are faulted in: a decode step streams every
-     * weight once, and with 4 KiB pages each 2 KiB row pair costs a TLB miss and a page walk
-     * that the hardware prefetchers do not cross. Advice only: refused, nothing changes. */
-    if (!stream && s->map.data && !s->map.in_memory) madvise((void *)s->map.data, s->map.size, MADV_HUGEPAGE);
-#endif
+    /* 2 MiB pages: asked for when the rank file was opened (formats/common.c MAP_HUGE_NOTE). */
     if (opts && opts->populate && !stream) populate(&s->map);
     bool verify_now = opts && opts->verify && !stream;
     if (verify_now) {
