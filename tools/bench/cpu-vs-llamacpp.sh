@@ -50,7 +50,12 @@
 # core-to-core latency, under or over 100 ns, probed before and after each tool): on a VM
 # the host moves the vCPUs, and far apart the copy bandwidth doubles on the Zen 5 here while
 # lines shared by the threads cost more (kernels/cpu/cpu.h NEIGHBOUR_NOTE), so a ratio between
-# runs in different placements compares the placements too. Rows whose pollen dtype reshard refuses (int4
+# runs in different placements compares the placements too. Before each pair's first run both
+# tools' model files leave the page cache (`dd iflag=nocache count=0`) and are read back by `cat`:
+# each pair starts from the same state whatever ran before (files the converter wrote, a `verify`
+# that faulted a set in without huge-page advice, another table's runs), which moved pollen's
+# batch-1 decode by 4-6 % on the Zen 5 VM (formats/common.c MAP_HUGE_NOTE); how each tool then maps
+# those pages (pollen asks for 2 MiB pages, llama.cpp does not) is the tool's own. Rows whose pollen dtype reshard refuses (int4
 # before it exists) print SKIP. The load average is printed before and after: figures from a
 # busy machine are not worth keeping. Above the table, the machine (tools/bench/machine.sh): CPU
 # model, vendor, family/model/stepping and microarchitecture, the SIMD flags, online CPUs and
@@ -214,6 +219,14 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) pri
 # where the first two CPUs sat just before a run: "near" or "far" by the core-to-core latency
 # (kernels/cpu/cpu.h NEIGHBOUR_NOTE: on the Zen 5 VM 20-65 ns or 155-210 ns, nothing between; far
 # apart the copy doubles and cache lines shared by the threads cost more), "n/a" on one CPU
+# the files out of the page cache and read back in one pass (see the usage notes above)
+fresh_cache() {
+  local f
+  for f in "$@"; do
+    dd if="$f" iflag=nocache count=0 status=none 2>/dev/null || true
+    cat "$f" >/dev/null
+  done
+}
 placement() {
   "$POLLEN" bench --copy-only --stream-mib 8 --json 2>/dev/null | grep -o '"core_to_core_ns":[0-9.e+-]*' | cut -d: -f2 |
     awk 'BEGIN { p = "n/a" } $1 != "" { p = $1 < 100 ? "near" : "far" } END { print p }'
@@ -231,6 +244,7 @@ fi
 echo "# $MODEL${LAYERS:+ cut to $LAYERS layers} (pollen synth, random weights; both sides: $(awk '{ print $1 " layers, vocab " $2 ", " $3 " output" }' <<<"$p_shape")); $THREADS threads each; best of $REPS interleaved runs$([ "$SAME" = 0 ] || echo ", each with both tools in one placement (--same-placement, up to $SAME_TRIES tries)"); f16 KV both"
 echo "# pollen bench --prompt-len $PROMPT_LEN --batch 1,8,32 --context $CONTEXT --steps $STEPS --kv-dtype f16 --threads $THREADS --mbu off"
 echo "# llama-bench -p $PROMPT_LEN -n 0 -t $THREADS -r 1; llama-batched-bench -npp $CONTEXT -ntg $STEPS -npl 1,8,32 -t $THREADS"
+echo "# page cache: each pair's files (pollen's rank files, the GGUF) dropped and read back by cat before its first run"
 echo
 echo "| precision pair | prefill $PROMPT_LEN | decode b1 | b8 | b32 | pollen tok/s (prefill / b1 / b8 / b32) | llama.cpp tok/s | GOP/s prefill / b32: pollen; llama.cpp | vCPUs per run: pollen; llama.cpp |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -241,6 +255,7 @@ for pair in "${PAIRS[@]}"; do
     echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <"$DIR/reshard.err" | cut -c1-120) | | | | | | |"
     continue
   fi
+  fresh_cache "$set_dir"/*.pln "$gguf"
   : >"$DIR/p.txt"; : >"$DIR/l.txt"; pl_p=(); pl_l=()
   for ((r = 0, try = 0; r < REPS; try++)); do
     pb=$(placement)
