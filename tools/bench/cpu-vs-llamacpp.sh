@@ -54,7 +54,7 @@
 # tools' model files leave the page cache (`dd iflag=nocache count=0`) and are read back by `cat`:
 # each pair starts from the same state whatever ran before (files the converter wrote, a `verify`
 # that faulted a set in without huge-page advice, another table's runs), which moved pollen's
-# batch-1 decode by 4-6 % on the Zen 5 VM (formats/common.c MAP_HUGE_NOTE); how each tool then maps
+# batch-1 decode by 3-7 % on the Zen 5 VM (formats/common.c MAP_HUGE_NOTE); how each tool then maps
 # those pages (pollen asks for 2 MiB pages, llama.cpp does not) is the tool's own. Rows whose pollen dtype reshard refuses (int4
 # before it exists) print SKIP. The load average is printed before and after: figures from a
 # busy machine are not worth keeping. Above the table, the machine (tools/bench/machine.sh): CPU
@@ -216,9 +216,6 @@ fi
 num() { grep -o "\"$1\": *[-0-9.eE+]*" | head -n 1 | sed 's/.*: *//'; }
 best() { awk 'BEGIN { b = "" } $1 != "" && (b == "" || $1 > b) { b = $1 } END { print b }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "—"; else printf "%.2f×", a / b }'; }
-# where the first two CPUs sat just before a run: "near" or "far" by the core-to-core latency
-# (kernels/cpu/cpu.h NEIGHBOUR_NOTE: on the Zen 5 VM 20-65 ns or 155-210 ns, nothing between; far
-# apart the copy doubles and cache lines shared by the threads cost more), "n/a" on one CPU
 # the files out of the page cache and read back in one pass (see the usage notes above)
 fresh_cache() {
   local f
@@ -227,6 +224,9 @@ fresh_cache() {
     cat "$f" >/dev/null
   done
 }
+# where the first two CPUs sat just before a run: "near" or "far" by the core-to-core latency
+# (kernels/cpu/cpu.h NEIGHBOUR_NOTE: on the Zen 5 VM 20-65 ns or 155-210 ns, nothing between; far
+# apart the copy doubles and cache lines shared by the threads cost more), "n/a" on one CPU
 placement() {
   "$POLLEN" bench --copy-only --stream-mib 8 --json 2>/dev/null | grep -o '"core_to_core_ns":[0-9.e+-]*' | cut -d: -f2 |
     awk 'BEGIN { p = "n/a" } $1 != "" { p = $1 < 100 ? "near" : "far" } END { print p }'
