@@ -56,7 +56,10 @@
 # that faulted a set in without huge-page advice, another table's runs), which moved pollen's
 # batch-1 decode by 3-7 % on the Zen 5 VM (formats/common.c MAP_HUGE_NOTE); how each tool then maps
 # those pages (pollen asks for 2 MiB pages, llama.cpp does not) is the tool's own. Rows whose pollen dtype reshard refuses (int4
-# before it exists) print SKIP. The load average is printed before and after: figures from a
+# before it exists) print SKIP. Each pair first tries llama.cpp's default on a 32-token prompt:
+# where it dies by a signal (its weight repacking for AMX tiles died in ldtilecfg, SIGSEGV, on an
+# Intel Xeon VM with AMX), that pair's llama.cpp runs take --repack 0 / --no-repack, its own
+# kernels without the repack, and the row's label says so. The load average is printed before and after: figures from a
 # busy machine are not worth keeping. Above the table, the machine (tools/bench/machine.sh): CPU
 # model, vendor, family/model/stepping and microarchitecture, the SIMD flags, online CPUs and
 # threads used, memory, the STREAM copy bandwidth and the FMA peak of pollen's kernels' tier on 1
@@ -255,6 +258,17 @@ for pair in "${PAIRS[@]}"; do
     echo "| $label | SKIP: \`pollen reshard $popts\` refused: $(tr '\n|' ' /' <"$DIR/reshard.err" | cut -c1-120) | | | | | | |"
     continue
   fi
+  # llama.cpp's default repacks quantized weights for its fastest kernels (AMX tiles where the CPU
+  # has them); where that default dies (a signal: seen with AMX in a VM, SIGSEGV in ldtilecfg),
+  # the pair's llama.cpp runs go without the repack and the row says so
+  l_bench=(); l_batched=(); note=""
+  "$BIN/llama-bench" -m "$gguf" -p 32 -n 0 -t "$THREADS" -r 1 -o json >/dev/null 2>&1 && rc=0 || rc=$?
+  if [ "$rc" -ge 128 ]; then
+    "$BIN/llama-bench" -m "$gguf" -p 32 -n 0 -t "$THREADS" -r 1 --repack 0 -o json >/dev/null 2>&1 ||
+      { echo "cpu-vs-llamacpp.sh: llama-bench on $gguf fails with and without --repack 0" >&2; exit 1; }
+    l_bench=(--repack 0); l_batched=(--no-repack)
+    note=" (llama.cpp --repack 0: its default died, signal $((rc - 128)))"
+  fi
   fresh_cache "$set_dir"/*.pln "$gguf"
   : >"$DIR/p.txt"; : >"$DIR/l.txt"; pl_p=(); pl_l=()
   for ((r = 0, try = 0; r < REPS; try++)); do
@@ -277,10 +291,10 @@ for pair in "${PAIRS[@]}"; do
         END { print g }' | awk -v t="$(awk '$1 == 32 { print $2 }' <<<"$dec")" '{ if (t > 0 && $1 != "") print $1 / t }')
     fi
     pa=$(placement)   # after pollen's run, before llama.cpp's
-    "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 -o json 2>/dev/null >"$DIR/llama-bench.json"
+    "$BIN/llama-bench" -m "$gguf" -p "$PROMPT_LEN" -n 0 -t "$THREADS" -r 1 "${l_bench[@]}" -o json 2>/dev/null >"$DIR/llama-bench.json"
     lpre=$(num avg_ts <"$DIR/llama-bench.json")
     "$BIN/llama-batched-bench" -m "$gguf" -c $(( 32 * (CONTEXT + STEPS) + 256 )) -npp "$CONTEXT" -ntg "$STEPS" \
-      -npl 1,8,32 -t "$THREADS" --output-format jsonl 2>&1 | grep '"speed_tg"' >"$DIR/llama-batched.jsonl" || true
+      -npl 1,8,32 -t "$THREADS" "${l_batched[@]}" --output-format jsonl 2>&1 | grep '"speed_tg"' >"$DIR/llama-batched.jsonl" || true
     ldec() { grep "\"pl\": $1," "$DIR/llama-batched.jsonl" | num speed_tg; }
     la=$(placement)
     # --same-placement: a rep counts only if both tools began and ended in one placement, the
@@ -300,7 +314,7 @@ for pair in "${PAIRS[@]}"; do
     L+=("$(awk -v c=$c '{ print $c }' "$DIR/l.txt" | best)")
   done
   gops() { awk -v t="$1" -v f="$2" 'BEGIN { if (t == "" || f == "") print "?"; else printf "%.0f", t * f }'; }
-  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f | %s / %s; %s / %s | %s; %s |\n' "$label" \
+  printf '| %s | %s | %s | %s | %s | %.0f / %.1f / %.1f / %.1f | %.0f / %.1f / %.1f / %.1f | %s / %s; %s / %s | %s; %s |\n' "$label$note" \
     "$(ratio "${P[0]}" "${L[0]}")" "$(ratio "${P[1]}" "${L[1]}")" "$(ratio "${P[2]}" "${L[2]}")" "$(ratio "${P[3]}" "${L[3]}")" \
     "${P[0]:-0}" "${P[1]:-0}" "${P[2]:-0}" "${P[3]:-0}" "${L[0]:-0}" "${L[1]:-0}" "${L[2]:-0}" "${L[3]:-0}" \
     "$(gops "${P[0]}" "$gpt_pre")" "$(gops "${P[3]}" "$gpt_b32")" "$(gops "${L[0]}" "$gpt_pre")" "$(gops "${L[3]}" "$gpt_b32")" \
