@@ -261,8 +261,9 @@ for pair in "${PAIRS[@]}"; do
   # llama.cpp's default repacks quantized weights for its fastest kernels (AMX tiles where the CPU
   # has them); where that default dies (a signal: seen with AMX in a VM, SIGSEGV in ldtilecfg),
   # the pair's llama.cpp runs go without the repack and the row says so
+  # (the subshell, not exec'd, takes the shell's own "Segmentation fault" line to /dev/null too)
   l_bench=(); l_batched=(); note=""
-  "$BIN/llama-bench" -m "$gguf" -p 32 -n 0 -t "$THREADS" -r 1 -o json >/dev/null 2>&1 && rc=0 || rc=$?
+  ( "$BIN/llama-bench" -m "$gguf" -p 32 -n 0 -t "$THREADS" -r 1 -o json; exit $? ) >/dev/null 2>&1 && rc=0 || rc=$?
   if [ "$rc" -ge 128 ]; then
     "$BIN/llama-bench" -m "$gguf" -p 32 -n 0 -t "$THREADS" -r 1 --repack 0 -o json >/dev/null 2>&1 ||
       { echo "cpu-vs-llamacpp.sh: llama-bench on $gguf fails with and without --repack 0" >&2; exit 1; }
