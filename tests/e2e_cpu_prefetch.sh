@@ -14,12 +14,13 @@ if [ "$(uname -m)" != x86_64 ] || ! command -v objdump > /dev/null; then
   echo "SKIP: needs x86-64 and objdump (binutils)"; e2e_done; exit 0
 fi
 
-# prefetches OBJ FUNC: the prefetcht0 instructions in FUNC's disassembly (its own symbol's range)
+# prefetches OBJ FUNC [HINT]: the prefetcht0 (or HINT: prefetcht1, the level into L2 of cpu.h
+# PF_L2_NOTE) instructions in FUNC's disassembly (its own symbol's range)
 prefetches() {
-  objdump -d --no-show-raw-insn "$1" | awk -v f="<$2>:" '
+  objdump -d --no-show-raw-insn "$1" | awk -v f="<$2>:" -v h="${3:-prefetcht0}" '
     $2 == f { on = 1; next }
     on && /^[0-9a-f]+ <.*>:$/ { on = 0 }
-    on && /prefetcht0/ { n++ }
+    on && $0 ~ h { n++ }
     END { print n + 0 }'
 }
 
@@ -32,6 +33,8 @@ for spec in "simd_avx512 gemv_f16_row 6" "simd_avx512 gemv_i8_row 5" "simd_avx51
   set -- $spec
   n=$(prefetches "$B/kernels/cpu/$1.o" "$2")
   check "$1 $2 keeps its prefetches (prefetcht0: $n, expected >= $3)" test "$n" -ge "$3"
+  n=$(prefetches "$B/kernels/cpu/$1.o" "$2" prefetcht1)
+  check "$1 $2 has them into L2 as well (prefetcht1: $n, expected >= $3)" test "$n" -ge "$3"
 done
 
 # Each GEMV calls pln_cpu_pf_ahead4 (4 prefetches) at least once; the grouped ones add the scales'.

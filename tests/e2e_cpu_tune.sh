@@ -22,6 +22,8 @@ field() { grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2 | tr -d '"'; }
 # in that order
 KINDS="fp16 int8 int8_grouped int4 fp16_batch"
 pfs() { local o; o=$(grep -o '"cpu_pf_ahead":{[^}]*}'); for k in $KINDS; do grep -o "\"$k\":[0-9]*" <<<"$o" | cut -d: -f2; done | tr '\n' ' '; }
+# and the levels of its cpu_pf_l2 object (kernels/cpu/cpu.h PF_L2_NOTE), "true" or "false" each
+l2s() { local o; o=$(grep -o '"cpu_pf_l2":{[^}]*}'); for k in $KINDS; do grep -o "\"$k\":[a-z]*" <<<"$o" | cut -d: -f2; done | tr '\n' ' '; }
 in_candidates() { case $1 in 0|1024|2048|4096|8192|16384) return 0 ;; *) return 1 ;; esac; }
 all_candidates() { local n=0 v; for v in $1; do in_candidates "$v" || return 1; n=$((n + 1)); done; test $n = 5; }
 
@@ -32,17 +34,25 @@ check "five measured distances, each one of the candidates ($pf)" all_candidates
 check "the cache file appeared" test -f "$CACHE"
 check "no temporary file is left beside it" bash -c '! ls "$1"/pollen/*.tmp.* 2>/dev/null | grep -q .' _ "$XDG_CACHE_HOME"
 check "the cache holds this machine, its tier and threads" grep -q "$(grep -m1 vendor_id /proc/cpuinfo | cut -d: -f2 | tr -d ' ').*, 1 threads," "$CACHE"
-read -r pf16 pf8 pf8g pf4 pf16b <<<"$pf"
+l2=$(l2s <<<"$out")
+check "five levels, the fp16 tiles' in L1 ($l2)" bash -c '[[ "$1" =~ ^((true|false)\ ){4}false\ $ ]]' _ "$l2"
+# each kind's distance beside its level, one line each
+pairs=$(paste -d' ' <(tr ' ' '\n' <<<"$pf" | sed '/^$/d') <(tr ' ' '\n' <<<"$l2" | sed '/^$/d'))
+check "an L2 level only at the default distance" bash -c '! awk '"'"'$2 == "true" && $1 != 8192'"'"' <<<"$1" | grep -q .' _ "$pairs"
+# the cache keeps each choice as one number: the distance, plus 1 into L2 (kernels/backend.h PLN_TUNE_PF_L2)
+enc=$(awk '{ printf "%d ", $1 + ($2 == "true") }' <<<"$pairs")
+read -r pf16 pf8 pf8g pf4 pf16b <<<"$enc"
 check "the cache records each distance chosen" bash -c 'grep -Eq "\"fp16\": $2,?$" "$1" && grep -Eq "\"int8\": $3,?$" "$1" &&
   grep -Eq "\"int8_grouped\": $4,?$" "$1" && grep -Eq "\"int4\": $5,?$" "$1" && grep -Eq "\"fp16_batch\": $6,?$" "$1"' _ \
   "$CACHE" "$pf16" "$pf8" "$pf8g" "$pf4" "$pf16b"
 check "and each kind's GB/s at every candidate" test "$(grep -c '"16384": [0-9.]*' "$CACHE")" = 5
+check "the four GEMV kinds' at 8 KiB into L2 too, not the fp16 tiles'" test "$(grep -c '"8193": [0-9.]*' "$CACHE")" = 4
 check "no warning on a clean first run" test ! -s "$TMP/err1"
 
 out=$(bench 2>/dev/null)
 check "the second run uses the cache" test "$(field cpu_tune <<<"$out")" = cached
 check "with the cached distances" test "$(pfs <<<"$out")" = "$pf"
-check "the text report names every kind" bash -c '"$@" 2>&1 | grep -q "prefetch ahead (bytes): fp16 [0-9]*, int8 [0-9]*, int8_grouped [0-9]*, int4 [0-9]*, fp16_batch [0-9]*$"' _ \
+check "the text report names every kind" bash -c '"$@" 2>&1 | grep -Eq "prefetch ahead \(bytes\): fp16 [0-9]+( into L2)?, int8 [0-9]+( into L2)?, int8_grouped [0-9]+( into L2)?, int4 [0-9]+( into L2)?, fp16_batch [0-9]+$"' _ \
   "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1
 out=$(bench --threads 2 2>/dev/null)
 check "another thread count is another machine entry: measured" test "$(field cpu_tune <<<"$out")" = measured
@@ -50,6 +60,7 @@ check "both entries kept" test "$(grep -c '"pf_ahead"' "$CACHE")" = 2
 
 out=$(bench --cpu-tune off 2>/dev/null)
 check "--cpu-tune off: the default distance for every kind" test "$(field cpu_tune <<<"$out"):$(pfs <<<"$out")" = "off:8192 8192 8192 8192 8192 "
+check "--cpu-tune off: into L1" test "$(l2s <<<"$out")" = "false false false false false "
 out=$(POLLEN_CPU_TUNE=off bench 2>/dev/null)
 check "POLLEN_CPU_TUNE=off does the same" test "$(field cpu_tune <<<"$out")" = off
 out=$(bench --cpu-tune redo 2>/dev/null)
@@ -71,21 +82,23 @@ check "an entry without one kind's distance: measured again" test "$(field cpu_t
 check "the warning names the missing kind" grep -q "has no integer \"pf_ahead\" \"int8_grouped\"" "$TMP/err2b"
 
 # pollen's own older caches (version 1: one distance for every kind; version 2: no fp16_batch;
-# version 3: picked with the default kept within 2 % of the fastest): measured, replaced by version 4
+# version 3: picked with the default kept within 2 % of the fastest; version 4: no L2 candidate):
+# measured, replaced by version 5
 for old in '{"version": 1, "machines": {"AuthenticAMD x": {"pf_ahead": 8192, "gemv_gbs": {}}}}' \
     '{"version": 2, "machines": {"AuthenticAMD x": {"pf_ahead": {"fp16": 8192, "int8": 8192, "int8_grouped": 8192, "int4": 8192}}}}' \
-    '{"version": 3, "machines": {"AuthenticAMD x": {"pf_ahead": {"fp16": 16384, "int8": 8192, "int8_grouped": 8192, "int4": 8192, "fp16_batch": 8192}}}}'; do
+    '{"version": 3, "machines": {"AuthenticAMD x": {"pf_ahead": {"fp16": 16384, "int8": 8192, "int8_grouped": 8192, "int4": 8192, "fp16_batch": 8192}}}}' \
+    '{"version": 4, "machines": {"AuthenticAMD x": {"pf_ahead": {"fp16": 8192, "int8": 8192, "int8_grouped": 8192, "int4": 8192, "fp16_batch": 0}}}}'; do
   printf '%s\n' "$old" >"$CACHE"
   v=$(grep -o '"version": [0-9]' <<<"$old")
   out=$(bench 2>"$TMP/err2c")
   check "a $v cache: measured, no warning" bash -c 'test "$1" = measured && test ! -s "$2"' _ "$(field cpu_tune <<<"$out")" "$TMP/err2c"
-  check "and replaced by a version-4 cache without the old entry" bash -c 'grep -q "\"version\": 4" "$1" && ! grep -q "AuthenticAMD x" "$1"' _ "$CACHE"
+  check "and replaced by a version-5 cache without the old entry" bash -c 'grep -q "\"version\": 5" "$1" && ! grep -q "AuthenticAMD x" "$1"' _ "$CACHE"
   out=$(bench 2>/dev/null)
   check "which the next run uses ($v before)" test "$(field cpu_tune <<<"$out")" = cached
 done
 
 # a file that is not pollen's cache: left exactly as it is, the run goes on measured
-for body in 'not json' '{"version": 5, "machines": {}}' '{"version": 0, "machines": {}}' '[1, 2, 3]'; do
+for body in 'not json' '{"version": 6, "machines": {}}' '{"version": 0, "machines": {}}' '[1, 2, 3]'; do
   printf '%s' "$body" > "$CACHE"
   out=$(bench 2>"$TMP/err3")
   check "foreign cache ($body): the run goes on, measured" test "$(field cpu_tune <<<"$out")" = measured

@@ -1608,6 +1608,21 @@ static void test_cpu_tune(void) {
     CHECK(pln_cpu_tune_pick(none, 6, d8k, PLN_CPU_TUNE_KEEP) == d8k, "nothing measured: the default");
     CHECK(pln_cpu_tune_pick(no_default, 6, d8k, PLN_CPU_TUNE_KEEP) == 1, "the default unmeasured: the fastest");
     CHECK(pln_cpu_tune_pick(tie, 6, d8k, PLN_CPU_TUNE_KEEP) == d8k, "a tie: the default");
+    /* the level: the L2 candidate (the last) replaces the L1 pick only when more than 10 % faster */
+    {
+        double s[PLN_CPU_TUNE_N];
+        for (int i = 0; i < PLN_CPU_TUNE_N; i++) s[i] = 1.0;
+        const int l2 = PLN_CPU_TUNE_N - 1;
+        s[l2] = 0.85;
+        CHECK(pln_cpu_tune_level(s, d8k) == l2, "L2 15 %% faster than the L1 pick: L2");
+        s[l2] = 0.93;
+        CHECK(pln_cpu_tune_level(s, d8k) == d8k, "L2 7 %% faster than the L1 pick: the L1 pick");
+        s[l2] = 0.0;
+        CHECK(pln_cpu_tune_level(s, d8k) == d8k, "L2 not measured: the L1 pick");
+        s[l2] = 0.85;
+        s[1] = 0.9;   /* the pick is 1024 B now; L2 is only 5.9 % faster than it */
+        CHECK(pln_cpu_tune_level(s, 1) == 1, "L2 measured against the L1 pick, not the default");
+    }
 
     pln_backend_tune tu;
     CHECK(g_be->tune && g_be->tune(g_be, "sometimes", &tu) == -1 && strstr(pln_error(), "\"sometimes\" is not one of auto, off, redo"),
@@ -1632,7 +1647,14 @@ static void test_cpu_tune(void) {
                 int ok = 0;
                 for (int i = 0; i < PLN_CPU_TUNE_N; i++) ok |= tu.pf_ahead[k] == pln_cpu_tune_candidates[i];
                 CHECK(ok && tu.pf_ahead[k] == pln_cpu_pf_by_kind[k], "%s: a measured candidate, in use", pln_cpu_pf_kind_names[k]);
+                /* each GEMV kind measured at every candidate, the fp16 tiles at the L1 ones only */
+                int n = k == PLN_CPU_PF_F16B ? PLN_CPU_TUNE_N_L1 : PLN_CPU_TUNE_N, measured = 0;
+                for (int i = 0; i < PLN_CPU_TUNE_N; i++) measured += tu.gbs[k][i] > 0;
+                CHECK(measured == n, "%s: %d of the %d candidates measured", pln_cpu_pf_kind_names[k], measured, n);
+                CHECK(k != PLN_CPU_PF_F16B || !(tu.pf_ahead[k] & PLN_TUNE_PF_L2), "the fp16 tiles' pick is an L1 distance");
             }
+            CHECK((pln_cpu_tune_candidates[PLN_CPU_TUNE_N - 1] & PLN_TUNE_PF_L2) &&
+                  !(pln_cpu_tune_candidates[PLN_CPU_TUNE_N_L1 - 1] & PLN_TUNE_PF_L2), "the L2 candidates follow the L1 ones");
             pln_cpu_set_batch_invariant(g_be, false);
             pln_cpu_set_int_dot(g_be, false);
             CHECK(g_be->tune(g_be, "off", &tu) == 0, "back to off");
@@ -1673,8 +1695,10 @@ static void test_cpu_tune(void) {
                     memset(o, 0xff, 67 * 4);
                     CHECK(g_be->linear(g_be, o, x, &tw.W, NULL, 1, PLN_EPI_NONE) == 0, "linear: %s", pln_error());
                     bad += memcmp(o, ref, 67 * 4) != 0;
-                    /* the call ran at its kind's distance (the reference ISA has no prefetch) */
-                    used += pln_cpu_pf_ahead == pln_cpu_tune_candidates[c];
+                    /* the call ran at its kind's distance and level (the reference ISA has no
+                     * prefetch): the value's low bit is the level (cpu.h PF_L2_NOTE) */
+                    used += pln_cpu_pf_ahead == (pln_cpu_tune_candidates[c] & ~(int64_t)PLN_TUNE_PF_L2) &&
+                            pln_cpu_pf_l2 == ((pln_cpu_tune_candidates[c] & PLN_TUNE_PF_L2) != 0);
                 }
                 CHECK(!strcmp(g_isa, "ref") || used == PLN_CPU_TUNE_N, "[%s] kind %d: %d of %d calls at their kind's distance",
                       g_isa, kinds[kd].kind, used, PLN_CPU_TUNE_N);

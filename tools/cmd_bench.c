@@ -205,7 +205,8 @@ int cmd_bench(int argc, char **argv) {
     if (!json && info.cpu_tune) {
         printf("cpu tune: %s (--cpu-tune), prefetch ahead (bytes):", info.cpu_tune);
         for (int i = 0; i < info.cpu_pf_kinds; i++)
-            printf("%s %s %lld", i ? "," : "", info.cpu_pf_kind[i], (long long)info.cpu_pf_ahead[i]);
+            printf("%s %s %lld%s", i ? "," : "", info.cpu_pf_kind[i], (long long)(info.cpu_pf_ahead[i] & ~(int64_t)PLN_TUNE_PF_L2),
+                   info.cpu_pf_ahead[i] & PLN_TUNE_PF_L2 ? " into L2" : "");
         printf("\n");
     }
 
@@ -345,10 +346,14 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "cpu_stepping", json_integer(host.stepping));
         json_object_set_new(root, "cpu_isa", json_string(host.isa));
         json_object_set_new(root, "cpu_tune", info.cpu_tune ? json_string(info.cpu_tune) : json_null());
-        json_t *pf = info.cpu_tune ? json_object() : json_null();
-        for (int i = 0; i < info.cpu_pf_kinds; i++)
-            json_object_set_new(pf, info.cpu_pf_kind[i], json_integer(info.cpu_pf_ahead[i]));
+        /* each kind's distance in bytes, and whether it prefetches into L2 (kernels/backend.h PLN_TUNE_PF_L2) */
+        json_t *pf = info.cpu_tune ? json_object() : json_null(), *l2 = info.cpu_tune ? json_object() : json_null();
+        for (int i = 0; i < info.cpu_pf_kinds; i++) {
+            json_object_set_new(pf, info.cpu_pf_kind[i], json_integer(info.cpu_pf_ahead[i] & ~(int64_t)PLN_TUNE_PF_L2));
+            json_object_set_new(l2, info.cpu_pf_kind[i], json_boolean(info.cpu_pf_ahead[i] & PLN_TUNE_PF_L2));
+        }
         json_object_set_new(root, "cpu_pf_ahead", pf);
+        json_object_set_new(root, "cpu_pf_l2", l2);
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(s);
         free(s);

@@ -321,6 +321,18 @@ bool pln_cpu_has_q4n(void);
  * calls are: one linear at a time (an engine's steps run one after another). */
 extern int64_t pln_cpu_pf_ahead;
 #define PLN_CPU_PF_AHEAD pln_cpu_pf_ahead
+/* PF_L2_NOTE: and the level it prefetches into, set beside it from the same value's low bit
+ * (PLN_TUNE_PF_L2): false, L1 (prefetcht0); true, L2 (prefetcht1). On the 2-vCPU Intel Xeon VM
+ * with AMX (family 6 model 167 as it reports itself), each GEMV streamed 10-25 % more into L2 than
+ * into L1 at the same distance, up to or past a plain read of the same bytes (build/bench/gemv-bw --mib
+ * 1024 --passes 3 --pf 0,8192,16384 against a build with every hint T1, then T2, 2026-12-05 22:05
+ * UTC, quiet, 2 threads, 8 KiB: fp16 23.7 -> 27.4 GB/s, int8 per row 20.5 -> 25.0, int8 g32 22.8
+ * -> 24.7, int4 g32 22.0 -> 25.7, int4 g128 22.3 -> 24.2; a plain read 25.7): each L1 prefetch
+ * holds one of the core's few L1 fill buffers until its line arrives from memory, an L2 one a
+ * slot of the larger L2 miss queue, and the line then reaches L1 from L2 in time. Whether that
+ * pays is the machine's (the Zen 5 the defaults were chosen on streamed near its read at L1), so
+ * it is a candidate of the calibration (tune.c), not a default. */
+extern bool pln_cpu_pf_l2;
 /* The fp16 tiles' distance (the multi-token tiles' first token tile, TILE_PF_NOTE; 0: no
  * prefetch), set beside it from pln_cpu_pf_by_kind[PLN_CPU_PF_F16B]. */
 extern int64_t pln_cpu_pf_tiles;
@@ -342,19 +354,27 @@ static inline pln_cpu_pf_kind pln_cpu_pf_kind_of(const pln_weight *W) {
 }
 #ifdef PLN_CPU_X86
 #include <xmmintrin.h>
+/* One line of the batch-1 GEMVs' software prefetch, into the level pln_cpu_pf_l2 says (PF_L2_NOTE):
+ * a branch the predictor learns once per call, since the hint of prefetch is an immediate. */
+static inline __attribute__((always_inline)) void pln_cpu_pf(const void *p) {
+    if (pln_cpu_pf_l2) _mm_prefetch((const char *)p, _MM_HINT_T1);
+    else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
 static inline __attribute__((always_inline)) void pln_cpu_pf_ahead4(const void *tile, int64_t done) {
     const char *p = (const char *)tile + PLN_CPU_PF_AHEAD + done;
-    _mm_prefetch(p, _MM_HINT_T0);
-    _mm_prefetch(p + 64, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
-    _mm_prefetch(p + 192, _MM_HINT_T0);
+    pln_cpu_pf(p);
+    pln_cpu_pf(p + 64);
+    pln_cpu_pf(p + 128);
+    pln_cpu_pf(p + 192);
 }
 #endif
 
 /* tune.c (CPU_TUNE_NOTE): the prefetch distances measured, in bytes (0: the line being read,
  * i.e. no software prefetch ahead), the rounds over them, and how close to the fastest the
  * default may be and still be kept. */
-#define PLN_CPU_TUNE_N 6
+#define PLN_CPU_TUNE_N 7
+/* the first this many candidates prefetch into L1: the fp16 tiles' (fp16_batch) choices */
+#define PLN_CPU_TUNE_N_L1 6
 #define PLN_CPU_TUNE_ROUNDS 3
 /* The GEMVs' kinds: 5 %, not 2: on the 2-vCPU Zen 5 VM the measurement had put fp16 at 16 KiB, 2.6 % faster than
  * 8 KiB on its one 128 MiB weight (59.7 against 58.2 GB/s, 2026-12-04), and in the model the
@@ -375,6 +395,15 @@ extern const int64_t pln_cpu_tune_candidates[PLN_CPU_TUNE_N];
  * unless dflt's time is within the fraction keep of it (PLN_CPU_TUNE_KEEP, or _TILES for the fp16
  * tiles). dflt when none was measured. */
 int pln_cpu_tune_pick(const double *secs, int n, int dflt, double keep);
+/* PLN_CPU_TUNE_KEEP_LEVEL: the L2 candidate (PF_L2_NOTE) replaces l1, the pick among the L1
+ * distances, only when it is more than this fraction faster; else l1. secs as for pick. On the
+ * Intel VM the 128 MiB test weight put int8 g32 5-9 % faster into L2, and in the model its
+ * batch-1 step ran slower so (Llama-3.2-1B int8 g32: 17.8-18.2 tokens/s into L2, 18.4-19.6 into
+ * L1, alternated three times, 2026-12-05 22:30 UTC, quiet), while fp16 measured 15-20 % faster
+ * and gained 10-13 % in the model (10.0-10.4 -> 11.1-11.5 tokens/s), per-row int8 9-14 % and
+ * 2-9 % (15.2-17.0 -> 16.7-17.4): a level switch must win by more than that disagreement. */
+#define PLN_CPU_TUNE_KEEP_LEVEL 0.10
+int pln_cpu_tune_level(const double *secs, int l1);
 /* The backend's tune hook (kernels/backend.h pln_backend.tune). */
 int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out);
 

@@ -408,7 +408,7 @@ static TGT void gemm_i4_avx2(float *out, int64_t ldo, const float *x, int64_t ld
  * a line of I8); grouped weights sum each group unscaled (in two or four partial sums) and
  * scale it with one FMA into one of two accumulators. Kept out of line for
  * tests/e2e_cpu_prefetch.sh. */
-INL void pf_line(const void *p) { _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0); }
+INL void pf_line(const void *p) { pln_cpu_pf((const char *)p + PF_AHEAD); }
 INL __m256 scale_at(const uint16_t *scale, int64_t g) { return _mm256_set1_ps(_cvtsh_ss(scale[g])); }
 
 static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *x, const uint16_t *w, int64_t K) {

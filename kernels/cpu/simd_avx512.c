@@ -380,7 +380,7 @@ static TGT void gemm_i4_avx512(float *out, int64_t ldo, const float *x, int64_t 
  * token's in a batch; batch-invariant mode keeps the tiles (cpu.h pln_cpu_set_batch_invariant).
  * The row functions stay out of line so that tests/e2e_cpu_prefetch.sh can count their
  * prefetches by symbol. */
-INL void pf_line(const void *p) { _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0); }
+INL void pf_line(const void *p) { pln_cpu_pf((const char *)p + PF_AHEAD); }
 
 static TGT __attribute__((noinline)) void gemv_f16_row(float *out, const float *x, const uint16_t *w, int64_t K) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;

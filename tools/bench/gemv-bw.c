@@ -14,7 +14,8 @@
  * The machine, its load average and the command line are printed first: figures from a loaded
  * machine measure the other jobs too (compare only within one run, or on a quiet machine).
  * --pf: the GEMVs' prefetch distances in bytes to compare (kernels/cpu/tune.c CPU_TUNE_NOTE), each
- * pass visiting them in turn; default: the built-in one. */
+ * pass visiting them in turn; a distance ending in "l2" (8192l2) prefetches into L2, not L1
+ * (kernels/cpu/cpu.h PF_L2_NOTE); default: the built-in one. */
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
@@ -198,8 +199,10 @@ int main(int argc, char **argv) {
                 if (npf == 16) die("--pf: at most 16 distances");
                 char *end;
                 long v = strtol(t, &end, 10);
-                if (*end || v < 0 || v > (1 << 20) || v % 64) die("--pf: give byte distances, multiples of 64, 0..1048576");
-                pfs[npf++] = v;
+                bool l2 = !strcmp(end, "l2") || !strcmp(end, "L2");
+                if ((*end && !l2) || v < 0 || v > (1 << 20) || v % 64)
+                    die("--pf: give byte distances, multiples of 64, 0..1048576, each optionally followed by l2");
+                pfs[npf++] = v | (l2 ? PLN_TUNE_PF_L2 : 0);
             }
         } else {
             fprintf(stderr, "usage: %s [--mib N] [--passes N] [--cols K] [--pf B,B,...]\n", argv[0]);
@@ -306,7 +309,9 @@ int main(int argc, char **argv) {
         }
         for (int d = 0; d < npf; d++) {
             char label[48];
-            if (npf > 1) snprintf(label, sizeof label, "%s pf %lld", kd->name, (long long)pfs[d]);
+            if (npf > 1)
+                snprintf(label, sizeof label, "%s pf %lld%s", kd->name, (long long)(pfs[d] & ~(int64_t)PLN_TUNE_PF_L2),
+                         pfs[d] & PLN_TUNE_PF_L2 ? " l2" : "");
             else snprintf(label, sizeof label, "%s", kd->name);
             printf("%-20s %8.1f %8.0f %13.1f %8.0f\n", label, gbs[0][d], 100 * gbs[0][d] / copy_gbs[0], gbs[1][d],
                    100 * gbs[1][d] / copy_gbs[1]);
