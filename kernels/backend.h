@@ -35,7 +35,8 @@ typedef struct {
     int n_kinds;            /* weight kinds with a distance of their own */
     const char *kind[PLN_TUNE_MAX_KINDS];   /* their names (static strings: "fp16", "int8", ...) */
     int64_t pf_ahead[PLN_TUNE_MAX_KINDS];   /* each kind's prefetch distance in bytes (batch-1 GEMVs;
-                                               "fp16_batch": the fp16 tiles of 5-31 tokens, 0 none) */
+                                               "fp16_batch": the fp16 tiles of 5-31 tokens, 0 none),
+                                               its low bit PLN_TUNE_PF_L2 the level */
     double gbs[PLN_TUNE_MAX_KINDS][PLN_TUNE_MAX_CANDIDATES];   /* "measured": GB/s at each candidate */
     char warning[640];      /* "" or what went wrong with the cache (the run goes on) */
 } pln_backend_tune;

@@ -174,7 +174,8 @@ typedef struct {
                                    "measured", or NULL when the backend has none */
     int cpu_pf_kinds;           /* weight kinds with a prefetch distance (0: no tune) */
     const char *cpu_pf_kind[5]; /* their names ("fp16", "int8", "int8_grouped", "int4", "fp16_batch") */
-    int64_t cpu_pf_ahead[5];    /* each kind's CPU prefetch distance in bytes (PLN_TUNE_MAX_KINDS) */
+    int64_t cpu_pf_ahead[5];    /* each kind's CPU prefetch distance in bytes (PLN_TUNE_MAX_KINDS),
+                                   the low bit PLN_TUNE_PF_L2 set where it prefetches into L2 */
     double load_seconds;
     double load_bytes_per_s;    /* weights streamed to the device (CUDA); 0 when mapped in place */
     uint64_t weight_bytes;      /* this rank's */
