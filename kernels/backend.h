@@ -23,13 +23,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* What a backend's tune hook chose (pln_backend.tune). */
 /* The low bit of a prefetch distance in pf_ahead (and in the CPU tune's cache): the GEMVs' software
  * prefetch goes into L2 (prefetcht1), not L1 (prefetcht0); the distance is the value without it
  * (kernels/cpu/cpu.h PF_L2_NOTE). */
 #define PLN_TUNE_PF_L2 1
 #define PLN_TUNE_MAX_CANDIDATES 8
 #define PLN_TUNE_MAX_KINDS 5
+/* What a backend's tune hook chose (pln_backend.tune). */
 typedef struct {
     const char *source;     /* "off" (defaults), "cached" or "measured" (static string) */
     int n_kinds;            /* weight kinds with a distance of their own */

@@ -323,7 +323,7 @@ extern int64_t pln_cpu_pf_ahead;
 #define PLN_CPU_PF_AHEAD pln_cpu_pf_ahead
 /* PF_L2_NOTE: and the level it prefetches into, set beside it from the same value's low bit
  * (PLN_TUNE_PF_L2): false, L1 (prefetcht0); true, L2 (prefetcht1). On the 2-vCPU Intel Xeon VM
- * with AMX (family 6 model 167 as it reports itself), each GEMV streamed 10-25 % more into L2 than
+ * with AMX (family 6 model 167 as it reports itself), each GEMV streamed 8-22 % more into L2 than
  * into L1 at the same distance, up to or past a plain read of the same bytes (build/bench/gemv-bw --mib
  * 1024 --passes 3 --pf 0,8192,16384 against a build with every hint T1, then T2, 2026-12-05 22:05
  * UTC, quiet, 2 threads, 8 KiB: fp16 23.7 -> 27.4 GB/s, int8 per row 20.5 -> 25.0, int8 g32 22.8
