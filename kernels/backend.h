@@ -39,6 +39,12 @@ typedef struct {
                                                its low bit PLN_TUNE_PF_L2 the level */
     double gbs[PLN_TUNE_MAX_KINDS][PLN_TUNE_MAX_CANDIDATES];   /* "measured": GB/s at each candidate */
     char warning[640];      /* "" or what went wrong with the cache (the run goes on) */
+    /* tune_model (the distances tried on the model's own decode steps): NULL when it did not run
+     * (off, no hook, a model too small to stream from memory, several ranks), "cached" or
+     * "measured"; model_ms[k][i]: "measured", the best step in ms with kind k at candidate i (0:
+     * not tried) */
+    const char *model_source;
+    double model_ms[PLN_TUNE_MAX_KINDS][PLN_TUNE_MAX_CANDIDATES];
 } pln_backend_tune;
 
 /* A linear layer's weight as the kernels consume it (the shard stores exactly this). */
@@ -247,6 +253,15 @@ struct pln_backend {
      * never a result. -1 + error on a bad mode or out of memory; cache trouble is a warning in
      * out->warning, never an error (the CPU backend: kernels/cpu/tune.c CPU_TUNE_NOTE). */
     int (*tune)(pln_backend *be, const char *mode, pln_backend_tune *out);
+    /* After tune, on a loaded model: step(ctx) runs one batch-1 decode step of it (0, or -1 +
+     * error); the backend runs it at each choice of the kinds the step's weights use and keeps
+     * the fastest (the CPU backend: kernels/cpu/tune.c CPU_TUNE_MODEL_NOTE). model_key names the
+     * model (its layout, shapes and dtype) beside the machine in the cache; mode as tune's. It
+     * is called by one process alone (a step of several ranks would need every rank to make the
+     * same calls). quiet: no line on stderr while it measures. -1 + error when a step failed or
+     * on a bad mode, a warning in out->warning on cache trouble. */
+    int (*tune_model)(pln_backend *be, const char *mode, const char *model_key, int (*step)(void *ctx),
+                      void *ctx, bool quiet, pln_backend_tune *out);
 
     /* ---- optional: kv_append and attention as one op (NULL: the model runs the two) ----
      * The same results as kv_append then attention with the same arguments; a backend may fuse

@@ -147,6 +147,50 @@ static int agree(pln_comm *c, int rc) {
     return -1;
 }
 
+/* The backend's calibration on this model's own decode step (kernels/cpu/tune.c
+ * CPU_TUNE_MODEL_NOTE): one sequence of TUNE_CTX tokens in slot 0, then each step decodes one
+ * more token at the same position (its KV entry written over each time), the head's logits
+ * included, as pollen bench's batch-1 steps do. One process only (TP 1): the backend chooses how
+ * many steps to run, and several ranks' steps are collectives every rank must join. The blocks
+ * are given back before the engine serves anything. */
+#define TUNE_CTX 32
+typedef struct { pln_engine *e; int32_t pos; } tune_ctx;
+
+static int tune_step(void *p) {
+    tune_ctx *t = p;
+    pln_engine *e = t->e;
+    int32_t id = (int32_t)(7919 % e->cfg.vocab_size), seq = 0, row = 0, pos = t->pos;
+    float *logits;
+    return pln_model_forward(e->model, &e->kv, &id, 1, &seq, &pos, 1, pln_kv_table(&e->kv, 0), &row, 1, &logits);
+}
+
+static int tune_on_model(pln_engine *e, const char *mode, bool quiet) {
+    int32_t ctx = e->opts.max_seq_len - 1 < TUNE_CTX ? e->opts.max_seq_len - 1 : TUNE_CTX;
+    if (pln_kv_reserve(&e->kv, 0, ctx + 1)) return -1;
+    int32_t ids[TUNE_CTX], seq[TUNE_CTX], pos[TUNE_CTX], row = ctx - 1;
+    for (int32_t i = 0; i < ctx; i++) {
+        ids[i] = (int32_t)(((int64_t)i * 7919 + 13) % e->cfg.vocab_size);
+        seq[i] = 0;
+        pos[i] = i;
+    }
+    float *logits;
+    int rc = ctx > 0 ? pln_model_forward(e->model, &e->kv, ids, ctx, seq, pos, 1, pln_kv_table(&e->kv, 0), &row, 1, &logits) : 0;
+    if (!rc) {
+        char *key = pln_xasprintf("%s, hidden %lld, %lld layers, %lld heads, vocabulary %lld, %s group %lld, %llu "
+                                  "bytes, int-dot %s", e->cfg.layout, (long long)e->cfg.hidden, (long long)e->cfg.n_layer,
+                                  (long long)e->cfg.n_head, (long long)e->cfg.vocab_size, e->cfg.dtype,
+                                  (long long)e->cfg.group_size, (unsigned long long)pln_loader_weight_bytes(e->ld),
+                                  e->be->int_dot ? "on" : "off");
+        tune_ctx t = {e, ctx};
+        e->tune.warning[0] = '\0';   /* tune's own was printed */
+        rc = e->be->tune_model(e->be, mode, key, tune_step, &t, quiet, &e->tune);
+        free(key);
+        if (!rc && e->tune.warning[0]) fprintf(stderr, "pollen: warning: %s\n", e->tune.warning);
+    }
+    pln_kv_release(&e->kv, 0);
+    return rc;
+}
+
 static void slot_reset(pln_engine *e, int32_t s) {
     eng_slot *sl = &e->slots[s];
     for (int32_t i = 0; i < sl->n_seen; i++) sl->seen_bits[sl->seen[i] >> 3] &= (uint8_t)~(1u << (sl->seen[i] & 7));
@@ -305,6 +349,7 @@ pln_engine *pln_engine_open(const pln_engine_opts *opts, pln_comm *comm) {
             rc = -1;
     }
     if ((bad = agree(comm, rc)) != -1) goto fail_rank;
+    if (e->tp == 1 && e->be->tune_model && tune_on_model(e, opts->cpu_tune, opts->quiet)) goto fail_rank;
 
     e->slots = pln_xcalloc((size_t)e->opts.max_seqs, sizeof *e->slots);
     for (int32_t s = 0; s < e->opts.max_seqs; s++) {
@@ -998,6 +1043,7 @@ void pln_engine_get_info(const pln_engine *e, pln_engine_info *info) {
     /* on and applying: fp16 weights (but a quantized embedding) never take the path */
     info->batch_invariant = e->be && e->be->batch_invariant;
     info->cpu_tune = e->tune.source;
+    info->cpu_tune_model = e->tune.model_source;
     _Static_assert(sizeof info->cpu_pf_ahead / sizeof info->cpu_pf_ahead[0] == PLN_TUNE_MAX_KINDS,
                    "pln_engine_info holds every tuned kind");
     info->cpu_pf_kinds = e->tune.source ? e->tune.n_kinds : 0;

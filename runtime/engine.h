@@ -172,6 +172,9 @@ typedef struct {
     bool batch_invariant;       /* the backend's batch-invariant mode is on */
     const char *cpu_tune;       /* where the backend's tuning came from: "off", "cached",
                                    "measured", or NULL when the backend has none */
+    const char *cpu_tune_model; /* the distances timed on this model's own decode step
+                                   (kernels/cpu/tune.c CPU_TUNE_MODEL_NOTE): "cached", "measured",
+                                   or NULL where they were not (off, TP > 1, a small model) */
     int cpu_pf_kinds;           /* weight kinds with a prefetch distance (0: no tune) */
     const char *cpu_pf_kind[5]; /* their names ("fp16", "int8", "int8_grouped", "int4", "fp16_batch") */
     int64_t cpu_pf_ahead[5];    /* each kind's CPU prefetch distance in bytes (PLN_TUNE_MAX_KINDS),

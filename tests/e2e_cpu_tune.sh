@@ -6,6 +6,8 @@
 # measured again on redo, left at the default with off; the cache written atomically and only
 # over pollen's own file (anything else there is left as it is, with a warning naming it); a
 # cache that cannot be written is a warning, never a failure; a bad value is refused by name;
+# the distances timed again on the model's own decode step (TP 1, a model that streams from
+# memory: PLN_CPU_TUNE_MODEL_MIB lowers the floor here), cached per machine and model, at most 32;
 # and no distance changes a generated token or logit.
 source "$(dirname "$0")/e2e.sh"
 if ! "$POLLEN" reshard --help >/dev/null 2>&1; then echo "SKIP: needs pollen"; e2e_done; exit 0; fi
@@ -125,7 +127,59 @@ XDG_CACHE_HOME=$TMP/file/sub "$POLLEN" generate "$SET" --token-ids 5,9 --max-new
 check "generate --quiet: the warning on stderr, the results alone on stdout" \
   bash -c 'grep -q "cannot create" "$1" && grep -q "^{" "$2" && ! grep -q warning "$2"' _ "$TMP/err6" "$TMP/out6"
 
+# the distances timed on the model's own decode step (tune.c CPU_TUNE_MODEL_NOTE): not for a
+# model whose step reads less than 64 MiB (this one), unless PLN_CPU_TUNE_MODEL_MIB lowers the floor
+out=$(bench 2>/dev/null)
+check "a small model: its steps not timed (cpu_tune_model null)" test "$(field cpu_tune_model <<<"$out")" = null
+check "and no model in the cache" bash -c '! grep -q "\"models\"" "$1"' _ "$CACHE"
+export PLN_CPU_TUNE_MODEL_MIB=0
+out=$(bench 2>"$TMP/errm1")
+check "the floor at 0: the model's steps timed" test "$(field cpu_tune_model <<<"$out")" = measured
+"$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1 --cpu-tune redo >"$TMP/outm1" 2>"$TMP/errm1"
+check "bench names where they came from" grep -q "^cpu tune: measured (--cpu-tune), on this model.s steps: measured, prefetch ahead" "$TMP/outm1"
+"$POLLEN" generate "$SET" --token-ids 5,9 --max-new-tokens 1 --threads 1 --cpu-tune redo >/dev/null 2>"$TMP/errm1"
+check "generate says so on stderr, with the way to skip it" grep -q "pollen: cpu tune: timing this model's decode step at each prefetch distance (21 steps, once per machine and model; --cpu-tune off skips it)" "$TMP/errm1"
+check "the cache holds the machine and the model (layout, shapes, dtype, int-dot)" \
+  grep -q ", 1 threads, .* | bloom-tp-v1, hidden 64, 2 layers, 4 heads, vocabulary [0-9]*, fp16 group 0, [0-9]* bytes, int-dot off\": {" "$CACHE"
+check "with the fp16 GEMVs' distance and its step time at every candidate" \
+  bash -c 'grep -A3 "\"pf_ahead\": {" "$1" | grep -Eq "\"fp16\": (0|1024|2048|4096|8192|8193|16384)$" && test "$(grep -c "\"8193\": [0-9.]*" "$1")" = 5' _ "$CACHE"
+out=$(bench 2>"$TMP/errm2")
+check "the second run uses the model's cached distances" test "$(field cpu_tune_model <<<"$out")" = cached
+check "quietly" bash -c '! grep -q "timing this model" "$1"' _ "$TMP/errm2"
+check "bench names where they came from, cached" bash -c '"$@" 2>&1 | grep -q "^cpu tune: cached (--cpu-tune), on this model.s steps: cached, prefetch ahead"' _ \
+  "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1
+out=$(bench --cpu-tune redo 2>/dev/null)
+check "redo times the model's steps again" test "$(field cpu_tune_model <<<"$out")" = measured
+out=$(bench --cpu-tune off 2>/dev/null)
+check "off times nothing" test "$(field cpu_tune_model <<<"$out")" = null
+out=$(bench --int-dot on 2>/dev/null)
+check "another int-dot choice is another model entry" bash -c 'test "$1" = measured && test "$(grep -c "\"step_ms\"" "$2")" = 2' _ \
+  "$(field cpu_tune_model <<<"$out")" "$CACHE"
+check_fails "PLN_CPU_TUNE_MODEL_MIB with a bad value" "PLN_CPU_TUNE_MODEL_MIB x: give 0..1048576" env PLN_CPU_TUNE_MODEL_MIB=x \
+  "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --cpu-tune redo --json
+# an entry pollen did not write: a warning naming the field, timed again, replaced
+sed -i 's/"fp16": \(0\|1024\|2048\|4096\|8192\|8193\|16384\)$/"fp16": 777/' "$CACHE"
+out=$(bench 2>"$TMP/errm3")
+check "a bad cached model distance: timed again" test "$(field cpu_tune_model <<<"$out")" = measured
+check "the warning names the file and the field" grep -q "$CACHE: its entry for this model has \"pf_ahead\" \"fp16\" not a GEMV kind" "$TMP/errm3"
+check "and that entry was replaced, the other (int-dot on) left" test "$(grep -c '"fp16": 777' "$CACHE")" = 1
+# at most 32 models: the oldest goes first
+fake=""
+for i in $(seq -w 0 39); do fake+="\"model $i\": {\"pf_ahead\": {}, \"measured_at\": \"2001-01-01T00:00:${i}Z\"}, "; done
+sed -i "s/\"models\": {/\"models\": {$fake/" "$CACHE"
+check "40 more models written into the cache" test "$(grep -o '"measured_at": "2001-' "$CACHE" | wc -l)" = 40
+out=$(bench --cpu-tune redo 2>/dev/null)
+check "a full cache: 32 models kept (the 2 of this set, 30 of the 40)" \
+  test "$(grep -c '"step_ms"' "$CACHE"):$(grep -c '"measured_at": "2001-' "$CACHE")" = 2:30
+check "the newest kept, the oldest dropped" bash -c '! grep -q "\"model 09\"" "$1" && grep -q "\"model 10\"" "$1" && test "$(grep -c "int-dot o[nf]f*\": {" "$1")" = 2' _ "$CACHE"
+if command -v mpirun >/dev/null; then
+  check "reshard TP 2" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/set2" --tp 2 --dtype fp16 --quiet
+  out=$(timeout 120 "$POLLEN" bench "$TMP/set2" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1 --json 2>/dev/null)
+  check "TP 2: the model's steps are not timed (collectives every rank must join)" test "$(field cpu_tune_model <<<"$out")" = null
+fi
+
 # the distance decides only what is asked for early: the same tokens and logits at off and auto
+# (the model's steps timed as well: PLN_CPU_TUNE_MODEL_MIB=0 above)
 ids="--token-ids 5,9,14,3"
 gen() { # gen MODE: the JSON of a greedy generation, the logits in $TMP/MODE.st
   # shellcheck disable=SC2086

@@ -203,7 +203,8 @@ int cmd_bench(int argc, char **argv) {
                dir, info.tp, info.dtype, info.int_dot ? " (int-dot)" : "", info.kv_dtype, (long long)info.n_layer, (long long)info.hidden, (long long)info.n_vocab,
                pln_human_bytes((double)info.weight_bytes, hb, sizeof hb), threads, t_load, cp);
     if (!json && info.cpu_tune) {
-        printf("cpu tune: %s (--cpu-tune), prefetch ahead (bytes):", info.cpu_tune);
+        printf("cpu tune: %s (--cpu-tune)%s%s, prefetch ahead (bytes):", info.cpu_tune,
+               info.cpu_tune_model ? ", on this model's steps: " : "", info.cpu_tune_model ? info.cpu_tune_model : "");
         for (int i = 0; i < info.cpu_pf_kinds; i++)
             printf("%s %s %lld%s", i ? "," : "", info.cpu_pf_kind[i], (long long)(info.cpu_pf_ahead[i] & ~(int64_t)PLN_TUNE_PF_L2),
                    info.cpu_pf_ahead[i] & PLN_TUNE_PF_L2 ? " into L2" : "");
@@ -346,6 +347,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(root, "cpu_stepping", json_integer(host.stepping));
         json_object_set_new(root, "cpu_isa", json_string(host.isa));
         json_object_set_new(root, "cpu_tune", info.cpu_tune ? json_string(info.cpu_tune) : json_null());
+        json_object_set_new(root, "cpu_tune_model", info.cpu_tune_model ? json_string(info.cpu_tune_model) : json_null());
         /* each kind's distance in bytes, and whether it prefetches into L2 (kernels/backend.h PLN_TUNE_PF_L2) */
         json_t *pf = info.cpu_tune ? json_object() : json_null(), *l2 = info.cpu_tune ? json_object() : json_null();
         for (int i = 0; i < info.cpu_pf_kinds; i++) {

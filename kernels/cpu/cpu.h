@@ -191,6 +191,9 @@ typedef struct {
     bool int_dot;                /* int8/int4 weights: the integer-dot path (off by default;
                                     PLN_CPU_INT_DOT=1 or pln_cpu_set_int_dot) */
     bool batch_invariant;        /* no batched float path (pln_cpu_set_batch_invariant) */
+    bool count_kinds;            /* pln_cpu_linear adds each one-token call's weight bytes to
+                                    kind_bytes[its kind] (tune.c CPU_TUNE_MODEL_NOTE) */
+    int64_t kind_bytes[PLN_TUNE_MAX_KINDS];
 } pln_cpu;
 
 static inline pln_cpu *pln_cpu_of(pln_backend *be) { return (pln_cpu *)be->impl; }
@@ -406,6 +409,15 @@ int pln_cpu_tune_pick(const double *secs, int n, int dflt, double keep);
 int pln_cpu_tune_level(const double *secs, int l1);
 /* The backend's tune hook (kernels/backend.h pln_backend.tune). */
 int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out);
+/* And its tune_model hook (tune.c CPU_TUNE_MODEL_NOTE): a model whose one-token step reads fewer
+ * than PLN_CPU_TUNE_MODEL_MIB MiB of weights keeps the test weight's distances (its step reads
+ * more from the caches than from memory; PLN_CPU_TUNE_MODEL_MIB in the environment sets another
+ * floor, 0 for the tests); a kind is tried when its weights are at least PLN_CPU_TUNE_MODEL_SHARE
+ * of the step's. */
+#define PLN_CPU_TUNE_MODEL_MIB 64
+#define PLN_CPU_TUNE_MODEL_SHARE 0.10
+int pln_cpu_tune_model(pln_backend *be, const char *mode, const char *model_key, int (*step)(void *ctx),
+                       void *ctx, bool quiet, pln_backend_tune *out);
 
 /* The integer-dot path's repack of nr <= 16 rows of I8 (or, when i4, packed int4) weights, K %
  * 32 == 0, into wp [K / 32][8][16][4] bytes (64-byte aligned, 16 K bytes): for block b, 4-column

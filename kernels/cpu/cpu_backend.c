@@ -371,6 +371,7 @@ pln_backend *pln_backend_cpu_create(void) {
     c->batch_invariant = be->batch_invariant = bi && !strcmp(bi, "1");
     be->set_batch_invariant = pln_cpu_set_batch_invariant;
     be->tune = pln_cpu_tune;
+    be->tune_model = pln_cpu_tune_model;
     const char *nv = getenv("PLN_CPU_NO_VNNI");
     if (nv && !strcmp(nv, "1")) pln_cpu_no_vnni = true;
     return be;

@@ -136,7 +136,10 @@ void pln_cpu_linear(pln_cpu *c, float *out, int64_t ldo, const float *in, const 
                     int64_t n_rows, const uint16_t *bias, int32_t T, pln_epilogue epi) {
     if (c->isa == PLN_CPU_ISA_REF) { linear_ref(out, ldo, in, W, n_rows, bias, T, epi); return; }
     /* this weight kind's prefetch distance (cpu.h), set before any thread of this call reads it */
-    int64_t pf = pln_cpu_pf_by_kind[pln_cpu_pf_kind_of(W)];
+    pln_cpu_pf_kind kind = pln_cpu_pf_kind_of(W);
+    int64_t pf = pln_cpu_pf_by_kind[kind];
+    if (c->count_kinds && T == 1)   /* tune.c CPU_TUNE_MODEL_NOTE */
+        c->kind_bytes[kind] += n_rows * W->cols * (W->dtype == PLN_DTYPE_F16 ? 2 : 1) / (W->dtype == PLN_DTYPE_U8 ? 2 : 1);
     pln_cpu_pf_ahead = pf & ~(int64_t)PLN_TUNE_PF_L2;
     pln_cpu_pf_l2 = (pf & PLN_TUNE_PF_L2) != 0;   /* PF_L2_NOTE (cpu.h) */
     pln_cpu_pf_tiles = pln_cpu_pf_by_kind[PLN_CPU_PF_F16B] & ~(int64_t)PLN_TUNE_PF_L2;

@@ -376,3 +376,188 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
     free(path); free(key);
     return 0;
 }
+
+/* ---- on the model's own steps ------------------------------------------------------------ */
+
+/* CPU_TUNE_MODEL_NOTE: the test weight above is one long stream; a model's step is a few hundred
+ * smaller ones (Llama-3.2-1B: 12, 8, 64 and 32 MiB in fp16 per layer, then the head), each
+ * started cold after a norm or attention and each ending where its prefetch runs on past it, so
+ * the distance that streams one weight fastest is not always the model's. On the Intel Xeon VM
+ * (AVX-512, 2 threads) the test weight put fp16 at 8 KiB into L2, where the Llama-3.2-1B fp16
+ * batch-1 step ran 11.1-11.2 tokens/s, against 11.9-12.1 at 2 KiB into L1, which the weight had
+ * ranked 5-7 % behind; it put int8 g32 5-9 % faster into L2, and the model ran 6 % slower so
+ * (2026-12-05, docs/BENCHMARKS.md). So once a model is loaded, the engine (one process, TP 1)
+ * hands the backend its decode step, and the backend counts the bytes each weight kind's GEMVs
+ * read in one step (count_kinds), then, for each kind with at least PLN_CPU_TUNE_MODEL_SHARE of
+ * them, largest first, times the whole step at every candidate, PLN_CPU_TUNE_ROUNDS rounds
+ * visiting the candidates in turn, the best step of each, and keeps the fastest unless the test
+ * weight's choice is within PLN_CPU_TUNE_KEEP of it (so noise between equals never moves it); the
+ * next kind is tried with that one's choice in place. The L2 candidate competes as any other:
+ * the model's own step needs no margin for a disagreement (PLN_CPU_TUNE_KEEP_LEVEL). The result
+ * is cached beside the machine's, keyed by the machine and the model (its layout, shapes, dtype
+ * and bytes), at most TUNE_MODEL_MAX models (the oldest dropped). The step reuses one sequence's
+ * KV blocks at one position, so it costs what a decode step costs: 2 + kinds x candidates x
+ * rounds steps (Llama-3.2-1B fp16, 2 threads: 23 steps, about 2 s, once). A model whose step
+ * reads less than PLN_CPU_TUNE_MODEL_MIB keeps the test weight's choice. */
+#define TUNE_MODEL_MAX 32
+
+static int candidate_index(json_t *v) {
+    if (!json_is_integer(v)) return -1;
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++)
+        if (json_integer_value(v) == pln_cpu_tune_candidates[i]) return i;
+    return -1;
+}
+
+/* The cached choice for key in root's "models": 0 (pf[], tuned[] set for the kinds it holds), 1
+ * when there is none, -1 (why) when the entry is not one pollen writes. */
+static int model_lookup(json_t *root, const char *key, int64_t pf[PLN_CPU_PF_KINDS], bool tuned[PLN_CPU_PF_KINDS],
+                        char *why, size_t nwhy) {
+    json_t *models = json_object_get(root, "models");
+    if (!models) return 1;
+    if (!json_is_object(models)) { snprintf(why, nwhy, "its \"models\" is not an object"); return -1; }
+    json_t *e = json_object_get(models, key), *o = json_object_get(e, "pf_ahead");
+    if (!e) return 1;
+    if (!json_is_object(o)) { snprintf(why, nwhy, "its entry for this model has no object \"pf_ahead\""); return -1; }
+    const char *name;
+    json_t *v;
+    json_object_foreach(o, name, v) {
+        int k = 0;
+        while (k < PLN_CPU_PF_F16B && strcmp(name, pln_cpu_pf_kind_names[k])) k++;
+        int i = candidate_index(v);
+        if (k == PLN_CPU_PF_F16B || i < 0) {
+            snprintf(why, nwhy, "its entry for this model has \"pf_ahead\" \"%.40s\" not a GEMV kind (fp16, int8, "
+                     "int8_grouped, int4) with one of the distances measured", name);
+            return -1;
+        }
+        pf[k] = pln_cpu_tune_candidates[i];
+        tuned[k] = true;
+    }
+    return 0;
+}
+
+/* Drops the oldest entries of root's "models" until fewer than TUNE_MODEL_MAX are left. */
+static void models_trim(json_t *models) {
+    while (json_object_size(models) >= TUNE_MODEL_MAX) {
+        const char *name, *oldest = NULL, *oldest_at = NULL;
+        json_t *v;
+        json_object_foreach(models, name, v) {
+            const char *at = json_string_value(json_object_get(v, "measured_at"));
+            if (!at) at = "";
+            if (!oldest || strcmp(at, oldest_at) < 0) { oldest = name; oldest_at = at; }
+        }
+        json_object_del(models, oldest);
+    }
+}
+
+int pln_cpu_tune_model(pln_backend *be, const char *mode, const char *model_key, int (*step)(void *ctx), void *ctx,
+                       bool quiet, pln_backend_tune *out) {
+    pln_cpu *c = pln_cpu_of(be);
+    out->model_source = NULL;
+    memset(out->model_ms, 0, sizeof out->model_ms);
+    if (!mode || !*mode) mode = "off";
+    if (strcmp(mode, "auto") && strcmp(mode, "off") && strcmp(mode, "redo"))
+        return pln_errorf("cpu_tune \"%s\" is not one of auto, off, redo", mode);
+    if (!strcmp(mode, "off") || c->isa == PLN_CPU_ISA_REF) return 0;   /* the reference tier prefetches nothing */
+    char *path = cache_path(), *mkey = machine_key(c), *key = pln_xasprintf("%s | %s", mkey, model_key);
+    free(mkey);
+    char why[320] = "";
+    json_t *root = NULL;
+    cache_state cs = path ? cache_read(path, &root, why, sizeof why) : CACHE_NONE;
+    int rc = 0;
+    if (cs == CACHE_OURS && !strcmp(mode, "auto")) {
+        int64_t pf[PLN_CPU_PF_KINDS];
+        bool tuned[PLN_CPU_PF_KINDS] = {false};
+        memcpy(pf, pln_cpu_pf_by_kind, sizeof pf);
+        int lr = model_lookup(root, key, pf, tuned, why, sizeof why);
+        if (lr == 0) {
+            memcpy(pln_cpu_pf_by_kind, pf, sizeof pf);
+            out->model_source = "cached";
+            report(out, out->source);
+            goto done;
+        }
+        if (lr < 0 && !out->warning[0])
+            snprintf(out->warning, sizeof out->warning, "%s: %s; measuring again", path, why);
+    }
+    /* which kinds the step reads, and how much: one step counted, one more to warm up */
+    memset(c->kind_bytes, 0, sizeof c->kind_bytes);
+    c->count_kinds = true;
+    rc = step(ctx);
+    c->count_kinds = false;
+    if (!rc) rc = step(ctx);
+    if (rc) goto done;
+    int64_t total = 0;
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++) total += c->kind_bytes[k];
+    int64_t floor_mib = PLN_CPU_TUNE_MODEL_MIB;
+    const char *env = getenv("PLN_CPU_TUNE_MODEL_MIB");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v > 1 << 20) { rc = pln_errorf("PLN_CPU_TUNE_MODEL_MIB %s: give 0..1048576", env); goto done; }
+        floor_mib = v;
+    }
+    if (total == 0 || total < floor_mib << 20) goto done;   /* out of memory's reach: the test weight's choice */
+    int order[PLN_CPU_PF_KINDS], n_kinds = 0;
+    for (int k = 0; k < PLN_CPU_PF_KINDS; k++)
+        if (c->kind_bytes[k] > 0 && (double)c->kind_bytes[k] >= PLN_CPU_TUNE_MODEL_SHARE * (double)total) order[n_kinds++] = k;
+    for (int a = 1; a < n_kinds; a++)   /* largest first */
+        for (int b = a; b > 0 && c->kind_bytes[order[b]] > c->kind_bytes[order[b - 1]]; b--) {
+            int t = order[b]; order[b] = order[b - 1]; order[b - 1] = t;
+        }
+    if (!quiet)
+        fprintf(stderr, "pollen: cpu tune: timing this model's decode step at each prefetch distance (%d steps, once per "
+                "machine and model; --cpu-tune off skips it)\n", n_kinds * PLN_CPU_TUNE_N * PLN_CPU_TUNE_ROUNDS);
+    double secs[PLN_CPU_PF_KINDS][PLN_CPU_TUNE_N];
+    for (int o = 0; o < n_kinds && !rc; o++) {
+        int k = order[o], cur = 0;
+        while (cur < PLN_CPU_TUNE_N - 1 && pln_cpu_tune_candidates[cur] != pln_cpu_pf_by_kind[k]) cur++;
+        for (int i = 0; i < PLN_CPU_TUNE_N; i++) secs[k][i] = 1e30;
+        for (int r = 0; r < PLN_CPU_TUNE_ROUNDS && !rc; r++)
+            for (int i = 0; i < PLN_CPU_TUNE_N && !rc; i++) {
+                pln_cpu_pf_by_kind[k] = pln_cpu_tune_candidates[i];
+                double t0 = pln_now();
+                rc = step(ctx);
+                double dt = pln_now() - t0;
+                if (dt < secs[k][i]) secs[k][i] = dt;
+            }
+        pln_cpu_pf_by_kind[k] = pln_cpu_tune_candidates[pln_cpu_tune_pick(secs[k], PLN_CPU_TUNE_N, cur, PLN_CPU_TUNE_KEEP)];
+        for (int i = 0; i < PLN_CPU_TUNE_N; i++) out->model_ms[k][i] = secs[k][i] * 1e3;
+    }
+    if (rc) goto done;
+    out->model_source = "measured";
+    report(out, out->source);
+    if (path && cs != CACHE_FOREIGN) {
+        if (!root) root = json_pack("{s:i, s:{}}", "version", TUNE_VERSION, "machines");
+        json_t *models = json_object_get(root, "models");
+        if (!json_is_object(models)) {
+            models = json_object();
+            json_object_set_new(root, "models", models);
+        }
+        json_object_del(models, key);   /* replaced, not counted against the others */
+        models_trim(models);
+        json_t *pfo = json_object(), *ms = json_object();
+        for (int o = 0; o < n_kinds; o++) {
+            int k = order[o];
+            json_object_set_new(pfo, pln_cpu_pf_kind_names[k], json_integer(pln_cpu_pf_by_kind[k]));
+            json_t *mk = json_object();
+            for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
+                char n[24];
+                snprintf(n, sizeof n, "%lld", (long long)pln_cpu_tune_candidates[i]);
+                json_object_set_new(mk, n, json_real(out->model_ms[k][i]));
+            }
+            json_object_set_new(ms, pln_cpu_pf_kind_names[k], mk);
+        }
+        time_t now = time(NULL);
+        struct tm tm;
+        char when[32] = "";
+        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        json_object_set_new(models, key, json_pack("{s:o, s:o, s:s}", "pf_ahead", pfo, "step_ms", ms, "measured_at", when));
+        if (cache_write(path, root) && !out->warning[0])
+            snprintf(out->warning, sizeof out->warning, "cpu tune: %s; the model's steps are timed again at each start "
+                     "until it can be written (--cpu-tune off skips it)", pln_error());
+    }
+done:
+    c->count_kinds = false;
+    json_decref(root);
+    free(path); free(key);
+    return rc;
+}
