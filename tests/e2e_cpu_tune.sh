@@ -155,6 +155,13 @@ check "off times nothing" test "$(field cpu_tune_model <<<"$out")" = null
 out=$(bench --int-dot on 2>/dev/null)
 check "another int-dot choice is another model entry" bash -c 'test "$1" = measured && test "$(grep -c "\"step_ms\"" "$2")" = 2' _ \
   "$(field cpu_tune_model <<<"$out")" "$CACHE"
+# a set of two kinds (int8 per row, its embedding and head fp16): each timed, the larger first
+check "reshard an int8 set" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/set8" --tp 1 --dtype int8 --quiet
+"$POLLEN" generate "$TMP/set8" --token-ids 5,9 --max-new-tokens 1 --threads 1 --cpu-tune auto >/dev/null 2>"$TMP/errm4"
+check "an int8 set with an fp16 head: two kinds, 42 steps" grep -q "at each prefetch distance (42 steps" "$TMP/errm4"
+check "both kinds' choices cached for it" bash -c 'grep -A6 "int8 group 0, [0-9]* bytes, int-dot off\": {" "$1" | grep -q "\"pf_ahead\": {" &&
+  grep -A12 "int8 group 0, [0-9]* bytes, int-dot off\": {" "$1" | grep -Eq "\"fp16\": [0-9]+,?$" &&
+  grep -A12 "int8 group 0, [0-9]* bytes, int-dot off\": {" "$1" | grep -Eq "\"int8\": [0-9]+,?$"' _ "$CACHE"
 check_fails "PLN_CPU_TUNE_MODEL_MIB with a bad value" "PLN_CPU_TUNE_MODEL_MIB x: give 0..1048576" env PLN_CPU_TUNE_MODEL_MIB=x \
   "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --cpu-tune redo --json
 # an entry pollen did not write: a warning naming the field, timed again, replaced
@@ -169,9 +176,9 @@ for i in $(seq -w 0 39); do fake+="\"model $i\": {\"pf_ahead\": {}, \"measured_a
 sed -i "s/\"models\": {/\"models\": {$fake/" "$CACHE"
 check "40 more models written into the cache" test "$(grep -o '"measured_at": "2001-' "$CACHE" | wc -l)" = 40
 out=$(bench --cpu-tune redo 2>/dev/null)
-check "a full cache: 32 models kept (the 2 of this set, 30 of the 40)" \
-  test "$(grep -c '"step_ms"' "$CACHE"):$(grep -c '"measured_at": "2001-' "$CACHE")" = 2:30
-check "the newest kept, the oldest dropped" bash -c '! grep -q "\"model 09\"" "$1" && grep -q "\"model 10\"" "$1" && test "$(grep -c "int-dot o[nf]f*\": {" "$1")" = 2' _ "$CACHE"
+check "a full cache: 32 models kept (the 3 measured here, 29 of the 40)" \
+  test "$(grep -c '"step_ms"' "$CACHE"):$(grep -c '"measured_at": "2001-' "$CACHE")" = 3:29
+check "the newest kept, the oldest dropped" bash -c '! grep -q "\"model 10\"" "$1" && grep -q "\"model 11\"" "$1" && test "$(grep -c "int-dot o[nf]f*\": {" "$1")" = 3' _ "$CACHE"
 if command -v mpirun >/dev/null; then
   check "reshard TP 2" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/set2" --tp 2 --dtype fp16 --quiet
   out=$(timeout 120 "$POLLEN" bench "$TMP/set2" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1 --json 2>/dev/null)
