@@ -176,11 +176,13 @@ static int tune_on_model(pln_engine *e, const char *mode, bool quiet) {
     float *logits;
     int rc = ctx > 0 ? pln_model_forward(e->model, &e->kv, ids, ctx, seq, pos, 1, pln_kv_table(&e->kv, 0), &row, 1, &logits) : 0;
     if (!rc) {
+        /* what decides which kernels the step runs and what they read */
         char *key = pln_xasprintf("%s, hidden %lld, %lld layers, %lld heads, vocabulary %lld, %s group %lld, %llu "
-                                  "bytes, int-dot %s", e->cfg.layout, (long long)e->cfg.hidden, (long long)e->cfg.n_layer,
-                                  (long long)e->cfg.n_head, (long long)e->cfg.vocab_size, e->cfg.dtype,
-                                  (long long)e->cfg.group_size, (unsigned long long)pln_loader_weight_bytes(e->ld),
-                                  e->be->int_dot ? "on" : "off");
+                                  "bytes, int-dot %s, batch-invariant %s", e->cfg.layout, (long long)e->cfg.hidden,
+                                  (long long)e->cfg.n_layer, (long long)e->cfg.n_head, (long long)e->cfg.vocab_size,
+                                  e->cfg.dtype, (long long)e->cfg.group_size,
+                                  (unsigned long long)pln_loader_weight_bytes(e->ld), e->be->int_dot ? "on" : "off",
+                                  e->be->batch_invariant ? "on" : "off");
         tune_ctx t = {e, ctx};
         e->tune.warning[0] = '\0';   /* tune's own was printed */
         rc = e->be->tune_model(e->be, mode, key, tune_step, &t, quiet, &e->tune);

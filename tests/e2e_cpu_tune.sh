@@ -140,7 +140,7 @@ check "bench names where they came from" grep -q "^cpu tune: measured (--cpu-tun
 "$POLLEN" generate "$SET" --token-ids 5,9 --max-new-tokens 1 --threads 1 --cpu-tune redo >/dev/null 2>"$TMP/errm1"
 check "generate says so on stderr, with the way to skip it" grep -q "pollen: cpu tune: timing this model's decode step at each prefetch distance (21 steps, once per machine and model; --cpu-tune off skips it)" "$TMP/errm1"
 check "the cache holds the machine and the model (layout, shapes, dtype, int-dot)" \
-  grep -q ", 1 threads, .* | bloom-tp-v1, hidden 64, 2 layers, 4 heads, vocabulary [0-9]*, fp16 group 0, [0-9]* bytes, int-dot off\": {" "$CACHE"
+  grep -q ", 1 threads, .* | bloom-tp-v1, hidden 64, 2 layers, 4 heads, vocabulary [0-9]*, fp16 group 0, [0-9]* bytes, int-dot off, batch-invariant off\": {" "$CACHE"
 check "with the fp16 GEMVs' distance and its step time at every candidate" \
   bash -c 'grep -A3 "\"pf_ahead\": {" "$1" | grep -Eq "\"fp16\": (0|1024|2048|4096|8192|8193|16384)$" && test "$(grep -c "\"8193\": [0-9.]*" "$1")" = 5' _ "$CACHE"
 out=$(bench 2>"$TMP/errm2")
@@ -159,9 +159,12 @@ check "another int-dot choice is another model entry" bash -c 'test "$1" = measu
 check "reshard an int8 set" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/set8" --tp 1 --dtype int8 --quiet
 "$POLLEN" generate "$TMP/set8" --token-ids 5,9 --max-new-tokens 1 --threads 1 --cpu-tune auto >/dev/null 2>"$TMP/errm4"
 check "an int8 set with an fp16 head: two kinds, 42 steps" grep -q "at each prefetch distance (42 steps" "$TMP/errm4"
-check "both kinds' choices cached for it" bash -c 'grep -A6 "int8 group 0, [0-9]* bytes, int-dot off\": {" "$1" | grep -q "\"pf_ahead\": {" &&
-  grep -A12 "int8 group 0, [0-9]* bytes, int-dot off\": {" "$1" | grep -Eq "\"fp16\": [0-9]+,?$" &&
-  grep -A12 "int8 group 0, [0-9]* bytes, int-dot off\": {" "$1" | grep -Eq "\"int8\": [0-9]+,?$"' _ "$CACHE"
+check "both kinds' choices cached for it" bash -c 'grep -A6 "int8 group 0, [0-9]* bytes, int-dot off, batch-invariant off\": {" "$1" | grep -q "\"pf_ahead\": {" &&
+  grep -A12 "int8 group 0, [0-9]* bytes, int-dot off, batch-invariant off\": {" "$1" | grep -Eq "\"fp16\": [0-9]+,?$" &&
+  grep -A12 "int8 group 0, [0-9]* bytes, int-dot off, batch-invariant off\": {" "$1" | grep -Eq "\"int8\": [0-9]+,?$"' _ "$CACHE"
+out=$(bench --batch-invariant 2>/dev/null)
+check "the batch-invariant mode (other kernels for a token) is another model entry" bash -c 'test "$1" = measured && grep -q "batch-invariant on\": {" "$2"' _ \
+  "$(field cpu_tune_model <<<"$out")" "$CACHE"
 check_fails "PLN_CPU_TUNE_MODEL_MIB with a bad value" "PLN_CPU_TUNE_MODEL_MIB x: give 0..1048576" env PLN_CPU_TUNE_MODEL_MIB=x \
   "$POLLEN" bench "$SET" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --cpu-tune redo --json
 # an entry pollen did not write: a warning naming the field, timed again, replaced
@@ -169,16 +172,16 @@ sed -i 's/"fp16": \(0\|1024\|2048\|4096\|8192\|8193\|16384\)$/"fp16": 777/' "$CA
 out=$(bench 2>"$TMP/errm3")
 check "a bad cached model distance: timed again" test "$(field cpu_tune_model <<<"$out")" = measured
 check "the warning names the file and the field" grep -q "$CACHE: its entry for this model has \"pf_ahead\" \"fp16\" not a GEMV kind" "$TMP/errm3"
-check "and that entry was replaced, the other (int-dot on) left" test "$(grep -c '"fp16": 777' "$CACHE")" = 1
+check "and that entry was replaced, the others (int-dot on, batch-invariant on) left" test "$(grep -c '"fp16": 777' "$CACHE")" = 2
 # at most 32 models: the oldest goes first
 fake=""
 for i in $(seq -w 0 39); do fake+="\"model $i\": {\"pf_ahead\": {}, \"measured_at\": \"2001-01-01T00:00:${i}Z\"}, "; done
 sed -i "s/\"models\": {/\"models\": {$fake/" "$CACHE"
 check "40 more models written into the cache" test "$(grep -o '"measured_at": "2001-' "$CACHE" | wc -l)" = 40
 out=$(bench --cpu-tune redo 2>/dev/null)
-check "a full cache: 32 models kept (the 3 measured here, 29 of the 40)" \
-  test "$(grep -c '"step_ms"' "$CACHE"):$(grep -c '"measured_at": "2001-' "$CACHE")" = 3:29
-check "the newest kept, the oldest dropped" bash -c '! grep -q "\"model 10\"" "$1" && grep -q "\"model 11\"" "$1" && test "$(grep -c "int-dot o[nf]f*\": {" "$1")" = 3' _ "$CACHE"
+check "a full cache: 32 models kept (the 4 measured here, 28 of the 40)" \
+  test "$(grep -c '"step_ms"' "$CACHE"):$(grep -c '"measured_at": "2001-' "$CACHE")" = 4:28
+check "the newest kept, the oldest dropped" bash -c '! grep -q "\"model 11\"" "$1" && grep -q "\"model 12\"" "$1" && test "$(grep -c "int-dot o[nf]f*, batch-invariant o[nf]f*\": {" "$1")" = 4' _ "$CACHE"
 if command -v mpirun >/dev/null; then
   check "reshard TP 2" "$POLLEN" reshard tests/fixtures/models/bloom-4h/fp16-st -o "$TMP/set2" --tp 2 --dtype fp16 --quiet
   out=$(timeout 120 "$POLLEN" bench "$TMP/set2" --prompt-len 4 --batch 1 --steps 1 --context 4 --mbu off --threads 1 --json 2>/dev/null)
