@@ -395,10 +395,11 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
  * next kind is tried with that one's choice in place. The L2 candidate competes as any other:
  * the model's own step needs no margin for a disagreement (PLN_CPU_TUNE_KEEP_LEVEL). The result
  * is cached beside the machine's, keyed by the machine and the model (its layout, shapes, dtype
- * and bytes, and the integer-dot and batch-invariant modes: other kernels), at most TUNE_MODEL_MAX models (the oldest dropped). The step reuses one sequence's
- * KV blocks at one position, so it costs what a decode step costs: 2 + kinds x candidates x
- * rounds steps (Llama-3.2-1B fp16, 2 threads: 23 steps, about 2 s, once). A model whose step
- * reads less than PLN_CPU_TUNE_MODEL_MIB keeps the test weight's choice. */
+ * and bytes, and the integer-dot and batch-invariant modes, which run other kernels), at most
+ * TUNE_MODEL_MAX models (the oldest dropped). The step reuses one sequence's KV blocks at one
+ * position, so it costs what a decode step costs: 2 + kinds x candidates x rounds steps
+ * (Llama-3.2-1B fp16, 2 threads: 23 steps, about 2 s, once). A model whose step reads less
+ * than PLN_CPU_TUNE_MODEL_MIB keeps the test weight's choice. */
 #define TUNE_MODEL_MAX 32
 
 static int candidate_index(json_t *v) {
