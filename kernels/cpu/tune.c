@@ -288,6 +288,26 @@ static int cache_write(const char *path, json_t *root) {
     return rc;
 }
 
+/* {"<candidate>": v[i]} for each candidate with v[i] > 0 (0: not measured) */
+static json_t *by_candidate(const double v[PLN_CPU_TUNE_N]) {
+    json_t *o = json_object();
+    for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
+        if (v[i] <= 0) continue;
+        char n[24];
+        snprintf(n, sizeof n, "%lld", (long long)pln_cpu_tune_candidates[i]);
+        json_object_set_new(o, n, json_real(v[i]));
+    }
+    return o;
+}
+
+/* The time now as the cache records it ("" if the clock cannot say) */
+static void utc_now(char when[32]) {
+    time_t now = time(NULL);
+    struct tm tm;
+    when[0] = '\0';
+    if (gmtime_r(&now, &tm)) strftime(when, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
 /* ---- the mode ---------------------------------------------------------------------------- */
 
 /* The distances in use, reported in out. */
@@ -352,19 +372,10 @@ int pln_cpu_tune(pln_backend *be, const char *mode, pln_backend_tune *out) {
         json_t *pfo = json_object(), *g = json_object();
         for (int k = 0; k < PLN_CPU_PF_KINDS; k++) {
             json_object_set_new(pfo, pln_cpu_pf_kind_names[k], json_integer(pick[k]));
-            json_t *gk = json_object();
-            for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
-                if (out->gbs[k][i] <= 0) continue;   /* not measured for this kind */
-                char n[24];
-                snprintf(n, sizeof n, "%lld", (long long)pln_cpu_tune_candidates[i]);
-                json_object_set_new(gk, n, json_real(out->gbs[k][i]));
-            }
-            json_object_set_new(g, pln_cpu_pf_kind_names[k], gk);
+            json_object_set_new(g, pln_cpu_pf_kind_names[k], by_candidate(out->gbs[k]));
         }
-        time_t now = time(NULL);
-        struct tm tm;
-        char when[32] = "";
-        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        char when[32];
+        utc_now(when);
         json_object_set_new(json_object_get(root, "machines"), key,
                             json_pack("{s:o, s:o, s:I, s:s}", "pf_ahead", pfo, "gemv_gbs", g, "weight_mib",
                                       (json_int_t)(bytes[PLN_CPU_PF_F16] >> 20), "measured_at", when));
@@ -539,18 +550,10 @@ int pln_cpu_tune_model(pln_backend *be, const char *mode, const char *model_key,
         for (int o = 0; o < n_kinds; o++) {
             int k = order[o];
             json_object_set_new(pfo, pln_cpu_pf_kind_names[k], json_integer(pln_cpu_pf_by_kind[k]));
-            json_t *mk = json_object();
-            for (int i = 0; i < PLN_CPU_TUNE_N; i++) {
-                char n[24];
-                snprintf(n, sizeof n, "%lld", (long long)pln_cpu_tune_candidates[i]);
-                json_object_set_new(mk, n, json_real(out->model_ms[k][i]));
-            }
-            json_object_set_new(ms, pln_cpu_pf_kind_names[k], mk);
+            json_object_set_new(ms, pln_cpu_pf_kind_names[k], by_candidate(out->model_ms[k]));
         }
-        time_t now = time(NULL);
-        struct tm tm;
-        char when[32] = "";
-        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        char when[32];
+        utc_now(when);
         json_object_set_new(models, key, json_pack("{s:o, s:o, s:s}", "pf_ahead", pfo, "step_ms", ms, "measured_at", when));
         if (cache_write(path, root) && !out->warning[0])
             snprintf(out->warning, sizeof out->warning, "cpu tune: %s; the model's steps are timed again at each start "
