@@ -148,48 +148,50 @@ static int agree(pln_comm *c, int rc) {
 }
 
 /* The backend's calibration on this model's own decode step (kernels/cpu/tune.c
- * CPU_TUNE_MODEL_NOTE): one sequence of TUNE_CTX tokens in slot 0, then each step decodes one
- * more token at the same position (its KV entry written over each time), the head's logits
- * included, as pollen bench's batch-1 steps do. One process only (TP 1): the backend chooses how
- * many steps to run, and several ranks' steps are collectives every rank must join. The blocks
- * are given back before the engine serves anything. */
+ * CPU_TUNE_MODEL_NOTE): one sequence of TUNE_CTX tokens in slot 0, put there by the first step
+ * the backend asks for (none when its choice is cached or the tune is off), then each step
+ * decodes one more token at the same position (its KV entry written over each time), the head's
+ * logits included, as pollen bench's batch-1 steps do. One process only (TP 1): the backend
+ * chooses how many steps to run, and several ranks' steps are collectives every rank must join.
+ * The blocks are given back before the engine serves anything. */
 #define TUNE_CTX 32
-typedef struct { pln_engine *e; int32_t pos; } tune_ctx;
+typedef struct { pln_engine *e; int32_t ctx; bool primed; } tune_ctx;
 
 static int tune_step(void *p) {
     tune_ctx *t = p;
     pln_engine *e = t->e;
-    int32_t id = (int32_t)(7919 % e->cfg.vocab_size), seq = 0, row = 0, pos = t->pos;
     float *logits;
+    if (!t->primed) {
+        t->primed = true;
+        if (pln_kv_reserve(&e->kv, 0, t->ctx + 1)) return -1;
+        int32_t ids[TUNE_CTX], seq[TUNE_CTX], pos[TUNE_CTX], row = t->ctx - 1;
+        for (int32_t i = 0; i < t->ctx; i++) {
+            ids[i] = (int32_t)(((int64_t)i * 7919 + 13) % e->cfg.vocab_size);
+            seq[i] = 0;
+            pos[i] = i;
+        }
+        if (t->ctx > 0 && pln_model_forward(e->model, &e->kv, ids, t->ctx, seq, pos, 1, pln_kv_table(&e->kv, 0), &row, 1,
+                                            &logits))
+            return -1;
+    }
+    int32_t id = (int32_t)(7919 % e->cfg.vocab_size), seq = 0, row = 0, pos = t->ctx;
     return pln_model_forward(e->model, &e->kv, &id, 1, &seq, &pos, 1, pln_kv_table(&e->kv, 0), &row, 1, &logits);
 }
 
 static int tune_on_model(pln_engine *e, const char *mode, bool quiet) {
-    int32_t ctx = e->opts.max_seq_len - 1 < TUNE_CTX ? e->opts.max_seq_len - 1 : TUNE_CTX;
-    if (pln_kv_reserve(&e->kv, 0, ctx + 1)) return -1;
-    int32_t ids[TUNE_CTX], seq[TUNE_CTX], pos[TUNE_CTX], row = ctx - 1;
-    for (int32_t i = 0; i < ctx; i++) {
-        ids[i] = (int32_t)(((int64_t)i * 7919 + 13) % e->cfg.vocab_size);
-        seq[i] = 0;
-        pos[i] = i;
-    }
-    float *logits;
-    int rc = ctx > 0 ? pln_model_forward(e->model, &e->kv, ids, ctx, seq, pos, 1, pln_kv_table(&e->kv, 0), &row, 1, &logits) : 0;
-    if (!rc) {
-        /* what decides which kernels the step runs and what they read */
-        char *key = pln_xasprintf("%s, hidden %lld, %lld layers, %lld heads, vocabulary %lld, %s group %lld, %llu "
-                                  "bytes, int-dot %s, batch-invariant %s", e->cfg.layout, (long long)e->cfg.hidden,
-                                  (long long)e->cfg.n_layer, (long long)e->cfg.n_head, (long long)e->cfg.vocab_size,
-                                  e->cfg.dtype, (long long)e->cfg.group_size,
-                                  (unsigned long long)pln_loader_weight_bytes(e->ld), e->be->int_dot ? "on" : "off",
-                                  e->be->batch_invariant ? "on" : "off");
-        tune_ctx t = {e, ctx};
-        e->tune.warning[0] = '\0';   /* tune's own was printed */
-        rc = e->be->tune_model(e->be, mode, key, tune_step, &t, quiet, &e->tune);
-        free(key);
-        if (!rc && e->tune.warning[0]) fprintf(stderr, "pollen: warning: %s\n", e->tune.warning);
-    }
-    pln_kv_release(&e->kv, 0);
+    /* what decides which kernels the step runs and what they read */
+    char *key = pln_xasprintf("%s, hidden %lld, %lld layers, %lld heads, vocabulary %lld, %s group %lld, %llu bytes, "
+                              "int-dot %s, batch-invariant %s", e->cfg.layout, (long long)e->cfg.hidden,
+                              (long long)e->cfg.n_layer, (long long)e->cfg.n_head, (long long)e->cfg.vocab_size,
+                              e->cfg.dtype, (long long)e->cfg.group_size,
+                              (unsigned long long)pln_loader_weight_bytes(e->ld), e->be->int_dot ? "on" : "off",
+                              e->be->batch_invariant ? "on" : "off");
+    tune_ctx t = {e, e->opts.max_seq_len - 1 < TUNE_CTX ? e->opts.max_seq_len - 1 : TUNE_CTX, false};
+    e->tune.warning[0] = '\0';   /* tune's own was printed */
+    int rc = e->be->tune_model(e->be, mode, key, tune_step, &t, quiet, &e->tune);
+    free(key);
+    if (!rc && e->tune.warning[0]) fprintf(stderr, "pollen: warning: %s\n", e->tune.warning);
+    if (t.primed) pln_kv_release(&e->kv, 0);
     return rc;
 }
 

@@ -420,10 +420,9 @@ static int candidate_index(json_t *v) {
     return -1;
 }
 
-/* The cached choice for key in root's "models": 0 (pf[], tuned[] set for the kinds it holds), 1
- * when there is none, -1 (why) when the entry is not one pollen writes. */
-static int model_lookup(json_t *root, const char *key, int64_t pf[PLN_CPU_PF_KINDS], bool tuned[PLN_CPU_PF_KINDS],
-                        char *why, size_t nwhy) {
+/* The cached choice for key in root's "models": 0 (pf[] set for the kinds it holds), 1 when
+ * there is none, -1 (why) when the entry is not one pollen writes. */
+static int model_lookup(json_t *root, const char *key, int64_t pf[PLN_CPU_PF_KINDS], char *why, size_t nwhy) {
     json_t *models = json_object_get(root, "models");
     if (!models) return 1;
     if (!json_is_object(models)) { snprintf(why, nwhy, "its \"models\" is not an object"); return -1; }
@@ -442,7 +441,6 @@ static int model_lookup(json_t *root, const char *key, int64_t pf[PLN_CPU_PF_KIN
             return -1;
         }
         pf[k] = pln_cpu_tune_candidates[i];
-        tuned[k] = true;
     }
     return 0;
 }
@@ -478,9 +476,8 @@ int pln_cpu_tune_model(pln_backend *be, const char *mode, const char *model_key,
     int rc = 0;
     if (cs == CACHE_OURS && !strcmp(mode, "auto")) {
         int64_t pf[PLN_CPU_PF_KINDS];
-        bool tuned[PLN_CPU_PF_KINDS] = {false};
         memcpy(pf, pln_cpu_pf_by_kind, sizeof pf);
-        int lr = model_lookup(root, key, pf, tuned, why, sizeof why);
+        int lr = model_lookup(root, key, pf, why, sizeof why);
         if (lr == 0) {
             memcpy(pln_cpu_pf_by_kind, pf, sizeof pf);
             out->model_source = "cached";
