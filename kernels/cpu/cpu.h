@@ -37,6 +37,10 @@ typedef enum {
  * read from memory once per PLN_CPU_TCHUNK tokens. */
 #define PLN_CPU_TCHUNK 64
 
+/* Steps of this many tokens or more (below PLN_CPU_PANEL_MIN) widen each 4-row block's weights
+ * once per step into an L1 buffer that float tiles read (simd_avx2.c WIDEN_NOTE). */
+#define PLN_CPU_WIDEN_MIN 2
+
 /* The batched float path (gemm_panel): used from this many tokens (fewer would leave its 32-token
  * tiles part empty: at 16 and 24 tokens it measured 0.7-0.8x the tiles above on fp16 and int8;
  * a tier may start later for fp16 and per-row int8: panel_min_plain, pln_cpu_panel_min);

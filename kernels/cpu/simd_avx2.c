@@ -2,8 +2,10 @@
  * baseline x86-64). 8 floats per vector; F16 weights widened with vcvtph2ps, I8 weights with
  * vpmovsxbd + vcvtdq2ps and scaled in registers: no matrix is ever converted. A tile is up to
  * 4 weight rows x 2 tokens of accumulators (8 of the 16 ymm registers), so each weight vector
- * loaded from memory serves 2 tokens and each activation vector 4 rows. Steps of
- * PLN_CPU_PANEL_MIN tokens or more take the batched float path instead (PANEL_NOTE below). */
+ * loaded from memory serves 2 tokens and each activation vector 4 rows; from 2 tokens, where K
+ * is a multiple of 8, the weights are widened once per step into an L1 buffer that float tiles
+ * read (WIDEN_NOTE). Steps of PLN_CPU_PANEL_MIN tokens or more take the batched float path
+ * instead (PANEL_NOTE below). */
 #include "kernels/cpu/cpu.h"
 #include "kernels/pln_math.h"
 
@@ -304,6 +306,145 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
  * tile reuses them. One pass when there are too few tokens to reuse anything. */
 #define KSTEP 1024
 
+/* WIDEN_NOTE: F16, per-row I8 and grouped I8 at PLN_CPU_WIDEN_MIN tokens or more take a 4-row
+ * block WSUB columns (a stretch) at a time: the first token tile of a stretch widens each weight
+ * vector (vcvtph2ps; vpmovsxbd + vcvtdq2ps, scaled where grouped) for its own 1-3 tokens and
+ * stores it in an L1 buffer of floats (4 KiB), and float tiles of 4 rows x 3 tokens take the
+ * other tokens from there; the accumulators live in memory between stretches, so the KSTEP pass's
+ * activations need not stay in L1 (8 tokens of them are 32 KiB). A weight vector is widened once
+ * per step, not once per 2 or 4 tokens (TILE24_NOTE), and the first tile (the one that reads the
+ * weights from memory, the shortest: tokens % 3, else 3) prefetches the stretch WIDEN_PF ahead in
+ * the order it reads it, its 4 rows interleaved (pf_ahead4's one stream ahead of a 4-row block
+ * reaches its last rows late). Each widened vector is the very value the tiles compute and each
+ * result the same sum in the same order (8 lanes over the KSTEP pass, summed horizontally, per-row
+ * I8 scaled after), so the bits do not change. On the Intel Xeon VM of docs/BENCHMARKS.md,
+ * PLN_CPU_ISA=avx2, Llama-3.2-1B (`pollen bench <set> --prompt-len 8 --batch B --context 32
+ * --steps 16 --kv-dtype f16 --threads 2 --mbu off`, alternated 3-6 times, 2026-12-06 02:20-02:47
+ * UTC), tokens/s before -> after: int8 g32 batch 8 39.0 -> 49.4, batch 2 / 3 / 4 / 5 / 7
+ * 25.1 / 24.0 / 34.5 / 30.7 / 32.3 -> 26.9 / 31.7 / 38.6 / 42.6 / 49.1; fp16 batch 8 43.7 -> 51.6,
+ * batch 3 26.0 -> 27.6; per-row int8 batch 8 43.2 -> 53.5, batch 3 34.5 -> 37.8. Measured
+ * slower there (int8 g32, batch 8): the first tile at 3 tokens and the last at 2 (45.1 against
+ * 49.4), every vector widened before any tile (41.2 against 43.2 for the first tile at 3), two
+ * 4-row blocks sharing a stretch (42.7 against 44.8), each int8 scaled by one FMA after an
+ * integer add of 0x4B400000 (39.6 against 43.4; the conversions are not the bound), and
+ * prefetching 1, 2 or 8 stretches ahead measured as 4 does. Needs K % 8 == 0 (grouped: also
+ * group % 8 == 0 and group <= WSUB); other shapes take the tiles. */
+#define WSUB 256
+#define WIDEN_T 24   /* tokens whose accumulators one pass keeps (3 KiB) */
+#define WIDEN_PF 4   /* stretches ahead that the first token tile prefetches */
+enum { WIDEN_F16, WIDEN_I8, WIDEN_I8G };
+
+/* 4 rows x NT tokens of widened weights wf (8 floats of each row in turn per 8 columns, column k0
+ * first) over [k0, k1), a multiple of 8 columns, into the accumulators acc (token j's 4 at
+ * acc + 4 j). */
+INL void tile_f32w(const int NT, __m256 *acc, const float *x, int64_t ldx, const float *wf, int64_t k0, int64_t k1) {
+    __m256 a[4][3];
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) a[i][j] = acc[4 * j + i];
+    }
+    for (int64_t k = k0; k < k1; k += 8) {
+        UNROLL for (int j = 0; j < NT; j++) {
+            __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
+            UNROLL for (int i = 0; i < 4; i++) a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(wf + (k - k0) * 4 + i * 8), xv, a[i][j]);
+        }
+    }
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) acc[4 * j + i] = a[i][j];
+    }
+}
+
+/* The first token tile of a stretch [k0, k1) (whole groups): widens the 4 rows' weights (KIND)
+ * into wf and uses each vector at once for its NT tokens; prefetches the stretch at pw (NULL:
+ * none; rows rb bytes apart). */
+INL void tile_widen(const int KIND, const int NT, __m256 *acc, const float *x, int64_t ldx, float *wf,
+                    const void *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0, int64_t k1,
+                    const char *pw) {
+    const int64_t es = KIND == WIDEN_F16 ? 2 : 1, rb = es * K;
+    const int64_t gl = KIND != WIDEN_I8G ? k1 - k0 : group == 32 ? 32 : group;   /* G32_UNROLL_NOTE */
+    const int64_t ng = KIND == WIDEN_I8G ? K / group : 1;
+    __m256 a[4][3];
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) a[i][j] = acc[4 * j + i];
+    }
+    for (int64_t g0 = k0; g0 < k1; g0 += gl) {
+        __m256 sv[4];
+        if (KIND == WIDEN_I8G) {
+            UNROLL for (int i = 0; i < 4; i++) sv[i] = _mm256_set1_ps(_cvtsh_ss(scale[i * ng + g0 / group]));
+        }
+        for (int64_t k = g0; k < g0 + gl; k += 8) {
+            /* line q of the stretch ahead, rows interleaved: 4 rows x 64 bytes per 64 / es columns */
+            if (pw && ((k - k0) & (16 / es - 1)) == 0) {
+                int64_t q = (k - k0) / (16 / es);
+                _mm_prefetch(pw + (q & 3) * rb + (q >> 2) * 64, _MM_HINT_T0);
+            }
+            __m256 xv[3];
+            UNROLL for (int j = 0; j < NT; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);
+            UNROLL for (int i = 0; i < 4; i++) {
+                __m256 wv;
+                if (KIND == WIDEN_F16) wv = load_f16((const uint16_t *)w + i * K + k);
+                else if (KIND == WIDEN_I8) wv = load_i8((const int8_t *)w + i * K + k);
+                else wv = _mm256_mul_ps(load_i8((const int8_t *)w + i * K + k), sv[i]);
+                _mm256_store_ps(wf + (k - k0) * 4 + i * 8, wv);
+                UNROLL for (int j = 0; j < NT; j++) a[i][j] = _mm256_fmadd_ps(wv, xv[j], a[i][j]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) acc[4 * j + i] = a[i][j];
+    }
+}
+
+/* One KSTEP pass [k0, k1) (whole groups) of a 4-row block of KIND for nt tokens (WIDEN_NOTE);
+ * add: accumulate into out (a later pass). The sums end as the tiles' do: F16 tile_f16's,
+ * per-row I8 tile_i8's (its zero tail, then its scale), grouped I8 tile_i8's and tile_i8g_2x4's. */
+INL void gemm_widen(const int KIND, float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const void *w,
+                    const uint16_t *scale, int64_t group, int64_t K, int64_t k0, int64_t k1, bool add) {
+    float wf[4 * WSUB] __attribute__((aligned(32)));
+    __m256 acc[4 * WIDEN_T];
+    const int64_t es = KIND == WIDEN_F16 ? 2 : 1;
+    const int64_t ws = KIND == WIDEN_I8G ? WSUB / group * group : WSUB;
+    for (int64_t t0 = 0; t0 < nt; t0 += WIDEN_T) {
+        int64_t tn = nt - t0 < WIDEN_T ? nt - t0 : WIDEN_T;
+        const float *xt = x + t0 * ldx;
+        for (int64_t i = 0; i < 4 * tn; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t s0 = k0; s0 < k1; s0 += ws) {
+            int64_t s1 = k1 - s0 < ws ? k1 : s0 + ws, t;
+            const char *pw = NULL;
+            if (t0 == 0) {   /* the stretch WIDEN_PF ahead: these rows, else the next 4 (prefetches never fault) */
+                int64_t c = s0 + WIDEN_PF * ws;
+                pw = c < K ? (const char *)w + es * c : c - K < K ? (const char *)w + es * (4 * K + c - K) : NULL;
+            }
+            if (tn % 3 == 1) { tile_widen(KIND, 1, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); t = 1; }
+            else if (tn % 3 == 2) { tile_widen(KIND, 2, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); t = 2; }
+            else { tile_widen(KIND, 3, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); t = 3; }
+            for (; t < tn; t += 3) tile_f32w(3, acc + 4 * t, xt + t * ldx, ldx, wf, s0, s1);
+        }
+        for (int64_t j = 0; j < tn; j++) {
+            UNROLL for (int i = 0; i < 4; i++) {
+                float sum = hsum(acc[4 * j + i]);
+                if (KIND == WIDEN_I8) sum = (sum + 0.0f) * pln_f16_to_f32(scale[i]);
+                else if (KIND == WIDEN_I8G) sum = sum + 0.0f;
+                __asm__("" : "+x"(sum));   /* as tile_i8's: not contracted into the add below */
+                float *o = out + (t0 + j) * ldo + i;
+                *o = add ? *o + sum : sum;
+            }
+        }
+    }
+}
+
+/* The whole 4-row blocks of nr rows through gemm_widen, each in passes of ks columns; returns the
+ * first row left (nr % 4 of them). */
+INL int64_t rows_widen(const int KIND, float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                       const void *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K, int64_t ks) {
+    const int64_t es = KIND == WIDEN_F16 ? 2 : 1, ng = KIND == WIDEN_I8G ? K / group : 1;
+    int64_t r = 0;
+    for (; nr - r >= 4; r += 4)
+        for (int64_t k0 = 0; k0 < K; k0 += ks)
+            gemm_widen(KIND, out + r, ldo, x, ldx, nt, (const char *)w + es * r * K, scale ? scale + r * ng : NULL,
+                       group, K, k0, K - k0 < ks ? K : k0 + ks, k0 > 0);
+    return r;
+}
+
 /* 2-4 tokens whose activations fit in 32 KiB take fp16 and per-row int8 rows one at a time, as
  * the GEMV (simd_avx512.c F16_ROWS_NOTE): the 4-row tiles read four streams a row apart.
  * Llama-3.2-1B, PLN_CPU_ISA=avx2, Zen 5, batch 2/3/4: fp16 +26 / +28 / +36 %, per-row int8
@@ -321,8 +462,10 @@ static TGT void gemm_f16_avx2(float *out, int64_t ldo, const float *x, int64_t l
         gemv_rows2(out, ldo, x, ldx, nt, w, NULL, nr, K);
         return;
     }
-    int64_t ks = nt > 2 ? KSTEP : K;
-    for (int64_t r = 0; r < nr; r += 4) {
+    int64_t ks = nt > 2 ? KSTEP : K, r0 = 0;
+    if (nt >= PLN_CPU_WIDEN_MIN && K % 8 == 0)   /* WIDEN_NOTE */
+        r0 = rows_widen(WIDEN_F16, out, ldo, x, ldx, nt, w, NULL, K, nr, K, ks);
+    for (int64_t r = r0; r < nr; r += 4) {
         const uint16_t *wr = w + r * K;
         float *o = out + r;
         for (int64_t k0 = 0; k0 < K; k0 += ks) {
@@ -351,7 +494,11 @@ static TGT void gemm_i8_avx2(float *out, int64_t ldo, const float *x, int64_t ld
     }
     /* passes cover whole groups */
     int64_t ks = nt <= 2 ? K : ng == 1 ? KSTEP : group * (KSTEP / group > 0 ? KSTEP / group : 1);
-    for (int64_t r = 0; r < nr; r += 4) {
+    int64_t r0 = 0;
+    if (nt >= PLN_CPU_WIDEN_MIN && K % 8 == 0 && (ng == 1 || (group % 8 == 0 && group <= WSUB)))   /* WIDEN_NOTE */
+        r0 = ng == 1 ? rows_widen(WIDEN_I8, out, ldo, x, ldx, nt, w, scale, K, nr, K, ks)
+                     : rows_widen(WIDEN_I8G, out, ldo, x, ldx, nt, w, scale, group, nr, K, ks);
+    for (int64_t r = r0; r < nr; r += 4) {
         const int8_t *wr = w + r * K;
         const uint16_t *sr = scale + r * ng;
         float *o = out + r;
