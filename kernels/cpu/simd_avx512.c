@@ -240,6 +240,144 @@ INL void tile_i4(const int NR, const int NT, float *out, int64_t ldo, const floa
  * anything. (2048 measured a few % faster than 1024 on Zen 4: fewer horizontal sums.) */
 #define KSTEP 2048
 
+/* WIDEN_NOTE (simd_avx2.c's, with 16-float vectors): F16, per-row I8 and grouped I8 at
+ * PLN_CPU_WIDEN_MIN tokens or more take a 4-row block WSUB columns (a stretch) at a time; the
+ * first token tile of a stretch (tokens % 6 of them, 3 where that is 0) widens each weight
+ * vector for its own tokens, stores it in an L1 buffer of floats (4 KiB) and prefetches the
+ * stretch WIDEN_PF ahead in the order it reads it; float tiles of 4 rows x up to 6 tokens take
+ * the other tokens from the buffer. Each result is the same sum in the same order as the tiles'
+ * (16 lanes over the KSTEP pass, _mm512_reduce_add_ps, per-row I8 scaled after), so the bits do
+ * not change. On the Intel Xeon VM of docs/BENCHMARKS.md, Llama-3.2-1B, the command of
+ * simd_avx2.c's WIDEN_NOTE (alternated 2-3 times, 2026-12-06 02:54-02:58 UTC), tokens/s before
+ * -> after: int8 g32 batch 2 / 3 / 5 / 8 26.1 / 26.6 / 38.4 / 47.9 -> 28.9 / 37.9 / 52.7 / 61.0;
+ * fp16 19.7 / 26.1 / 42.8 / 57.7 -> 20.2 / 27.8 / 52.4 / 61.6; per-row int8 batch 8 63.7 -> 69.9.
+ * Needs K % 16 == 0 (grouped: also group % 16 == 0 and group <= WSUB); other shapes take the
+ * tiles. */
+#define WSUB 256
+#define WIDEN_T 24   /* tokens whose accumulators one pass keeps (6 KiB) */
+#define WIDEN_PF 4   /* stretches ahead that the first token tile prefetches */
+enum { WIDEN_F16, WIDEN_I8, WIDEN_I8G };
+
+/* 4 rows x NT tokens of widened weights wf (16 floats of each row in turn per 16 columns, column
+ * k0 first) over [k0, k1), a multiple of 16 columns, into the accumulators acc (token j's 4 at
+ * acc + 4 j). */
+INL void tile_f32w(const int NT, __m512 *acc, const float *x, int64_t ldx, const float *wf, int64_t k0, int64_t k1) {
+    __m512 a[4][6];
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) a[i][j] = acc[4 * j + i];
+    }
+    for (int64_t k = k0; k < k1; k += 16) {
+        __m512 wv[4];
+        UNROLL for (int i = 0; i < 4; i++) wv[i] = _mm512_load_ps(wf + (k - k0) * 4 + i * 16);
+        UNROLL for (int j = 0; j < NT; j++) {
+            __m512 xv = _mm512_loadu_ps(x + j * ldx + k);
+            UNROLL for (int i = 0; i < 4; i++) a[i][j] = _mm512_fmadd_ps(wv[i], xv, a[i][j]);
+        }
+    }
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) acc[4 * j + i] = a[i][j];
+    }
+}
+
+/* The first token tile of a stretch [k0, k1) (whole groups): widens the 4 rows' weights (KIND)
+ * into wf and uses each vector at once for its NT tokens; prefetches the stretch at pw (NULL:
+ * none; rows rb bytes apart). */
+INL void tile_widen(const int KIND, const int NT, __m512 *acc, const float *x, int64_t ldx, float *wf,
+                    const void *w, const uint16_t *scale, int64_t group, int64_t K, int64_t k0, int64_t k1,
+                    const char *pw) {
+    const int64_t es = KIND == WIDEN_F16 ? 2 : 1, rb = es * K;
+    const int64_t gl = KIND != WIDEN_I8G ? k1 - k0 : group == 32 ? 32 : group;
+    const int64_t ng = KIND == WIDEN_I8G ? K / group : 1;
+    __m512 a[4][6];
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) a[i][j] = acc[4 * j + i];
+    }
+    for (int64_t g0 = k0; g0 < k1; g0 += gl) {
+        __m512 sv[4];
+        if (KIND == WIDEN_I8G) {
+            UNROLL for (int i = 0; i < 4; i++) sv[i] = _mm512_set1_ps(_cvtsh_ss(scale[i * ng + g0 / group]));
+        }
+        for (int64_t k = g0; k < g0 + gl; k += 16) {
+            if (pw) {   /* lines es q .. of the stretch ahead, rows interleaved: 4 rows x 64 bytes per 64 / es columns */
+                int64_t q = (k - k0) / 16;
+                UNROLL for (int e = 0; e < es; e++) {
+                    int64_t l = es * q + e;
+                    _mm_prefetch(pw + (l & 3) * rb + (l >> 2) * 64, _MM_HINT_T0);
+                }
+            }
+            __m512 xv[6];
+            UNROLL for (int j = 0; j < NT; j++) xv[j] = _mm512_loadu_ps(x + j * ldx + k);
+            UNROLL for (int i = 0; i < 4; i++) {
+                __m512 wv;
+                if (KIND == WIDEN_F16) wv = load_f16((const uint16_t *)w + i * K + k);
+                else if (KIND == WIDEN_I8) wv = load_i8((const int8_t *)w + i * K + k);
+                else wv = _mm512_mul_ps(load_i8((const int8_t *)w + i * K + k), sv[i]);
+                _mm512_store_ps(wf + (k - k0) * 4 + i * 16, wv);
+                UNROLL for (int j = 0; j < NT; j++) a[i][j] = _mm512_fmadd_ps(wv, xv[j], a[i][j]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < 4; i++) {
+        UNROLL for (int j = 0; j < NT; j++) acc[4 * j + i] = a[i][j];
+    }
+}
+
+/* One KSTEP pass [k0, k1) (whole groups) of a 4-row block of KIND for nt tokens (WIDEN_NOTE);
+ * add: accumulate into out (a later pass). The sums end as the tiles' do: F16 tile_f16's,
+ * per-row I8 tile_i8's (its zero tail, then its scale), grouped I8 tile_i8's. */
+INL void gemm_widen(const int KIND, float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt, const void *w,
+                    const uint16_t *scale, int64_t group, int64_t K, int64_t k0, int64_t k1, bool add) {
+    float wf[4 * WSUB] __attribute__((aligned(64)));
+    __m512 acc[4 * WIDEN_T];
+    const int64_t es = KIND == WIDEN_F16 ? 2 : 1;
+    const int64_t ws = KIND == WIDEN_I8G ? WSUB / group * group : WSUB;
+    for (int64_t t0 = 0; t0 < nt; t0 += WIDEN_T) {
+        int64_t tn = nt - t0 < WIDEN_T ? nt - t0 : WIDEN_T, f = tn % 6 ? tn % 6 : 3;
+        const float *xt = x + t0 * ldx;
+        for (int64_t i = 0; i < 4 * tn; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t s0 = k0; s0 < k1; s0 += ws) {
+            int64_t s1 = k1 - s0 < ws ? k1 : s0 + ws, t = f;
+            const char *pw = NULL;
+            if (t0 == 0) {   /* the stretch WIDEN_PF ahead: these rows, else the next 4 (prefetches never fault) */
+                int64_t c = s0 + WIDEN_PF * ws;
+                pw = c < K ? (const char *)w + es * c : c - K < K ? (const char *)w + es * (4 * K + c - K) : NULL;
+            }
+            switch (f) {
+            case 1: tile_widen(KIND, 1, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); break;
+            case 2: tile_widen(KIND, 2, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); break;
+            case 3: tile_widen(KIND, 3, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); break;
+            case 4: tile_widen(KIND, 4, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); break;
+            default: tile_widen(KIND, 5, acc, xt, ldx, wf, w, scale, group, K, s0, s1, pw); break;
+            }
+            for (; t + 6 <= tn; t += 6) tile_f32w(6, acc + 4 * t, xt + t * ldx, ldx, wf, s0, s1);
+            if (t < tn) tile_f32w(3, acc + 4 * t, xt + t * ldx, ldx, wf, s0, s1);   /* f == 3: 3 left */
+        }
+        for (int64_t j = 0; j < tn; j++) {
+            UNROLL for (int i = 0; i < 4; i++) {
+                float sum = _mm512_reduce_add_ps(acc[4 * j + i]);
+                if (KIND == WIDEN_I8) sum = (sum + 0.0f) * pln_f16_to_f32(scale[i]);
+                else if (KIND == WIDEN_I8G) sum = sum + 0.0f;
+                __asm__("" : "+x"(sum));   /* as tile_i8's: not contracted into the add below */
+                float *o = out + (t0 + j) * ldo + i;
+                *o = add ? *o + sum : sum;
+            }
+        }
+    }
+}
+
+/* The whole 4-row blocks of nr rows through gemm_widen, each in passes of ks columns; returns the
+ * first row left (nr % 4 of them). */
+INL int64_t rows_widen(const int KIND, float *out, int64_t ldo, const float *x, int64_t ldx, int64_t nt,
+                       const void *w, const uint16_t *scale, int64_t group, int64_t nr, int64_t K, int64_t ks) {
+    const int64_t es = KIND == WIDEN_F16 ? 2 : 1, ng = KIND == WIDEN_I8G ? K / group : 1;
+    int64_t r = 0;
+    for (; nr - r >= 4; r += 4)
+        for (int64_t k0 = 0; k0 < K; k0 += ks)
+            gemm_widen(KIND, out + r, ldo, x, ldx, nt, (const char *)w + es * r * K, scale ? scale + r * ng : NULL,
+                       group, K, k0, K - k0 < ks ? K : k0 + ks, k0 > 0);
+    return r;
+}
+
 /* F16_ROWS_NOTE: 2-4 tokens whose activations fit in 32 KiB (nt K floats) take the rows one at
  * a time (gemv_rows), as the GEMV does: the 4-row tiles read four streams a row apart and ran
  * at 0.7x the GEMV's bandwidth at 2 tokens ([128256, 2048], Llama-3.2-1B's tied output, Zen 5, 2
@@ -260,7 +398,12 @@ static TGT void gemm_f16_avx512(float *out, int64_t ldo, const float *x, int64_t
         return;
     }
     int64_t ks = nt > 4 ? KSTEP : K;
-    if (nt > 4) {
+    if (nt >= PLN_CPU_WIDEN_MIN && K % 16 == 0) {   /* WIDEN_NOTE */
+        int64_t r0 = rows_widen(WIDEN_F16, out, ldo, x, ldx, nt, w, NULL, K, nr, K, ks);
+        out += r0;
+        w += r0 * K;
+        nr -= r0;
+    } else if (nt > 4) {
         /* 6 rows x 4 tokens first: each activation vector loaded from L2 serves 6 rows instead
          * of 4 (the activations, not the weights, are what streams from L2 here); measured
          * 5-10 % faster on a 512-token bloom-560m prefill than 4 x 6 tiles alone. The rows that
@@ -311,8 +454,11 @@ static TGT void gemm_i8_avx512(float *out, int64_t ldo, const float *x, int64_t 
         return;
     }
     /* passes cover whole groups */
-    int64_t ks = nt <= 4 ? K : ng == 1 ? KSTEP : group * (KSTEP / group > 0 ? KSTEP / group : 1);
-    for (int64_t r = 0; r < nr; r += 4) {
+    int64_t ks = nt <= 4 ? K : ng == 1 ? KSTEP : group * (KSTEP / group > 0 ? KSTEP / group : 1), r0 = 0;
+    if (nt >= PLN_CPU_WIDEN_MIN && K % 16 == 0 && (ng == 1 || (group % 16 == 0 && group <= WSUB)))   /* WIDEN_NOTE */
+        r0 = ng == 1 ? rows_widen(WIDEN_I8, out, ldo, x, ldx, nt, w, scale, K, nr, K, ks)
+                     : rows_widen(WIDEN_I8G, out, ldo, x, ldx, nt, w, scale, group, nr, K, ks);
+    for (int64_t r = r0; r < nr; r += 4) {
         const int8_t *wr = w + r * K;
         const uint16_t *sr = scale + r * ng;
         float *o = out + r;
