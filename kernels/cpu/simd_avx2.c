@@ -197,7 +197,9 @@ INL void load_i4x32(const uint8_t *p, __m256 v[4]) {
  * measured the same, 1 to 4 KiB slower): on the Zen 5, AVX2 tier,
  * that linear 3.34-3.48 -> 2.79-2.85 ms, Llama-3.2-1B per-row int8 batch 8 54.5-56.5 -> 62.9-65.5
  * tokens/s (alternated three times, 2026-12-04 23:20 UTC); the AVX-512 tiles (simd_avx512.c
- * tile_i8) do the same for per-row and grouped I8. */
+ * tile_i8) do the same for per-row and grouped I8. Since WIDEN_NOTE, steps of 2 tokens or more
+ * take these tiles only where K is not a multiple of the vector width (or a grouped weight's
+ * group does not fit a stretch), so the fp16_batch distance matters only there. */
 /* G32_UNROLL_NOTE: a grouped I8 loop over one group's columns takes the group size as the
  * constant 32 where it is 32 (its four 8-column steps unrolled, no loop exit per group): on the
  * Zen 5, [2048, 8192] g32 at 8 tokens in the 2 x 4 tiles 1.97-2.01 -> 1.45-1.46 ms, [16384, 2048]
