@@ -9,7 +9,9 @@
  *   build/tests/test_kernels_cpu --bench [T...]   GEMV/GEMM bandwidth and FLOP/s against a STREAM-style
  *                                           copy measured in the same run (tools/bench/kernels_cpu.sh)
  *   build/tests/test_kernels_cpu --bench-panel [T...]   the batched float path against the tiles,
- *                                           interleaved, on Llama-3.2-1B's shapes */
+ *                                           interleaved, on Llama-3.2-1B's shapes; PLN_BENCH_KIND
+ *                                           (a prefix: "F16", "I8 g32") and PLN_BENCH_SHAPE (first
+ *                                           letters: "gd" for gate|up and down) keep only those */
 #include "tests/test.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
@@ -1919,6 +1921,9 @@ static int run_bench_panel(int n_t, const int *Ts) {
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
             int64_t rows = shapes[sh].rows, cols = shapes[sh].cols;
+            const char *only_kind = getenv("PLN_BENCH_KIND"), *only_shape = getenv("PLN_BENCH_SHAPE");
+            if (only_kind && strncmp(only_kind, kinds[kd].name, strlen(only_kind))) continue;
+            if (only_shape && !strchr(only_shape, shapes[sh].name[0])) continue;
             test_weight tw = make_weight(rows, cols, kinds[kd].kind, kinds[kd].group);
             for (int ti = 0; ti < n_t; ti++) {
                 int T = Ts[ti];

@@ -1702,12 +1702,18 @@ static TGT void widen_rows(float *wf, const pln_weight *W, int64_t r0, int64_t n
  * requested one per column of the micro kernel up to end: spread over the block's arithmetic,
  * a burst of them at the block's start measured slower than none (the requests queue behind
  * each other and stall the loads that feed the FMAs). */
-typedef struct { const char *base; int64_t rowb; int shift; int64_t next, end; } pf_stream;
+/* With them, the next chunk of the activations (x, xn lines to go: simd_avx2.c XP_PF_NOTE). */
+typedef struct { const char *base; int64_t rowb; int shift; int64_t next, end; const char *x; int64_t xn; } pf_stream;
 
 INL void pf_step(pf_stream *s) {
     if (s->next < s->end) {
         _mm_prefetch(s->base + (s->next >> s->shift) * s->rowb + ((s->next & ((1 << s->shift) - 1)) << 6), _MM_HINT_T0);
         s->next++;
+    }
+    if (s->xn > 0) {
+        _mm_prefetch(s->x, _MM_HINT_T0);
+        s->x += 64;
+        s->xn--;
     }
 }
 
@@ -1751,8 +1757,16 @@ static TGT void gemm_panel_avx512(float *out, int64_t ldo, const float *xp, int6
             for (int64_t p = 0; p < np; p++) {
                 const float *xb = xp + (t0 / 32 + p) * 32 * K + k0 * 32;
                 int64_t pt = tn - 32 * p < 32 ? tn - 32 * p : 32;   /* tokens in this panel */
+                /* simd_avx2.c XP_PF_NOTE: the activations' next chunk, spread over this panel's
+                 * micro tiles */
+                int64_t pa = p + 1, ka = k0 + pa / np * PKC, kn = K - ka < PKC ? K - ka : PKC;
+                const char *xnext = ka < K ? (const char *)(xp + (t0 / 32 + pa % np) * 32 * K + ka * 32) : NULL;
+                int64_t xcalls = nr_pad / PMR, xlines = xnext ? (kn * 2 + xcalls - 1) / xcalls : 0;
                 for (int64_t m = 0; m < nr_pad; m += PMR) {
                     __m512 acc[PMR][2];
+                    int64_t xi = m / PMR * xlines;   /* this call's share of the chunk */
+                    pf.x = xnext ? xnext + xi * 64 : NULL;
+                    pf.xn = xi < kn * 2 ? (kn * 2 - xi < xlines ? kn * 2 - xi : xlines) : 0;
                     pf.end = pf.next + quota < (nr << shift) ? pf.next + quota : (nr << shift);
                     if (pt > 16) panel_mk(2, acc, wf + m * PKC, xb, kc, &pf);
                     else panel_mk(1, acc, wf + m * PKC, xb, kc, &pf);
