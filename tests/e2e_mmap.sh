@@ -41,13 +41,21 @@ check_fails "--no-mmap --verify names a corrupt tensor" "word_embeddings.weight.
 # truncate_during_load NAME SET FILE LAUNCH...: starts LAUNCH with the load paused, truncates
 # SET/FILE to 8 KiB while the process holds it open, then lets it run (PLN_TEST_LOAD_GO: every
 # rank waits for that file, so a test shell the scheduler holds back cannot truncate too late);
-# RC and $TMP/NAME.err are left.
+# RC and $TMP/NAME.err are left. With RANKS=N it first waits for all N ranks' pause lines: each
+# rank opens the set (which checks every rank file's size against the manifest) before it
+# pauses, so a rank the scheduler held back past the cut would instead refuse the set as
+# truncated, a right answer but not the one these cases test (seen once in the sanitized pass).
+wait_count() { # FILE REGEX N SECONDS: FILE holds at least N lines matching REGEX
+  for _ in $(seq $(( $4 * 10 ))); do [ "$(grep -Ec "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.1; done
+  echo "fewer than $3 \"$2\" lines in $1 after $4 s" >&2; return 1
+}
 truncate_during_load() {
   local name=$1 set=$2 file=$3; shift 3
   rm -rf "$TMP/$name" "$TMP/$name.go"; cp -r "$set" "$TMP/$name"
   PLN_TEST_LOAD_DELAY_MS=60000 PLN_TEST_LOAD_GO="$TMP/$name.go" "$@" "$TMP/$name" >"$TMP/$name.out" 2>"$TMP/$name.err" &
   local pid=$!
   wait_line "$TMP/$name.err" "pausing .*${file}" 30 || echo "no pause line in $TMP/$name.err" >&2
+  wait_count "$TMP/$name.err" "PLN_TEST_LOAD_DELAY_MS: rank [0-9]+ .*pausing" "${RANKS:-1}" 30
   truncate -s 8192 "$TMP/$name/$file"
   touch "$TMP/$name.go"
   wait_exit $pid 90
@@ -74,12 +82,12 @@ if command -v mpirun >/dev/null; then
   $MPI "$POLLEN" $GEN "$S2" >"$TMP/ref2.json" 2>/dev/null
   check "mapped TP 2 output" test -n "$(ids "$TMP/ref2.json")"
   for f in rank-1-of-2.pln rank-0-of-2.pln; do
-    truncate_during_load t2 "$S2" $f $MPI "$POLLEN" $GEN
+    RANKS=2 truncate_during_load t2 "$S2" $f $MPI "$POLLEN" $GEN
     check "TP 2, $f truncated: mpirun exits non-zero, bounded (got $RC)" test "$RC" != 0 -a "$RC" != 999
     check "TP 2, $f truncated: message names the file" names "$TMP/t2.err" "$f"
     check "TP 2, $f truncated: no core, no backtrace" clean_exit "$TMP/t2.err"
   done
-  truncate_during_load n2 "$S2" rank-1-of-2.pln $MPI "$POLLEN" $GEN --no-mmap
+  RANKS=2 truncate_during_load n2 "$S2" rank-1-of-2.pln $MPI "$POLLEN" $GEN --no-mmap
   check "TP 2 --no-mmap survives the truncation (exit $RC)" test "$RC" = 0
   check "TP 2 --no-mmap output == mapped TP 2" test "$(ids "$TMP/n2.out")" = "$(ids "$TMP/ref2.json")"
 else
