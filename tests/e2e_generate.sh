@@ -49,8 +49,9 @@ for spec in "bloom-4h fp16-st 2" "bloom-6h fp16-bin 3"; do
   done
   check "$model int4 TP $tpn = TP 1" "$CMP" --cmp-dump "$TMP/$model-i4-$tpn.st" "$TMP/$model-i4-1.st" 1e-5
 done
-# The integer-dot path (activations rounded to int8 per block of 32; int8 sets in steps of 2+
-# tokens, here the prefill, int4 sets at every step) on int8 per channel at TP 2 (PLN_CPU_INT_DOT=1:
+# The integer-dot path (activations rounded to int8 per block of 32; int8 sets in steps of 12+
+# tokens on AVX-512, 9+ on AVX2 (kernels/cpu/cpu.h Q8_MIN_NOTE), here the prefill of the four
+# prompts, 35 tokens; int4 sets at every step) on int8 per channel at TP 2 (PLN_CPU_INT_DOT=1:
 # the backend's default when no --int-dot is given) and int4 g32 at TP 1 (--int-dot on): it must
 # change the logits (it ran), stay within 2e-2 of the float path (--int-dot off) on the same set,
 # and within the set's bound against fp16. --int-dot auto, the default, is on for int4 (the
@@ -70,6 +71,15 @@ for pair in "i8-idot i8 i8" "i4-idot i4-float bloom-4h-i4-1"; do
   check "$got: within 2e-2 of the float path and not identical to it" awk -v d="${d:-1}" 'BEGIN{exit !(d > 0 && d <= 2e-2)}'
   check "$got: within the quantization bound against fp16" "$CMP" --cmp-int8 "$TMP/$got.st" "$TMP/bloom-4h-f16.st" "$TMP/$set"
 done
+# A step of 8 int8 tokens (fewer than the AVX2 and AVX-512 tiers' minimum; the portable C tier
+# takes the integer dots from 2) stays on the float path, bit for bit.
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  for idot in on off; do
+    check "int8 TP 2, --int-dot $idot, one prompt of 8 tokens: generate" mpirun -np 2 "$POLLEN" generate "$TMP/i8" \
+      --token-ids 692,72,888,739,284,775,81,308 --max-new-tokens 1 --int-dot $idot --quiet --dump-logits "$TMP/i8-8-$idot.st"
+  done
+  check "int8, --int-dot on, a step of 8 tokens: the float path's logits, bit for bit" cmp "$TMP/i8-8-on.st" "$TMP/i8-8-off.st"
+fi
 # shellcheck disable=SC2086
 check_fails "--int-dot: a value that is not on/off/auto" "is not one of on, off, auto" "$POLLEN" generate "$TMP/i8" $ids \
   --max-new-tokens 1 --int-dot yes --quiet

@@ -462,14 +462,23 @@ static void test_int_dot_case(int64_t rows, int64_t cols, int T, int kind, int64
                 free(o1);
             }
         }
-        if (T == 1 && kind != WQ_I4) {   /* one int8 token: the float path, bit for bit */
-            float *fl = malloc((size_t)rows * 4);
+        if (kind != WQ_I4 && T < pln_cpu_q8_min(pln_cpu_of(g_be)->k)) {
+            /* one int8 token, or fewer than the tier's pln_cpu_q8_min: the float path, bit for bit
+             * (cpu.h Q8_MIN_NOTE) */
+            float *fl = malloc((size_t)(T * rows) * 4);
             pln_cpu_set_int_dot(g_be, false);
             CHECK(g_be->linear(g_be, fl, x, W, bias, T, gelu) == 0, "linear: %s", pln_error());
             pln_cpu_set_int_dot(g_be, true);
-            CHECK(!memcmp(o, fl, (size_t)rows * 4), "int-dot on, one int8 token: the float path");
+            CHECK(!memcmp(o, fl, (size_t)(T * rows) * 4), "int-dot on, %d int8 token(s), tier %s%s: the float path", T,
+                  pln_cpu_isa_name((pln_cpu_isa)isa), pln_cpu_no_vnni ? " (no VNNI)" : "");
             free(fl);
-            continue;
+            if (T == 1) continue;
+            /* the batch-invariant mode takes gemm_q8 at every step size (a step of fewer than
+             * PLN_CPU_BI_MIN_TOKENS as one of that many): the tier's tiles at this T, held to the
+             * definition below */
+            pln_cpu_set_batch_invariant(g_be, true);
+            CHECK(g_be->linear(g_be, o, x, W, bias, T, gelu) == 0, "int-dot linear: %s", pln_error());
+            pln_cpu_set_batch_invariant(g_be, false);
         }
         /* the integer dots are exact: what is left is fp32 summation order (and GeLU's form) */
         double rdt = test_rel_l2(o, defn, (size_t)(T * rows));

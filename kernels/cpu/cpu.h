@@ -103,6 +103,9 @@ typedef struct {
      * in summation order; per-row weights, one group, may apply the weight scale once at the end). */
     void (*gemm_q8)(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                     int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K);
+    /* The fewest tokens of int8 weights a step runs on gemm_q8 outside the batch-invariant mode
+     * (0: 2); fewer take the float tiles, exact, as one int8 token always does (Q8_MIN_NOTE). */
+    int32_t q8_min;
     /* int4 weights at 2 <= nt <= PLN_CPU_Q4N_MAX tokens on the integer-dot path without the repack
      * (NULL where the tier has none; the AVX-512 one runs the AVX2 one where the CPU lacks VNNI:
      * pln_cpu_has_q4n). Each token's bits are those the tier's int4 GEMV gives it alone. The
@@ -157,6 +160,14 @@ static inline int32_t pln_cpu_panel_min(const pln_cpu_kernels *k, const pln_weig
     bool plain = W->dtype == PLN_DTYPE_F16 || (W->dtype == PLN_DTYPE_I8 && W->group == W->cols);
     return plain && k->panel_min_plain > PLN_CPU_PANEL_MIN ? k->panel_min_plain : PLN_CPU_PANEL_MIN;
 }
+
+/* Q8_MIN_NOTE: gemm_q8 repacks each 32-row chunk of int8 weights for the tokens of the call
+ * (pln_cpu_q8_repack): 16 row streams read, a buffer written and read back. At a few tokens that
+ * costs more than the integer dots save, and the float path's tiles (the weights widened once in
+ * registers for every token) are faster; from a dozen tokens on the dots win. The tokens of int8
+ * weights from which a step on the integer-dot path runs gemm_q8 (the batch-invariant mode takes
+ * it at every step size, so that no step size changes a token's bits). */
+static inline int32_t pln_cpu_q8_min(const pln_cpu_kernels *k) { return k->q8_min > 2 ? k->q8_min : 2; }
 
 extern const pln_cpu_kernels pln_cpu_kernels_c;
 #if defined(__x86_64__) || defined(__i386__)
@@ -221,8 +232,8 @@ static inline int pln_cpu_threads(const pln_cpu *c) {
 
 /* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
 int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
-/* The integer-dot path for int8 weights at steps of 2+ tokens (prefill, batched decode) and int4
- * weights at every step (linear.c use_int_dot; --int-dot, pln_engine_opts.int_dot): each
+/* The integer-dot path for int8 weights at steps of pln_cpu_q8_min+ tokens (prefill, batched
+ * decode; 2+ in the batch-invariant mode) and int4 weights at every step (linear.c use_int_dot; --int-dot, pln_engine_opts.int_dot): each
  * token's activations are quantized per block of 32 columns to int8 (scale absmax / 127, round to
  * nearest) and multiplied with the integer weights in integer arithmetic (vpdpbusd with AVX-512
  * VNNI or AVX-VNNI, vpmaddubsw on AVX2), one fp32 scale product per block. Off by default: it adds

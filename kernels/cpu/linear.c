@@ -121,12 +121,14 @@ void pln_cpu_quant_act_il(const float *x, int64_t K, int8_t *xq, float *xs, int3
         }
 }
 
-/* The integer-dot path applies: asked for, quantized weights in whole 32-column blocks, and a
- * batch, or one token of int4 weights (an int8 GEMV by integer dot measured slower than the float
- * path's: docs/ARCHITECTURE.md "The integer-dot path"). */
+/* The integer-dot path applies: asked for, quantized weights in whole 32-column blocks, and int4
+ * at any step, int8 at steps of the tier's pln_cpu_q8_min tokens or more (2 in the
+ * batch-invariant mode): a few int8 tokens run faster on the float path's tiles, and an int8 GEMV
+ * by integer dot measured slower than the float path's (cpu.h Q8_MIN_NOTE, docs/ARCHITECTURE.md
+ * "The integer-dot path"). */
 static bool use_int_dot(const pln_cpu *c, const pln_weight *W, int32_t T) {
     return c->int_dot && W->dtype != PLN_DTYPE_F16 && W->cols % 32 == 0 && W->group % 32 == 0 &&
-           (T >= 2 || W->dtype == PLN_DTYPE_U8);
+           (W->dtype == PLN_DTYPE_U8 || T >= (c->batch_invariant ? 2 : pln_cpu_q8_min(c->k)));
 }
 
 /* gemm_q4n exists for this tier (cpu.h) */

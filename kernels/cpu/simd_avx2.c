@@ -1533,6 +1533,13 @@ static TGT void quant_act_avx2(const float *x, int64_t K, int8_t *xq, float *xs,
  * fp16, 31.0-32.1 against 39.1-40.2 in per-row int8 (a first choice of 64, from the kernels
  * alone on a loaded machine, had kept them on the tiles there). */
 #define PANEL_MIN_PLAIN PLN_CPU_PANEL_MIN
+/* int8 weights take gemm_q8 from this many tokens (cpu.h Q8_MIN_NOTE): Llama-3.2-1B decode on the
+ * Intel Xeon of docs/BENCHMARKS.md (GenuineIntel family 6 model 167, PLN_CPU_ISA=avx2, 2 threads,
+ * quiet, `pollen bench --batch 2,4,8,9,10,11,12,16 --int-dot off|on`), tokens/s float / integer
+ * dot: grouped int8 2: 28.3 / 18.6, 4: 41.5 / 31.3, 8: 53.9 / 51.9, 9: 52.0 / 54.6, 12: 58.6 /
+ * 66.9; per row 8: 58.2 / 58.2, 9: 60.8 / 61.8, 12: 62.4 / 72.4 (on the Zen 5 of that file, at 8:
+ * grouped 74.5 / 74.2, per row 76.9 / 79.8). */
+#define Q8_MIN_AVX2 9
 _Static_assert(PLN_CPU_PANEL_ROWS % PMR2 == 0, "micro tiles fill a panel call");
 _Static_assert(PKC2 % 32 == 0, "int4 blocks hold whole 32-column blocks");
 _Static_assert(PLN_CPU_PANEL_SCRATCH >= PLN_CPU_PANEL_ROWS * PKC2 + PLN_CPU_PANEL_ROWS * PTB2, "scratch holds wf and cb");
@@ -1751,7 +1758,7 @@ static TGT void gemm_panel_avx2(float *out, int64_t ldo, const float *xp, int64_
 
 const pln_cpu_kernels pln_cpu_kernels_avx2 = {
     .name = "avx2", .gemm_f16 = gemm_f16_avx2, .gemm_i8 = gemm_i8_avx2, .gemm_i4 = gemm_i4_avx2, .gemm_q8 = gemm_q8_avx2, .gemm_q4n = gemm_q4n_avx2, .quant_act = quant_act_avx2,
-    .pack_x = pack_x_avx2, .gemm_panel = gemm_panel_avx2, .panel_min_plain = PANEL_MIN_PLAIN, .gemv = gemv_avx2,
+    .pack_x = pack_x_avx2, .gemm_panel = gemm_panel_avx2, .panel_min_plain = PANEL_MIN_PLAIN, .q8_min = Q8_MIN_AVX2, .gemv = gemv_avx2,
     .dots = dots_avx2, .weighted_sum = weighted_sum_avx2,
     .dots_f16 = dots_f16_avx2, .weighted_sum_f16 = weighted_sum_f16_avx2, .bias_gelu = bias_gelu_avx2,
     .sum_exp = sum_exp_avx2, .exp_sum = exp_sum_avx2, .score_max = score_max_avx2,

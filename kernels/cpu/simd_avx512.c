@@ -1304,6 +1304,14 @@ static VNNI512 void gemm_q8_vnni512(float *out, int64_t ldo, const int8_t *xq, c
     free(cor);
 }
 
+/* int8 weights take gemm_q8 from this many tokens (cpu.h Q8_MIN_NOTE): Llama-3.2-1B decode on the
+ * Intel Xeon of docs/BENCHMARKS.md (GenuineIntel family 6 model 167, AVX-512 VNNI, 2 threads,
+ * quiet, `pollen bench --batch 2,4,8,9,10,11,12,16 --int-dot off|on`), tokens/s float / integer
+ * dot: grouped int8 2: 31.5 / 18.4, 4: 52.9 / 33.8, 8: 69.8 / 57.1, 11: 82.5 / 72.5, 12: 73.1 /
+ * 75.7, 16: 88.0 / 95.0; per row 8: 77.0 / 66.6, 10: 85.7 / 79.4, 11: 85.3 / 86.9, 16: 96.1 /
+ * 106.4 (on the Zen 5 of that file, at 8: grouped 124.9 / 84.2, per row 136.8 / 97.5). */
+#define Q8_MIN_AVX512 12
+
 static void gemm_q8_avx512(float *out, int64_t ldo, const int8_t *xq, const float *xs, const int32_t *xsum, int64_t nt,
                            int64_t ldq, const void *w, bool i4, const uint16_t *scale, int64_t group, int64_t nr, int64_t K) {
     if (!pln_cpu_no_vnni && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
@@ -1793,7 +1801,7 @@ static TGT void gemm_panel_avx512(float *out, int64_t ldo, const float *xp, int6
 
 const pln_cpu_kernels pln_cpu_kernels_avx512 = {
     .name = "avx512", .gemm_f16 = gemm_f16_avx512, .gemm_i8 = gemm_i8_avx512, .gemm_i4 = gemm_i4_avx512, .gemm_q8 = gemm_q8_avx512, .gemm_q4n = gemm_q4n_avx512, .quant_act = quant_act_avx512,
-    .pack_x = pack_x_avx512, .gemm_panel = gemm_panel_avx512, .gemv = gemv_avx512,
+    .pack_x = pack_x_avx512, .gemm_panel = gemm_panel_avx512, .q8_min = Q8_MIN_AVX512, .gemv = gemv_avx512,
     .dots = dots_avx512, .weighted_sum = weighted_sum_avx512,
     .dots_f16 = dots_f16_avx512, .weighted_sum_f16 = weighted_sum_f16_avx512, .bias_gelu = bias_gelu_avx512,
     .sum_exp = sum_exp_avx512, .exp_sum = exp_sum_avx512, .score_max = score_max_avx512,
