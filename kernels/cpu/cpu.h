@@ -233,10 +233,11 @@ static inline int pln_cpu_threads(const pln_cpu *c) {
 /* Switches an existing CPU backend to isa (tests compare tiers). -1 + error if unsupported. */
 int pln_cpu_set_isa(pln_backend *be, pln_cpu_isa isa);
 /* The integer-dot path for int8 weights at steps of pln_cpu_q8_min+ tokens (prefill, batched
- * decode; 2+ in the batch-invariant mode) and int4 weights at every step (linear.c use_int_dot; --int-dot, pln_engine_opts.int_dot): each
- * token's activations are quantized per block of 32 columns to int8 (scale absmax / 127, round to
- * nearest) and multiplied with the integer weights in integer arithmetic (vpdpbusd with AVX-512
- * VNNI or AVX-VNNI, vpmaddubsw on AVX2), one fp32 scale product per block. Off by default: it adds
+ * decode; 2+ in the batch-invariant mode) and int4 weights at every step (linear.c use_int_dot;
+ * --int-dot, pln_engine_opts.int_dot): each token's activations are quantized per block of 32
+ * columns to int8 (scale absmax / 127, round to nearest) and multiplied with the integer weights
+ * in integer arithmetic (vpdpbusd with AVX-512 VNNI or AVX-VNNI, vpmaddubsw on AVX2), one fp32
+ * scale product per block. Off by default: it adds
  * the activations' rounding (measured by test_kernels_cpu, tests/e2e_generate.sh and
  * docs/ARCHITECTURE.md) to the weights'; the float path stays the reference. The reference tier
  * (PLN_CPU_ISA_REF) never uses it. The default comes from PLN_CPU_INT_DOT=1. */
