@@ -45,6 +45,28 @@ int pln_error_context(const char *fmt, ...) {
     return -1;
 }
 
+int pln_env_flag(const char *name, bool *out) {
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    if (!strcmp(v, "0") || !strcmp(v, "1")) {
+        *out = v[0] == '1';
+        return 0;
+    }
+    return pln_errorf("%s=%s: expected 0 or 1 (unset it for the default)", name, v);
+}
+
+int pln_env_long(const char *name, long lo, long hi, long *out) {
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > hi)
+        return pln_errorf("%s=%s: expected a whole number from %ld to %ld (unset it for the default)", name, v, lo, hi);
+    *out = x;
+    return 0;
+}
+
 const char *pln_error(void) { return g_err; }
 
 void pln_die(const char *fmt, ...) {

@@ -27,6 +27,16 @@ void pln_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn
 /* Assertions that stay on in release builds, for invariants that must never break. */
 #define PLN_ASSERT(x) do { if (!(x)) pln_die("%s:%d: assertion failed: %s", __FILE__, __LINE__, #x); } while (0)
 
+/* ---- environment switches ------------------------------------------------------------- */
+/* ENV_NOTE: pollen's documented environment switches (PLN_GRAPHS, PLN_CPU_INT_DOT, PLN_NCCL, ...)
+ * are read through these, so a value they do not take is refused, naming the variable, instead
+ * of read as off ("on" or "true" for a 0/1 switch had silently meant 0). Unset or empty leaves
+ * the default the caller put in *out. */
+/* A 0/1 switch: "0" or "1"; anything else -1 + pln_errorf. */
+int pln_env_flag(const char *name, bool *out);
+/* A whole number in [lo, hi]; anything else -1 + pln_errorf. */
+int pln_env_long(const char *name, long lo, long hi, long *out);
+
 /* ---- allocation (die on out-of-memory: only for sizes the program itself chose) ---------- */
 void *pln_xmalloc(size_t n);
 void *pln_xcalloc(size_t n, size_t size);

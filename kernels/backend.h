@@ -321,6 +321,11 @@ typedef struct {
     const char *isa;        /* "avx512", "avx2", "c" (static string) */
 } pln_cpu_host;
 void pln_cpu_host_describe(pln_cpu_host *out);
+/* The CPU backend's environment switches (PLN_CPU_ISA, PLN_CPU_INT_DOT, PLN_CPU_BATCH_INVARIANT,
+ * PLN_CPU_NO_VNNI): 0 when each is unset or takes a value it accepts, else -1 + pln_errorf naming
+ * it (formats/common.h ENV_NOTE). pln_backend_cpu_create checks them; a command that measures the
+ * machine without a backend (bench --copy-only) calls this itself. */
+int pln_cpu_env_check(void);
 #ifdef PLN_HAVE_CUDA
 pln_backend *pln_backend_cuda_create(int device);
 #endif

@@ -393,8 +393,9 @@ int pln_comm_attach_backend(pln_comm *c, pln_backend *be) {
     if (c->size == 1 || !be->nccl_capable) return 0;
     /* PLN_NCCL=0: all-reduce through host memory over MPI instead. Slow, but it lets several
      * ranks share one GPU (NCCL refuses that), so TP > 1 can be checked on a one-GPU machine. */
-    const char *nccl_env = getenv("PLN_NCCL");
-    if (nccl_env && !strcmp(nccl_env, "0")) return 0;
+    bool nccl_on = true;   /* formats/common.h ENV_NOTE; every rank reads the same environment */
+    if (pln_env_flag("PLN_NCCL", &nccl_on)) return -1;
+    if (!nccl_on) return 0;
 #ifdef PLN_HAVE_NCCL
     uint8_t id[PLN_NCCL_ID_BYTES] = {0};
     int rc = nccl_resolve();

@@ -32,9 +32,10 @@ pln_model *pln_model_create(pln_backend *be, pln_comm *comm, pln_loader *ld) {
     int64_t nv = c->vocab_size - m->v0;
     m->n_valid_local = nv < 0 ? 0 : nv > m->Vr ? m->Vr : nv;
     if (fam->create(m, ld)) { pln_model_free(m); return NULL; }
-    const char *ge = getenv("PLN_GRAPHS");
+    bool ge = true;   /* PLN_GRAPHS=0 turns them off (formats/common.h ENV_NOTE) */
+    if (pln_env_flag("PLN_GRAPHS", &ge)) { pln_model_free(m); return NULL; }
     m->graphs_on = be->graph_begin && be->graph_end && be->graph_launch && be->graph_free && be->graph_epoch &&
-                   pln_comm_allreduce_recordable(comm) && !(ge && !strcmp(ge, "0"));
+                   pln_comm_allreduce_recordable(comm) && ge;
     return m;
 }
 

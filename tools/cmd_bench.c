@@ -123,6 +123,7 @@ int cmd_bench(int argc, char **argv) {
             return rc;
         }
         pln_opt_free(&cmd);
+        if (pln_cpu_env_check()) pln_die("%s", pln_error());
         threads = pln_cli_threads(threads, 1);
         double gbs = pln_cpu_copy_gbs((size_t)stream_mib << 20), gfl = pln_cpu_fma_gflops(), c2c = pln_cpu_c2c_ns();
         if (json) {

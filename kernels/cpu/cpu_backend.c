@@ -56,6 +56,22 @@ static const pln_cpu_kernels *kernels_of(pln_cpu_isa isa) {
     }
 }
 
+int pln_cpu_env_check(void) {
+    bool b;
+    const char *isa = getenv("PLN_CPU_ISA");
+    if (isa && *isa) {
+        bool named = false;
+        for (int i = 0; i < PLN_CPU_ISA_COUNT; i++) named |= !strcmp(isa, g_isa_names[i]);
+        if (!named)
+            return pln_errorf("cpu backend: PLN_CPU_ISA=%s: expected one of ref, c, avx2, avx512 (unset it for the best "
+                              "this CPU has, %s)", isa, pln_cpu_isa_name(pln_cpu_isa_best()));
+    }
+    if (pln_env_flag("PLN_CPU_INT_DOT", &b) || pln_env_flag("PLN_CPU_BATCH_INVARIANT", &b) ||
+        pln_env_flag("PLN_CPU_NO_VNNI", &b))
+        return pln_error_context("cpu backend");
+    return 0;
+}
+
 pln_cpu_isa pln_cpu_isa_best(void) {
     pln_cpu_isa best = PLN_CPU_ISA_C;
     for (int i = PLN_CPU_ISA_COUNT - 1; i > PLN_CPU_ISA_C; i--)
@@ -364,16 +380,20 @@ pln_backend *pln_backend_cpu_create(void) {
     be->destroy = cpu_destroy;
     pln_cpu_set_isa(be, pln_cpu_isa_best());
     c->n_threads = default_threads();
-    const char *idot = getenv("PLN_CPU_INT_DOT");
-    c->int_dot = be->int_dot = idot && !strcmp(idot, "1");
     be->set_int_dot = pln_cpu_set_int_dot;
-    const char *bi = getenv("PLN_CPU_BATCH_INVARIANT");
-    c->batch_invariant = be->batch_invariant = bi && !strcmp(bi, "1");
     be->set_batch_invariant = pln_cpu_set_batch_invariant;
     be->tune = pln_cpu_tune;
     be->tune_model = pln_cpu_tune_model;
-    const char *nv = getenv("PLN_CPU_NO_VNNI");
-    if (nv && !strcmp(nv, "1")) pln_cpu_no_vnni = true;
+    /* the environment's switches (formats/common.h ENV_NOTE) */
+    bool idot = false, bi = false, nv = false;
+    if (pln_cpu_env_check() || pln_env_flag("PLN_CPU_INT_DOT", &idot) ||
+        pln_env_flag("PLN_CPU_BATCH_INVARIANT", &bi) || pln_env_flag("PLN_CPU_NO_VNNI", &nv)) {
+        cpu_destroy(be);
+        return NULL;
+    }
+    c->int_dot = be->int_dot = idot;
+    c->batch_invariant = be->batch_invariant = bi;
+    if (nv) pln_cpu_no_vnni = true;
     return be;
 }
 

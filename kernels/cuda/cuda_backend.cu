@@ -416,12 +416,22 @@ extern "C" pln_backend *pln_backend_cuda_create(int device)
     c->sm_count = prop.multiProcessorCount;
     c->cc_major = prop.major;
     c->cc_minor = prop.minor;
-    c->gelu_epilogue = getenv("PLN_CUDA_NO_GELU_EPILOGUE") == NULL;
-    c->attn_tiled = getenv("PLN_CUDA_PREFILL_TILED") && atoi(getenv("PLN_CUDA_PREFILL_TILED")) != 0;
-    c->attn_splits = getenv("PLN_CUDA_ATTN_SPLITS") ? atoi(getenv("PLN_CUDA_ATTN_SPLITS")) : 0;
-    c->ln_split = getenv("PLN_CUDA_LN_SPLIT") && atoi(getenv("PLN_CUDA_LN_SPLIT")) != 0;
+    /* the environment's switches (formats/common.h ENV_NOTE) */
+    bool no_gelu_epi = false, tiled = false, ln_split = false, pdl = true;
+    long splits = 0;
+    if (pln_env_flag("PLN_CUDA_NO_GELU_EPILOGUE", &no_gelu_epi) || pln_env_flag("PLN_CUDA_PREFILL_TILED", &tiled) ||
+        pln_env_flag("PLN_CUDA_LN_SPLIT", &ln_split) || pln_env_flag("PLN_PDL", &pdl) ||
+        pln_env_long("PLN_CUDA_ATTN_SPLITS", -1, 1024, &splits)) {
+        pln_error_context("cuda backend");
+        free(be); free(c);
+        return NULL;
+    }
+    c->gelu_epilogue = !no_gelu_epi;
+    c->attn_tiled = tiled;
+    c->attn_splits = (int)splits;
+    c->ln_split = ln_split;
     /* programmatic dependent launch needs sm_90; PLN_PDL=0 turns it off (to compare) */
-    pln_cuda_pdl = prop.major >= PLN_CUDA_HOPPER_MAJOR && !(getenv("PLN_PDL") && atoi(getenv("PLN_PDL")) == 0);
+    pln_cuda_pdl = prop.major >= PLN_CUDA_HOPPER_MAJOR && pdl;
     c->lt_ws_size = LT_WORKSPACE;
     be->destroy = cu_destroy;
     if (pln_cuda_check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__) ||

@@ -46,8 +46,10 @@ int pln_cuda_load_file(pln_cuda_ctx *c, void *dst, const char *path, uint64_t of
     memset(&o, 0, sizeof o);
     o.chunk = PLN_LOAD_CHUNK;
     o.threads = PLN_LOAD_THREADS;
+    bool direct = false;   /* PLN_LOAD_DIRECT=0/1 forces it (formats/common.h ENV_NOTE); unset: -1, try */
+    if (pln_env_flag("PLN_LOAD_DIRECT", &direct)) return -1;
     const char *force = getenv("PLN_LOAD_DIRECT");
-    o.direct = force ? (atoi(force) != 0) : -1;
+    o.direct = force && *force ? direct : -1;
     o.wait = sink_wait;
     o.put = sink_put;
     o.ctx = &k;
