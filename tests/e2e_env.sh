@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # e2e_env.sh — pollen's environment switches (formats/common.h ENV_NOTE): a value a switch does not
 # take is refused with a message that names the variable and the values it takes, by every
-# command that reads it (generate, serve, bench, perplexity, bench --copy-only, the CUDA backend on
-# the CPU harness), never read as off; 0 and 1 work, and an empty value is the default.
+# command that reads it (generate, serve, bench, perplexity, bench --copy-only, reshard, the CUDA
+# backend on the CPU harness), never read as off; 0 and 1 work, and an empty value is the default.
 source "$(dirname "$0")/e2e.sh"
 export OMP_NUM_THREADS=1
 F=tests/fixtures/models/bloom-4h/fp16-st
@@ -47,6 +47,13 @@ check_fails "perplexity: PLN_GRAPHS=off refused" "PLN_GRAPHS=off: expected 0 or 
   env PLN_GRAPHS=off "$POLLEN" perplexity "$TMP/s" --file "$TMP/t.txt" --quiet
 check_fails "serve: PLN_CPU_INT_DOT=true refused before it listens" "PLN_CPU_INT_DOT=true: expected 0 or 1" \
   env PLN_CPU_INT_DOT=true timeout 60 "$POLLEN" serve "$TMP/s" --port 0
+
+# ---- reshard's (PLN_WRITE_DIRECT: test_shard) -------------------------------------------------
+check_fails "reshard: PLN_RESHARD_TIMING=yes refused" "PLN_RESHARD_TIMING=yes: expected 0 or 1" \
+  env PLN_RESHARD_TIMING=yes "$POLLEN" reshard $F -o "$TMP/r1" --tp 1 --dtype fp16 --quiet
+check "reshard: PLN_RESHARD_TIMING=yes left no output" test ! -e "$TMP/r1"
+out=$(PLN_RESHARD_TIMING=1 "$POLLEN" reshard $F -o "$TMP/r2" --tp 1 --dtype fp16 --quiet 2>&1)
+check "reshard: PLN_RESHARD_TIMING=1 prints where the time went" grep -q '^timing: open+plan' <<<"$out"
 
 # ---- the CUDA backend's switches, on the CPU execution harness (build/emu/pollen, where built) --
 EMU=${PLN_BUILD:-build}/emu/pollen

@@ -557,6 +557,8 @@ int cmd_reshard(int argc, char **argv) {
     else if (strcmp(dtype, "fp16")) pln_die("--dtype %s: expected fp16, int8 or int4", dtype);
     if (o.group_size && !o.int8 && !o.int4) pln_die("--group-size needs --dtype int8 or int4");
     if (threads) omp_set_num_threads(threads);
+    bool timing = false;   /* PLN_RESHARD_TIMING=1: where the time went (formats/common.h ENV_NOTE) */
+    if (pln_env_flag("PLN_RESHARD_TIMING", &timing)) pln_die("%s", pln_error());
     double t0 = pln_now();
 
     pln_ckpt ck;
@@ -654,7 +656,7 @@ int cmd_reshard(int argc, char **argv) {
         snprintf(saved, sizeof saved, "%s", pln_error());
         double t_conv = pln_now();
         int prc = pipe_stop(&c.pipe);
-        if (getenv("PLN_RESHARD_TIMING"))
+        if (timing)
             fprintf(stderr, "timing: open+plan %.2f s, convert %.2f s (waiting for buffers %.2f s), drain %.2f s, %s writes\n",
                     t_loop - t0, t_conv - t_loop, g_wait_s, pln_now() - t_conv,
                     pln_shard_writer_direct(writers[0]) ? "O_DIRECT" : "buffered");  /* the writer's error, if it failed, is the reason */
@@ -671,7 +673,7 @@ int cmd_reshard(int argc, char **argv) {
         files[r].size = info.file_size;
         files[r].xxh3 = info.header_xxh3;
     }
-    if (getenv("PLN_RESHARD_TIMING")) fprintf(stderr, "timing: rank files finished (fsync) %.2f s\n", pln_now() - t_fin);
+    if (timing) fprintf(stderr, "timing: rank files finished (fsync) %.2f s\n", pln_now() - t_fin);
     /* config.json and tokenizer.json travel with the set. */
     char *cfg_src = pln_xasprintf("%s/config.json", ck.dir);
     char *cfg_dst = pln_xasprintf("%s/config.json", tmp);
@@ -727,7 +729,7 @@ int cmd_reshard(int argc, char **argv) {
     }
     double t_commit = pln_now();
     if (!rc && pln_outdir_commit(tmp, out)) rc = -1;
-    if (getenv("PLN_RESHARD_TIMING")) fprintf(stderr, "timing: finish+manifest %.2f s, commit (fsync, rename) %.2f s\n", t_commit - t_loop, pln_now() - t_commit);
+    if (timing) fprintf(stderr, "timing: finish+manifest %.2f s, commit (fsync, rename) %.2f s\n", t_commit - t_loop, pln_now() - t_commit);
     if (rc) {
         char reason[1024];
         snprintf(reason, sizeof reason, "%s", pln_error());
