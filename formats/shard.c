@@ -170,13 +170,13 @@ static void *aligned_alloc_or_die(size_t n) {
     return p;
 }
 
+/* PLN_WRITE_DIRECT: 0 buffered writes, 1 O_DIRECT, unset: chosen per file (common.h ENV_NOTE) */
 static int write_mode_from_env(write_mode *m) {
     const char *e = getenv("PLN_WRITE_DIRECT");
+    bool direct = false;
     *m = WRITE_AUTO;
-    if (!e || !*e) return 0;
-    if (!strcmp(e, "0")) *m = WRITE_BUFFERED;
-    else if (!strcmp(e, "1")) *m = WRITE_DIRECT;
-    else return pln_errorf("PLN_WRITE_DIRECT=%s: expected 0 (buffered writes) or 1 (O_DIRECT); unset it to choose automatically", e);
+    if (pln_env_flag("PLN_WRITE_DIRECT", &direct)) return -1;
+    if (e && *e) *m = direct ? WRITE_DIRECT : WRITE_BUFFERED;
     return 0;
 }
 

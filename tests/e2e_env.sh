@@ -48,7 +48,10 @@ check_fails "perplexity: PLN_GRAPHS=off refused" "PLN_GRAPHS=off: expected 0 or 
 check_fails "serve: PLN_CPU_INT_DOT=true refused before it listens" "PLN_CPU_INT_DOT=true: expected 0 or 1" \
   env PLN_CPU_INT_DOT=true timeout 60 "$POLLEN" serve "$TMP/s" --port 0
 
-# ---- reshard's (PLN_WRITE_DIRECT: test_shard) -------------------------------------------------
+# ---- reshard's --------------------------------------------------------------------------------
+check_fails "reshard: PLN_WRITE_DIRECT=on refused" "PLN_WRITE_DIRECT=on: expected 0 or 1" \
+  env PLN_WRITE_DIRECT=on "$POLLEN" reshard $F -o "$TMP/r0" --tp 1 --dtype fp16 --quiet
+check "reshard: PLN_WRITE_DIRECT=on left no output" test ! -e "$TMP/r0"
 check_fails "reshard: PLN_RESHARD_TIMING=yes refused" "PLN_RESHARD_TIMING=yes: expected 0 or 1" \
   env PLN_RESHARD_TIMING=yes "$POLLEN" reshard $F -o "$TMP/r1" --tp 1 --dtype fp16 --quiet
 check "reshard: PLN_RESHARD_TIMING=yes left no output" test ! -e "$TMP/r1"
