@@ -56,8 +56,9 @@ static const pln_cpu_kernels *kernels_of(pln_cpu_isa isa) {
     }
 }
 
-int pln_cpu_env_check(void) {
-    bool b;
+/* The environment's switches, each refused with its name where its value is not one it takes
+ * (formats/common.h ENV_NOTE); the flags land in *idot, *bi, *nv (left as given when unset). */
+static int cpu_env(bool *idot, bool *bi, bool *nv) {
     const char *isa = getenv("PLN_CPU_ISA");
     if (isa && *isa) {
         bool named = false;
@@ -66,10 +67,15 @@ int pln_cpu_env_check(void) {
             return pln_errorf("cpu backend: PLN_CPU_ISA=%s: expected one of ref, c, avx2, avx512 (unset it for the best "
                               "this CPU has, %s)", isa, pln_cpu_isa_name(pln_cpu_isa_best()));
     }
-    if (pln_env_flag("PLN_CPU_INT_DOT", &b) || pln_env_flag("PLN_CPU_BATCH_INVARIANT", &b) ||
-        pln_env_flag("PLN_CPU_NO_VNNI", &b))
+    if (pln_env_flag("PLN_CPU_INT_DOT", idot) || pln_env_flag("PLN_CPU_BATCH_INVARIANT", bi) ||
+        pln_env_flag("PLN_CPU_NO_VNNI", nv))
         return pln_error_context("cpu backend");
     return 0;
+}
+
+int pln_cpu_env_check(void) {
+    bool idot, bi, nv;
+    return cpu_env(&idot, &bi, &nv);
 }
 
 pln_cpu_isa pln_cpu_isa_best(void) {
@@ -384,10 +390,8 @@ pln_backend *pln_backend_cpu_create(void) {
     be->set_batch_invariant = pln_cpu_set_batch_invariant;
     be->tune = pln_cpu_tune;
     be->tune_model = pln_cpu_tune_model;
-    /* the environment's switches (formats/common.h ENV_NOTE) */
     bool idot = false, bi = false, nv = false;
-    if (pln_cpu_env_check() || pln_env_flag("PLN_CPU_INT_DOT", &idot) ||
-        pln_env_flag("PLN_CPU_BATCH_INVARIANT", &bi) || pln_env_flag("PLN_CPU_NO_VNNI", &nv)) {
+    if (cpu_env(&idot, &bi, &nv)) {
         cpu_destroy(be);
         return NULL;
     }
